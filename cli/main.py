@@ -1,0 +1,456 @@
+"""The `specsim` command line (click). Installed as ``specsim.cli``; entry point :func:`main`.
+
+Every command prints human tables by default and machine-readable JSON with ``--json``. Bad
+input ends with one line on stderr and a non-zero exit, never a traceback (set SPECSIM_DEBUG=1
+to see one).
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import click
+
+from specsim.errors import SpecsimError
+
+DEFAULT_TRACE = "traces/synthetic-sparse-selfspec.jsonl"
+DEFAULT_MODEL = "qwen3-8b"
+DEFAULT_HARDWARE = "h200"
+FORMATS = ("auto", "specsim", "vllm-metrics", "vllm-requests", "specbench")
+
+
+def _emit_json(obj) -> None:
+    click.echo(json.dumps(obj, indent=2, default=_json_default))
+
+
+def _json_default(x):
+    import numpy as np
+    if isinstance(x, np.generic):
+        return x.item()
+    if isinstance(x, np.ndarray):
+        return x.tolist()
+    raise TypeError(f"not JSON serialisable: {type(x).__name__}")
+
+
+def _float_list(text: str) -> list[float]:
+    try:
+        return [float(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        raise click.BadParameter(f"expected comma-separated numbers, got '{text}'") from None
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{n:.0f} B"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def _table(headers: list[str], rows: list[list], align: str | None = None) -> str:
+    cells = [[str(c) for c in headers]] + [[str(c) for c in r] for r in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    align = align or ("l" + "r" * (len(headers) - 1))
+    lines = []
+    for j, row in enumerate(cells):
+        parts = [c.ljust(w) if a == "l" else c.rjust(w) for c, w, a in zip(row, widths, align)]
+        lines.append("  ".join(parts).rstrip())
+        if j == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(package_name="specsim")
+def cli():
+    """specsim: how fast will sparse-attention self-speculative decoding run on your model,
+    GPU and workload, and which draft length k and sparsity s should you pick?
+
+    \b
+    Start with:
+      specsim predict                      # shipped example trace, Qwen3-8B on an H200
+      specsim predict --trace my.jsonl --model llama-3.1-8b --hardware h100-sxm --batch 16
+      specsim predict --alpha 0.7 --gamma 0.1          # SparseSpec-L what-if
+      specsim costs --model qwen3-8b --hardware h200 --batch 4 --context 32768
+      specsim models / specsim hardware    # what the catalogue knows
+    """
+
+
+# --------------------------------------------------------------------------------------------
+# predict
+# --------------------------------------------------------------------------------------------
+
+
+@cli.command()
+@click.option("--trace", "trace_path", type=click.Path(dir_okay=False),
+              help=f"Acceptance trace (specsim JSONL, vLLM /metrics dump, vLLM per-request "
+                   f"JSONL or Spec-Bench JSONL). Default: {DEFAULT_TRACE}.")
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default="auto", show_default=True,
+              help="Trace format; 'auto' detects it from the content.")
+@click.option("--model", default=DEFAULT_MODEL, show_default=True,
+              help="Catalogue name (see `specsim models`) or path to a HuggingFace config.json.")
+@click.option("--hardware", default=DEFAULT_HARDWARE, show_default=True,
+              help="Catalogue name (see `specsim hardware`) or path to a hardware JSON.")
+@click.option("--batch", type=click.IntRange(min=1), default=32, show_default=True,
+              help="Sequences decoded together. Self-speculation with a sparse draft pays off "
+                   "when KV reads dominate: large batch × long context.")
+@click.option("--context", type=click.IntRange(min=1), default=None,
+              help="Context length (tokens) of every sequence. Default: the batch follows the "
+                   "trace's recorded context lengths (quantiles, ragged, never the mean).")
+@click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Tensor-parallel GPUs (per-GPU share of weights/KV plus all-reduce).")
+@click.option("--k-max", type=click.IntRange(min=1), default=None,
+              help="Largest draft length k to evaluate. Default: the trace's recorded k "
+                   "(or 16 for --alpha). Beyond what the trace measured, acceptance is "
+                   "extrapolated by a fitted per-position model and flagged.")
+@click.option("--policy", default=None,
+              help="Selection policy to cost trace groups with (for traces whose drafter "
+                   "specsim does not model, e.g. imported from vLLM).")
+@click.option("--sparsity", type=click.FloatRange(0, 1, min_open=True), default=None,
+              help="Sparsity s (selected KV / context) for trace groups recorded without one.")
+@click.option("--bootstrap", "n_boot", type=click.IntRange(min=50), default=1000,
+              show_default=True, help="Bootstrap replicates (resampling requests) for the CIs.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Bootstrap seed.")
+@click.option("--alpha", type=click.FloatRange(0, 1), default=None,
+              help="What-if: SparseSpec-L acceptance rate α = E[m/k] (with --gamma).")
+@click.option("--accept-rates", default=None,
+              help="What-if: conditional per-position acceptance p1,p2,… (with --gamma).")
+@click.option("--gamma", type=float, default=None,
+              help="What-if: γ = C_d / C_v, cost of one draft step over one verify pass "
+                   "(a verify pass is taken to cost one plain step).")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def predict(trace_path, fmt, model, hardware, batch, context, tp, k_max, policy, sparsity,
+            n_boot, seed, alpha, accept_rates, gamma, as_json):
+    """Predict the speedup of sparse self-speculative decoding over plain decoding.
+
+    \b
+    With a trace: what the trace itself shows (tokens per iteration, conditional per-position
+    acceptance p_i and survivals P_i, per policy and s), then the speedup S(k, s) =
+    E[m+1]·T_ar / T(k, s) over k and the recorded s values, k*, s*, 95% confidence
+    intervals (bootstrap over requests), the iteration-time split (draft / verify / selection
+    / other, ms) and which numbers are extrapolated. Costs come from the roofline model of
+    MODEL on HARDWARE (measured ceilings where the hardware spec has them).
+
+    \b
+    What-ifs without a trace or hardware:
+      --alpha A --gamma G          S = (αk + 1)/(kγ + 1)            (SparseSpec-L Eq. 1)
+      --accept-rates p1,p2 --gamma G  S = (1 + Σ_{i≤k} P_i)/(kγ + 1)
+    """
+    from specsim import predict as P
+
+    if alpha is not None or accept_rates is not None:
+        if trace_path:
+            raise click.UsageError("give either --trace or a what-if (--alpha/--accept-rates)")
+        if gamma is None:
+            raise click.UsageError("a what-if needs --gamma (C_d / C_v)")
+        if alpha is not None and accept_rates is not None:
+            raise click.UsageError("give --alpha or --accept-rates, not both")
+        try:
+            report = (P.what_if_alpha(alpha, gamma, k_max or 16) if alpha is not None
+                      else P.what_if_rates(_float_list(accept_rates), gamma))
+        except ValueError as exc:
+            raise SpecsimError(str(exc)) from None
+        return _emit_json(report) if as_json else _print_what_if(report)
+    if gamma is not None:
+        raise click.UsageError("--gamma belongs to a what-if: add --alpha or --accept-rates")
+
+    from specsim.costs import RooflineCostModel
+    from specsim.specs import load_hardware, load_model
+    from specsim.traces.importers import load_trace
+
+    trace_path = trace_path or _default_trace()
+    trace = load_trace(trace_path, None if fmt == "auto" else fmt)
+    spec, hw = load_model(model), load_hardware(hardware)
+    if policy is not None:
+        from specsim.policies import get_policy
+        get_policy(policy)
+    try:
+        costs = RooflineCostModel(spec, hw, tp=tp)
+    except ValueError as exc:
+        raise SpecsimError(str(exc)) from None
+    opts = P.PredictOptions(batch=batch, context=context, k_max=k_max, n_boot=n_boot, seed=seed,
+                            policy=policy, sparsity=sparsity)
+    report = P.predict_trace(trace, costs, opts)
+    report["model"] = _model_summary(spec)
+    report["hardware"] = _hardware_summary(hw)
+    report["tp"] = tp
+    _memory_note(report, spec, hw, tp)
+    return _emit_json(report) if as_json else _print_predict(report)
+
+
+def _default_trace() -> str:
+    from specsim.specs import REPO_ROOT
+    path = REPO_ROOT / DEFAULT_TRACE
+    return str(path) if path.exists() else DEFAULT_TRACE
+
+
+def _model_summary(spec) -> dict:
+    return {"name": spec.name, "params": spec.param_count(),
+            "active_params": spec.param_count(active=True),
+            "kv_bytes_per_token": spec.kv_bytes_per_token, "layers": spec.num_layers,
+            "heads": spec.num_heads, "kv_heads": spec.num_kv_heads, "head_dim": spec.head_dim,
+            "sliding_layers": spec.sliding_layers}
+
+
+def _hardware_summary(hw) -> dict:
+    return {"name": hw.name, "bandwidth_TBps": hw.bandwidth / 1e12,
+            "bf16_TFLOPs": hw.flops / 1e12, "ceilings": "measured" if hw.ceilings_measured
+            else "datasheet", "memory_GB": hw.memory_bytes / 1e9}
+
+
+def _memory_note(report: dict, spec, hw, tp: int) -> None:
+    need = 0.0
+    for g in report["groups"]:
+        kv = sum(spec.kv_bytes_resident(int(c)) for c in g["contexts"])
+        need = max(need, (spec.param_count() * spec.dtype_bytes + kv) / tp)
+    if need > hw.memory_bytes:
+        report["notes"].append(
+            f"the batch does not fit: weights + KV need {need / 1e9:.0f} GB per GPU, "
+            f"{hw.name} has {hw.memory_bytes / 1e9:.0f} GB (lower --batch or raise --tp)")
+
+
+def _print_what_if(r: dict) -> None:
+    if r["mode"] == "alpha":
+        click.echo(f"SparseSpec-L what-if: α = {r['alpha']}, γ = C_d/C_v = {r['gamma']}")
+        click.echo("S(k) = (αk + 1)/(kγ + 1); dS/dk = (α − γ)/(kγ + 1)²: longer drafts "
+                   + ("help (α > γ)" if r["longer_drafts_help"] else "hurt (α ≤ γ)"))
+    else:
+        click.echo(f"Per-position what-if: γ = C_d/C_v = {r['gamma']}; "
+                   f"S(k) = (1 + Σ_{{i≤k}} P_i)/(kγ + 1)")
+    rows = [[c["k"], f"{c['expected_tokens']:.3f}", f"{c['speedup']:.3f}×"
+             + ("  ← k*" if c["k"] == r["k_star"] else "")] for c in r["curve"]]
+    click.echo(_table(["k", "E[m+1]", "speedup"], rows, "rrl"))
+    click.echo(f"k* = {r['k_star']}, speedup {r['speedup_at_k_star']:.3f}×")
+
+
+def _print_predict(r: dict) -> None:
+    m, hw = r["model"], r["hardware"]
+    click.echo(f"trace     {r['trace']}" + ("   [SYNTHETIC]" if r["synthetic"] else ""))
+    click.echo(f"model     {m['name']}: {m['params'] / 1e9:.2f} B params"
+               + (f" ({m['active_params'] / 1e9:.2f} B active)" if m["active_params"]
+                  != m["params"] else "")
+               + f", KV {_fmt_bytes(m['kv_bytes_per_token'])}/token")
+    click.echo(f"hardware  {hw['name']}: {hw['bandwidth_TBps']:.2f} TB/s, "
+               f"{hw['bf16_TFLOPs']:.0f} TFLOP/s bf16 ({hw['ceilings']} ceilings); "
+               f"batch {r['batch']}, tp {r['tp']}, {r['cost_model']} costs")
+    click.echo("")
+    click.echo("What the trace shows (p_i conditional acceptance, P_i survival):")
+    rows = []
+    for g in r["groups"]:
+        pos = g["positions"]
+        ps = " ".join("  - " if p["p"] is None else f"{p['p']:.2f}" for p in pos[:8])
+        rows.append([g["policy"], _s(g["s"]), g["requests"], g["iterations"], g["k_recorded"],
+                     f"{g['observed_tokens_per_iteration']:.2f}", f"{g['observed_alpha']:.2f}",
+                     ps, f"{pos[min(len(pos), 8) - 1]['P']:.2f}"])
+    click.echo(_table(["policy", "s", "requests", "iterations", "k_rec", "tokens/iter", "α",
+                       "p_1 … p_8", "P_8"], rows, "lrrrrrrlr"))
+    click.echo("")
+    level = int(round(r["confidence_level"] * 100))
+    click.echo(f"Predicted speedup over plain decoding ({level}% CI: bootstrap over requests, "
+               f"{r['bootstrap']} replicates):")
+    rows = []
+    for g in r["groups"]:
+        split = g["cost_split_at_k_star"]
+        lo, hi = g["speedup_at_k_star_ci"]
+        rows.append([g["policy"], _s(g["s"]), g["k_star"],
+                     f"{g['k_star_ci'][0]}–{g['k_star_ci'][1]}",
+                     f"{g['speedup_at_k_star']:.2f}× [{lo:.2f}, {hi:.2f}]",
+                     f"{g['plain_step_ms']:.2f}",
+                     " / ".join(f"{split[x] * 1e3:.2f}" for x in
+                                ("draft", "verify", "selection", "other"))])
+    click.echo(_table(["policy", "s", "k*", "k* CI", "speedup at k* [CI]", "T_ar ms",
+                       "T(k*) split ms: draft / verify / sel / other"], rows, "lrrrrrl"))
+    click.echo("")
+    best = r["best"]
+    bg = next(g for g in r["groups"] if g["policy"] == best["policy"] and g["s"] == best["s"])
+    click.echo(f"Speedup over k for the best group ({best['policy']}, s = {_s(best['s'])}); "
+               f"* = extrapolated beyond the measured positions:")
+    rows = [[c["k"], f"{c['expected_tokens']:.2f}", f"{c['speedup']:.3f}",
+             f"[{c['speedup_ci'][0]:.3f}, {c['speedup_ci'][1]:.3f}]", f"{c['iteration_ms']:.2f}",
+             ("yes" if c["extend_helps"] else "no") if c["extend_helps"] is not None else "",
+             "*" if c["extrapolated"] else ""] for c in bg["curve"]]
+    click.echo(_table(["k", "E[m+1]", "speedup", "CI", "T(k) ms", "k+1 helps", ""], rows))
+    click.echo("")
+    click.echo("Per policy, tuned on the recorded s values (joint grid optimum vs Vegas 3-step):")
+    rows = []
+    for p in r["policies"]:
+        step = p.get("three_step")
+        rows.append([p["policy"], p["k_star"], _s(p["s_star"]), f"{p['speedup']:.3f}×",
+                     f"k={step['k']}, s={_s(step['s'])}, {step['speedup']:.3f}× "
+                     f"(−{step['gap_to_joint'] * 100:.1f}%)" if step else "needs ≥ 2 s values"])
+    click.echo(_table(["policy", "k*", "s*", "speedup", "3-step result"], rows, "lrrrl"))
+    click.echo("")
+    d = best.get("distinguishable_from_runner_up")
+    line = (f"Best: {best['policy']} at s = {_s(best['s'])}, k = {best['k']}: "
+            f"{best['speedup']:.2f}× [{best['speedup_ci'][0]:.2f}, {best['speedup_ci'][1]:.2f}]")
+    if d:
+        ru = d["runner_up"]
+        line += (f"; beats runner-up {ru['policy']} (s = {_s(ru['s'])}, k = {ru['k']}, "
+                 f"{ru['speedup']:.2f}×) in {d['share_of_replicates_best_wins'] * 100:.0f}% of "
+                 f"replicates: " + ("distinguishable" if d["distinguishable"]
+                                    else "NOT distinguishable"))
+    click.echo(line)
+    for note in r["notes"]:
+        click.echo(f"note: {note}")
+
+
+def _s(s) -> str:
+    return "-" if s is None else f"{s:g}"
+
+
+# --------------------------------------------------------------------------------------------
+# costs
+# --------------------------------------------------------------------------------------------
+
+
+@cli.command()
+@click.option("--model", default=DEFAULT_MODEL, show_default=True,
+              help="Catalogue name or path to a HuggingFace config.json.")
+@click.option("--hardware", default=DEFAULT_HARDWARE, show_default=True,
+              help="Catalogue name or path to a hardware JSON.")
+@click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Sequences in the batch (ignored when --context lists several).")
+@click.option("--context", default="8192", show_default=True,
+              help="Context length in tokens, or a comma-separated list of one length per "
+                   "sequence (a ragged batch).")
+@click.option("--k", type=click.IntRange(min=1), default=8, show_default=True,
+              help="Draft length: the verify pass has k + 1 query tokens.")
+@click.option("--sparsity", type=click.FloatRange(0, 1, min_open=True), default=0.05,
+              show_default=True, help="Sparsity s: selected KV entries / context length.")
+@click.option("--policy", default="vegas", show_default=True,
+              help="Selection policy: vegas, sparsespec, streamingllm, quest, last-token, full.")
+@click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Tensor-parallel GPUs.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def costs(model, hardware, batch, context, k, sparsity, policy, tp, as_json):
+    """Roofline cost breakdown of one plain step, one draft step, one verify pass and one
+    selection, with bytes moved, FLOPs and time (per GPU).
+
+    t_decode_min_ms is the floor of one plain decoding step: (weight + KV bytes) / bandwidth.
+    Bandwidth and matrix rate are the hardware spec's measured ceilings where it has them,
+    else the datasheet's.
+    """
+    from specsim.costs import RooflineCostModel, decode_floor_s
+    from specsim.policies import get_policy
+    from specsim.specs import load_hardware, load_model
+
+    contexts = [int(x) for x in _float_list(context)]
+    if any(c < 1 for c in contexts):
+        raise click.BadParameter("context lengths must be ≥ 1", param_hint="--context")
+    if len(contexts) == 1:
+        contexts = contexts * batch
+    get_policy(policy)
+    spec, hw = load_model(model), load_hardware(hardware)
+    try:
+        cm = RooflineCostModel(spec, hw, tp=tp)
+    except ValueError as exc:
+        raise SpecsimError(str(exc)) from None
+    plain = cm.plain_step(contexts)
+    it = cm.iteration(contexts, k, sparsity, policy)
+    report = {
+        "model": _model_summary(spec), "hardware": _hardware_summary(hw), "tp": tp,
+        "batch": len(contexts), "contexts": contexts, "k": k, "s": sparsity, "policy": policy,
+        "weight_bytes": plain.weight_bytes, "kv_bytes": plain.kv_bytes,
+        "t_decode_min_ms": decode_floor_s(spec, hw, contexts, tp) * 1e3,
+        "plain_step": _cost_dict(plain), "draft_step": _cost_dict(it.draft_step),
+        "verify": _cost_dict(it.verify), "selection": _cost_dict(it.selection),
+        "iteration_ms": it.seconds * 1e3, "iteration_split_ms":
+            {x: v * 1e3 for x, v in it.split().items()},
+        "gamma": it.draft_step.seconds / it.verify.seconds,
+    }
+    if as_json:
+        return _emit_json(report)
+    click.echo(f"{spec.name} on {hw.name}, batch {len(contexts)} (contexts "
+               f"{_ctx_summary(contexts)}), tp {tp}; k = {k}, s = {sparsity}, {policy}")
+    rows = []
+    for label, key in (("plain step (T_ar)", "plain_step"), ("draft step (C_d)", "draft_step"),
+                       (f"verify q={k + 1} (C_v)", "verify"), ("selection (C_sel)", "selection")):
+        c = report[key]
+        rows.append([label, f"{c['ms']:.3f}", _fmt_bytes(c["weight_bytes"]),
+                     _fmt_bytes(c["kv_bytes"]), _fmt_bytes(c["other_bytes"]),
+                     f"{c['flops'] / 1e12:.3f}", f"{c['overhead_ms']:.3f}", c["bound"]])
+    click.echo(_table(["operation", "ms", "weights", "KV", "other", "TFLOP", "overhead ms",
+                       "bound"], rows, "lrrrrrrl"))
+    click.echo(f"floor of one plain step (bytes / bandwidth): {report['t_decode_min_ms']:.3f} ms")
+    split = report["iteration_split_ms"]
+    click.echo(f"T(k={k}, s={sparsity}) = {report['iteration_ms']:.3f} ms  (draft "
+               f"{split['draft']:.3f}, verify {split['verify']:.3f}, selection "
+               f"{split['selection']:.3f}, other {split['other']:.3f}); γ = C_d/C_v = "
+               f"{report['gamma']:.3f}")
+
+
+def _ctx_summary(contexts) -> str:
+    lo, hi = min(contexts), max(contexts)
+    return str(lo) if lo == hi else f"{lo}–{hi}"
+
+
+def _cost_dict(c) -> dict:
+    d = c.to_dict()
+    d["ms"] = c.seconds * 1e3
+    d["overhead_ms"] = c.overhead_s * 1e3
+    return d
+
+
+# --------------------------------------------------------------------------------------------
+# catalogue
+# --------------------------------------------------------------------------------------------
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def models(as_json):
+    """List the model catalogue: parameters, KV bytes per token, attention layout."""
+    from specsim.specs import known_models, load_model
+    specs = [load_model(n) for n in known_models()]
+    if as_json:
+        return _emit_json([_model_summary(s) for s in specs])
+    rows = [[s.name, s.architecture, f"{s.param_count() / 1e9:.2f}",
+             f"{s.param_count(active=True) / 1e9:.2f}", s.num_layers,
+             f"{s.num_heads}/{s.num_kv_heads}", s.head_dim,
+             _fmt_bytes(s.kv_bytes_per_token), s.sliding_layers] for s in specs]
+    click.echo(_table(["name", "type", "params B", "active B", "layers", "heads/kv", "head_dim",
+                       "KV/token", "sliding layers"], rows, "llrrrrrrr"))
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def hardware(as_json):
+    """List the hardware catalogue: datasheet and measured ceilings."""
+    from specsim.specs import known_hardware, load_hardware
+    hws = {n: load_hardware(n) for n in known_hardware()}
+    if as_json:
+        return _emit_json({n: _hardware_summary(h) | {
+            "datasheet_bandwidth_TBps": h.memory_bandwidth / 1e12,
+            "datasheet_bf16_TFLOPs": h.bf16_flops / 1e12} for n, h in hws.items()})
+    rows = [[n, h.name, f"{h.memory_bytes / 1e9:.0f}", f"{h.memory_bandwidth / 1e12:.2f}",
+             f"{h.bf16_flops / 1e12:.0f}",
+             f"{h.measured_bandwidth / 1e12:.2f}" if h.measured_bandwidth else "-",
+             f"{h.measured_bf16_flops / 1e12:.0f}" if h.measured_bf16_flops else "-"]
+            for n, h in hws.items()]
+    click.echo(_table(["name", "GPU", "GB", "TB/s", "TFLOP/s", "measured TB/s",
+                       "measured TFLOP/s"], rows, "llrrrrr"))
+
+
+def main(argv=None) -> int:
+    """Entry point: one-line errors, no tracebacks (SPECSIM_DEBUG=1 shows them)."""
+    try:
+        cli.main(args=argv, prog_name="specsim", standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        return 130
+    except click.ClickException as exc:
+        exc.show()
+        return exc.exit_code
+    except SpecsimError as exc:
+        if os.environ.get("SPECSIM_DEBUG"):
+            raise
+        click.echo(f"specsim: error: {exc}", err=True)
+        return 2
+    except BrokenPipeError:
+        return 0
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

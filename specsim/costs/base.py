@@ -1,0 +1,102 @@
+"""The cost interface: what one plain step, draft step, verify pass and selection cost.
+
+Every cost model (roofline, calibrated) answers the same five questions for a batch given as
+its *ragged* list of context lengths (never its mean):
+
+- ``plain_step(contexts)``            → ``T_ar``
+- ``draft_step(contexts, s, policy)``  → ``C_d(s)``
+- ``verify(contexts, q)``              → ``C_v(q)``
+- ``selection(contexts, s, policy, k)`` → ``C_sel(s)`` per iteration
+- ``iteration(contexts, k, s, policy)`` → ``T(k, s)`` with its split, via
+  :func:`specsim.analytical.iteration_time`.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Protocol, Sequence
+
+import numpy as np
+
+from specsim import analytical
+
+
+@dataclass(frozen=True)
+class Cost:
+    """Time of one operation and what it moved. Bytes and FLOPs are per GPU."""
+
+    seconds: float
+    weight_bytes: float = 0.0
+    kv_bytes: float = 0.0
+    other_bytes: float = 0.0     # indices, collected logits, page metadata, activations
+    flops: float = 0.0
+    overhead_s: float = 0.0      # launch / CPU / latency terms
+    comm_s: float = 0.0          # tensor-parallel all-reduce
+    bound: str = "memory"        # which roofline term dominated: memory | compute | overhead
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def bytes(self) -> float:
+        return self.weight_bytes + self.kv_bytes + self.other_bytes
+
+    def scaled(self, n: float) -> "Cost":
+        """n repetitions of this operation (e.g. k draft steps)."""
+        return Cost(self.seconds * n, self.weight_bytes * n, self.kv_bytes * n,
+                    self.other_bytes * n, self.flops * n, self.overhead_s * n, self.comm_s * n,
+                    self.bound, self.notes)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["bytes"] = self.bytes
+        d["notes"] = list(self.notes)
+        return d
+
+
+@dataclass(frozen=True)
+class IterationCost:
+    """``T(k, s) = k·C_d(s) + C_v(k+1) + C_sel(s) + overhead`` with each term kept."""
+
+    k: int
+    draft_step: Cost   # one draft step, C_d(s)
+    verify: Cost       # one verify pass over k + 1 query tokens, C_v(k+1)
+    selection: Cost    # C_sel(s) for the whole iteration
+    overhead_s: float  # per-iteration overhead (accept/reject, rollback, bookkeeping)
+
+    @property
+    def draft(self) -> Cost:
+        """All k draft steps of the iteration."""
+        return self.draft_step.scaled(self.k)
+
+    @property
+    def seconds(self) -> float:
+        return float(analytical.iteration_time(self.k, self.draft_step.seconds,
+                                               self.verify.seconds, self.selection.seconds,
+                                               self.overhead_s))
+
+    def split(self) -> dict[str, float]:
+        """Seconds by component: draft / verify / selection / other."""
+        return {"draft": self.draft.seconds, "verify": self.verify.seconds,
+                "selection": self.selection.seconds, "other": self.overhead_s}
+
+
+class CostModel(Protocol):
+    name: str
+
+    def plain_step(self, contexts: Sequence[int]) -> Cost: ...
+
+    def draft_step(self, contexts: Sequence[int], s: float, policy: str) -> Cost: ...
+
+    def verify(self, contexts: Sequence[int], q: int) -> Cost: ...
+
+    def selection(self, contexts: Sequence[int], s: float, policy: str, k: int) -> Cost: ...
+
+    def iteration(self, contexts: Sequence[int], k: int, s: float, policy: str
+                  ) -> IterationCost: ...
+
+
+def as_contexts(contexts) -> np.ndarray:
+    arr = np.atleast_1d(np.asarray(contexts, dtype=np.int64))
+    if arr.size == 0:
+        raise ValueError("a batch needs at least one sequence")
+    if np.any(arr < 1):
+        raise ValueError("context lengths must be ≥ 1")
+    return arr

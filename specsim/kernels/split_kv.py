@@ -1,0 +1,169 @@
+"""Split-KV (flash-decoding) pieces shared by the verify and the sparse draft kernels.
+
+A decode-shaped attention has few query rows per sequence, so one program per (sequence, KV
+head) would leave most of the GPU idle at small batch. Instead the keys of each (sequence, KV
+head) are cut into ``num_splits`` consecutive chunks of ``split_size`` keys; program
+``(b·kv_heads + h, j)`` attends its rows over chunk ``j`` and writes a *partial* result
+
+    o_j = Σ_{n∈chunk j} 2^{s_n − m_j} v_n / ℓ_j,    lse_j = m_j + log2 ℓ_j,
+    with s_n = log2(e)·scale·q·k_n,  m_j = max_n s_n,  ℓ_j = Σ_n 2^{s_n − m_j}
+
+(base-2 log-sum-exp; every kernel works in exp2). The combine step merges the chunks exactly:
+
+    o = Σ_j 2^{lse_j − M} o_j / Σ_j 2^{lse_j − M},    M = max_j lse_j.
+
+Chunks past a sequence's key count are empty; their programs write nothing and the combine
+reads only the first ``ceil(count / split_size)`` chunks. A row that attends to no key at all
+(a sparse list of length 0) gets an output of zeros.
+
+Workspace layout (fp32, allocated once by the planners):
+``partial_out[b·kv_heads + h, j, row, d]`` and ``partial_lse[b·kv_heads + h, j, row]``.
+Row ``r`` of a tile is query head ``h·group + r // q_len`` at query token ``r % q_len``.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from specsim.kernels._runtime import LOG2E, multiprocessor_count, tl, triton
+
+
+@dataclass(frozen=True)
+class SplitPlan:
+    """How one batch shape is cut into programs: computed once, reused every step."""
+
+    num_splits: int    # chunks per (sequence, KV head)
+    split_size: int    # keys per chunk, a multiple of block_n
+    block_n: int       # keys per loop iteration inside a program
+
+    @property
+    def max_keys(self) -> int:
+        """The most keys per (sequence, KV head) this plan covers."""
+        return self.num_splits * self.split_size
+
+
+def plan_splits(max_keys: int, batch_kv_heads: int, block_n: int, device: torch.device | str,
+                *, num_splits: int | None = None, programs_per_sm: float = 2.0,
+                min_blocks_per_split: int = 4) -> SplitPlan:
+    """Choose ``num_splits`` so that ``batch_kv_heads · num_splits`` programs fill the GPU.
+
+    Aim at ``programs_per_sm`` programs per multiprocessor, but never give a program fewer than
+    ``min_blocks_per_split`` loop iterations (short contexts use fewer, longer chunks: a chunk
+    that only loads and writes its partial costs more than it saves).
+    """
+    max_keys = max(1, int(max_keys))
+    blocks = math.ceil(max_keys / block_n)
+    if num_splits is None:
+        target = programs_per_sm * multiprocessor_count(device)
+        num_splits = math.ceil(target / max(1, batch_kv_heads))
+        num_splits = min(num_splits, max(1, blocks // min_blocks_per_split))
+    num_splits = max(1, min(int(num_splits), blocks))
+    split_size = math.ceil(blocks / num_splits) * block_n
+    num_splits = math.ceil(max_keys / split_size)  # drop chunks rounding left empty
+    return SplitPlan(num_splits=num_splits, split_size=split_size, block_n=block_n)
+
+
+@triton.jit
+def softmax_update(acc, m_i, l_i, s, v):
+    """One online-softmax step: fold logits ``s`` [M, N] (base 2, masked = -inf) and values
+    ``v`` [N, D] into the running output ``acc`` [M, D], max ``m_i`` and sum ``l_i`` [M]."""
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with no key seen yet
+    alpha = tl.exp2(m_i - m_safe)
+    p = tl.exp2(s - m_safe[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    return acc, m_new, l_i
+
+
+@triton.jit
+def store_partial(PartOut, PartLse, part, acc, m_i, l_i,
+                  BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """Write one chunk's normalised output and base-2 log-sum-exp to the workspace."""
+    rows = tl.arange(0, BLOCK_M)
+    dims = tl.arange(0, HEAD_DIM)
+    has_keys = l_i > 0.0
+    out = acc / tl.where(has_keys, l_i, 1.0)[:, None]
+    lse = tl.where(has_keys, m_i + tl.log2(tl.where(has_keys, l_i, 1.0)), float("-inf"))
+    tl.store(PartOut + (part * BLOCK_M + rows)[:, None] * HEAD_DIM + dims[None, :], out)
+    tl.store(PartLse + part * BLOCK_M + rows, lse)
+
+
+@triton.jit
+def _combine_kernel(PartOut, PartLse, Counts, Out, Lse,
+                    stride_cb, stride_ch,
+                    stride_ob, stride_ot, stride_oh,
+                    stride_lb, stride_lh, stride_lt,
+                    split_size, num_splits,
+                    NUM_KV_HEADS: tl.constexpr, Q_LEN: tl.constexpr, GROUP: tl.constexpr,
+                    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, WRITE_LSE: tl.constexpr):
+    pid = tl.program_id(0)
+    b = (pid // NUM_KV_HEADS).to(tl.int64)  # 64-bit: batch strides can pass 2**31
+    kvh = (pid % NUM_KV_HEADS).to(tl.int64)
+    count = tl.load(Counts + b * stride_cb + kvh * stride_ch)
+    used_splits = tl.cdiv(count, split_size)
+
+    rows = tl.arange(0, BLOCK_M)
+    dims = tl.arange(0, HEAD_DIM)
+    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    total = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    for j in range(0, used_splits):
+        part = pid * num_splits + j
+        lse = tl.load(PartLse + part * BLOCK_M + rows)
+        o = tl.load(PartOut + (part * BLOCK_M + rows)[:, None] * HEAD_DIM + dims[None, :])
+        m_new = tl.maximum(m, lse)
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m - m_safe)
+        w = tl.exp2(lse - m_safe)
+        acc = acc * alpha[:, None] + w[:, None] * o
+        total = total * alpha + w
+        m = m_new
+
+    out = acc / tl.where(total > 0.0, total, 1.0)[:, None]
+    head = kvh * GROUP + rows // Q_LEN
+    tok = rows % Q_LEN
+    row_ok = rows < GROUP * Q_LEN
+    tl.store(Out + b * stride_ob + tok[:, None] * stride_ot + head[:, None] * stride_oh
+             + dims[None, :], out.to(Out.dtype.element_ty), mask=row_ok[:, None])
+    if WRITE_LSE:
+        lse_nat = (m + tl.log2(tl.where(total > 0.0, total, 1.0))) / 1.4426950408889634
+        tl.store(Lse + b * stride_lb + head * stride_lh + tok * stride_lt, lse_nat, mask=row_ok)
+
+
+def combine(partial_out: torch.Tensor, partial_lse: torch.Tensor, counts: torch.Tensor,
+            counts_per_kv_head: bool, out: torch.Tensor, lse: torch.Tensor | None,
+            split: SplitPlan, *, num_kv_heads: int, q_len: int, group: int) -> None:
+    """Merge the chunks of every (sequence, KV head) into ``out[b, t, head, d]`` (and the natural
+    log-sum-exp of each row into ``lse[b, head, t]`` when given)."""
+    batch = out.shape[0]
+    head_dim = out.shape[-1]
+    block_m = partial_out.shape[2]
+    stride_cb = counts.stride(0)
+    stride_ch = counts.stride(1) if counts_per_kv_head else 0
+    lse_arg = lse if lse is not None else partial_lse
+    lse_strides = lse.stride() if lse is not None else (0, 0, 0)
+    _combine_kernel[(batch * num_kv_heads,)](
+        partial_out, partial_lse, counts, out, lse_arg,
+        stride_cb, stride_ch,
+        out.stride(0), out.stride(1), out.stride(2),
+        *lse_strides,
+        split.split_size, split.num_splits,
+        NUM_KV_HEADS=num_kv_heads, Q_LEN=q_len, GROUP=group, HEAD_DIM=head_dim,
+        BLOCK_M=block_m, WRITE_LSE=lse is not None, num_warps=4)
+
+
+def workspace(batch_kv_heads: int, split: SplitPlan, block_m: int, head_dim: int,
+              device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 partial outputs and log-sum-exps for ``split`` (see the module docstring)."""
+    partial_out = torch.empty(batch_kv_heads, split.num_splits, block_m, head_dim,
+                              dtype=torch.float32, device=device)
+    partial_lse = torch.empty(batch_kv_heads, split.num_splits, block_m,
+                              dtype=torch.float32, device=device)
+    return partial_out, partial_lse
+
+
+__all__ = ["LOG2E", "SplitPlan", "combine", "plan_splits", "softmax_update", "store_partial",
+           "workspace"]

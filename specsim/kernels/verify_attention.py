@@ -1,0 +1,312 @@
+"""Verify attention: the full-attention pass that checks ``k`` drafted tokens at once.
+
+What it computes. Sequence ``b`` has ``L_b = lengths[b]`` keys in the cache, the last ``q = k+1``
+of which belong to the tokens being verified (they are appended before the call). Query token
+``t`` (0 ≤ t < q) sits at absolute position ``p_t = L_b − q + t`` and sees keys ``0..p_t``
+(causal among the q tokens, full over the context). For query head ``h`` of KV head
+``g = h // group``:
+
+    s_{t,n} = scale · q_{b,t,h} · K_{b,g,n},      n < L_b      (scale = 1/sqrt(head_dim))
+    out_{b,t,h} = Σ_{n ≤ p_t} softmax_n(s_{t,·})  V_{b,g,n}
+
+Row conventions. Row 0 is the last accepted token, rows ``1..k`` are the drafts, so row 1 is the
+**first draft token** and row ``q − 1`` the **last token**, whose output yields the bonus token.
+
+Collect-2-Query. With ``collect_rows`` set (default ``(1, q − 1)``, or ``(0,)`` when q = 1), the
+kernel also writes the scaled pre-softmax logits ``s_{t,n}`` of those rows for every query head
+and every key ``n < L_b``:  ``logits[b, h, i, n] = s_{collect_rows[i], n}`` (bf16 on the GPU).
+The causal mask is *not* applied to these (keys after ``p_t`` hold their raw logits; they are
+the newest tokens, which every selection policy keeps in its recent window). Entries at
+``n ≥ L_b`` are left untouched. Without ``collect_rows`` the store is compiled out.
+
+Layouts. ``q``: [batch, q, num_heads, head_dim] (any strides, last dim contiguous).
+KV cache: ``k_cache``/``v_cache`` [batch, kv_heads, max_len, head_dim] (see ``kv_cache``),
+``lengths`` int32 [batch]. ``out``: like ``q``. Optional ``lse`` [batch, num_heads, q] fp32,
+the natural log-sum-exp of each row's scaled logits over the keys it sees.
+
+How. GQA-packed: one program owns one (sequence, KV head) and a chunk of its keys; its tile
+holds all ``group · q`` query rows of that KV head (row r = head ``r // q``, token ``r % q``),
+so each K/V block is read from memory once for all of them. Split-KV with a combine step (see
+``split_kv``). bf16 in, fp32 accumulation. Blocks that every row sees in full (all but the last
+one or two) run without masks.
+
+API (FlashInfer-like): ``plan_verify`` once per batch shape (split sizes, block sizes, fp32
+workspace), then ``verify_attention`` every step. ``verify_attention_reference`` is the torch
+definition the tests compare against.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from specsim.kernels._runtime import LOG2E, next_power_of_2, tl, triton
+from specsim.kernels.split_kv import (SplitPlan, combine, plan_splits, softmax_update,
+                                      store_partial, workspace)
+
+MAX_Q_LEN = 16
+
+
+def default_collect_rows(q_len: int) -> tuple[int, ...]:
+    """Collect-2-Query's rows: the first draft token (row 1) and the last token (row q − 1)."""
+    return (0,) if q_len == 1 else tuple(sorted({1, q_len - 1}))
+
+
+@triton.jit
+def _verify_kernel(Q, K, V, Lengths, Out, Lse, PartOut, PartLse, Logits,
+                   stride_qb, stride_qt, stride_qh,
+                   stride_kb, stride_kh, stride_kt,
+                   stride_vb, stride_vh, stride_vt,
+                   stride_ob, stride_ot, stride_oh,
+                   stride_lb, stride_lh, stride_lt,
+                   stride_gb, stride_gh, stride_gr,
+                   split_size, num_splits, sm_scale,
+                   NUM_KV_HEADS: tl.constexpr, Q_LEN: tl.constexpr, GROUP: tl.constexpr,
+                   HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   DIRECT_OUTPUT: tl.constexpr, WRITE_LSE: tl.constexpr,
+                   COLLECT_MASK: tl.constexpr):
+    pid = tl.program_id(0)
+    split = tl.program_id(1)
+    b = (pid // NUM_KV_HEADS).to(tl.int64)  # 64-bit: batch strides can pass 2**31
+    kvh = (pid % NUM_KV_HEADS).to(tl.int64)
+    length = tl.load(Lengths + b)
+    start = split * split_size
+    end = tl.minimum(start + split_size, length)
+
+    rows = tl.arange(0, BLOCK_M)
+    head = kvh * GROUP + rows // Q_LEN
+    tok = rows % Q_LEN
+    row_ok = rows < GROUP * Q_LEN
+    dims = tl.arange(0, HEAD_DIM)
+    q = tl.load(Q + b * stride_qb + tok[:, None] * stride_qt + head[:, None] * stride_qh
+                + dims[None, :], mask=row_ok[:, None], other=0.0)
+    q_pos = length - Q_LEN + tok              # absolute position of each row's token
+    qk_scale = sm_scale * 1.4426950408889634  # logits in base-2 units
+
+    if COLLECT_MASK != 0:
+        collected = (((tl.full([BLOCK_M], COLLECT_MASK, tl.int32) >> tok) & 1) != 0) & row_ok
+        slot = tl.zeros([BLOCK_M], tl.int32)   # rank of the row among the collected rows
+        for i in tl.static_range(Q_LEN):
+            if (COLLECT_MASK >> i) & 1:
+                slot += (tok > i).to(tl.int32)
+        logit_rows = Logits + b * stride_gb + head * stride_gh + slot * stride_gr
+
+    k_base = K + b * stride_kb + kvh * stride_kh
+    v_base = V + b * stride_vb + kvh * stride_vh
+    offs_n = tl.arange(0, BLOCK_N)
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+
+    # Keys below length − q + 1 are visible to every row: whole blocks of them need no mask.
+    open_end = tl.minimum(end, length - Q_LEN + 1)
+    full_end = start + tl.maximum(open_end - start, 0) // BLOCK_N * BLOCK_N
+    for n0 in range(start, full_end, BLOCK_N):
+        keys = n0 + offs_n
+        k = tl.load(k_base + keys[:, None] * stride_kt + dims[None, :])
+        s = tl.dot(q, tl.trans(k))
+        if COLLECT_MASK != 0:
+            tl.store(logit_rows[:, None] + keys[None, :],
+                     (s * sm_scale).to(Logits.dtype.element_ty), mask=collected[:, None])
+        v = tl.load(v_base + keys[:, None] * stride_vt + dims[None, :])
+        acc, m_i, l_i = softmax_update(acc, m_i, l_i, s * qk_scale, v)
+    # The rest (at most a block or two): split boundary and causal mask.
+    for n0 in range(full_end, end, BLOCK_N):
+        keys = n0 + offs_n
+        key_ok = keys < end
+        k = tl.load(k_base + keys[:, None] * stride_kt + dims[None, :], mask=key_ok[:, None],
+                    other=0.0)
+        s = tl.dot(q, tl.trans(k))
+        if COLLECT_MASK != 0:
+            tl.store(logit_rows[:, None] + keys[None, :],
+                     (s * sm_scale).to(Logits.dtype.element_ty),
+                     mask=collected[:, None] & key_ok[None, :])
+        visible = (keys[None, :] <= q_pos[:, None]) & key_ok[None, :]
+        s = tl.where(visible, s * qk_scale, float("-inf"))
+        v = tl.load(v_base + keys[:, None] * stride_vt + dims[None, :], mask=key_ok[:, None],
+                    other=0.0)
+        acc, m_i, l_i = softmax_update(acc, m_i, l_i, s, v)
+
+    if DIRECT_OUTPUT:  # a single chunk: normalise and write the final rows here
+        out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
+        tl.store(Out + b * stride_ob + tok[:, None] * stride_ot + head[:, None] * stride_oh
+                 + dims[None, :], out.to(Out.dtype.element_ty), mask=row_ok[:, None])
+        if WRITE_LSE:
+            lse = (m_i + tl.log2(tl.where(l_i > 0.0, l_i, 1.0))) / 1.4426950408889634
+            tl.store(Lse + b * stride_lb + head * stride_lh + tok * stride_lt, lse, mask=row_ok)
+    else:
+        if start < length:
+            store_partial(PartOut, PartLse, pid * num_splits + split, acc, m_i, l_i,
+                          BLOCK_M, HEAD_DIM)
+
+
+@dataclass(frozen=True)
+class VerifyPlan:
+    """Everything about a verify launch that depends only on the batch shape."""
+
+    batch: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    q_len: int
+    collect_rows: tuple[int, ...]
+    split: SplitPlan
+    block_m: int
+    num_warps: int
+    num_stages: int
+    partial_out: torch.Tensor | None = field(repr=False, default=None)
+    partial_lse: torch.Tensor | None = field(repr=False, default=None)
+
+    @property
+    def group(self) -> int:
+        return self.num_heads // self.num_kv_heads
+
+    @property
+    def collect_mask(self) -> int:
+        return sum(1 << r for r in self.collect_rows)
+
+
+def plan_verify(batch: int, num_heads: int, num_kv_heads: int, head_dim: int, q_len: int,
+                max_context: int, *, device: torch.device | str = "cuda",
+                collect_rows: tuple[int, ...] | None = (), block_n: int | None = None,
+                num_splits: int | None = None, num_warps: int | None = None,
+                num_stages: int | None = None) -> VerifyPlan:
+    """Plan verify launches for sequences of up to ``max_context`` keys.
+
+    ``collect_rows``: query rows whose logits are written (``()`` = none, ``None`` = the
+    Collect-2-Query default ``default_collect_rows(q_len)``). Block sizes and warps default to
+    what measured fastest on an H200 (see BENCHMARKS.md); pass them to override.
+    """
+    if num_heads % num_kv_heads:
+        raise ValueError(f"num_heads {num_heads} is not a multiple of kv heads {num_kv_heads}")
+    if not 1 <= q_len <= MAX_Q_LEN:
+        raise ValueError(f"q_len must lie in 1..{MAX_Q_LEN}, got {q_len}")
+    if head_dim not in (64, 128):
+        raise ValueError(f"head_dim must be 64 or 128, got {head_dim}")
+    if collect_rows is None:
+        collect_rows = default_collect_rows(q_len)
+    collect_rows = tuple(sorted(set(int(r) for r in collect_rows)))
+    if any(not 0 <= r < q_len for r in collect_rows):
+        raise ValueError(f"collect_rows {collect_rows} outside 0..{q_len - 1}")
+    group = num_heads // num_kv_heads
+    block_m = max(16, next_power_of_2(group * q_len))
+    if block_n is None:
+        block_n = 64 if block_m * head_dim >= 64 * 128 else 128 if head_dim == 64 else 64
+    if num_warps is None:
+        num_warps = 8 if block_m * head_dim >= 128 * 128 else 4
+    if num_stages is None:
+        num_stages = 3
+    split = plan_splits(max_context, batch * num_kv_heads, block_n, device,
+                        num_splits=num_splits)
+    partial_out = partial_lse = None
+    if split.num_splits > 1:
+        partial_out, partial_lse = workspace(batch * num_kv_heads, split, block_m, head_dim,
+                                             device)
+    return VerifyPlan(batch, num_heads, num_kv_heads, head_dim, q_len, collect_rows, split,
+                      block_m, num_warps, num_stages, partial_out, partial_lse)
+
+
+def verify_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                     lengths: torch.Tensor, plan: VerifyPlan | None = None, *,
+                     out: torch.Tensor | None = None, logits: torch.Tensor | None = None,
+                     lse: torch.Tensor | None = None, sm_scale: float | None = None,
+                     collect_rows: tuple[int, ...] | None = ()) -> torch.Tensor:
+    """Run verify attention (module docstring); returns ``out`` [batch, q, num_heads, head_dim].
+
+    ``lengths`` counts each sequence's keys including its ``q`` tokens being verified and must
+    not exceed the ``max_context`` the plan was made for (not checked: that would synchronise).
+    When the plan collects rows, pass ``logits`` [batch, num_heads, len(collect_rows), ≥ max
+    length] (``new_logits_buffer``); the kernel writes the collected rows into it. ``lse``
+    [batch, num_heads, q] fp32, when given, receives each row's natural log-sum-exp.
+    ``collect_rows`` is used only when ``plan`` is None (a plan is then made on the spot).
+    """
+    batch, q_len, num_heads, head_dim = q.shape
+    if plan is None:
+        plan = plan_verify(batch, num_heads, k_cache.shape[1], head_dim, q_len,
+                           k_cache.shape[2], device=q.device, collect_rows=collect_rows)
+    assert (batch, q_len, num_heads, head_dim) == (plan.batch, plan.q_len, plan.num_heads,
+                                                   plan.head_dim), "q does not match the plan"
+    assert k_cache.shape[1] == plan.num_kv_heads and q.stride(-1) == 1
+    assert k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1
+    assert lengths.dtype == torch.int32
+    if sm_scale is None:
+        sm_scale = 1.0 / math.sqrt(head_dim)
+    if out is None:
+        out = torch.empty_like(q)
+    if plan.collect_rows:
+        if logits is None:
+            raise ValueError("this plan collects logits: pass logits= (see new_logits_buffer)")
+        gstrides = logits.stride()[:3]
+        assert logits.stride(-1) == 1 and logits.shape[2] == len(plan.collect_rows)
+    else:
+        logits, gstrides = out, (0, 0, 0)
+    lse_strides = lse.stride() if lse is not None else (0, 0, 0)
+    split = plan.split
+    direct = split.num_splits == 1
+    part_out = plan.partial_out if not direct else out
+    part_lse = plan.partial_lse if not direct else out
+    grid = (batch * plan.num_kv_heads, split.num_splits)
+    _verify_kernel[grid](
+        q, k_cache, v_cache, lengths, out, lse if lse is not None else out, part_out, part_lse,
+        logits,
+        q.stride(0), q.stride(1), q.stride(2),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        out.stride(0), out.stride(1), out.stride(2),
+        *lse_strides, *gstrides,
+        split.split_size, split.num_splits, sm_scale,
+        NUM_KV_HEADS=plan.num_kv_heads, Q_LEN=q_len, GROUP=plan.group, HEAD_DIM=head_dim,
+        BLOCK_M=plan.block_m, BLOCK_N=split.block_n, DIRECT_OUTPUT=direct,
+        WRITE_LSE=lse is not None, COLLECT_MASK=plan.collect_mask,
+        num_warps=plan.num_warps, num_stages=plan.num_stages)
+    if not direct:
+        combine(plan.partial_out, plan.partial_lse, lengths, False, out, lse, split,
+                num_kv_heads=plan.num_kv_heads, q_len=q_len, group=plan.group)
+    return out
+
+
+def new_logits_buffer(plan: VerifyPlan, max_len: int, *, device: torch.device | str,
+                      dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """A ``[batch, num_heads, len(collect_rows), max_len]`` buffer for collected logits."""
+    return torch.empty(plan.batch, plan.num_heads, len(plan.collect_rows), max_len,
+                       dtype=dtype, device=device)
+
+
+def verify_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                               lengths: torch.Tensor, *, collect_rows: tuple[int, ...] = (),
+                               sm_scale: float | None = None
+                               ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """The definition, in fp32 torch, one sequence at a time.
+
+    Returns ``(out [b, q, h, d], logits [b, h, len(collect_rows), max_len] or None,
+    lse [b, h, q])``; logits past each sequence's length are NaN.
+    """
+    batch, q_len, num_heads, head_dim = q.shape
+    kv_heads, max_len = k_cache.shape[1], k_cache.shape[2]
+    group = num_heads // kv_heads
+    scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(head_dim)
+    out = torch.empty(batch, q_len, num_heads, head_dim, dtype=torch.float32, device=q.device)
+    lse = torch.empty(batch, num_heads, q_len, dtype=torch.float32, device=q.device)
+    logits = None
+    if collect_rows:
+        logits = torch.full((batch, num_heads, len(collect_rows), max_len), float("nan"),
+                            dtype=torch.float32, device=q.device)
+    for b in range(batch):
+        length = int(lengths[b])
+        assert q_len <= length <= max_len
+        keys = k_cache[b, :, :length].float().repeat_interleave(group, 0)    # [h, n, d]
+        values = v_cache[b, :, :length].float().repeat_interleave(group, 0)
+        s = q[b].float().transpose(0, 1) @ keys.transpose(1, 2) * scale      # [h, t, n]
+        if collect_rows:
+            logits[b, :, :, :length] = s[:, list(collect_rows)]
+        position = length - q_len + torch.arange(q_len, device=q.device)
+        visible = torch.arange(length, device=q.device)[None, :] <= position[:, None]
+        s = s.masked_fill(~visible, float("-inf"))
+        lse[b] = torch.logsumexp(s, -1)
+        out[b] = (torch.softmax(s, -1) @ values).transpose(0, 1)
+    return out, logits, lse
+
+
+__all__ = ["MAX_Q_LEN", "VerifyPlan", "default_collect_rows", "new_logits_buffer",
+           "plan_verify", "verify_attention", "verify_attention_reference"]

@@ -1,0 +1,81 @@
+"""KV-selection policies for sparse drafting: how many KV entries a draft step attends to.
+
+One place for each policy's budget rule; the cost models, the kernels' planners and the engine
+call :func:`selected_tokens`. ``s`` is the sparsity ratio (selected KV entries / context).
+
+- ``vegas``: top ``max(ceil(s·ctx), 256)`` positions by the head-averaged pre-softmax logits of
+  two collected verify rows (first draft token, bonus token), plus a recent window; one ranking
+  per layer and sequence, shared by KV heads; token granularity.
+- ``last-token``: as Vegas, ranked by the last accepted token's row only (SpecExtend-style).
+- ``sparsespec``: per (layer, KV head): sink tokens ∪ top-K_mid by attention weight summed over
+  the last W verify queries ∪ recent tokens, ``ceil(s·ctx)`` entries in all.
+- ``streamingllm``: sink tokens + the most recent window, ``ceil(s·ctx)`` entries in all.
+- ``quest``: pages of 16 tokens ranked by ``Σ_i max(q_i·min_i, q_i·max_i)`` at every draft step,
+  ``ceil(ceil(s·ctx) / 16)`` pages per KV head.
+- ``full``: no sparsity (s = 1); drafting with the full KV, the reference point.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from specsim.errors import SpecsimError
+
+
+@dataclass(frozen=True)
+class Policy:
+    name: str
+    min_selected: int = 0      # Vegas' floor of 256 ranked positions
+    recent: int = 0            # recent tokens always kept (beyond the ranked budget for Vegas)
+    sink: int = 0              # attention-sink tokens always kept
+    page_size: int = 1         # selection granularity
+    per_kv_head: bool = False  # one index list per KV head (else one per layer and sequence)
+    collected_rows: int = 0    # verify rows whose logits are written for selection
+    rescore_every_draft: bool = False  # Quest re-estimates at each draft step
+    budget_includes_recent: bool = True
+
+    def selected(self, context: int, s: float) -> int:
+        """KV entries one draft step attends to in one full-attention layer."""
+        if context <= 0:
+            return 0
+        if self.name == "full":
+            return context
+        if not 0.0 < s <= 1.0:
+            raise SpecsimError(f"sparsity s must lie in (0, 1], got {s}")
+        budget = math.ceil(s * context)
+        if self.min_selected:
+            budget = max(budget, self.min_selected)
+        if not self.budget_includes_recent:
+            budget += self.recent
+        budget = max(budget, self.sink + (self.recent if self.budget_includes_recent else 0))
+        if self.page_size > 1:
+            budget = math.ceil(budget / self.page_size) * self.page_size
+        return min(context, budget)
+
+
+POLICIES: dict[str, Policy] = {
+    "vegas": Policy("vegas", min_selected=256, recent=32, collected_rows=2,
+                    budget_includes_recent=False),
+    "last-token": Policy("last-token", min_selected=256, recent=32, collected_rows=1,
+                         budget_includes_recent=False),
+    "sparsespec": Policy("sparsespec", sink=4, recent=32, per_kv_head=True, collected_rows=16),
+    "streamingllm": Policy("streamingllm", sink=4, recent=0),
+    "quest": Policy("quest", page_size=16, per_kv_head=True, rescore_every_draft=True),
+    "full": Policy("full"),
+}
+
+#: SparseSpec-L scores with the attention of the last W verify queries.
+SPARSESPEC_WINDOW = 16
+
+
+def get_policy(name: str) -> Policy:
+    try:
+        return POLICIES[name.lower()]
+    except KeyError:
+        raise SpecsimError(f"unknown selection policy '{name}'; known: "
+                           f"{', '.join(POLICIES)}") from None
+
+
+def selected_tokens(policy: str | Policy, context: int, s: float) -> int:
+    policy = get_policy(policy) if isinstance(policy, str) else policy
+    return policy.selected(context, s)

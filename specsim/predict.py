@@ -1,0 +1,279 @@
+"""`specsim predict`: from a trace (or a what-if), the speedup curve over k and s, k*, s*,
+confidence intervals, the cost split and which numbers are extrapolated.
+
+The result is a plain dictionary (JSON-ready); :mod:`specsim.cli` formats it as tables.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from specsim import analytical
+from specsim.costs.base import CostModel, IterationCost
+from specsim.traces.acceptance import AcceptanceEstimate, estimate_acceptance, extrapolation_error
+from specsim.traces.format import Trace
+
+DEFAULT_POLICY = "vegas"
+DEFAULT_SPARSITY = 0.05
+DEFAULT_CONTEXT = 8192
+
+
+def batch_contexts(contexts: np.ndarray, batch: int) -> np.ndarray:
+    """A batch of ``batch`` ragged contexts that follows the recorded distribution: the
+    midpoint quantiles ``(j + ½)/batch`` of the iterations' context lengths (not their mean)."""
+    contexts = np.asarray(contexts)
+    q = (np.arange(batch) + 0.5) / batch
+    return np.maximum(1, np.round(np.quantile(contexts, q))).astype(np.int64)
+
+
+def _pair(interval: analytical.Interval) -> list[float]:
+    return [interval.low, interval.high]
+
+
+def _ms(x: float) -> float:
+    return round(float(x) * 1e3, 6)
+
+
+# --------------------------------------------------------------------------------------------
+# what-if modes (no trace, no hardware): T_ar = C_v = 1, γ = C_d / C_v
+# --------------------------------------------------------------------------------------------
+
+
+def _curve_report(ks, tokens, speedups, mode: str, extra: dict) -> dict:
+    k_star, s_star = analytical.best_k(speedups, ks)
+    return {"mode": mode, **extra, "k_star": k_star, "speedup_at_k_star": s_star,
+            "curve": [{"k": int(k), "expected_tokens": float(e), "speedup": float(s)}
+                      for k, e, s in zip(ks, tokens, speedups)]}
+
+
+def what_if_alpha(alpha: float, gamma: float, k_max: int = 16) -> dict:
+    """SparseSpec-L Eq. 1 over k = 1..k_max, with Eq. 2's slope."""
+    _check_unit("alpha", alpha)
+    _check_gamma(gamma)
+    ks = np.arange(1, k_max + 1)
+    tokens = alpha * ks + 1.0
+    speedups = analytical.sparsespec_speedup(alpha, ks, gamma)
+    out = _curve_report(ks, tokens, speedups, "alpha", {"alpha": alpha, "gamma": gamma})
+    out["slope_dS_dk"] = [float(x) for x in analytical.sparsespec_speedup_slope(alpha, ks, gamma)]
+    out["longer_drafts_help"] = bool(alpha > gamma)
+    return out
+
+
+def what_if_rates(rates, gamma: float) -> dict:
+    """Per-position conditional rates p_1..p_K: ``S(k) = (1 + Σ_{i≤k} P_i) / (k·γ + 1)``."""
+    p = np.asarray(rates, float)
+    if p.size == 0:
+        raise ValueError("give at least one acceptance rate")
+    for r in p:
+        _check_unit("acceptance rate", r)
+    _check_gamma(gamma)
+    survival = analytical.survival_from_conditional(p)
+    ks = np.arange(1, p.size + 1)
+    tokens = analytical.expected_tokens_from_survival(survival)[1:]
+    iteration = analytical.iteration_time(ks, gamma, 1.0)
+    speedups = analytical.speedup(tokens, 1.0, iteration)
+    out = _curve_report(ks, tokens, speedups, "rates",
+                        {"gamma": gamma, "conditional": p.tolist(), "survival": survival.tolist()})
+    return out
+
+
+def _check_unit(name, x):
+    if not 0.0 <= x <= 1.0:
+        raise ValueError(f"{name} must lie in [0, 1], got {x}")
+
+
+def _check_gamma(gamma):
+    if not gamma > 0:
+        raise ValueError(f"gamma = C_d/C_v must be > 0, got {gamma}")
+
+
+# --------------------------------------------------------------------------------------------
+# trace mode
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class PredictOptions:
+    batch: int = 1
+    context: int | None = None        # one context for every sequence (default: the trace's)
+    k_max: int | None = None          # default: the largest k recorded
+    n_boot: int = 1000
+    seed: int = 0
+    level: float = 0.95
+    policy: str | None = None         # for trace groups whose policy specsim does not model
+    sparsity: float | None = None     # for trace groups recorded without s
+
+
+def _group_costs(costs: CostModel, contexts, ks, s, policy) -> list[IterationCost]:
+    return [costs.iteration(contexts, int(k), s, policy) for k in ks]
+
+
+def workload_contexts(trace: Trace, opts: PredictOptions, notes: list[str]
+                      ) -> tuple[np.ndarray, str]:
+    """The batch every group is costed on: ``--context`` for all sequences, else quantiles of
+    the context lengths of all recorded iterations (one workload for all groups, so that
+    groups are compared on the same batch), else an assumed length."""
+    if opts.context is not None:
+        return np.full(opts.batch, opts.context, dtype=np.int64), "--context"
+    recorded = [r.context for r in trace.requests]
+    recorded += [np.array([h.context]) for h in trace.histograms if h.context is not None]
+    if recorded:
+        return batch_contexts(np.concatenate(recorded), opts.batch), "trace quantiles"
+    notes.append(f"the trace has no context lengths: assumed {DEFAULT_CONTEXT} tokens per "
+                 f"sequence (use --context)")
+    return np.full(opts.batch, DEFAULT_CONTEXT, dtype=np.int64), "assumed"
+
+
+def predict_group(trace: Trace, costs: CostModel, opts: PredictOptions, notes: list[str],
+                  contexts: np.ndarray, context_source: str) -> dict:
+    from specsim.policies import POLICIES
+
+    first = (trace.requests or trace.histograms)[0]
+    policy, s = first.policy, first.s
+    model_policy, model_s = policy, s
+    if policy not in POLICIES:
+        model_policy = opts.policy or DEFAULT_POLICY
+        notes.append(f"policy '{policy}' is not a sparse-selection policy specsim models: "
+                     f"costed as '{model_policy}'" + ("" if opts.policy else " (use --policy)"))
+    elif opts.policy and opts.policy != policy:
+        model_policy = opts.policy
+    if s is None:
+        model_s = opts.sparsity or (1.0 if model_policy == "full" else DEFAULT_SPARSITY)
+        if model_policy != "full":
+            notes.append(f"group '{policy}' has no sparsity: costed at s={model_s}"
+                         + ("" if opts.sparsity else " (use --sparsity)"))
+
+    est: AcceptanceEstimate = estimate_acceptance(trace, k_max=opts.k_max)
+    counts = est.counts
+    ks = est.ks
+    plain = costs.plain_step(contexts)
+    iters = _group_costs(costs, contexts, ks, model_s, model_policy)
+    t_iter = np.array([c.seconds for c in iters])
+    tokens = est.expected_tokens
+    speedups = analytical.speedup(tokens, plain.seconds, t_iter)
+
+    rng = np.random.default_rng(opts.seed)
+    boot_P = est.bootstrap_survival(opts.n_boot, rng)
+    boot_tokens = 1.0 + np.cumsum(boot_P, axis=1)
+    boot_speedups = boot_tokens * plain.seconds / t_iter[None, :]
+    boot_kstar = ks[np.argmax(boot_speedups, axis=1)]
+    k_star, s_at = analytical.best_k(speedups, ks)
+    ci = lambda x: analytical.percentile_interval(x, opts.level)  # noqa: E731
+    k_values, k_freq = np.unique(boot_kstar, return_counts=True)
+
+    curve = []
+    for j, k in enumerate(ks):
+        helps = None
+        if j + 1 < len(ks):
+            gamma_prime = (t_iter[j + 1] - t_iter[j]) / plain.seconds
+            helps = analytical.extend_k_helps(est.survival[j + 1], gamma_prime, speedups[j])
+        e_ci, s_ci = ci(boot_tokens[:, j]), ci(boot_speedups[:, j])
+        curve.append({
+            "k": int(k), "expected_tokens": float(tokens[j]),
+            "expected_tokens_ci": _pair(e_ci),
+            "speedup": float(speedups[j]), "speedup_ci": _pair(s_ci),
+            "iteration_ms": _ms(t_iter[j]),
+            "split_ms": {name: _ms(v) for name, v in iters[j].split().items()},
+            "extrapolated": bool(est.extrapolated[j]),
+            "replay": "counterfactual" if k <= counts.k_recorded and not est.extrapolated[j]
+                      else "fitted",
+            "extend_helps": helps,
+        })
+    k_ci = ci(boot_kstar)
+    if k_star == ks[-1]:
+        notes.append(f"{policy} s={s}: k*={k_star} is the largest k evaluated; the optimum may "
+                     f"lie beyond (raise --k-max to extrapolate)")
+    out = {
+        "policy": policy, "s": s, "costed_as": {"policy": model_policy, "s": model_s},
+        "requests": len(trace.requests) + len(trace.histograms), "bootstrap_unit": counts.unit,
+        "iterations": counts.iterations, "k_recorded": counts.k_recorded,
+        "observed_positions": est.observed,
+        "observed_tokens_per_iteration": est.observed_tokens_per_iteration,
+        "observed_alpha": est.observed_alpha,
+        "positions": [{"i": i + 1, "reached": int(est.reached[i]),
+                       "p": None if not np.isfinite(est.conditional[i]) else
+                       float(est.conditional[i]),
+                       "P": float(np.prod(np.nan_to_num(est.conditional[: i + 1])))}
+                      for i in range(counts.positions)],
+        "contexts": contexts.tolist(), "context_source": context_source,
+        "plain_step_ms": _ms(plain.seconds),
+        "curve": curve,
+        "k_star": k_star, "speedup_at_k_star": s_at,
+        "speedup_at_k_star_ci": _pair(ci(boot_speedups[:, k_star - 1])),
+        "k_star_ci": [int(k_ci.low), int(k_ci.high)],
+        "k_star_frequency": {int(k): round(float(f) / opts.n_boot, 4)
+                             for k, f in zip(k_values, k_freq)},
+        "cost_split_at_k_star": iters[k_star - 1].split(),
+        "_boot_speedups": boot_speedups,   # dropped from JSON; used for policy comparisons
+    }
+    if est.observed >= 4:
+        out["extrapolation_check"] = extrapolation_error(trace, est.observed // 2)
+    return out
+
+
+def predict_trace(trace: Trace, costs: CostModel, opts: PredictOptions | None = None) -> dict:
+    opts = opts or PredictOptions()
+    notes: list[str] = []
+    if trace.synthetic:
+        notes.append("this trace is SYNTHETIC (generated, not recorded on a real model): "
+                     "its acceptance numbers illustrate the tool, they describe no model")
+    contexts, context_source = workload_contexts(trace, opts, notes)
+    groups = [predict_group(g, costs, opts, notes, contexts, context_source)
+              for g in trace.groups().values()]
+    policies = _by_policy(groups)
+    best = max(groups, key=lambda g: g["speedup_at_k_star"])
+    report = {
+        "trace": trace.path, "synthetic": trace.synthetic, "trace_model": trace.header.get("model"),
+        "cost_model": costs.name, "batch": opts.batch, "bootstrap": opts.n_boot,
+        "confidence_level": opts.level,
+        "groups": groups, "policies": policies,
+        "best": {"policy": best["policy"], "s": best["s"], "k": best["k_star"],
+                 "speedup": best["speedup_at_k_star"],
+                 "speedup_ci": best["speedup_at_k_star_ci"]},
+        "notes": notes,
+    }
+    report["best"]["distinguishable_from_runner_up"] = _distinguishable(groups, best)
+    for g in groups:
+        g.pop("_boot_speedups")
+    return report
+
+
+def _distinguishable(groups: list[dict], best: dict) -> dict | None:
+    """Is the best (policy, s, k) better than the runner-up group in the bootstrap? Counts
+    the replicates in which the best's speedup at its k* beats the runner-up's at its k*."""
+    others = [g for g in groups if g is not best]
+    if not others:
+        return None
+    runner = max(others, key=lambda g: g["speedup_at_k_star"])
+    a = best["_boot_speedups"][:, best["k_star"] - 1]
+    b = runner["_boot_speedups"][:, runner["k_star"] - 1]
+    n = min(a.size, b.size)
+    share = float(np.mean(a[:n] > b[:n]))
+    return {"runner_up": {"policy": runner["policy"], "s": runner["s"], "k": runner["k_star"],
+                          "speedup": runner["speedup_at_k_star"]},
+            "share_of_replicates_best_wins": share, "distinguishable": share >= 0.95}
+
+
+def _by_policy(groups: list[dict]) -> list[dict]:
+    """Per policy: the joint (k*, s*) over the recorded s values and, with ≥ 2 s values,
+    Vegas' 3-step tuning path beside it."""
+    out = []
+    for policy in sorted({g["policy"] for g in groups}):
+        gs = sorted((g for g in groups if g["policy"] == policy),
+                    key=lambda g: -1 if g["s"] is None else g["s"])
+        k_common = min(len(g["curve"]) for g in gs)
+        ks = list(range(1, k_common + 1))
+        ss = [g["s"] if g["s"] is not None else float("nan") for g in gs]
+        speed = np.array([[g["curve"][k - 1]["speedup"] for g in gs] for k in ks])
+        tokens = np.array([[g["curve"][k - 1]["expected_tokens"] for g in gs] for k in ks])
+        k_star, s_star, best = analytical.best_k_s(speed, ks, ss)
+        entry = {"policy": policy, "k_star": k_star, "s_star": None if np.isnan(s_star)
+                 else s_star, "speedup": best, "s_values": [g["s"] for g in gs]}
+        if len(gs) >= 2 and not any(g["s"] is None for g in gs):
+            path = analytical.vegas_three_step(tokens, speed, ks, ss)
+            entry["three_step"] = {"path": [list(p) for p in path.path], "k": path.k_step2,
+                                   "s": path.s_step3, "speedup": path.speedup,
+                                   "gap_to_joint": path.gap}
+        out.append(entry)
+    return out

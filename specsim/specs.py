@@ -1,0 +1,321 @@
+"""Model and hardware specs: what the cost models need to know about a model and a GPU.
+
+A :class:`ModelSpec` is read straight from a HuggingFace ``config.json`` (Llama, Qwen2, Qwen3,
+Qwen3-MoE, gpt-oss families); it counts parameters and KV bytes per token. A
+:class:`HardwareSpec` holds datasheet ceilings plus optional *measured* ceilings that override
+them. Both can be given by catalogue name (``models/<name>/config.json``,
+``models/hardware/<name>.json``) or by path.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from specsim.errors import SpecsimError, UnknownNameError
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def catalog_dir() -> Path:
+    """Folder holding the shipped ``models/`` catalogue (override with SPECSIM_MODELS)."""
+    env = os.environ.get("SPECSIM_MODELS")
+    return Path(env) if env else REPO_ROOT / "models"
+
+
+# --------------------------------------------------------------------------------------------
+# Model spec
+# --------------------------------------------------------------------------------------------
+
+FULL_ATTENTION = "full_attention"
+SLIDING_ATTENTION = "sliding_attention"
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    architecture: str
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    tie_embeddings: bool = False
+    qk_norm: bool = False
+    qkv_bias: bool = False
+    o_bias: bool = False
+    num_experts: int = 0                  # 0: dense MLP
+    experts_per_token: int = 0
+    moe_intermediate_size: int = 0
+    expert_bias: bool = False             # gpt-oss experts and router carry biases
+    attention_sinks: bool = False         # gpt-oss: one learned sink logit per head and layer
+    layer_types: tuple[str, ...] = ()     # per layer: full_attention | sliding_attention
+    sliding_window: int | None = None
+    max_context: int | None = None
+    dtype_bytes: int = 2                  # bf16 weights and KV by default
+    source: str = ""
+
+    # ---- derived sizes ------------------------------------------------------------------
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def group_size(self) -> int:
+        """Query heads per KV head (GQA)."""
+        return self.num_heads // self.num_kv_heads
+
+    @property
+    def full_layers(self) -> int:
+        return sum(t == FULL_ATTENTION for t in self.layer_types)
+
+    @property
+    def sliding_layers(self) -> int:
+        return self.num_layers - self.full_layers
+
+    def attention_params_per_layer(self) -> int:
+        h, q, kv = self.hidden_size, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        params = h * q + 2 * h * kv + q * h
+        if self.qkv_bias:
+            params += q + 2 * kv
+        if self.o_bias:
+            params += h
+        if self.qk_norm:
+            params += 2 * self.head_dim
+        if self.attention_sinks:
+            params += self.num_heads
+        return params
+
+    def mlp_params_per_layer(self, active: bool = False) -> int:
+        h = self.hidden_size
+        if not self.is_moe:
+            return 3 * h * self.intermediate_size
+        n = self.experts_per_token if active else self.num_experts
+        inter = self.moe_intermediate_size or self.intermediate_size
+        expert = 3 * h * inter + ((2 * inter + h) if self.expert_bias else 0)
+        router = h * self.num_experts + (self.num_experts if self.expert_bias else 0)
+        return n * expert + router
+
+    def embedding_params(self) -> int:
+        """Input embedding plus the output head when it is not tied."""
+        return self.vocab_size * self.hidden_size * (1 if self.tie_embeddings else 2)
+
+    def param_count(self, active: bool = False) -> int:
+        """Total parameters (or parameters touched per token with ``active=True`` for MoE)."""
+        per_layer = (self.attention_params_per_layer() + self.mlp_params_per_layer(active)
+                     + 2 * self.hidden_size)  # two RMSNorm weights
+        return self.num_layers * per_layer + self.hidden_size + self.embedding_params()
+
+    def non_embedding_params(self) -> int:
+        return self.param_count() - self.embedding_params()
+
+    def weight_bytes_per_forward(self, tokens: int = 1) -> float:
+        """Bytes of weights read by one forward pass over ``tokens`` tokens of a batch.
+
+        Dense: every weight once (the input embedding is a gather of ``tokens`` rows, the
+        output head is read whole). MoE: each expert is read when at least one token routes
+        to it; with uniform routing the expected number of distinct experts touched by T tokens
+        is ``E·(1 − (1 − a/E)^T)``.
+        """
+        d = self.dtype_bytes
+        h = self.hidden_size
+        input_embedding = min(tokens, self.vocab_size) * h
+        lm_head = self.vocab_size * h
+        per_layer = self.attention_params_per_layer() + 2 * h
+        if self.is_moe:
+            inter = self.moe_intermediate_size or self.intermediate_size
+            expert = 3 * h * inter + ((2 * inter + h) if self.expert_bias else 0)
+            e, a = self.num_experts, self.experts_per_token
+            touched = e * (1.0 - (1.0 - a / e) ** tokens)
+            per_layer += touched * expert + h * e
+        else:
+            per_layer += self.mlp_params_per_layer()
+        return d * (self.num_layers * per_layer + h + input_embedding + lm_head)
+
+    def matmul_flops_per_token(self) -> float:
+        """2 FLOPs per active weight (the input embedding is a gather, not a matmul)."""
+        return 2.0 * (self.param_count(active=True) - self.vocab_size * self.hidden_size
+                      + (self.vocab_size * self.hidden_size if self.tie_embeddings else 0))
+
+    def kv_bytes_per_token_layer(self) -> int:
+        """K and V of one token in one layer: ``kv_heads · head_dim · 2 · dtype bytes``."""
+        return self.num_kv_heads * self.head_dim * 2 * self.dtype_bytes
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """KV bytes per token over all layers: ``layers · kv_heads · head_dim · 2 · bytes``."""
+        return self.num_layers * self.kv_bytes_per_token_layer()
+
+    def kv_tokens_attended(self, context: int, layer_type: str) -> int:
+        if layer_type == SLIDING_ATTENTION and self.sliding_window:
+            return min(context, self.sliding_window)
+        return context
+
+    def kv_bytes_resident(self, context: int) -> int:
+        """KV cache bytes one sequence of ``context`` tokens holds (sliding layers keep a window)."""
+        per = self.kv_bytes_per_token_layer()
+        return sum(per * self.kv_tokens_attended(context, t) for t in self.layer_types)
+
+    def spec_hash(self) -> str:
+        import hashlib
+        payload = json.dumps({k: v for k, v in self.__dict__.items() if k not in ("source",)},
+                             sort_keys=True, default=str)
+        return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def model_spec_from_config(config: dict, name: str = "custom", dtype_bytes: int = 2) -> ModelSpec:
+    """Build a :class:`ModelSpec` from a HuggingFace ``config.json`` dictionary."""
+    cfg = dict(config)
+    if "text_config" in cfg:  # multimodal wrappers keep the decoder in text_config
+        cfg = {**cfg, **cfg["text_config"]}
+
+    def need(*keys):
+        for key in keys:
+            if cfg.get(key) is not None:
+                return cfg[key]
+        raise SpecsimError(f"model '{name}': config.json lacks '{keys[0]}'")
+
+    model_type = str(cfg.get("model_type", "llama"))
+    hidden = int(need("hidden_size", "n_embd"))
+    heads = int(need("num_attention_heads", "n_head"))
+    kv_heads = int(cfg.get("num_key_value_heads") or heads)
+    head_dim = int(cfg.get("head_dim") or hidden // heads)
+    layers = int(need("num_hidden_layers", "n_layer"))
+    experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0)
+    active = int(cfg.get("num_experts_per_tok") or cfg.get("experts_per_token") or 0)
+    window = cfg.get("sliding_window")
+    layer_types = cfg.get("layer_types")
+    if layer_types is None:
+        uses_window = bool(cfg.get("use_sliding_window", False)) and window
+        layer_types = [SLIDING_ATTENTION if uses_window else FULL_ATTENTION] * layers
+    if len(layer_types) != layers:
+        raise SpecsimError(f"model '{name}': layer_types has {len(layer_types)} entries for "
+                           f"{layers} layers")
+    for t in layer_types:
+        if t not in (FULL_ATTENTION, SLIDING_ATTENTION):
+            raise SpecsimError(f"model '{name}': unknown layer type '{t}'")
+    is_gpt_oss = model_type == "gpt_oss"
+    bias = bool(cfg.get("attention_bias", False))
+    qkv_bias = bias or model_type == "qwen2"  # Qwen2 always has q/k/v bias, no o bias
+    return ModelSpec(
+        name=name, architecture=model_type, num_layers=layers, hidden_size=hidden,
+        num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
+        intermediate_size=int(need("intermediate_size")), vocab_size=int(need("vocab_size")),
+        tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        qk_norm=model_type in ("qwen3", "qwen3_moe"), qkv_bias=qkv_bias, o_bias=bias,
+        num_experts=experts, experts_per_token=active,
+        moe_intermediate_size=int(cfg.get("moe_intermediate_size") or 0),
+        expert_bias=is_gpt_oss, attention_sinks=is_gpt_oss,
+        layer_types=tuple(layer_types), sliding_window=int(window) if window else None,
+        max_context=cfg.get("max_position_embeddings"), dtype_bytes=dtype_bytes,
+        source=str(cfg.get("_specsim_source", "")),
+    )
+
+
+def known_models() -> list[str]:
+    root = catalog_dir()
+    return sorted(p.parent.name for p in root.glob("*/config.json"))
+
+
+def load_model(name_or_path: str, dtype_bytes: int = 2) -> ModelSpec:
+    """A catalogue name (``qwen3-8b``), a folder holding ``config.json``, or a JSON file."""
+    path = Path(name_or_path)
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.is_file():
+        candidate = catalog_dir() / name_or_path.lower() / "config.json"
+        if not candidate.is_file():
+            raise UnknownNameError("model", name_or_path, known_models())
+        path = candidate
+        name = name_or_path.lower()
+    else:
+        name = path.parent.name if path.name == "config.json" else path.stem
+    try:
+        config = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise SpecsimError(f"{path}:{exc.lineno}: bad JSON in model config: {exc.msg}") from None
+    return model_spec_from_config(config, name=name, dtype_bytes=dtype_bytes)
+
+
+# --------------------------------------------------------------------------------------------
+# Hardware spec
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Overheads:
+    """Per-step costs that bytes and FLOPs do not explain (seconds)."""
+
+    forward: float = 25e-6      # one forward pass (plain, draft or verify): launches, sync
+    iteration: float = 30e-6    # one speculative iteration: accept/reject, rollback, bookkeeping
+    selection: float = 10e-6    # one selection launch (top-k etc.)
+    allreduce_latency: float = 8e-6  # one all-reduce under tensor parallelism
+
+
+@dataclass(frozen=True)
+class HardwareSpec:
+    name: str
+    memory_bandwidth: float       # bytes/s, datasheet
+    bf16_flops: float             # dense FLOP/s, datasheet
+    memory_bytes: float
+    interconnect_bandwidth: float  # bytes/s per GPU for all-reduce (NVLink or PCIe)
+    measured_bandwidth: float | None = None
+    measured_bf16_flops: float | None = None
+    overheads: Overheads = field(default_factory=Overheads)
+    source: str = ""
+
+    @property
+    def bandwidth(self) -> float:
+        """The ceiling the cost model uses: measured when known, datasheet otherwise."""
+        return self.measured_bandwidth or self.memory_bandwidth
+
+    @property
+    def flops(self) -> float:
+        return self.measured_bf16_flops or self.bf16_flops
+
+    @property
+    def ceilings_measured(self) -> bool:
+        return self.measured_bandwidth is not None
+
+
+def hardware_from_dict(d: dict, name: str) -> HardwareSpec:
+    try:
+        measured = d.get("measured") or {}
+        return HardwareSpec(
+            name=d.get("name", name),
+            memory_bandwidth=float(d["memory_bandwidth_TBps"]) * 1e12,
+            bf16_flops=float(d["bf16_dense_TFLOPs"]) * 1e12,
+            memory_bytes=float(d["memory_GB"]) * 1e9,
+            interconnect_bandwidth=float(d["interconnect_GBps"]) * 1e9,
+            measured_bandwidth=(float(measured["memory_bandwidth_TBps"]) * 1e12
+                                if measured.get("memory_bandwidth_TBps") else None),
+            measured_bf16_flops=(float(measured["bf16_TFLOPs"]) * 1e12
+                                 if measured.get("bf16_TFLOPs") else None),
+            overheads=Overheads(**{k: float(v) for k, v in d.get("overheads_s", {}).items()}),
+            source=str(d.get("_source", "")),
+        )
+    except KeyError as exc:
+        raise SpecsimError(f"hardware '{name}': missing field {exc}") from None
+    except TypeError as exc:
+        raise SpecsimError(f"hardware '{name}': {exc}") from None
+
+
+def known_hardware() -> list[str]:
+    return sorted(p.stem for p in (catalog_dir() / "hardware").glob("*.json"))
+
+
+def load_hardware(name_or_path: str) -> HardwareSpec:
+    path = Path(name_or_path)
+    if not path.is_file():
+        path = catalog_dir() / "hardware" / f"{name_or_path.lower()}.json"
+        if not path.is_file():
+            raise UnknownNameError("hardware", name_or_path, known_hardware())
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise SpecsimError(f"{path}:{exc.lineno}: bad JSON in hardware spec: {exc.msg}") from None
+    return hardware_from_dict(data, path.stem)
+

@@ -1,0 +1,305 @@
+"""specsim trace format v1: what a real system recorded, as JSON Lines.
+
+Line 1 is the header, every other line one record::
+
+    {"specsim_trace": 1, "model": "smollm2-135m", "source": "...", "synthetic": false,
+     "description": "...", "created": "2026-11-29T12:00:00Z"}
+    {"type": "request", "id": "r0", "policy": "vegas", "s": 0.05,
+     "context": [4100, 4104, ...],      # context length at the start of each iteration
+     "k": [8, 8, ...],                  # drafts per iteration
+     "m": [3, 7, ...],                  # accepted drafts per iteration (0 ≤ m ≤ k)
+     "entropy": [[...k floats], ...],   # optional: draft entropy (nats) per draft position
+     "accept_prob": [[...k floats], ...]}  # optional: min(1, p/q) per draft position
+    {"type": "histogram", "id": "...", "policy": "unknown", "s": null, "k": 4,
+     "counts": [n_m0, n_m1, ..., n_mk], "context": null}
+
+A ``request`` record keeps every iteration of one request; a ``histogram`` record keeps only
+how many iterations accepted m = 0..k drafts (what aggregate counters such as vLLM's allow).
+``s`` is the sparsity ratio (selected KV / context), null when the drafter is not sparse.
+Reading validates everything and raises :class:`~specsim.errors.TraceError` naming the file,
+line and field; writing goes to a temporary file renamed into place (never half-written).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Iterator
+
+import numpy as np
+
+from specsim.errors import TraceError
+
+VERSION = 1
+HEADER_KEY = "specsim_trace"
+
+#: Selection policies specsim models; other strings are kept but treated as opaque drafters.
+KNOWN_POLICIES = ("vegas", "sparsespec", "streamingllm", "quest", "last-token", "full")
+
+
+@dataclass
+class RequestTrace:
+    """All iterations of one request, as parallel arrays."""
+
+    id: str
+    policy: str
+    s: float | None
+    context: np.ndarray
+    k: np.ndarray
+    m: np.ndarray
+    entropy: list[np.ndarray] | None = None
+    accept_prob: list[np.ndarray] | None = None
+
+    @property
+    def iterations(self) -> int:
+        return int(self.k.size)
+
+    @property
+    def tokens(self) -> int:
+        """Tokens emitted: Σ (m + 1)."""
+        return int(np.sum(self.m + 1))
+
+    def to_json(self) -> dict:
+        out = {"type": "request", "id": self.id, "policy": self.policy, "s": self.s,
+               "context": self.context.tolist(), "k": self.k.tolist(), "m": self.m.tolist()}
+        if self.entropy is not None:
+            out["entropy"] = [np.round(e, 5).tolist() for e in self.entropy]
+        if self.accept_prob is not None:
+            out["accept_prob"] = [np.round(a, 5).tolist() for a in self.accept_prob]
+        return out
+
+
+@dataclass
+class HistogramTrace:
+    """Aggregate: ``counts[m]`` iterations accepted m drafts out of k."""
+
+    id: str
+    policy: str
+    s: float | None
+    k: int
+    counts: np.ndarray
+    context: float | None = None
+
+    @property
+    def iterations(self) -> int:
+        return int(self.counts.sum())
+
+    def to_json(self) -> dict:
+        return {"type": "histogram", "id": self.id, "policy": self.policy, "s": self.s,
+                "k": self.k, "counts": self.counts.tolist(), "context": self.context}
+
+
+@dataclass
+class Trace:
+    header: dict
+    requests: list[RequestTrace] = field(default_factory=list)
+    histograms: list[HistogramTrace] = field(default_factory=list)
+    path: str | None = None
+
+    @property
+    def synthetic(self) -> bool:
+        return bool(self.header.get("synthetic", False))
+
+    def groups(self) -> dict[tuple[str, float | None], "Trace"]:
+        """Split into one trace per (policy, s), in a stable order."""
+        out: dict[tuple[str, float | None], Trace] = {}
+        for rec in [*self.requests, *self.histograms]:
+            key = (rec.policy, rec.s)
+            sub = out.setdefault(key, Trace(self.header, path=self.path))
+            (sub.requests if isinstance(rec, RequestTrace) else sub.histograms).append(rec)
+        return dict(sorted(out.items(), key=lambda kv: (kv[0][0], -1 if kv[0][1] is None
+                                                        else kv[0][1])))
+
+
+def make_header(*, source: str, model: str | None = None, synthetic: bool = False,
+                description: str = "", **extra) -> dict:
+    import datetime as _dt
+    created = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {HEADER_KEY: VERSION, "model": model, "source": source, "synthetic": synthetic,
+            "description": description, "created": created, **extra}
+
+
+# --------------------------------------------------------------------------------------------
+# validation helpers: each raises TraceError(path, line, field)
+# --------------------------------------------------------------------------------------------
+
+
+class _Checker:
+    def __init__(self, path: str | None, line: int):
+        self.path, self.line = path, line
+
+    def fail(self, field: str | None, message: str):
+        raise TraceError(message, path=self.path, line=self.line, field=field)
+
+    def get(self, obj: dict, key: str, kinds, *, optional=False, nullable=False):
+        if key not in obj:
+            if optional:
+                return None
+            self.fail(key, "missing")
+        value = obj[key]
+        if value is None:
+            if nullable or optional:
+                return None
+            self.fail(key, "must not be null")
+        if isinstance(value, bool) and bool not in (kinds if isinstance(kinds, tuple) else (kinds,)):
+            self.fail(key, f"expected {_kind_name(kinds)}, got a boolean")
+        if not isinstance(value, kinds):
+            self.fail(key, f"expected {_kind_name(kinds)}, got {type(value).__name__}")
+        return value
+
+    def int_array(self, obj: dict, key: str, *, minimum: int, length: int | None = None):
+        values = self.get(obj, key, list)
+        if length is not None and len(values) != length:
+            self.fail(key, f"has {len(values)} entries, expected {length} (one per iteration)")
+        for i, v in enumerate(values):
+            if isinstance(v, bool) or not isinstance(v, int):
+                self.fail(f"{key}[{i}]", f"expected an integer, got {v!r}")
+            if v < minimum:
+                self.fail(f"{key}[{i}]", f"must be ≥ {minimum}, got {v}")
+        return np.asarray(values, dtype=np.int64)
+
+    def sparsity(self, obj: dict):
+        s = self.get(obj, "s", (int, float), nullable=True)
+        if s is not None and not (0.0 < s <= 1.0 and math.isfinite(s)):
+            self.fail("s", f"sparsity ratio must lie in (0, 1], got {s}")
+        return None if s is None else float(s)
+
+    def policy(self, obj: dict):
+        policy = self.get(obj, "policy", str)
+        if not policy.strip():
+            self.fail("policy", "must not be empty")
+        return policy
+
+    def per_draft(self, obj: dict, key: str, k: np.ndarray, lo: float, hi: float):
+        rows = self.get(obj, key, list, optional=True)
+        if rows is None:
+            return None
+        if len(rows) != k.size:
+            self.fail(key, f"has {len(rows)} rows, expected {k.size} (one per iteration)")
+        out = []
+        for i, row in enumerate(rows):
+            if not isinstance(row, list) or len(row) != k[i]:
+                self.fail(f"{key}[{i}]", f"expected a list of k={k[i]} numbers")
+            arr = np.asarray(row, dtype=float)
+            if not np.all(np.isfinite(arr)) or np.any(arr < lo) or np.any(arr > hi):
+                self.fail(f"{key}[{i}]", f"values must lie in [{lo}, {hi}]")
+            out.append(arr)
+        return out
+
+
+def _kind_name(kinds) -> str:
+    kinds = kinds if isinstance(kinds, tuple) else (kinds,)
+    names = {int: "an integer", float: "a number", str: "a string", list: "a list",
+             dict: "an object", bool: "a boolean"}
+    return " or ".join(names.get(k, k.__name__) for k in kinds)
+
+
+def check_header(obj, path: str | None) -> dict:
+    c = _Checker(path, 1)
+    if not isinstance(obj, dict) or HEADER_KEY not in obj:
+        c.fail(HEADER_KEY, f"not a specsim trace: line 1 must be a header object with "
+                           f"\"{HEADER_KEY}\": {VERSION}")
+    version = obj[HEADER_KEY]
+    if version != VERSION:
+        c.fail(HEADER_KEY, f"unknown trace version {version!r}; this specsim reads version "
+                           f"{VERSION}")
+    c.get(obj, "source", str)
+    c.get(obj, "synthetic", bool, optional=True)
+    return obj
+
+
+def parse_record(obj, path: str | None, line: int) -> RequestTrace | HistogramTrace:
+    c = _Checker(path, line)
+    if not isinstance(obj, dict):
+        c.fail(None, "a record must be a JSON object")
+    kind = c.get(obj, "type", str)
+    rid = str(c.get(obj, "id", (str, int)))
+    policy, s = c.policy(obj), c.sparsity(obj)
+    if kind == "request":
+        k = c.int_array(obj, "k", minimum=1)
+        if k.size == 0:
+            c.fail("k", "a request needs at least one iteration")
+        context = c.int_array(obj, "context", minimum=1, length=k.size)
+        m = c.int_array(obj, "m", minimum=0, length=k.size)
+        bad = np.flatnonzero(m > k)
+        if bad.size:
+            i = int(bad[0])
+            c.fail(f"m[{i}]", f"accepted {m[i]} > drafted k={k[i]}")
+        entropy = c.per_draft(obj, "entropy", k, 0.0, 1e3)
+        accept_prob = c.per_draft(obj, "accept_prob", k, 0.0, 1.0)
+        return RequestTrace(rid, policy, s, context, k, m, entropy, accept_prob)
+    if kind == "histogram":
+        k = c.get(obj, "k", int)
+        if k < 1:
+            c.fail("k", f"must be ≥ 1, got {k}")
+        counts = c.int_array(obj, "counts", minimum=0, length=k + 1)
+        if counts.sum() == 0:
+            c.fail("counts", "histogram is empty (all counts 0)")
+        context = c.get(obj, "context", (int, float), optional=True)
+        if context is not None and context < 1:
+            c.fail("context", f"must be ≥ 1, got {context}")
+        return HistogramTrace(rid, policy, s, int(k), counts,
+                              None if context is None else float(context))
+    c.fail("type", f"unknown record type {kind!r}; expected 'request' or 'histogram'")
+    raise AssertionError  # unreachable
+
+
+def _json_lines(path: str) -> Iterator[tuple[int, object]]:
+    with open(path, encoding="utf-8") as fh:
+        for n, raw in enumerate(fh, start=1):
+            if not raw.strip():
+                continue
+            try:
+                yield n, json.loads(raw)
+            except json.JSONDecodeError as exc:
+                raise TraceError(f"bad JSON: {exc.msg} (column {exc.colno})", path=path,
+                                 line=n) from None
+
+
+def read_trace(path: str | os.PathLike) -> Trace:
+    """Read and validate a specsim v1 trace."""
+    path = str(path)
+    if not os.path.exists(path):
+        raise TraceError("no such file", path=path)
+    lines = _json_lines(path)
+    first = next(lines, None)
+    if first is None:
+        raise TraceError("empty file: expected a header line", path=path, line=1)
+    header = check_header(first[1], path)
+    trace = Trace(header, path=path)
+    seen: dict[str, int] = {}
+    for n, obj in lines:
+        rec = parse_record(obj, path, n)
+        if rec.id in seen:
+            raise TraceError(f"duplicate id {rec.id!r} (first on line {seen[rec.id]})",
+                             path=path, line=n, field="id")
+        seen[rec.id] = n
+        (trace.requests if isinstance(rec, RequestTrace) else trace.histograms).append(rec)
+    if not trace.requests and not trace.histograms:
+        raise TraceError("trace has a header but no records", path=path, line=1)
+    return trace
+
+
+def write_trace(path: str | os.PathLike, header: dict,
+                records: Iterable[RequestTrace | HistogramTrace]) -> int:
+    """Write atomically (temporary file + rename). Returns the number of records."""
+    path = Path(path)
+    check_header(header, str(path))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    n = 0
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(json.dumps(header) + "\n")
+            for rec in records:
+                fh.write(json.dumps(rec.to_json(), separators=(",", ":")) + "\n")
+                n += 1
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return n
