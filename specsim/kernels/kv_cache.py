@@ -78,17 +78,24 @@ class KVCache:
         ``lengths[b] − counts[b] ..``; otherwise all ``n`` at ``lengths[b] − n ..``.
         """
         n = k_new.shape[2]
-        step = torch.arange(n, device=k_new.device, dtype=torch.int64)
+        step = torch.arange(n, device=k_new.device, dtype=torch.int64)[None, :]
         added = counts.long() if counts is not None else torch.full_like(self.lengths, n).long()
-        position = (self.lengths.long() - added)[:, None] + step[None, :]          # [batch, n]
         batch_index = torch.arange(self.batch, device=k_new.device)[:, None]
         k_rows, v_rows = k_new.permute(0, 2, 1, 3), v_new.permute(0, 2, 1, 3)   # [b, n, h, d]
-        if counts is not None:  # rows past counts[b] rewrite what is there (a no-op)
-            valid = step[None, :] < added[:, None]
-            position = torch.where(valid, position, 0)
-            keep = valid[:, :, None, None]
+        if counts is not None:
+            # Rows past counts[b] repeat the last valid row (same value, same place); a
+            # sequence with nothing to add rewrites its position 0 with what is there.
+            row = torch.minimum(step, (added - 1).clamp(min=0)[:, None])         # [batch, n]
+            k_rows = k_rows[batch_index, row]
+            v_rows = v_rows[batch_index, row]
+            position = (self.lengths.long() - added)[:, None] + row
+            empty = (added == 0)[:, None]
+            position = torch.where(empty, 0, position)
+            keep = ~empty[:, :, None, None]
             k_rows = torch.where(keep, k_rows, self._k[layer][batch_index, :, position])
             v_rows = torch.where(keep, v_rows, self._v[layer][batch_index, :, position])
+        else:
+            position = (self.lengths.long() - added)[:, None] + step               # [batch, n]
         self._k[layer][batch_index, :, position] = k_rows.to(self._k.dtype)
         self._v[layer][batch_index, :, position] = v_rows.to(self._v.dtype)
         if self.page_size:

@@ -830,7 +830,9 @@ def import_specbench(path: str | os.PathLike, *, k: int | None = None, policy: s
 # detection and dispatch
 # --------------------------------------------------------------------------------------------
 
-_PROM_SAMPLE_RE = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*(\{.*\})?\s+\S+")
+_PROM_SAMPLE_RE = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*(\{.*\})?\s+[+-]?"
+                             r"(\d+\.?\d*([eE][+-]?\d+)?|\.\d+([eE][+-]?\d+)?|Inf|NaN)(\s|$)",
+                             re.IGNORECASE)
 
 
 def detect_format(path: str | os.PathLike) -> str:

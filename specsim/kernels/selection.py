@@ -1,0 +1,226 @@
+"""KV selection for sparse drafting: which cache positions each draft step attends to.
+
+Every policy returns position lists in the layouts ``sparse_attention`` reads: int32
+``indices`` [batch, capacity] with ``counts`` [batch] (one list per sequence), or
+[batch, kv_heads, capacity] with ``counts`` [batch, kv_heads] (one list per KV head). Lists are
+duplicate-free, sorted ascending (cheaper DRAM access in the kernel), and padded with 0 past the
+count. How many positions a policy keeps is ``specsim.policies`` ' rule (``Policy.selected``),
+evaluated per sequence on the device by ``selected_counts``; ``capacity`` is that rule at the
+largest context, so the shapes depend only on ``max_context``, not on the current lengths.
+
+- **Vegas** (``vegas_select``): score_n = mean over heads h and collected rows r of the scaled
+  pre-softmax logits ``logits[b, h, r, n]`` written by the verify kernel (Collect-2-Query: first
+  draft token and last token); keep the top ``max(ceil(s·L), 256)`` positions outside the recent
+  window, plus the ``recent`` newest positions. One list per sequence, shared by KV heads.
+- **SparseSpec-L** (``sparsespec_select``): per KV head g, score_n = Σ_{h∈g} Σ_{w<W}
+  softmax_n(logits[b, h, w, ·]) — the attention weight the last W = 16 verify queries put on
+  position n; keep the ``sink`` first positions, the ``recent`` newest, and the top of the rest,
+  ``Policy.selected`` positions in all.
+- **StreamingLLM** (``streamingllm_select``): the ``sink`` first positions and the newest ones.
+- **Quest** (``quest_select``): pages of ``page_size`` positions; for query head h with query q,
+  page score Σ_i max(q_i·min_i, q_i·max_i) over the page's key bounds (an upper bound of q·k on
+  the page); a KV head's page score is the max over its query heads; the page holding the newest
+  position is always kept; the top pages become their positions.
+
+Selections are made after rollback, on the current ``lengths``. Logits written by the verify pass
+past a row's causal position (the newest ≤ q − 1 positions) are raw logits; those positions lie
+in every policy's recent window (keep ``recent ≥ q − 1``).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from specsim.kernels._runtime import tl, triton
+from specsim.policies import Policy, get_policy
+
+
+def selected_counts(policy: Policy, lengths: torch.Tensor, s: float) -> torch.Tensor:
+    """``policy.selected(L_b, s)`` for every sequence, on the device (int64 [batch])."""
+    context = lengths.long()
+    if policy.name == "full":
+        return context
+    budget = torch.ceil(context.double() * s).long()
+    if policy.min_selected:
+        budget = budget.clamp(min=policy.min_selected)
+    if not policy.budget_includes_recent:
+        budget = budget + policy.recent
+    budget = budget.clamp(min=policy.sink + (policy.recent if policy.budget_includes_recent
+                                             else 0))
+    if policy.page_size > 1:
+        budget = (budget + policy.page_size - 1) // policy.page_size * policy.page_size
+    return torch.minimum(context, budget).clamp(min=0)
+
+
+def _finish(chosen: torch.Tensor, counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sort each list's first ``counts`` entries ascending; pad the rest with 0; int32."""
+    slot = torch.arange(chosen.shape[-1], device=chosen.device)
+    valid = slot < counts[..., None]
+    big = torch.iinfo(torch.int64).max
+    chosen = torch.where(valid, chosen.long(), big).sort(dim=-1).values
+    chosen = torch.where(valid, chosen, 0)
+    return chosen.to(torch.int32), counts.to(torch.int32)
+
+
+def _top_positions(score: torch.Tensor, lengths: torch.Tensor, keep_first: int,
+                   keep_last: int, capacity: int) -> torch.Tensor:
+    """Top-``capacity`` positions of ``score`` [..., n] after forcing the first ``keep_first``
+    and last ``keep_last`` valid positions in and positions ≥ length out."""
+    n = score.shape[-1]
+    position = torch.arange(n, device=score.device)
+    length = lengths.long().view(-1, *([1] * (score.dim() - 1)))
+    forced = (position < keep_first) | (position >= length - keep_last)
+    score = torch.where(forced, float("inf"), score)
+    score = torch.where(position < length, score, float("-inf"))  # also clears NaN past length
+    return torch.topk(score, min(capacity, n), dim=-1, sorted=True).indices  # best first
+
+
+def vegas_select(logits: torch.Tensor, lengths: torch.Tensor, s: float, *,
+                 max_context: int | None = None, policy: Policy | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Vegas: one list per sequence from the collected logits [batch, heads, rows, ≥ max len]."""
+    policy = policy or get_policy("vegas")
+    max_context = max_context or logits.shape[-1]
+    score = logits[..., :max_context].sum(dim=(1, 2), dtype=torch.float32)     # [batch, n]
+    counts = selected_counts(policy, lengths, s)
+    capacity = policy.selected(max_context, s)
+    chosen = _top_positions(score, lengths, 0, policy.recent, capacity)
+    return _finish(chosen, counts)
+
+
+@triton.jit
+def _attention_mass_kernel(Logits, Lse, Lengths, Mass,
+                           stride_gb, stride_gh, stride_gw,
+                           stride_lb, stride_lh, stride_lw,
+                           stride_mb, stride_mh, max_context,
+                           NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr,
+                           WINDOW: tl.constexpr, ROW_BLOCK: tl.constexpr,
+                           BLOCK: tl.constexpr):
+    pid = tl.program_id(0)
+    b = (pid // NUM_KV_HEADS).to(tl.int64)
+    kvh = (pid % NUM_KV_HEADS).to(tl.int64)
+    length = tl.load(Lengths + b)
+    position = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    pos_ok = (position < length) & (position < max_context)
+    mass = tl.zeros([BLOCK], tl.float32)
+    for r0 in range(0, GROUP * WINDOW, ROW_BLOCK):
+        rows = r0 + tl.arange(0, ROW_BLOCK)
+        row_ok = rows < GROUP * WINDOW
+        head = kvh * GROUP + rows // WINDOW
+        w = rows % WINDOW
+        lse = tl.load(Lse + b * stride_lb + head * stride_lh + w * stride_lw, mask=row_ok,
+                      other=float("inf"))
+        s = tl.load(Logits + b * stride_gb + (head * stride_gh + w * stride_gw)[:, None]
+                    + position[None, :], mask=row_ok[:, None] & pos_ok[None, :],
+                    other=float("-inf")).to(tl.float32)
+        mass += tl.sum(tl.exp2((s - lse[:, None]) * 1.4426950408889634), 0)
+    tl.store(Mass + b * stride_mb + kvh * stride_mh + position, mass, mask=pos_ok)
+
+
+def attention_mass(logits: torch.Tensor, lse: torch.Tensor, lengths: torch.Tensor,
+                   num_kv_heads: int, max_context: int | None = None) -> torch.Tensor:
+    """Σ over each KV head's query heads and the W rows of ``exp(logits − lse)``: fp32
+    [batch, kv_heads, max_context]; positions past a sequence's length are left unset."""
+    batch, heads, window, _ = logits.shape
+    max_context = max_context or logits.shape[-1]
+    assert logits.stride(-1) == 1
+    mass = torch.empty(batch, num_kv_heads, max_context, dtype=torch.float32,
+                       device=logits.device)
+    group = heads // num_kv_heads
+    block = 512
+    _attention_mass_kernel[(batch * num_kv_heads, triton.cdiv(max_context, block))](
+        logits, lse, lengths, mass, *logits.stride()[:3], *lse.stride(), *mass.stride()[:2], max_context,
+        NUM_KV_HEADS=num_kv_heads, GROUP=group, WINDOW=window,
+        ROW_BLOCK=min(16, triton.next_power_of_2(group * window)), BLOCK=block, num_warps=4)
+    return mass
+
+
+def attention_mass_reference(logits: torch.Tensor, lengths: torch.Tensor, num_kv_heads: int,
+                             lse: torch.Tensor | None = None) -> torch.Tensor:
+    """fp32 torch version of ``attention_mass``; computes the lse itself when not given."""
+    batch, heads, window, n = logits.shape
+    position = torch.arange(n, device=logits.device)
+    valid = position[None, :] < lengths.long()[:, None]                        # [batch, n]
+    s = logits.float().masked_fill(~valid[:, None, None, :], float("-inf"))
+    if lse is None:
+        lse = torch.logsumexp(s, dim=-1)
+    weight = torch.exp(s - lse[..., None].float())
+    return weight.view(batch, num_kv_heads, heads // num_kv_heads * window, n).sum(2)
+
+
+def sparsespec_select(logits: torch.Tensor, lengths: torch.Tensor, s: float, num_kv_heads: int,
+                      *, lse: torch.Tensor | None = None, max_context: int | None = None,
+                      policy: Policy | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """SparseSpec-L: one list per KV head from the logits of the last W verify queries,
+    ``logits`` [batch, heads, W, ≥ max len] (verify with all rows collected) and their natural
+    log-sum-exps ``lse`` [batch, heads, W] (verify's ``lse`` output; computed here if None)."""
+    policy = policy or get_policy("sparsespec")
+    max_context = max_context or logits.shape[-1]
+    if lse is None:
+        position = torch.arange(max_context, device=logits.device)
+        valid = position[None, :] < lengths.long()[:, None]
+        lse = torch.logsumexp(logits[..., :max_context].float().masked_fill(
+            ~valid[:, None, None, :], float("-inf")), dim=-1)
+    mass = attention_mass(logits, lse, lengths, num_kv_heads, max_context)
+    counts = selected_counts(policy, lengths, s)[:, None].expand(-1, num_kv_heads)
+    capacity = policy.selected(max_context, s)
+    chosen = _top_positions(mass, lengths, policy.sink, policy.recent, capacity)
+    return _finish(chosen, counts)
+
+
+def streamingllm_select(lengths: torch.Tensor, s: float, *, max_context: int,
+                        policy: Policy | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """StreamingLLM: the ``sink`` first positions, then the newest, ``Policy.selected`` in all."""
+    policy = policy or get_policy("streamingllm")
+    capacity = policy.selected(max_context, s)
+    counts = selected_counts(policy, lengths, s)
+    slot = torch.arange(capacity, device=lengths.device)[None, :]
+    length = lengths.long()[:, None]
+    shift = length - counts[:, None]                # positions skipped between sink and window
+    position = torch.where(slot < policy.sink, slot, slot + shift)
+    return _finish(position, counts)
+
+
+def quest_select(q: torch.Tensor, page_min: torch.Tensor, page_max: torch.Tensor,
+                 lengths: torch.Tensor, s: float, *, max_context: int,
+                 policy: Policy | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quest: one list per KV head from the draft query ``q`` [batch, heads, head_dim] and page
+    bounds [batch, kv_heads, ≥ pages, head_dim] (``KVCache.pages``)."""
+    policy = policy or get_policy("quest")
+    size = policy.page_size
+    batch, heads, head_dim = q.shape
+    kv_heads = page_min.shape[1]
+    pages = math.ceil(max_context / size)
+    low, high = page_min[:, :, :pages], page_max[:, :, :pages]
+    qg = q.view(batch, kv_heads, heads // kv_heads, head_dim).to(low.dtype)
+    # Σ_i max(q_i·min_i, q_i·max_i) = Σ_i max(q_i, 0)·max_i + min(q_i, 0)·min_i
+    score = (qg.clamp(min=0) @ high.transpose(-1, -2)
+             + qg.clamp(max=0) @ low.transpose(-1, -2)).float().amax(dim=2)     # [b, g, pages]
+    length = lengths.long()
+    page_count = (length + size - 1) // size
+    counts = selected_counts(policy, lengths, s)
+    chosen_pages = torch.minimum((counts + size - 1) // size, page_count)          # [batch]
+    capacity_pages = math.ceil(policy.selected(max_context, s) / size)
+    top = _top_positions(score, page_count, 0, 1, capacity_pages)
+    top, _ = _finish(top, chosen_pages[:, None].expand(-1, kv_heads))
+    # The newest page is the largest selected page, so it comes last; cut it at the length.
+    position = (top.long()[..., None] * size + torch.arange(size, device=q.device)).flatten(-2)
+    tokens = ((chosen_pages - 1).clamp(min=0) * size
+              + (length - (page_count - 1).clamp(min=0) * size))
+    tokens = torch.where(chosen_pages > 0, tokens, 0)
+    return _finish(position, tokens[:, None].expand(-1, kv_heads))
+
+
+def append_positions(indices: torch.Tensor, counts: torch.Tensor,
+                     positions: torch.Tensor) -> None:
+    """Add each sequence's ``positions`` [batch] (e.g. the token just drafted) to its list(s),
+    in place: ``indices[..., counts] = positions; counts += 1``. The lists need spare room."""
+    if indices.dim() == 3:
+        positions = positions[:, None].expand(-1, indices.shape[1])
+    indices.scatter_(-1, counts.long().unsqueeze(-1), positions.to(indices.dtype).unsqueeze(-1))
+    counts += 1
+
+
+__all__ = ["append_positions", "attention_mass", "attention_mass_reference", "quest_select",
+           "selected_counts", "sparsespec_select", "streamingllm_select", "vegas_select"]

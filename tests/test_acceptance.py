@@ -1,0 +1,132 @@
+"""Acceptance from traces: per-position counts, counterfactual replay, extrapolation, bootstrap."""
+import numpy as np
+import pytest
+
+from specsim import analytical as A
+from specsim.traces.acceptance import (count_acceptance, estimate_acceptance, extrapolation_error,
+                                       replay_expected_tokens)
+from specsim.traces.format import HistogramTrace, RequestTrace, Trace, make_header
+
+
+def trace_of(*records):
+    t = Trace(make_header(source="test"))
+    for r in records:
+        (t.requests if isinstance(r, RequestTrace) else t.histograms).append(r)
+    return t
+
+
+def request(rid, k, m, context=None):
+    k, m = np.asarray(k), np.asarray(m)
+    context = np.asarray(context if context is not None else 1000 + np.arange(k.size))
+    return RequestTrace(rid, "vegas", 0.05, context, k, m)
+
+
+def geometric_trace(p, k, requests, iterations, rng, rid="r"):
+    recs = []
+    for r in range(requests):
+        accepted = rng.random((iterations, k)) < p
+        m = np.where(accepted.all(1), k, np.argmin(accepted, axis=1))
+        recs.append(request(f"{rid}{r}", np.full(iterations, k), m))
+    return trace_of(*recs)
+
+
+def test_position_counts_worked_example():
+    # k = 3, m = 0, 2, 3: position 1 reached 3× accepted 2×; position 2 reached 2× accepted 2×;
+    # position 3 reached 2× accepted 1×  →  p = [2/3, 1, 1/2], P = [2/3, 2/3, 1/3]
+    est = estimate_acceptance(trace_of(request("a", [3, 3, 3], [0, 2, 3])), min_support=1)
+    assert est.reached == pytest.approx([3, 2, 2])
+    assert est.conditional == pytest.approx([2 / 3, 1.0, 0.5])
+    assert est.survival == pytest.approx([2 / 3, 2 / 3, 1 / 3])
+    # E[m+1] at k = 3 is the recorded mean of m + 1 = (1 + 3 + 4)/3
+    assert est.expected_tokens[-1] == pytest.approx(8 / 3)
+    assert est.observed_tokens_per_iteration == pytest.approx(8 / 3)
+    assert est.observed_alpha == pytest.approx(5 / 9)
+
+
+def test_survival_form_reproduces_counterfactual_replay():
+    rng = np.random.default_rng(1)
+    t = geometric_trace(0.7, 8, requests=5, iterations=200, rng=rng)
+    est = estimate_acceptance(t)
+    for k in range(1, 9):
+        assert est.expected_tokens[k - 1] == pytest.approx(replay_expected_tokens(t, k))
+        assert not est.extrapolated[k - 1]
+
+
+def test_variable_k_iterations_only_reach_their_positions():
+    # an adaptive-k trace: iteration 2 drafted only 1 token, so it never reaches position 2
+    est = estimate_acceptance(trace_of(request("a", [2, 1, 2], [2, 1, 0])), min_support=1)
+    assert est.reached == pytest.approx([3, 1])
+    assert est.conditional == pytest.approx([2 / 3, 1.0])
+
+
+def test_histogram_equals_the_same_iterations_as_a_request():
+    m = [0, 0, 1, 2, 2, 2, 3, 4, 4, 4]
+    as_request = estimate_acceptance(trace_of(request("a", [4] * 10, m)), min_support=1)
+    hist = HistogramTrace("h", "vegas", 0.05, 4, np.bincount(m, minlength=5))
+    as_hist = estimate_acceptance(trace_of(hist), min_support=1)
+    assert as_hist.survival == pytest.approx(as_request.survival)
+    assert as_hist.counts.unit == "iteration" and as_request.counts.unit == "request"
+    assert as_hist.counts.multiplicity.sum() == 10
+    assert replay_expected_tokens(trace_of(hist), 2) == pytest.approx(
+        np.mean(np.minimum(m, 2) + 1))
+
+
+def test_extrapolation_is_flagged_and_fits_a_geometric_chain():
+    rng = np.random.default_rng(2)
+    t = geometric_trace(0.8, 4, requests=10, iterations=400, rng=rng)
+    est = estimate_acceptance(t, k_max=10)
+    assert est.extrapolated.tolist() == [False] * 4 + [True] * 6
+    # beyond k_rec the fitted rates stay near the true 0.8
+    p_fit = A.conditional_from_survival(est.survival)[4:]
+    assert np.all(np.abs(p_fit - 0.8) < 0.04)
+    truth = A.expected_tokens_iid(0.8, 10)
+    assert est.expected_tokens[-1] == pytest.approx(truth, rel=0.05)
+
+
+def test_extrapolation_error_is_measured_against_replay():
+    rng = np.random.default_rng(3)
+    t = geometric_trace(0.75, 8, requests=10, iterations=300, rng=rng)
+    check = extrapolation_error(t, 4)
+    assert check["k"] == [5, 6, 7, 8]
+    assert check["max_abs_relative_error"] < 0.03
+    for k, replayed in zip(check["k"], check["replayed"]):
+        assert replayed == pytest.approx(replay_expected_tokens(t, k))
+    # a chain whose acceptance collapses after position 4 is badly extrapolated, and says so
+    recs = []
+    for r in range(10):
+        accepted = rng.random((300, 8)) < np.array([0.9] * 4 + [0.2] * 4)
+        m = np.where(accepted.all(1), 8, np.argmin(accepted, axis=1))
+        recs.append(request(f"c{r}", np.full(300, 8), m))
+    assert extrapolation_error(trace_of(*recs), 4)["max_abs_relative_error"] > 0.1
+
+
+def test_low_support_positions_are_not_trusted():
+    rng = np.random.default_rng(4)
+    t = geometric_trace(0.3, 8, requests=2, iterations=100, rng=rng)
+    est = estimate_acceptance(t)
+    # positions reached by fewer than 20 iterations are fitted, not taken as measured
+    assert est.observed < 8
+    assert est.reached[est.observed - 1] >= 20 and est.reached[est.observed] < 20
+
+
+def test_bootstrap_covers_the_truth_and_narrows_with_more_requests():
+    p, k = 0.7, 6
+    truth = A.expected_tokens_iid(p, k)
+    widths, covered = [], 0
+    for seed, requests in [(10, 8), (11, 8), (12, 8), (13, 64)]:
+        rng = np.random.default_rng(seed)
+        est = estimate_acceptance(geometric_trace(p, k, requests, 60, rng))
+        boot = A.expected_tokens_from_survival(est.bootstrap_survival(400, rng))[:, k]
+        iv = A.percentile_interval(boot)
+        covered += iv.contains(truth)
+        widths.append(iv.high - iv.low)
+    assert covered >= 3
+    assert widths[-1] < 0.6 * np.mean(widths[:3])
+
+
+def test_counts_keep_contexts_and_totals():
+    c = count_acceptance(trace_of(request("a", [2, 2], [1, 2], context=[500, 502]),
+                                  HistogramTrace("h", "vegas", 0.05, 2, np.array([1, 0, 1]),
+                                                 context=800.0)))
+    assert c.iterations == 4 and c.tokens == 2 + 3 + 1 + 3 and c.drafted == 8
+    assert 500 in c.contexts and 800 in c.contexts

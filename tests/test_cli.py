@@ -1,0 +1,190 @@
+"""The `specsim` CLI through click's test runner: JSON contracts, tables, bad input."""
+import io
+import json
+import subprocess
+import sys
+from contextlib import redirect_stderr, redirect_stdout
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from specsim.cli.main import cli, main
+from specsim.costs import RooflineCostModel
+from specsim.specs import load_hardware, load_model
+from specsim.traces.format import RequestTrace, make_header, write_trace
+
+
+def run(args):
+    """Invoke through main() (one-line errors) and capture exit code, stdout, stderr."""
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        code = main(args)
+    return code, out.getvalue(), err.getvalue()
+
+
+def invoke_json(args):
+    result = CliRunner().invoke(cli, args + ["--json"])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.output)
+
+
+def small_trace(path, k=4, p=0.8, requests=6, iterations=80, seed=0, policies=("vegas",),
+                sparsities=(0.05,)):
+    rng = np.random.default_rng(seed)
+    recs = []
+    for policy in policies:
+        for s in sparsities:
+            for r in range(requests):
+                acc = rng.random((iterations, k)) < p
+                m = np.where(acc.all(1), k, np.argmin(acc, axis=1))
+                ctx = 4000 + r * 500 + np.cumsum(m + 1)
+                recs.append(RequestTrace(f"{policy}{s}{r}", policy, s, ctx, np.full(iterations, k),
+                                         m))
+    write_trace(path, make_header(source="test"), recs)
+    return path
+
+
+def test_what_if_alpha_json():
+    r = invoke_json(["predict", "--alpha", "0.8", "--gamma", "0.1", "--k-max", "16"])
+    # α > γ: S grows with k, so k* is the largest k: (0.8·16 + 1)/(16·0.1 + 1) = 13.8/2.6
+    assert r["k_star"] == 16
+    assert r["speedup_at_k_star"] == pytest.approx(13.8 / 2.6)
+    assert [c["k"] for c in r["curve"]] == list(range(1, 17))
+    assert r["curve"][3] == {"k": 4, "expected_tokens": pytest.approx(4.2),
+                             "speedup": pytest.approx(3.0)}
+    r = invoke_json(["predict", "--alpha", "0.05", "--gamma", "0.1"])
+    assert r["k_star"] == 1 and not r["longer_drafts_help"]
+
+
+def test_what_if_rates_json():
+    r = invoke_json(["predict", "--accept-rates", "0.9,0.8,0.5", "--gamma", "0.1"])
+    # S(1) = 1.9/1.1, S(2) = 2.62/1.2, S(3) = 2.98/1.3 → k* = 3
+    assert [c["speedup"] for c in r["curve"]] == pytest.approx([1.9 / 1.1, 2.62 / 1.2, 2.98 / 1.3])
+    assert [c["expected_tokens"] for c in r["curve"]] == pytest.approx([1.9, 2.62, 2.98])
+    assert r["k_star"] == 3 and r["speedup_at_k_star"] == pytest.approx(2.98 / 1.3)
+
+
+def test_what_if_table_output():
+    result = CliRunner().invoke(cli, ["predict", "--alpha", "0.6", "--gamma", "0.2"])
+    assert result.exit_code == 0
+    assert "k* = 16" in result.output and "longer drafts help" in result.output
+
+
+def test_costs_json_by_hand():
+    r = invoke_json(["costs", "--model", "qwen3-8b", "--hardware", "h200", "--batch", "4",
+                     "--context", "32768", "--k", "7"])
+    spec, hw = load_model("qwen3-8b"), load_hardware("h200")
+    plain = RooflineCostModel(spec, hw).plain_step([32768] * 4)
+    assert r["weight_bytes"] == pytest.approx(plain.weight_bytes)
+    # KV: 4 · 32768 tokens read (+ 4 written) · 147,456 B
+    assert r["kv_bytes"] == pytest.approx((4 * 32768 + 4) * 147_456)
+    assert r["t_decode_min_ms"] == pytest.approx(
+        (r["weight_bytes"] + r["kv_bytes"]) / 4.3e12 * 1e3)
+    assert r["batch"] == 4 and r["verify"]["ms"] > r["draft_step"]["ms"]
+    assert sum(r["iteration_split_ms"].values()) == pytest.approx(r["iteration_ms"])
+
+
+def test_costs_ragged_contexts_and_table():
+    r = invoke_json(["costs", "--context", "1000,9000", "--model", "llama-3.1-8b"])
+    assert r["contexts"] == [1000, 9000] and r["batch"] == 2
+    result = CliRunner().invoke(cli, ["costs", "--batch", "2", "--context", "4096"])
+    assert result.exit_code == 0 and "verify q=9" in result.output and "floor" in result.output
+
+
+def test_predict_trace_json_contract(tmp_path):
+    path = small_trace(tmp_path / "t.jsonl", sparsities=(0.03, 0.1), policies=("vegas", "quest"))
+    r = invoke_json(["predict", "--trace", str(path), "--batch", "8", "--bootstrap", "200"])
+    assert len(r["groups"]) == 4 and r["batch"] == 8
+    for g in r["groups"]:
+        speeds = [c["speedup"] for c in g["curve"]]
+        assert g["k_star"] == 1 + int(np.argmax(speeds))
+        assert g["speedup_at_k_star"] == pytest.approx(max(speeds))
+        lo, hi = g["speedup_at_k_star_ci"]
+        assert lo <= g["speedup_at_k_star"] <= hi
+        assert g["observed_tokens_per_iteration"] == pytest.approx(
+            g["curve"][-1]["expected_tokens"])
+        assert len(g["contexts"]) == 8
+        assert {"draft", "verify", "selection", "other"} == set(g["cost_split_at_k_star"])
+        assert all(not c["extrapolated"] for c in g["curve"])
+    assert {p["policy"] for p in r["policies"]} == {"vegas", "quest"}
+    assert all("three_step" in p for p in r["policies"])
+    assert r["best"]["speedup"] == pytest.approx(max(g["speedup_at_k_star"] for g in r["groups"]))
+    assert r["model"]["name"] == "qwen3-8b" and r["hardware"]["ceilings"] == "measured"
+
+
+def test_predict_extrapolation_flagged(tmp_path):
+    path = small_trace(tmp_path / "t.jsonl", k=3)
+    r = invoke_json(["predict", "--trace", str(path), "--k-max", "6", "--bootstrap", "100"])
+    g = r["groups"][0]
+    assert [c["extrapolated"] for c in g["curve"]] == [False] * 3 + [True] * 3
+    assert [c["replay"] for c in g["curve"]][:3] == ["counterfactual"] * 3
+
+
+def test_predict_context_override_and_larger_batch_helps(tmp_path):
+    path = small_trace(tmp_path / "t.jsonl")
+    small = invoke_json(["predict", "--trace", str(path), "--batch", "1", "--context", "2048",
+                         "--bootstrap", "100"])
+    big = invoke_json(["predict", "--trace", str(path), "--batch", "64", "--context", "32768",
+                       "--bootstrap", "100"])
+    assert small["groups"][0]["contexts"] == [2048]
+    # KV-bound regimes are where sparse drafting pays
+    assert big["best"]["speedup"] > small["best"]["speedup"]
+
+
+def test_predict_default_trace_table():
+    result = CliRunner().invoke(cli, ["predict", "--bootstrap", "100"])
+    assert result.exit_code == 0, result.output
+    assert "SYNTHETIC" in result.output and "k*" in result.output and "Best:" in result.output
+
+
+def test_bad_trace_one_line_error(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(json.dumps(make_header(source="t")) + "\n"
+                    + json.dumps({"type": "request", "id": "a", "policy": "vegas", "s": 0.05,
+                                  "context": [10, 12], "k": [2, 2], "m": [1, 3]}) + "\n")
+    code, out, err = run(["predict", "--trace", str(path), "--format", "specsim"])
+    assert code != 0
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert f"{path}:2" in err and "m[1]" in err and "accepted 3 > drafted k=2" in err
+
+
+def test_unknown_names_and_usage_errors(tmp_path):
+    code, _, err = run(["costs", "--model", "nope"])
+    assert code == 2 and "known:" in err and "qwen3-8b" in err
+    code, _, err = run(["costs", "--hardware", "tpu"])
+    assert code == 2 and "h200" in err
+    code, _, err = run(["predict", "--alpha", "0.5"])
+    assert code == 2 and "--gamma" in err
+    code, _, err = run(["costs", "--policy", "magic"])
+    assert code == 2 and "known: vegas" in err
+    code, _, err = run(["predict", "--accept-rates", "0.5,x", "--gamma", "0.1"])
+    assert code == 2 and "comma-separated" in err
+    code, _, err = run(["predict", "--trace", str(tmp_path / "missing.jsonl")])
+    assert code == 2 and "missing.jsonl" in err and "Traceback" not in err
+
+
+def test_catalogue_commands():
+    models = invoke_json(["models"])
+    assert {m["name"] for m in models} >= {"qwen3-8b", "gpt-oss-20b", "smollm2-135m"}
+    hw = invoke_json(["hardware"])
+    assert hw["h200"]["bandwidth_TBps"] == pytest.approx(4.3)
+    assert hw["a40"]["ceilings"] == "datasheet"
+
+
+def test_help_explains_units_and_defaults():
+    for cmd in (["predict"], ["costs"]):
+        result = CliRunner().invoke(cli, cmd + ["--help"])
+        assert result.exit_code == 0
+        assert "default" in result.output.lower()
+    assert "tokens" in CliRunner().invoke(cli, ["costs", "--help"]).output
+
+
+def test_cpu_paths_do_not_import_gpu_or_heavy_modules():
+    code = ("import sys; import specsim.cli.main, specsim.predict, specsim.costs, "
+            "specsim.traces.importers; from specsim.cli.main import main; "
+            "main(['predict', '--alpha', '0.5', '--gamma', '0.1', '--json']); "
+            "bad = [m for m in ('torch', 'triton', 'simpy', 'plotly') if m in sys.modules]; "
+            "sys.exit(1 if bad else 0)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr

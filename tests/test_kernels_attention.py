@@ -1,0 +1,204 @@
+"""Verify and sparse draft attention kernels against their torch references.
+
+Without a GPU the kernels run in Triton's interpreter (fp32 inputs, small shapes: the
+interpreter has no bf16 arithmetic and its cost grows with loop iterations); on a GPU the same
+tests run in bf16 at realistic shapes. Outputs are poisoned with NaN before every run, so an
+element the kernel forgets to write fails the test.
+"""
+import os
+
+import torch
+
+if not torch.cuda.is_available():  # before triton kernels are defined
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+
+from specsim.kernels import (plan_sparse, plan_verify, sparse_attention,  # noqa: E402
+                             sparse_attention_reference, verify_attention,
+                             verify_attention_reference)
+from specsim.kernels.verify_attention import default_collect_rows  # noqa: E402
+
+GPU = torch.cuda.is_available()
+DEVICE = "cuda" if GPU else "cpu"
+DTYPE = torch.bfloat16 if GPU else torch.float32
+TOLERANCE = 1e-2 if GPU else 1e-5   # ‖out − ref‖ / ‖ref‖: bf16 operands vs fp32 arithmetic
+
+
+def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((out.float() - ref.float()).norm() / ref.float().norm())
+
+
+def random_cache(batch, kv_heads, max_len, head_dim, generator):
+    shape = (batch, kv_heads, max_len, head_dim)
+    k = torch.randn(shape, generator=generator, device=DEVICE).to(DTYPE)
+    v = torch.randn(shape, generator=generator, device=DEVICE).to(DTYPE)
+    return k, v
+
+
+def make_generator(seed):
+    generator = torch.Generator(device=DEVICE)
+    generator.manual_seed(seed)
+    return generator
+
+
+# (heads, kv_heads, head_dim, q_len, lengths, num_splits, block_n); lengths are ragged, include
+# the shortest possible (= q_len), and are not multiples of the block.
+VERIFY_CASES_CPU = [
+    (4, 2, 64, 4, [4, 37, 100], 1, 16),
+    (4, 2, 64, 4, [4, 37, 100], 3, 16),
+    (8, 2, 128, 1, [1, 2, 65], 2, 32),
+    (2, 2, 64, 16, [16, 17, 80], 2, 32),
+    (8, 1, 64, 16, [16, 50], None, 64),
+]
+VERIFY_CASES_GPU = [
+    (32, 8, 128, 8, [8, 1000, 32768, 4099], None, None),
+    (32, 8, 128, 1, [1, 77, 131072, 20000], None, None),
+    (32, 8, 128, 16, [16, 130, 65536, 3], None, None),
+    (64, 8, 64, 16, [16, 8191, 32768, 100], None, None),
+    (64, 8, 64, 2, [2, 5, 9000, 1 << 15], 1, None),
+]
+VERIFY_CASES = VERIFY_CASES_GPU if GPU else VERIFY_CASES_CPU
+
+
+def _check_verify(case, collect, seed):
+    heads, kv_heads, head_dim, q_len, lengths, num_splits, block_n = case
+    lengths = [max(q_len, n) for n in lengths]
+    batch, max_len = len(lengths), max(lengths) + 3
+    generator = make_generator(seed)
+    k, v = random_cache(batch, kv_heads, max_len, head_dim, generator)
+    q = torch.randn(batch, q_len, heads, head_dim, generator=generator, device=DEVICE).to(DTYPE)
+    length_tensor = torch.tensor(lengths, dtype=torch.int32, device=DEVICE)
+    plan = plan_verify(batch, heads, kv_heads, head_dim, q_len, max(lengths), device=DEVICE,
+                       collect_rows=collect, block_n=block_n, num_splits=num_splits)
+    out = torch.full_like(q, float("nan"))
+    lse = torch.full((batch, heads, q_len), float("nan"), device=DEVICE)
+    logits = None
+    if plan.collect_rows:
+        logits = torch.full((batch, heads, len(plan.collect_rows), max_len), float("nan"),
+                            dtype=DTYPE, device=DEVICE)
+    verify_attention(q, k, v, length_tensor, plan, out=out, logits=logits, lse=lse)
+    ref_out, ref_logits, ref_lse = verify_attention_reference(
+        q, k, v, length_tensor, collect_rows=plan.collect_rows)
+    assert torch.isfinite(out).all() and torch.isfinite(lse).all()
+    assert relative_error(out, ref_out) < TOLERANCE
+    assert relative_error(lse, ref_lse) < TOLERANCE
+    if plan.collect_rows:
+        for b, length in enumerate(lengths):
+            written = logits[b, :, :, :length]
+            assert torch.isfinite(written).all()
+            assert relative_error(written, ref_logits[b, :, :, :length]) < TOLERANCE
+            assert torch.isnan(logits[b, :, :, length:]).all(), "wrote past the length"
+    return plan
+
+
+@pytest.mark.parametrize("case", VERIFY_CASES)
+def test_verify_matches_reference(case):
+    _check_verify(case, (), seed=1)
+
+
+@pytest.mark.parametrize("case", VERIFY_CASES)
+def test_verify_collect_two_rows(case):
+    plan = _check_verify(case, None, seed=2)
+    assert plan.collect_rows == default_collect_rows(case[3])
+
+
+@pytest.mark.parametrize("case", [VERIFY_CASES[1], VERIFY_CASES[3]])
+def test_verify_collect_all_rows(case):
+    _check_verify(case, tuple(range(case[3])), seed=3)
+
+
+def test_default_collect_rows_convention():
+    assert default_collect_rows(1) == (0,)
+    assert default_collect_rows(2) == (1,)
+    assert default_collect_rows(9) == (1, 8)
+
+
+def test_verify_is_causal_among_query_tokens():
+    # Changing the key/value of the last token must not move the outputs of earlier rows.
+    heads, kv_heads, head_dim, q_len, length = 4, 2, 64, 4, 40
+    generator = make_generator(4)
+    k, v = random_cache(1, kv_heads, length, head_dim, generator)
+    q = torch.randn(1, q_len, heads, head_dim, generator=generator, device=DEVICE).to(DTYPE)
+    lengths = torch.tensor([length], dtype=torch.int32, device=DEVICE)
+    plan = plan_verify(1, heads, kv_heads, head_dim, q_len, length, device=DEVICE, block_n=16)
+    before = verify_attention(q, k, v, lengths, plan).clone()
+    k[:, :, -1] += 3.0
+    v[:, :, -1] -= 2.0
+    after = verify_attention(q, k, v, lengths, plan)
+    assert torch.equal(before[:, :-1], after[:, :-1])
+    assert not torch.equal(before[:, -1], after[:, -1])
+
+
+def test_plan_rejects_bad_shapes():
+    with pytest.raises(ValueError):
+        plan_verify(1, 6, 4, 64, 2, 100, device=DEVICE)
+    with pytest.raises(ValueError):
+        plan_verify(1, 4, 2, 64, 17, 100, device=DEVICE)
+    with pytest.raises(ValueError):
+        plan_verify(1, 4, 2, 96, 2, 100, device=DEVICE)
+    with pytest.raises(ValueError):
+        plan_verify(1, 4, 2, 64, 2, 100, device=DEVICE, collect_rows=(2,))
+
+
+# (heads, kv_heads, head_dim, lengths, counts, per_kv_head, sorted, num_splits, block_n)
+SPARSE_CASES_CPU = [
+    (8, 2, 128, [1, 70, 200], [1, 33, 200], False, True, 1, 32),
+    (8, 2, 128, [1, 70, 200], [1, 33, 200], False, False, 3, 32),
+    (4, 2, 64, [50, 90], [[1, 0], [90, 17]], True, False, 4, 16),
+    (4, 4, 64, [64, 3], [[64, 5, 1, 64], [3, 2, 1, 0]], True, True, 2, 32),
+]
+SPARSE_CASES_GPU = [
+    (32, 8, 128, [131072, 5000, 1, 9000], [9175, 5000, 1, 630], False, True, None, None),
+    (32, 8, 128, [32768, 300, 20000, 7], [2294, 300, 1400, 7], False, False, None, None),
+    (64, 8, 64, [32768, 4000], [[2300] * 8, [1, 0, 4000, 3, 77, 250, 1000, 2]], True, True,
+     None, None),
+]
+SPARSE_CASES = SPARSE_CASES_GPU if GPU else SPARSE_CASES_CPU
+
+
+@pytest.mark.parametrize("case", SPARSE_CASES)
+def test_sparse_matches_reference(case):
+    heads, kv_heads, head_dim, lengths, counts, per_kv_head, sort, num_splits, block_n = case
+    batch, max_len = len(lengths), max(lengths)
+    generator = make_generator(5)
+    k, v = random_cache(batch, kv_heads, max_len, head_dim, generator)
+    q = torch.randn(batch, heads, head_dim, generator=generator, device=DEVICE).to(DTYPE)
+    counts = torch.tensor(counts, dtype=torch.int32, device=DEVICE)
+    lists = counts.shape[1] if per_kv_head else None
+    capacity = max_len + 5
+    indices = torch.full((batch, lists, capacity) if per_kv_head else (batch, capacity), -7,
+                         dtype=torch.int32, device=DEVICE)
+    for b, length in enumerate(lengths):
+        for g in range(lists or 1):
+            n = int(counts[b, g] if per_kv_head else counts[b])
+            chosen = torch.randperm(length, generator=generator, device=DEVICE)[:n].int()
+            if sort:
+                chosen = chosen.sort().values
+            (indices[b, g] if per_kv_head else indices[b])[:n] = chosen
+    plan = plan_sparse(batch, heads, kv_heads, head_dim, capacity, device=DEVICE,
+                       block_n=block_n, num_splits=num_splits)
+    out = torch.full_like(q, float("nan"))
+    sparse_attention(q, k, v, indices, counts, plan, out=out)
+    ref = sparse_attention_reference(q, k, v, indices, counts,
+                                     torch.tensor(lengths, device=DEVICE))
+    assert torch.isfinite(out).all()
+    assert relative_error(out, ref) < TOLERANCE
+
+
+def test_sparse_over_whole_context_equals_decode():
+    # Selecting every position is plain decoding: the verify kernel with q = 1 must agree.
+    heads, kv_heads, head_dim, lengths = 4, 2, 64, [33, 64]
+    generator = make_generator(6)
+    k, v = random_cache(2, kv_heads, 64, head_dim, generator)
+    q = torch.randn(2, heads, head_dim, generator=generator, device=DEVICE).to(DTYPE)
+    length_tensor = torch.tensor(lengths, dtype=torch.int32, device=DEVICE)
+    indices = torch.arange(64, dtype=torch.int32, device=DEVICE).flip(0).repeat(2, 1)
+    indices[0, :33] = torch.arange(33, dtype=torch.int32, device=DEVICE).flip(0)
+    sparse = sparse_attention(q, k, v, indices, length_tensor,
+                              plan_sparse(2, heads, kv_heads, head_dim, 64, device=DEVICE,
+                                          block_n=16, num_splits=2))
+    full = verify_attention(q[:, None], k, v, length_tensor,
+                            plan_verify(2, heads, kv_heads, head_dim, 1, 64, device=DEVICE,
+                                        block_n=16))[:, 0]
+    assert relative_error(sparse, full) < TOLERANCE

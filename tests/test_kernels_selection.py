@@ -1,0 +1,221 @@
+"""KV cache bookkeeping and the selection policies against brute-force definitions.
+
+Runs on the GPU when there is one (fp32 inputs either way, so rankings are tie-free and exact),
+else on the CPU with the one Triton kernel here (attention mass) in the interpreter.
+"""
+import math
+import os
+
+import torch
+
+if not torch.cuda.is_available():  # before triton kernels are defined
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+
+from specsim.kernels import (KVCache, append_positions, attention_mass,  # noqa: E402
+                             attention_mass_reference, page_bounds_reference, quest_select,
+                             selected_counts, sparsespec_select, streamingllm_select,
+                             vegas_select)
+from specsim.policies import POLICIES, get_policy  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def make_generator(seed):
+    generator = torch.Generator(device=DEVICE)
+    generator.manual_seed(seed)
+    return generator
+
+
+def lists_as_sets(indices, counts):
+    """Python sets of each list's valid entries, after checking sorted, unique, padded."""
+    flat_indices = indices.reshape(-1, indices.shape[-1]).cpu()
+    flat_counts = counts.reshape(-1).cpu()
+    sets = []
+    for row, n in zip(flat_indices, flat_counts):
+        valid = row[:int(n)]
+        assert torch.all(valid[1:] > valid[:-1]), "not sorted / duplicates"
+        assert torch.all(row[int(n):] == 0), "padding not zero"
+        sets.append(set(valid.tolist()))
+    return sets
+
+
+def test_selected_counts_match_policy_rule():
+    contexts = [1, 2, 15, 16, 17, 255, 256, 300, 4097, 131072]
+    lengths = torch.tensor(contexts, dtype=torch.int32, device=DEVICE)
+    for policy in POLICIES.values():
+        for s in (0.01, 0.07, 0.3, 1.0):
+            expected = [policy.selected(c, s) for c in contexts]
+            assert selected_counts(policy, lengths, s).tolist() == expected, policy.name
+
+
+# -- KV cache -------------------------------------------------------------------------------
+
+def test_kv_cache_append_rollback_and_page_bounds():
+    batch, kv_heads, max_len, head_dim, page = 3, 2, 70, 8, 16
+    generator = make_generator(0)
+    cache = KVCache(batch, kv_heads, max_len, head_dim, num_layers=2, dtype=torch.float32,
+                    device=DEVICE, page_size=page)
+    shadow_k = torch.zeros(2, batch, kv_heads, max_len, head_dim, device=DEVICE)
+    shadow_v = shadow_k.clone()
+    shadow_len = [0] * batch
+
+    def step(counts):
+        n = max(counts)
+        counts_t = torch.tensor(counts, dtype=torch.int32, device=DEVICE)
+        cache.extend(counts_t)
+        for layer in range(2):
+            k_new = torch.randn(batch, kv_heads, n, head_dim, generator=generator, device=DEVICE)
+            v_new = torch.randn(batch, kv_heads, n, head_dim, generator=generator, device=DEVICE)
+            cache.write(layer, k_new, v_new, counts_t)
+            for b, c in enumerate(counts):
+                shadow_k[layer, b, :, shadow_len[b]:shadow_len[b] + c] = k_new[b, :, :c]
+                shadow_v[layer, b, :, shadow_len[b]:shadow_len[b] + c] = v_new[b, :, :c]
+        for b, c in enumerate(counts):
+            shadow_len[b] += c
+
+    def check():
+        assert cache.lengths.tolist() == shadow_len
+        for layer in range(2):
+            for b, length in enumerate(shadow_len):
+                assert torch.equal(cache.k(layer)[b, :, :length], shadow_k[layer, b, :, :length])
+                assert torch.equal(cache.v(layer)[b, :, :length], shadow_v[layer, b, :, :length])
+            low, high = cache.pages(layer)
+            ref_low, ref_high = page_bounds_reference(cache.k(layer), cache.lengths, page)
+            for b, length in enumerate(shadow_len):
+                pages = math.ceil(length / page)
+                assert torch.equal(low[b, :, :pages], ref_low[b, :, :pages])
+                assert torch.equal(high[b, :, :pages], ref_high[b, :, :pages])
+
+    step([17, 1, 33])   # ragged prefill
+    check()
+    step([9, 9, 9])     # a verify pass of q = 9
+    check()
+    rejected = torch.tensor([5, 0, 9], dtype=torch.int32, device=DEVICE)
+    cache.rollback(rejected)
+    shadow_len = [n - r for n, r in zip(shadow_len, rejected.tolist())]
+    check()
+    step([16, 3, 20])
+    check()
+    step([0, 5, 2])     # a sequence with nothing to add
+    check()
+    cache.rollback(2)
+    shadow_len = [n - 2 for n in shadow_len]
+    check()
+
+
+def test_kv_cache_append_one_layer():
+    cache = KVCache(2, 1, 8, 4, dtype=torch.float32, device=DEVICE)
+    rows = torch.arange(2 * 3 * 4, dtype=torch.float32, device=DEVICE).view(2, 1, 3, 4)
+    cache.append(rows, -rows)
+    cache.rollback(torch.tensor([1, 2], dtype=torch.int32, device=DEVICE))
+    cache.append(rows[:, :, :1] + 100, rows[:, :, :1])
+    assert cache.lengths.tolist() == [3, 2]
+    assert torch.equal(cache.k()[0, 0, 2], rows[0, 0, 0] + 100)
+    assert torch.equal(cache.k()[1, 0, :2], torch.stack([rows[1, 0, 0], rows[1, 0, 0] + 100]))
+
+
+# -- policies -------------------------------------------------------------------------------
+
+LENGTHS = [1, 40, 300, 1000]
+MAX_LEN = 1003
+
+
+def test_vegas_select_matches_definition():
+    batch, heads, rows, s = len(LENGTHS), 4, 2, 0.1
+    logits = torch.randn(batch, heads, rows, MAX_LEN, generator=make_generator(1),
+                         device=DEVICE)
+    logits[..., -3:] = float("nan")            # past every length: must be ignored
+    lengths = torch.tensor(LENGTHS, dtype=torch.int32, device=DEVICE)
+    policy = get_policy("vegas")
+    indices, counts = vegas_select(logits, lengths, s, max_context=1000)
+    for b, (got, length) in enumerate(zip(lists_as_sets(indices, counts), LENGTHS)):
+        recent = set(range(max(0, length - policy.recent), length))
+        score = logits[b, :, :, :length].mean(dim=(0, 1))
+        ranked = [int(n) for n in score.argsort(descending=True) if int(n) not in recent]
+        top = max(math.ceil(s * length), policy.min_selected)
+        assert got == recent | set(ranked[:top])
+        assert len(got) == policy.selected(length, s)
+
+
+def test_attention_mass_matches_reference():
+    batch, heads, kv_heads, window = 3, 4, 2, 3
+    lengths = torch.tensor([1, 700, 1000], dtype=torch.int32, device=DEVICE)
+    logits = torch.randn(batch, heads, window, 1000, generator=make_generator(2), device=DEVICE)
+    lse = torch.randn(batch, heads, window, generator=make_generator(3), device=DEVICE) + 7.0
+    mass = attention_mass(logits, lse, lengths, kv_heads)
+    ref = attention_mass_reference(logits, lengths, kv_heads, lse)
+    for b, length in enumerate(lengths.tolist()):
+        torch.testing.assert_close(mass[b, :, :length], ref[b, :, :length], rtol=1e-5,
+                                   atol=1e-6)
+
+
+def test_sparsespec_select_matches_definition():
+    batch, heads, kv_heads, window, s = len(LENGTHS), 4, 2, 16, 0.2
+    logits = torch.randn(batch, heads, window, MAX_LEN, generator=make_generator(4),
+                         device=DEVICE) * 3
+    lengths = torch.tensor(LENGTHS, dtype=torch.int32, device=DEVICE)
+    policy = get_policy("sparsespec")
+    indices, counts = sparsespec_select(logits, lengths, s, kv_heads, max_context=1000)
+    assert indices.shape[:2] == (batch, kv_heads)
+    sets = lists_as_sets(indices, counts)
+    for b, length in enumerate(LENGTHS):
+        weight = torch.softmax(logits[b, :, :, :length].double(), dim=-1)     # [h, w, n]
+        budget = policy.selected(length, s)
+        for g in range(kv_heads):
+            mass = weight[g * 2:(g + 1) * 2].sum(dim=(0, 1))
+            forced = set(range(min(policy.sink, length))) | set(
+                range(max(0, length - policy.recent), length))
+            ranked = [int(n) for n in mass.argsort(descending=True) if int(n) not in forced]
+            expected = forced | set(ranked[:max(0, budget - len(forced))])
+            assert sets[b * kv_heads + g] == expected
+
+
+def test_streamingllm_select():
+    lengths = torch.tensor(LENGTHS, dtype=torch.int32, device=DEVICE)
+    policy = get_policy("streamingllm")
+    indices, counts = streamingllm_select(lengths, 0.05, max_context=1000)
+    for got, length in zip(lists_as_sets(indices, counts), LENGTHS):
+        budget = policy.selected(length, 0.05)
+        window = budget - min(policy.sink, budget)
+        expected = set(range(min(policy.sink, length))) | set(range(length - window, length))
+        assert got == expected and len(got) == budget
+
+
+@pytest.mark.parametrize("s", [0.05, 0.5, 1.0])
+def test_quest_select_matches_definition(s):
+    batch, heads, kv_heads, head_dim, page = len(LENGTHS), 4, 2, 8, 16
+    generator = make_generator(5)
+    keys = torch.randn(batch, kv_heads, MAX_LEN, head_dim, generator=generator, device=DEVICE)
+    lengths = torch.tensor(LENGTHS, dtype=torch.int32, device=DEVICE)
+    low, high = page_bounds_reference(keys, lengths, page)
+    q = torch.randn(batch, heads, head_dim, generator=generator, device=DEVICE)
+    policy = get_policy("quest")
+    indices, counts = quest_select(q, low, high, lengths, s, max_context=1000)
+    sets = lists_as_sets(indices, counts)
+    for b, length in enumerate(LENGTHS):
+        pages = math.ceil(length / page)
+        keep = min(pages, math.ceil(policy.selected(length, s) / page))
+        for g in range(kv_heads):
+            qg = q[b, g * 2:(g + 1) * 2]                                        # [heads, d]
+            bound = torch.maximum(qg[:, None] * low[b, g, None, :pages],
+                                  qg[:, None] * high[b, g, None, :pages]).sum(-1)
+            score = bound.amax(0)
+            others = [int(p) for p in score[:pages - 1].argsort(descending=True)]
+            chosen = set(others[:keep - 1]) | {pages - 1}
+            expected = {n for p in chosen for n in range(p * page, min(length, (p + 1) * page))}
+            assert sets[b * kv_heads + g] == expected
+
+
+def test_append_positions():
+    indices = torch.zeros(2, 3, 5, dtype=torch.int32, device=DEVICE)
+    counts = torch.tensor([[0, 1, 2], [4, 4, 4]], dtype=torch.int32, device=DEVICE)
+    append_positions(indices, counts, torch.tensor([7, 9], device=DEVICE))
+    assert counts.tolist() == [[1, 2, 3], [5, 5, 5]]
+    assert indices[0, :, :].tolist() == [[7, 0, 0, 0, 0], [0, 7, 0, 0, 0], [0, 0, 7, 0, 0]]
+    assert indices[1, :, 4].tolist() == [9, 9, 9]
+    flat = torch.zeros(1, 3, dtype=torch.int32, device=DEVICE)
+    flat_counts = torch.tensor([1], dtype=torch.int32, device=DEVICE)
+    append_positions(flat, flat_counts, torch.tensor([5], device=DEVICE))
+    assert flat.tolist() == [[0, 5, 0]] and flat_counts.tolist() == [2]
