@@ -244,11 +244,27 @@ def test_atomic_write_keeps_old_file_when_a_record_fails(tmp_path):
         yield _good()
         yield bad
 
-    with pytest.raises(TypeError):
+    with pytest.raises(TraceError, match="field 'policy'"):
         write_trace(path, HEADER, records())
     assert path.read_bytes() == before
     assert os.listdir(tmp_path) == ["t.jsonl"]  # no temporary file left behind
     assert read_trace(path).histograms[0].counts.tolist() == [2, 3]
+
+
+def test_write_refuses_records_that_read_would_reject(tmp_path):
+    path = tmp_path / "t.jsonl"
+    bad = RequestTrace("r", "vegas", 0.05, np.array([10]), np.array([2]), np.array([3]))
+    with pytest.raises(TraceError, match="accepted 3 > drafted k=2"):
+        write_trace(path, HEADER, [bad])
+    assert not path.exists()
+
+
+def test_written_file_is_world_readable(tmp_path):
+    path = tmp_path / "t.jsonl"
+    write_trace(path, HEADER, [_good()])
+    umask = os.umask(0)
+    os.umask(umask)
+    assert path.stat().st_mode & 0o777 == 0o666 & ~umask   # not mkstemp's 0600
 
 
 def test_atomic_write_keeps_old_file_when_the_generator_raises(tmp_path):
@@ -276,39 +292,30 @@ def test_write_rejects_bad_header_before_touching_the_file(tmp_path):
 
 
 # --------------------------------------------------------------------------------------------
-# known gaps in format.py (reported; strict xfail so a fix shows up as XPASS)
+# edge cases found in review: each names file, line and the precise field
 # --------------------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="format.py: per_draft lets numpy raise ValueError on "
-                   "non-numeric entries instead of a TraceError")
 def test_per_draft_strings_raise_trace_error(tmp_path):
     p = write_lines(tmp_path, HEADER, request(entropy=[["a"] * 4, [0.1] * 8, [0.1] * 8]))
-    fails(p, 2, "entropy[0]")
+    fails(p, 2, "entropy[0][0]")
 
 
-@pytest.mark.xfail(strict=True, reason="format.py: per_draft accepts nested lists / booleans / "
-                   "numeric strings as per-draft values")
 def test_per_draft_nested_lists_rejected(tmp_path):
     p = write_lines(tmp_path, HEADER, request(accept_prob=[[[0.5]] * 4, [0.5] * 8, [0.5] * 8]))
-    fails(p, 2, "accept_prob[0]")
+    fails(p, 2, "accept_prob[0][0]")
 
 
-@pytest.mark.xfail(strict=True, reason="format.py: histogram context NaN passes `context < 1`")
 def test_histogram_nan_context_rejected(tmp_path):
     p = write_lines(tmp_path, HEADER, json.dumps(histogram(context=7.5)).replace("7.5", "NaN"))
     fails(p, 2, "context")
 
 
-@pytest.mark.xfail(strict=True, reason="format.py: check_header always reports line 1, even "
-                   "when blank lines precede the header")
 def test_header_error_line_after_blank_lines(tmp_path):
     p = write_lines(tmp_path, "", "", {**HEADER, "specsim_trace": 2}, request())
     fails(p, 3, "specsim_trace")
 
 
-@pytest.mark.xfail(strict=True, reason="format.py: non-UTF-8 input raises UnicodeDecodeError, "
-                   "not TraceError")
 def test_non_utf8_is_a_trace_error(tmp_path):
     p = tmp_path / "t.jsonl"
     p.write_bytes(json.dumps(HEADER).encode() + b"\n\xff\xfe\n")
@@ -316,8 +323,6 @@ def test_non_utf8_is_a_trace_error(tmp_path):
         read_trace(p)
 
 
-@pytest.mark.xfail(strict=True, reason="format.py: integers beyond int64 raise OverflowError, "
-                   "not TraceError")
 def test_huge_integers_are_a_trace_error(tmp_path):
     p = write_lines(tmp_path, HEADER, request(context=[2 ** 70, 4104, 4112]))
     fails(p, 2, "context[0]")

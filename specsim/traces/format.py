@@ -35,6 +35,7 @@ from specsim.errors import TraceError
 
 VERSION = 1
 HEADER_KEY = "specsim_trace"
+MAX_INT = 2**53  # counts and lengths beyond this are corrupt input
 
 #: Selection policies specsim models; other strings are kept but treated as opaque drafters.
 KNOWN_POLICIES = ("vegas", "sparsespec", "streamingllm", "quest", "last-token", "full")
@@ -159,6 +160,8 @@ class _Checker:
                 self.fail(f"{key}[{i}]", f"expected an integer, got {v!r}")
             if v < minimum:
                 self.fail(f"{key}[{i}]", f"must be ≥ {minimum}, got {v}")
+            if v > MAX_INT:
+                self.fail(f"{key}[{i}]", f"implausibly large ({v} > {MAX_INT})")
         return np.asarray(values, dtype=np.int64)
 
     def sparsity(self, obj: dict):
@@ -183,6 +186,9 @@ class _Checker:
         for i, row in enumerate(rows):
             if not isinstance(row, list) or len(row) != k[i]:
                 self.fail(f"{key}[{i}]", f"expected a list of k={k[i]} numbers")
+            for j, v in enumerate(row):
+                if isinstance(v, bool) or not isinstance(v, (int, float)):
+                    self.fail(f"{key}[{i}][{j}]", f"expected a number, got {v!r}")
             arr = np.asarray(row, dtype=float)
             if not np.all(np.isfinite(arr)) or np.any(arr < lo) or np.any(arr > hi):
                 self.fail(f"{key}[{i}]", f"values must lie in [{lo}, {hi}]")
@@ -197,8 +203,8 @@ def _kind_name(kinds) -> str:
     return " or ".join(names.get(k, k.__name__) for k in kinds)
 
 
-def check_header(obj, path: str | None) -> dict:
-    c = _Checker(path, 1)
+def check_header(obj, path: str | None, line: int = 1) -> dict:
+    c = _Checker(path, line)
     if not isinstance(obj, dict) or HEADER_KEY not in obj:
         c.fail(HEADER_KEY, f"not a specsim trace: line 1 must be a header object with "
                            f"\"{HEADER_KEY}\": {VERSION}")
@@ -239,7 +245,7 @@ def parse_record(obj, path: str | None, line: int) -> RequestTrace | HistogramTr
         if counts.sum() == 0:
             c.fail("counts", "histogram is empty (all counts 0)")
         context = c.get(obj, "context", (int, float), optional=True)
-        if context is not None and context < 1:
+        if context is not None and not (math.isfinite(context) and context >= 1):
             c.fail("context", f"must be ≥ 1, got {context}")
         return HistogramTrace(rid, policy, s, int(k), counts,
                               None if context is None else float(context))
@@ -248,8 +254,13 @@ def parse_record(obj, path: str | None, line: int) -> RequestTrace | HistogramTr
 
 
 def _json_lines(path: str) -> Iterator[tuple[int, object]]:
-    with open(path, encoding="utf-8") as fh:
-        for n, raw in enumerate(fh, start=1):
+    with open(path, "rb") as fh:
+        for n, raw_bytes in enumerate(fh, start=1):
+            try:
+                raw = raw_bytes.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise TraceError(f"not UTF-8 text (byte {exc.start + 1})", path=path,
+                                 line=n) from None
             if not raw.strip():
                 continue
             try:
@@ -268,7 +279,7 @@ def read_trace(path: str | os.PathLike) -> Trace:
     first = next(lines, None)
     if first is None:
         raise TraceError("empty file: expected a header line", path=path, line=1)
-    header = check_header(first[1], path)
+    header = check_header(first[1], path, first[0])
     trace = Trace(header, path=path)
     seen: dict[str, int] = {}
     for n, obj in lines:
@@ -295,8 +306,15 @@ def write_trace(path: str | os.PathLike, header: dict,
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(json.dumps(header) + "\n")
             for rec in records:
-                fh.write(json.dumps(rec.to_json(), separators=(",", ":")) + "\n")
+                obj = rec.to_json()
+                parse_record(obj, str(path), n + 2)  # never write what read_trace rejects
+                fh.write(json.dumps(obj, separators=(",", ":"), allow_nan=False) + "\n")
                 n += 1
+            fh.flush()
+            os.fsync(fh.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 would survive the rename
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

@@ -4,7 +4,8 @@ Four input formats are recognised (:data:`FORMATS`); :func:`load_trace` detects 
 file holds and dispatches:
 
 ``specsim``
-    The native format (:mod:`specsim.traces.format`), read by :func:`~specsim.traces.format.read_trace`.
+    The native format (:mod:`specsim.traces.format`), read by
+    :func:`~specsim.traces.format.read_trace`.
 
 ``vllm-metrics``
     A dump of vLLM's Prometheus ``/metrics`` endpoint (text exposition format). vLLM V1
@@ -106,14 +107,14 @@ __all__ = ["FORMATS", "TraceImportWarning", "detect_format", "load_trace", "impo
 FORMATS = ("specsim", "vllm-metrics", "vllm-requests", "specbench")
 
 _FORMAT_HELP = ("known formats: 'specsim' (native JSON Lines with a \"specsim_trace\" header), "
-                "'vllm-metrics' (Prometheus text from vLLM's /metrics), 'vllm-requests' (JSON Lines "
-                "with per-request acceptance_histogram / per_step_accepted / "
+                "'vllm-metrics' (Prometheus text from vLLM's /metrics), 'vllm-requests' "
+                "(JSON Lines with per-request acceptance_histogram / per_step_accepted / "
                 "spec_token_acceptance_counts), 'specbench' (Spec-Bench answers with "
                 "choices[].accept_lengths)")
 
 
 class TraceImportWarning(UserWarning):
-    """The input is usable but not exactly what specsim models (reported, and kept in the header)."""
+    """Input that is usable but not exactly what specsim models (kept in the header too)."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -239,7 +240,7 @@ def _slack(literal: str) -> float:
 
 
 def _parse_labels(text: str, start: int, path: str, n: int) -> tuple[list[tuple[str, str]], int]:
-    """Parse ``{a="x",b="y"}`` starting at the ``{``; returns the labels and the index after ``}``."""
+    """Parse ``{a="x",b="y"}`` from the ``{``; returns the labels and the index after ``}``."""
     labels: list[tuple[str, str]] = []
     i = start + 1
     while True:
@@ -351,8 +352,9 @@ def import_vllm_metrics(path: str | os.PathLike, *, policy: str = "unknown",
     """Convert a vLLM ``/metrics`` dump into one histogram record per label set.
 
     Validates, per label set: every spec-decode counter is a whole, finite, non-negative number;
-    positions are 0..k-1 without gaps; survivals never increase (A_1 ≤ num_drafts, A_{i+1} ≤ A_i);
-    Σ per_pos = num_accepted_tokens when that counter is present; num_draft_tokens ≤ k·num_drafts
+    positions are 0..k-1 without gaps; survivals never increase (A_1 ≤ num_drafts,
+    A_{i+1} ≤ A_i); Σ per_pos = num_accepted_tokens when that counter is present;
+    num_draft_tokens ≤ k·num_drafts
     (below is a warning: variable-length or invalidated drafts). Comparisons allow half a unit in
     the last written digit of values in exponent notation (``1.234e+06`` may be off
     by 500); plain decimals are taken as exact.

@@ -1,0 +1,479 @@
+"""Benchmark specsim's kernels on a GPU against the memory limit and against torch peers.
+
+Measures, in one run and for each (head_dim, context): the device-to-device copy bandwidth (the
+ceiling), verify attention for q = 1..16 with and without Collect-2-Query, torch SDPA (cuDNN and
+flash backends, enable_gqa=True) and FlexAttention (block mask) on the same shapes, sparse draft
+attention at s = 0.07 beside torch gather + SDPA, and each selection policy's time as a fraction
+of one verify pass. Bandwidth is the bytes of KV the kernel must read (the selected rows for
+sparse drafts) over the median time; every timing replays a CUDA graph of many calls, rotating
+over enough KV caches that L2 cannot hold them. Correctness is checked in bf16 against the torch
+references first.
+
+    PYTHONPATH=. python benchmarks/bench_kernels.py --sweep        # all defaults (H200 run)
+
+Writes ``bench_kernels.json`` under ``$OUT`` (or ``--out``); prints a compact table last.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+from specsim.kernels import (new_logits_buffer, plan_sparse, plan_verify, quest_select,
+                             sparse_attention, sparse_attention_reference, sparsespec_select,
+                             streamingllm_select, vegas_select, verify_attention,
+                             verify_attention_reference)
+from specsim.kernels.kv_cache import page_bounds_reference  # noqa: F401  (documented helper)
+
+HEADS = {128: (32, 8), 64: (64, 8)}       # head_dim -> (query heads, KV heads)
+ROTATE_BYTES = 1.5e9                      # rotate caches until this many bytes: >> L2 (60 MB)
+
+
+def log(*args):
+    print(*args, flush=True)
+
+
+# -- timing ---------------------------------------------------------------------------------
+
+def time_us(fn, target_ms: float = 25.0, replays: int = 7) -> tuple[float, str]:
+    """Median µs per call: a CUDA graph of many calls replayed ``replays`` times (events)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(3):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    estimate = max(start.elapsed_time(end) / 3, 1e-3)
+    calls = int(min(200, max(3, target_ms / estimate)))
+    try:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(calls):
+                fn()
+        graph.replay()
+        torch.cuda.synchronize()
+        samples = []
+        for _ in range(replays):
+            start.record()
+            graph.replay()
+            end.record()
+            end.synchronize()
+            samples.append(start.elapsed_time(end) / calls)
+        del graph
+        return statistics.median(samples) * 1e3, "graph"
+    except Exception as error:  # not capturable: fall back to back-to-back launches
+        log(f"    (no graph: {type(error).__name__}: {str(error)[:80]})")
+        torch.cuda.synchronize()
+        samples = []
+        for _ in range(replays):
+            start.record()
+            for _ in range(calls):
+                fn()
+            end.record()
+            end.synchronize()
+            samples.append(start.elapsed_time(end) / calls)
+        return statistics.median(samples) * 1e3, "events"
+
+
+def copy_bandwidth() -> float:
+    """Device-to-device copy, bytes read + written per second (TB/s)."""
+    n = 1 << 30  # 2 GiB of bf16
+    src = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    dst = torch.empty_like(src)
+    us, _ = time_us(lambda: dst.copy_(src), target_ms=50)
+    del src, dst
+    return 2 * n * 2 / (us * 1e-6) / 1e12
+
+
+class Rotation:
+    """Several KV caches of one shape, handed out in turn."""
+
+    def __init__(self, batch, kv_heads, context, head_dim):
+        one = 2 * batch * kv_heads * context * head_dim * 2
+        copies = max(1, math.ceil(ROTATE_BYTES / one))
+        shape = (batch, kv_heads, context, head_dim)
+        self.caches = [(torch.randn(shape, device="cuda", dtype=torch.bfloat16),
+                        torch.randn(shape, device="cuda", dtype=torch.bfloat16))
+                       for _ in range(copies)]
+        self.turn = 0
+
+    def next(self):
+        self.turn = (self.turn + 1) % len(self.caches)
+        return self.caches[self.turn]
+
+
+def relative_error(out, ref) -> float:
+    return float((out.float() - ref.float()).norm() / ref.float().norm())
+
+
+# -- one (head_dim, context) ----------------------------------------------------------------
+
+def run_shape(args, head_dim, context, best, results, t0):
+    heads, kv_heads = HEADS[head_dim]
+    batch = args.batch
+    group = heads // kv_heads
+    tag = f"hd{head_dim} ctx{context // 1024}K"
+    rot = Rotation(batch, kv_heads, context, head_dim)
+    lengths = torch.full((batch,), context, dtype=torch.int32, device="cuda")
+    kv_bytes = 2 * batch * kv_heads * context * head_dim * 2
+    rows = {}
+
+    def record(name, us, method, nbytes=kv_bytes, extra=None):
+        entry = {"us": us, "tbps": nbytes / (us * 1e-6) / 1e12, "bytes": nbytes,
+                 "timing": method, **(extra or {})}
+        rows[name] = entry
+        log(f"  {tag:14s} {name:28s} {us:9.1f} us  {entry['tbps']:5.2f} TB/s")
+
+    # verify, our kernel
+    verify_us = {}
+    for q_len in args.q_lens:
+        for collect_name, collect in (("", ()), (" +c2q", None), (" +all", "all")):
+            if collect_name and q_len not in (8, 16):
+                continue
+            rows_collect = tuple(range(q_len)) if collect == "all" else collect
+            config = best.get((head_dim, q_len), {})
+            plan = plan_verify(batch, heads, kv_heads, head_dim, q_len, context,
+                               collect_rows=rows_collect, **config)
+            q = torch.randn(batch, q_len, heads, head_dim, device="cuda", dtype=torch.bfloat16)
+            out = torch.empty_like(q)
+            logits = new_logits_buffer(plan, context, device="cuda") if plan.collect_rows \
+                else None
+
+            def fn():
+                k, v = rot.next()
+                verify_attention(q, k, v, lengths, plan, out=out, logits=logits)
+            us, method = time_us(fn)
+            extra = {"config": {"block_n": plan.split.block_n, "num_splits":
+                                plan.split.num_splits, "num_warps": plan.num_warps,
+                                "num_stages": plan.num_stages}}
+            if logits is not None:
+                extra["logit_bytes"] = logits.numel() * 2
+            record(f"verify q={q_len}{collect_name}", us, method, extra=extra)
+            verify_us[(q_len, collect_name)] = us
+            del logits
+
+    # torch SDPA peers (uniform lengths: SDPA has no ragged batch)
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.attention.bias import causal_lower_right
+    for q_len in (1, 8):
+        q = torch.randn(batch, heads, q_len, head_dim, device="cuda", dtype=torch.bfloat16)
+        for backend_name, backend in (("cudnn", SDPBackend.CUDNN_ATTENTION),
+                                      ("flash", SDPBackend.FLASH_ATTENTION)):
+            mask = None if q_len == 1 else causal_lower_right(q_len, context)
+
+            def fn():
+                k, v = rot.next()
+                with sdpa_kernel(backend):
+                    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
+                                                          enable_gqa=True)
+            try:
+                us, method = time_us(fn)
+                record(f"sdpa-{backend_name} q={q_len}", us, method)
+            except Exception as error:
+                rows[f"sdpa-{backend_name} q={q_len}"] = {"error": str(error)[:200]}
+                log(f"  {tag:14s} sdpa-{backend_name} q={q_len}: failed "
+                    f"({type(error).__name__}: {str(error)[:100]})")
+
+    # FlexAttention peer (compiles once per shape: only at the contexts asked for)
+    if context in args.flex_contexts and time.time() - t0 < args.budget_s * 0.6:
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+        flex = torch.compile(flex_attention, dynamic=False)
+        for q_len in (1, 8):
+            offset = context - q_len
+
+            def causal(b, h, q_idx, kv_idx):
+                return kv_idx <= q_idx + offset
+            q = torch.randn(batch, heads, q_len, head_dim, device="cuda", dtype=torch.bfloat16)
+            try:
+                block_mask = create_block_mask(causal, None, None, q_len, context, device="cuda")
+
+                def fn():
+                    k, v = rot.next()
+                    return flex(q, k, v, block_mask=block_mask, enable_gqa=True)
+                compile_start = time.time()
+                fn()
+                torch.cuda.synchronize()
+                us, method = time_us(fn)
+                record(f"flex q={q_len}", us, method,
+                       extra={"compile_s": time.time() - compile_start})
+            except Exception as error:
+                rows[f"flex q={q_len}"] = {"error": str(error)[:200]}
+                log(f"  {tag:14s} flex q={q_len}: failed ({type(error).__name__}: "
+                    f"{str(error)[:100]})")
+
+    # sparse draft attention at s = 0.07, token-granular random positions
+    count = math.ceil(args.sparsity * context)
+    capacity = count
+    generator = torch.Generator(device="cuda")
+    generator.manual_seed(0)
+    random_keys = torch.rand(batch, kv_heads, context, device="cuda", generator=generator)
+    per_head = random_keys.topk(count, dim=-1).indices.int()                  # unsorted
+    per_head_sorted = per_head.sort(dim=-1).values
+    per_seq_sorted = per_head_sorted[:, 0].contiguous()
+    per_seq_unsorted = per_head[:, 0].contiguous()
+    counts_seq = torch.full((batch,), count, dtype=torch.int32, device="cuda")
+    counts_head = torch.full((batch, kv_heads), count, dtype=torch.int32, device="cuda")
+    sparse_bytes = 2 * batch * kv_heads * count * head_dim * 2
+    q1 = torch.randn(batch, heads, head_dim, device="cuda", dtype=torch.bfloat16)
+    out1 = torch.empty_like(q1)
+    sparse_config = best.get((head_dim, "sparse"), {})
+    splan = plan_sparse(batch, heads, kv_heads, head_dim, capacity, **sparse_config)
+    for name, indices, counts in (("sparse s=.07 seq sorted", per_seq_sorted, counts_seq),
+                                  ("sparse s=.07 seq unsorted", per_seq_unsorted, counts_seq),
+                                  ("sparse s=.07 kvhead sorted", per_head_sorted, counts_head)):
+        def fn():
+            k, v = rot.next()
+            sparse_attention(q1, k, v, indices, counts, splan, out=out1)
+        us, method = time_us(fn)
+        record(name, us, method, nbytes=sparse_bytes,
+               extra={"config": {"block_n": splan.split.block_n, "num_splits":
+                                 splan.split.num_splits, "num_warps": splan.num_warps,
+                                 "num_stages": splan.num_stages}})
+    gather_index = per_seq_sorted.long()[:, None, :, None].expand(-1, kv_heads, -1, head_dim)
+    q1s = q1[:, :, None]
+
+    def gather_sdpa():
+        k, v = rot.next()
+        return F.scaled_dot_product_attention(q1s, k.gather(2, gather_index),
+                                              v.gather(2, gather_index), enable_gqa=True)
+    us, method = time_us(gather_sdpa)
+    record("gather+sdpa s=.07", us, method, nbytes=sparse_bytes)
+
+    # selection policies, as a fraction of one verify pass (q = 8, Collect-2-Query on)
+    verify_ref = verify_us.get((8, " +c2q")) or min(verify_us.values())
+    logits2 = torch.randn(batch, heads, 2, context, device="cuda", dtype=torch.bfloat16)
+    logits16 = torch.randn(batch, heads, 16, context, device="cuda", dtype=torch.bfloat16)
+    lse16 = torch.randn(batch, heads, 16, device="cuda") + 12.0
+    k0 = rot.caches[0][0]
+    pages = k0.view(batch, kv_heads, context // 16, 16, head_dim)
+    page_min, page_max = pages.amin(3), pages.amax(3)
+    selections = {
+        "select vegas": lambda: vegas_select(logits2, lengths, args.sparsity),
+        "select sparsespec": lambda: sparsespec_select(logits16, lengths, args.sparsity,
+                                                       kv_heads, lse=lse16),
+        "select streamingllm": lambda: streamingllm_select(lengths, args.sparsity,
+                                                           max_context=context),
+        "select quest": lambda: quest_select(q1, page_min, page_max, lengths, args.sparsity,
+                                             max_context=context),
+    }
+    for name, fn in selections.items():
+        us, method = time_us(fn)
+        rows[name] = {"us": us, "timing": method, "fraction_of_verify": us / verify_ref}
+        log(f"  {tag:14s} {name:28s} {us:9.1f} us  {us / verify_ref:5.2f} x verify")
+    del logits2, logits16, rot
+    torch.cuda.empty_cache()
+    results[tag] = rows
+
+
+# -- correctness and sweep ------------------------------------------------------------------
+
+def check_correctness(batch, head_dim, context):
+    heads, kv_heads = HEADS[head_dim]
+    k = torch.randn(batch, kv_heads, context, head_dim, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    lengths = torch.tensor([context - 3 * i for i in range(batch)], dtype=torch.int32,
+                           device="cuda")
+    errors = {}
+    for q_len in (1, 8, 16):
+        plan = plan_verify(batch, heads, kv_heads, head_dim, q_len, context, collect_rows=None)
+        q = torch.randn(batch, q_len, heads, head_dim, device="cuda", dtype=torch.bfloat16)
+        out = torch.full_like(q, float("nan"))
+        logits = new_logits_buffer(plan, context, device="cuda").fill_(float("nan"))
+        verify_attention(q, k, v, lengths, plan, out=out, logits=logits)
+        ref, ref_logits, _ = verify_attention_reference(q, k, v, lengths,
+                                                        collect_rows=plan.collect_rows)
+        written = torch.cat([logits[b, ..., :n] for b, n in enumerate(lengths.tolist())], -1)
+        expect = torch.cat([ref_logits[b, ..., :n] for b, n in enumerate(lengths.tolist())], -1)
+        errors[f"verify q={q_len}"] = relative_error(out, ref)
+        errors[f"logits q={q_len}"] = relative_error(written, expect)
+        assert torch.isfinite(out).all() and torch.isfinite(written).all()
+    count = math.ceil(0.07 * context)
+    indices = torch.rand(batch, context, device="cuda").topk(count, -1).indices.int()
+    counts = torch.tensor([count - 5 * i for i in range(batch)], dtype=torch.int32,
+                          device="cuda")
+    q = torch.randn(batch, heads, head_dim, device="cuda", dtype=torch.bfloat16)
+    out = sparse_attention(q, k, v, indices, counts, plan_sparse(batch, heads, kv_heads,
+                                                                 head_dim, count))
+    errors["sparse"] = relative_error(out, sparse_attention_reference(q, k, v, indices, counts))
+    return errors
+
+
+def sweep(args, head_dim, context, results):
+    """Time block/warp/stage/split variants; return the fastest config per q and for sparse."""
+    heads, kv_heads = HEADS[head_dim]
+    batch = args.batch
+    rot = Rotation(batch, kv_heads, context, head_dim)
+    lengths = torch.full((batch,), context, dtype=torch.int32, device="cuda")
+    kv_bytes = 2 * batch * kv_heads * context * head_dim * 2
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    best, table = {}, []
+    configs = [(64, 4, 3), (64, 4, 4), (128, 4, 3), (128, 8, 3), (32, 4, 4)]
+    if head_dim == 64:
+        configs = [(64, 4, 3), (128, 4, 3), (128, 8, 3), (128, 4, 4), (256, 8, 3)]
+    for q_len in (1, 8, 16):
+        q = torch.randn(batch, q_len, heads, head_dim, device="cuda", dtype=torch.bfloat16)
+        out = torch.empty_like(q)
+        for block_n, warps, stages in configs:
+            for per_sm in (1, 2, 4):
+                splits = math.ceil(per_sm * sms / (batch * kv_heads))
+                config = dict(block_n=block_n, num_warps=warps, num_stages=stages,
+                              num_splits=splits)
+                try:
+                    plan = plan_verify(batch, heads, kv_heads, head_dim, q_len, context,
+                                       **config)
+
+                    def fn():
+                        k, v = rot.next()
+                        verify_attention(q, k, v, lengths, plan, out=out)
+                    us, _ = time_us(fn, target_ms=15, replays=5)
+                except Exception as error:
+                    log(f"  sweep hd{head_dim} q={q_len} {config}: {type(error).__name__}")
+                    continue
+                tbps = kv_bytes / (us * 1e-6) / 1e12
+                table.append({"q": q_len, **config, "us": us, "tbps": tbps})
+                if tbps > best.get((head_dim, q_len), ({}, 0))[1]:
+                    best[(head_dim, q_len)] = (config, tbps)
+        log(f"  sweep hd{head_dim} q={q_len}: best {best[(head_dim, q_len)]}")
+    count = math.ceil(args.sparsity * context)
+    indices = torch.rand(batch, context, device="cuda").topk(count, -1).indices.int()
+    indices = indices.sort(-1).values
+    counts = torch.full((batch,), count, dtype=torch.int32, device="cuda")
+    q = torch.randn(batch, heads, head_dim, device="cuda", dtype=torch.bfloat16)
+    out = torch.empty_like(q)
+    sparse_bytes = 2 * batch * kv_heads * count * head_dim * 2
+    for block_n, warps, stages in [(32, 4, 4), (64, 4, 3), (64, 4, 4), (128, 4, 3),
+                                   (128, 8, 3)]:
+        for per_sm in (2, 4, 8):
+            splits = math.ceil(per_sm * sms / (batch * kv_heads))
+            config = dict(block_n=block_n, num_warps=warps, num_stages=stages,
+                          num_splits=splits)
+            plan = plan_sparse(batch, heads, kv_heads, head_dim, count, **config)
+
+            def fn():
+                k, v = rot.next()
+                sparse_attention(q, k, v, indices, counts, plan, out=out)
+            us, _ = time_us(fn, target_ms=15, replays=5)
+            tbps = sparse_bytes / (us * 1e-6) / 1e12
+            table.append({"q": "sparse", **config, "us": us, "tbps": tbps})
+            if tbps > best.get((head_dim, "sparse"), ({}, 0))[1]:
+                best[(head_dim, "sparse")] = (config, tbps)
+    log(f"  sweep hd{head_dim} sparse: best {best[(head_dim, 'sparse')]}")
+    results[f"sweep hd{head_dim}"] = table
+    del rot
+    torch.cuda.empty_cache()
+    return {key: value[0] for key, value in best.items()}
+
+
+def summary(results, copy_tbps, head_dims, contexts):
+    lines = [f"copy bandwidth (read+write): {copy_tbps:.2f} TB/s",
+             "TB/s on KV bytes read (selection: x one verify q=8 +c2q pass)"]
+    names = ["verify q=1", "verify q=2", "verify q=4", "verify q=8", "verify q=16",
+             "verify q=8 +c2q", "verify q=8 +all", "verify q=16 +c2q", "verify q=16 +all",
+             "sdpa-cudnn q=1", "sdpa-flash q=1", "sdpa-cudnn q=8", "sdpa-flash q=8",
+             "flex q=1", "flex q=8", "sparse s=.07 seq sorted", "sparse s=.07 seq unsorted",
+             "sparse s=.07 kvhead sorted", "gather+sdpa s=.07", "select vegas",
+             "select sparsespec", "select streamingllm", "select quest"]
+    tags = [f"hd{d} ctx{c // 1024}K" for d in head_dims for c in contexts]
+    tags = [t for t in tags if t in results]
+    lines.append(f"{'case':27s}" + "".join(f"{t:>15s}" for t in tags))
+    for name in names:
+        cells = []
+        for tag in tags:
+            entry = results[tag].get(name)
+            if entry is None:
+                cells.append(f"{'-':>15s}")
+            elif "error" in entry:
+                cells.append(f"{'fail':>15s}")
+            elif "fraction_of_verify" in entry:
+                cells.append(f"{entry['fraction_of_verify']:>14.2f}x")
+            else:
+                cells.append(f"{entry['tbps']:>9.2f}{entry['us']:>5.0f}us"[-15:].rjust(15))
+        lines.append(f"{name:27s}" + "".join(cells))
+    checks = []
+    for tag in tags:
+        rows = results[tag]
+        try:
+            q1, q8, q16 = (rows[f"verify q={q}"]["us"] for q in (1, 8, 16))
+            c2q = rows["verify q=8 +c2q"]["us"]
+            sdpa = [rows[n]["tbps"] for n in ("sdpa-cudnn q=1", "sdpa-flash q=1")
+                    if "tbps" in rows.get(n, {})]
+            checks.append(
+                f"{tag}: q8 {rows['verify q=8']['tbps']:.2f} TB/s (>=3.5) | q16/q1 "
+                f"{q16 / q1:.2f} (<=1.15) | q1 vs best sdpa "
+                f"{rows['verify q=1']['tbps'] / max(sdpa) if sdpa else float('nan'):.2f} "
+                f"(>=0.90) | c2q/off {c2q / q8:.3f} (<=1.05) | sparse "
+                f"{rows['sparse s=.07 seq sorted']['tbps']:.2f} TB/s (>=2.5)")
+        except KeyError:
+            pass
+    return "\n".join(lines + ["targets:"] + checks)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--head-dims", type=lambda s: [int(x) for x in s.split(",")],
+                        default=[128, 64])
+    parser.add_argument("--contexts", type=lambda s: [int(x) for x in s.split(",")],
+                        default=[131072, 32768, 8192])
+    parser.add_argument("--flex-contexts", type=lambda s: [int(x) for x in s.split(",")],
+                        default=[131072])
+    parser.add_argument("--q-lens", type=lambda s: [int(x) for x in s.split(",")],
+                        default=[1, 2, 4, 8, 16])
+    parser.add_argument("--sparsity", type=float, default=0.07)
+    parser.add_argument("--sweep", action="store_true", help="tune block/warp/split configs "
+                        "on the longest context first and use the fastest")
+    parser.add_argument("--no-check", action="store_true")
+    parser.add_argument("--budget-s", type=float, default=450.0,
+                        help="skip remaining shapes past this many seconds")
+    parser.add_argument("--out", default=os.environ.get("OUT", "benchmarks/out"))
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        sys.exit("bench_kernels needs a CUDA GPU")
+    t0 = time.time()
+    properties = torch.cuda.get_device_properties(0)
+    log(f"{properties.name}, {properties.multi_processor_count} SMs, torch {torch.__version__}")
+    results = {"device": properties.name, "args": {k: v for k, v in vars(args).items()}}
+    copy_tbps = copy_bandwidth()
+    results["copy_tbps"] = copy_tbps
+    log(f"copy bandwidth {copy_tbps:.2f} TB/s")
+    if not args.no_check:
+        for head_dim in args.head_dims:
+            errors = check_correctness(args.batch, head_dim, min(args.contexts[0], 32768))
+            results[f"errors hd{head_dim}"] = errors
+            log(f"bf16 vs fp32 reference, hd{head_dim}: "
+                + ", ".join(f"{k} {v:.1e}" for k, v in errors.items()))
+            assert all(e < 1e-2 for e in errors.values()), "kernel disagrees with reference"
+    best = {}
+    if args.sweep:
+        for head_dim in args.head_dims:
+            best.update(sweep(args, head_dim, max(args.contexts), results))
+        results["best"] = {f"{k[0]}/{k[1]}": v for k, v in best.items()}
+    for head_dim in args.head_dims:
+        for context in args.contexts:
+            if time.time() - t0 > args.budget_s:
+                log(f"time budget spent: skipping hd{head_dim} ctx{context}")
+                continue
+            run_shape(args, head_dim, context, best, results, t0)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "bench_kernels.json"), "w") as handle:
+        json.dump(results, handle, indent=1, default=str)
+    log(f"\ntotal {time.time() - t0:.0f} s")
+    log(summary(results, copy_tbps, args.head_dims, args.contexts))
+
+
+if __name__ == "__main__":
+    main()
