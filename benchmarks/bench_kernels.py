@@ -34,6 +34,9 @@ from specsim.kernels.kv_cache import page_bounds_reference  # noqa: F401  (docum
 
 HEADS = {128: (32, 8), 64: (64, 8)}       # head_dim -> (query heads, KV heads)
 ROTATE_BYTES = 1.5e9                      # rotate caches until this many bytes: >> L2 (60 MB)
+DEVICE = "cuda"
+DTYPE = torch.bfloat16
+DRY_RUN = False                           # --dry-run: CPU, interpreter, tiny shapes, no timing
 
 
 def log(*args):
@@ -44,6 +47,10 @@ def log(*args):
 
 def time_us(fn, target_ms: float = 25.0, replays: int = 7) -> tuple[float, str]:
     """Median µs per call: a CUDA graph of many calls replayed ``replays`` times (events)."""
+    if DRY_RUN:
+        start = time.perf_counter()
+        fn()
+        return (time.perf_counter() - start) * 1e6, "dry-run"
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -91,8 +98,8 @@ def time_us(fn, target_ms: float = 25.0, replays: int = 7) -> tuple[float, str]:
 
 def copy_bandwidth() -> float:
     """Device-to-device copy, bytes read + written per second (TB/s)."""
-    n = 1 << 30  # 2 GiB of bf16
-    src = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    n = 1 << 30 if not DRY_RUN else 1 << 10  # 2 GiB of bf16
+    src = torch.randn(n, device=DEVICE, dtype=DTYPE)
     dst = torch.empty_like(src)
     us, _ = time_us(lambda: dst.copy_(src), target_ms=50)
     del src, dst
@@ -104,10 +111,10 @@ class Rotation:
 
     def __init__(self, batch, kv_heads, context, head_dim):
         one = 2 * batch * kv_heads * context * head_dim * 2
-        copies = max(1, math.ceil(ROTATE_BYTES / one))
+        copies = max(1, math.ceil(ROTATE_BYTES / one)) if not DRY_RUN else 1
         shape = (batch, kv_heads, context, head_dim)
-        self.caches = [(torch.randn(shape, device="cuda", dtype=torch.bfloat16),
-                        torch.randn(shape, device="cuda", dtype=torch.bfloat16))
+        self.caches = [(torch.randn(shape, device=DEVICE, dtype=DTYPE),
+                        torch.randn(shape, device=DEVICE, dtype=DTYPE))
                        for _ in range(copies)]
         self.turn = 0
 
@@ -128,7 +135,7 @@ def run_shape(args, head_dim, context, best, results, t0):
     group = heads // kv_heads
     tag = f"hd{head_dim} ctx{context // 1024}K"
     rot = Rotation(batch, kv_heads, context, head_dim)
-    lengths = torch.full((batch,), context, dtype=torch.int32, device="cuda")
+    lengths = torch.full((batch,), context, dtype=torch.int32, device=DEVICE)
     kv_bytes = 2 * batch * kv_heads * context * head_dim * 2
     rows = {}
 
@@ -148,9 +155,9 @@ def run_shape(args, head_dim, context, best, results, t0):
             config = best.get((head_dim, q_len), {})
             plan = plan_verify(batch, heads, kv_heads, head_dim, q_len, context,
                                collect_rows=rows_collect, **config)
-            q = torch.randn(batch, q_len, heads, head_dim, device="cuda", dtype=torch.bfloat16)
+            q = torch.randn(batch, q_len, heads, head_dim, device=DEVICE, dtype=DTYPE)
             out = torch.empty_like(q)
-            logits = new_logits_buffer(plan, context, device="cuda") if plan.collect_rows \
+            logits = new_logits_buffer(plan, context, device=DEVICE) if plan.collect_rows \
                 else None
 
             def fn():
@@ -170,7 +177,7 @@ def run_shape(args, head_dim, context, best, results, t0):
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.attention.bias import causal_lower_right
     for q_len in (1, 8):
-        q = torch.randn(batch, heads, q_len, head_dim, device="cuda", dtype=torch.bfloat16)
+        q = torch.randn(batch, heads, q_len, head_dim, device=DEVICE, dtype=DTYPE)
         for backend_name, backend in (("cudnn", SDPBackend.CUDNN_ATTENTION),
                                       ("flash", SDPBackend.FLASH_ATTENTION)):
             mask = None if q_len == 1 else causal_lower_right(q_len, context)
@@ -197,9 +204,9 @@ def run_shape(args, head_dim, context, best, results, t0):
 
             def causal(b, h, q_idx, kv_idx):
                 return kv_idx <= q_idx + offset
-            q = torch.randn(batch, heads, q_len, head_dim, device="cuda", dtype=torch.bfloat16)
+            q = torch.randn(batch, heads, q_len, head_dim, device=DEVICE, dtype=DTYPE)
             try:
-                block_mask = create_block_mask(causal, None, None, q_len, context, device="cuda")
+                block_mask = create_block_mask(causal, None, None, q_len, context, device=DEVICE)
 
                 def fn():
                     k, v = rot.next()
@@ -218,17 +225,17 @@ def run_shape(args, head_dim, context, best, results, t0):
     # sparse draft attention at s = 0.07, token-granular random positions
     count = math.ceil(args.sparsity * context)
     capacity = count
-    generator = torch.Generator(device="cuda")
+    generator = torch.Generator(device=DEVICE)
     generator.manual_seed(0)
-    random_keys = torch.rand(batch, kv_heads, context, device="cuda", generator=generator)
+    random_keys = torch.rand(batch, kv_heads, context, device=DEVICE, generator=generator)
     per_head = random_keys.topk(count, dim=-1).indices.int()                  # unsorted
     per_head_sorted = per_head.sort(dim=-1).values
     per_seq_sorted = per_head_sorted[:, 0].contiguous()
     per_seq_unsorted = per_head[:, 0].contiguous()
-    counts_seq = torch.full((batch,), count, dtype=torch.int32, device="cuda")
-    counts_head = torch.full((batch, kv_heads), count, dtype=torch.int32, device="cuda")
+    counts_seq = torch.full((batch,), count, dtype=torch.int32, device=DEVICE)
+    counts_head = torch.full((batch, kv_heads), count, dtype=torch.int32, device=DEVICE)
     sparse_bytes = 2 * batch * kv_heads * count * head_dim * 2
-    q1 = torch.randn(batch, heads, head_dim, device="cuda", dtype=torch.bfloat16)
+    q1 = torch.randn(batch, heads, head_dim, device=DEVICE, dtype=DTYPE)
     out1 = torch.empty_like(q1)
     sparse_config = best.get((head_dim, "sparse"), {})
     splan = plan_sparse(batch, heads, kv_heads, head_dim, capacity, **sparse_config)
@@ -255,9 +262,9 @@ def run_shape(args, head_dim, context, best, results, t0):
 
     # selection policies, as a fraction of one verify pass (q = 8, Collect-2-Query on)
     verify_ref = verify_us.get((8, " +c2q")) or min(verify_us.values())
-    logits2 = torch.randn(batch, heads, 2, context, device="cuda", dtype=torch.bfloat16)
-    logits16 = torch.randn(batch, heads, 16, context, device="cuda", dtype=torch.bfloat16)
-    lse16 = torch.randn(batch, heads, 16, device="cuda") + 12.0
+    logits2 = torch.randn(batch, heads, 2, context, device=DEVICE, dtype=DTYPE)
+    logits16 = torch.randn(batch, heads, 16, context, device=DEVICE, dtype=DTYPE)
+    lse16 = torch.randn(batch, heads, 16, device=DEVICE) + 12.0
     k0 = rot.caches[0][0]
     pages = k0.view(batch, kv_heads, context // 16, 16, head_dim)
     page_min, page_max = pages.amin(3), pages.amax(3)
@@ -283,16 +290,16 @@ def run_shape(args, head_dim, context, best, results, t0):
 
 def check_correctness(batch, head_dim, context):
     heads, kv_heads = HEADS[head_dim]
-    k = torch.randn(batch, kv_heads, context, head_dim, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(batch, kv_heads, context, head_dim, device=DEVICE, dtype=DTYPE)
     v = torch.randn_like(k)
     lengths = torch.tensor([context - 3 * i for i in range(batch)], dtype=torch.int32,
-                           device="cuda")
+                           device=DEVICE)
     errors = {}
     for q_len in (1, 8, 16):
         plan = plan_verify(batch, heads, kv_heads, head_dim, q_len, context, collect_rows=None)
-        q = torch.randn(batch, q_len, heads, head_dim, device="cuda", dtype=torch.bfloat16)
+        q = torch.randn(batch, q_len, heads, head_dim, device=DEVICE, dtype=DTYPE)
         out = torch.full_like(q, float("nan"))
-        logits = new_logits_buffer(plan, context, device="cuda").fill_(float("nan"))
+        logits = new_logits_buffer(plan, context, device=DEVICE).fill_(float("nan"))
         verify_attention(q, k, v, lengths, plan, out=out, logits=logits)
         ref, ref_logits, _ = verify_attention_reference(q, k, v, lengths,
                                                         collect_rows=plan.collect_rows)
@@ -302,10 +309,10 @@ def check_correctness(batch, head_dim, context):
         errors[f"logits q={q_len}"] = relative_error(written, expect)
         assert torch.isfinite(out).all() and torch.isfinite(written).all()
     count = math.ceil(0.07 * context)
-    indices = torch.rand(batch, context, device="cuda").topk(count, -1).indices.int()
+    indices = torch.rand(batch, context, device=DEVICE).topk(count, -1).indices.int()
     counts = torch.tensor([count - 5 * i for i in range(batch)], dtype=torch.int32,
-                          device="cuda")
-    q = torch.randn(batch, heads, head_dim, device="cuda", dtype=torch.bfloat16)
+                          device=DEVICE)
+    q = torch.randn(batch, heads, head_dim, device=DEVICE, dtype=DTYPE)
     out = sparse_attention(q, k, v, indices, counts, plan_sparse(batch, heads, kv_heads,
                                                                  head_dim, count))
     errors["sparse"] = relative_error(out, sparse_attention_reference(q, k, v, indices, counts))
@@ -317,15 +324,15 @@ def sweep(args, head_dim, context, results):
     heads, kv_heads = HEADS[head_dim]
     batch = args.batch
     rot = Rotation(batch, kv_heads, context, head_dim)
-    lengths = torch.full((batch,), context, dtype=torch.int32, device="cuda")
+    lengths = torch.full((batch,), context, dtype=torch.int32, device=DEVICE)
     kv_bytes = 2 * batch * kv_heads * context * head_dim * 2
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    sms = (torch.cuda.get_device_properties(0).multi_processor_count if not DRY_RUN else 4)
     best, table = {}, []
     configs = [(64, 4, 3), (64, 4, 4), (128, 4, 3), (128, 8, 3), (32, 4, 4)]
     if head_dim == 64:
         configs = [(64, 4, 3), (128, 4, 3), (128, 8, 3), (128, 4, 4), (256, 8, 3)]
     for q_len in (1, 8, 16):
-        q = torch.randn(batch, q_len, heads, head_dim, device="cuda", dtype=torch.bfloat16)
+        q = torch.randn(batch, q_len, heads, head_dim, device=DEVICE, dtype=DTYPE)
         out = torch.empty_like(q)
         for block_n, warps, stages in configs:
             for per_sm in (1, 2, 4):
@@ -349,10 +356,10 @@ def sweep(args, head_dim, context, results):
                     best[(head_dim, q_len)] = (config, tbps)
         log(f"  sweep hd{head_dim} q={q_len}: best {best[(head_dim, q_len)]}")
     count = math.ceil(args.sparsity * context)
-    indices = torch.rand(batch, context, device="cuda").topk(count, -1).indices.int()
+    indices = torch.rand(batch, context, device=DEVICE).topk(count, -1).indices.int()
     indices = indices.sort(-1).values
-    counts = torch.full((batch,), count, dtype=torch.int32, device="cuda")
-    q = torch.randn(batch, heads, head_dim, device="cuda", dtype=torch.bfloat16)
+    counts = torch.full((batch,), count, dtype=torch.int32, device=DEVICE)
+    q = torch.randn(batch, heads, head_dim, device=DEVICE, dtype=DTYPE)
     out = torch.empty_like(q)
     sparse_bytes = 2 * batch * kv_heads * count * head_dim * 2
     for block_n, warps, stages in [(32, 4, 4), (64, 4, 3), (64, 4, 4), (128, 4, 3),

@@ -146,6 +146,9 @@ def predict_group(trace: Trace, costs: CostModel, opts: PredictOptions, notes: l
 
     est: AcceptanceEstimate = estimate_acceptance(trace, k_max=opts.k_max)
     counts = est.counts
+    if counts.unit == "iteration":
+        notes.append(f"group '{policy}' s={s}: only aggregate counts, so the bootstrap resamples "
+                     f"iterations; its CIs ignore between-request variation (too narrow)")
     ks = est.ks
     plain = costs.plain_step(contexts)
     iters = _group_costs(costs, contexts, ks, model_s, model_policy)

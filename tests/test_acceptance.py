@@ -130,3 +130,15 @@ def test_counts_keep_contexts_and_totals():
                                                  context=800.0)))
     assert c.iterations == 4 and c.tokens == 2 + 3 + 1 + 3 and c.drafted == 8
     assert 500 in c.contexts and 800 in c.contexts
+
+
+def test_few_aggregate_histograms_resample_iterations_many_resample_requests():
+    two = [HistogramTrace(f"h{i}", "vegas", 0.05, 2, np.array([3, 2, 5])) for i in range(2)]
+    c = count_acceptance(trace_of(*two))
+    assert c.unit == "iteration" and c.multiplicity.sum() == 20
+    many = [HistogramTrace(f"h{i}", "vegas", 0.05, 2, np.array([3, 2, 5])) for i in range(12)]
+    c = count_acceptance(trace_of(*many))
+    assert c.unit == "request" and c.multiplicity.tolist() == [1.0] * 12
+    # same pooled estimate either way
+    assert estimate_acceptance(trace_of(*two)).survival == pytest.approx(
+        estimate_acceptance(trace_of(*many)).survival)

@@ -122,7 +122,8 @@ class SparsePlan:
 def plan_sparse(batch: int, num_heads: int, num_kv_heads: int, head_dim: int,
                 max_selected: int, *, device: torch.device | str = "cuda",
                 block_n: int | None = None, num_splits: int | None = None,
-                num_warps: int | None = None, num_stages: int | None = None) -> SparsePlan:
+                num_warps: int | None = None, num_stages: int | None = None,
+                programs_per_sm: float = 2.0) -> SparsePlan:
     """Plan sparse draft launches for lists of up to ``max_selected`` positions."""
     if num_heads % num_kv_heads:
         raise ValueError(f"num_heads {num_heads} is not a multiple of kv heads {num_kv_heads}")
@@ -134,7 +135,7 @@ def plan_sparse(batch: int, num_heads: int, num_kv_heads: int, head_dim: int,
     num_warps = num_warps or 4
     num_stages = num_stages or 3
     split = plan_splits(max_selected, batch * num_kv_heads, block_n, device,
-                        num_splits=num_splits)
+                        num_splits=num_splits, programs_per_sm=programs_per_sm)
     partial_out = partial_lse = None
     if split.num_splits > 1:
         partial_out, partial_lse = workspace(batch * num_kv_heads, split, block_m, head_dim,

@@ -171,12 +171,14 @@ def plan_verify(batch: int, num_heads: int, num_kv_heads: int, head_dim: int, q_
                 max_context: int, *, device: torch.device | str = "cuda",
                 collect_rows: tuple[int, ...] | None = (), block_n: int | None = None,
                 num_splits: int | None = None, num_warps: int | None = None,
-                num_stages: int | None = None) -> VerifyPlan:
+                num_stages: int | None = None, programs_per_sm: float = 2.0) -> VerifyPlan:
     """Plan verify launches for sequences of up to ``max_context`` keys.
 
     ``collect_rows``: query rows whose logits are written (``()`` = none, ``None`` = the
     Collect-2-Query default ``default_collect_rows(q_len)``). Block sizes and warps default to
     what measured fastest on an H200 (see BENCHMARKS.md); pass them to override.
+    ``num_splits`` (default: about ``programs_per_sm`` programs per multiprocessor) sets how
+    many chunks each (sequence, KV head)'s keys are cut into.
     """
     if num_heads % num_kv_heads:
         raise ValueError(f"num_heads {num_heads} is not a multiple of kv heads {num_kv_heads}")
@@ -198,7 +200,7 @@ def plan_verify(batch: int, num_heads: int, num_kv_heads: int, head_dim: int, q_
     if num_stages is None:
         num_stages = 3
     split = plan_splits(max_context, batch * num_kv_heads, block_n, device,
-                        num_splits=num_splits)
+                        num_splits=num_splits, programs_per_sm=programs_per_sm)
     partial_out = partial_lse = None
     if split.num_splits > 1:
         partial_out, partial_lse = workspace(batch * num_kv_heads, split, block_m, head_dim,

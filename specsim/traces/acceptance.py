@@ -23,6 +23,8 @@ from specsim.traces.format import Trace
 
 #: a position needs this many iterations that reached it to count as observed
 MIN_SUPPORT = 20
+#: fewer resampling units than this (aggregate histograms only): bootstrap over iterations
+MIN_UNITS = 10
 
 
 @dataclass
@@ -76,7 +78,9 @@ def count_acceptance(trace: Trace) -> AcceptanceCounts:
         tokens += r.tokens
         drafted += int(r.k.sum())
         contexts.append(r.context)
-    by_iteration = not trace.requests and len(trace.histograms) == 1
+    # a few aggregate histograms (e.g. one per serving engine) are too few units to resample:
+    # resample their iterations instead (narrower CIs: between-request variation is lost)
+    by_iteration = not trace.requests and len(trace.histograms) < MIN_UNITS
     for h in trace.histograms:
         m_values = np.arange(h.k + 1)
         reached, accepted = _position_counts(np.full(h.k + 1, h.k), m_values, positions)
