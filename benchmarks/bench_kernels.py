@@ -129,6 +129,16 @@ def relative_error(out, ref) -> float:
 
 # -- one (head_dim, context) ----------------------------------------------------------------
 
+def best_config(best, head_dim, q_len, group):
+    """The swept config whose tile height (group · q rows) is nearest to this q's."""
+    swept = [q for (d, q) in best if d == head_dim and q != "sparse"]
+    if not swept:
+        return {}
+    nearest = min(swept, key=lambda q: abs(math.log2(max(16, group * q))
+                                           - math.log2(max(16, group * q_len))))
+    return best[(head_dim, nearest)]
+
+
 def run_shape(args, head_dim, context, best, results, t0):
     heads, kv_heads = HEADS[head_dim]
     batch = args.batch
@@ -152,7 +162,7 @@ def run_shape(args, head_dim, context, best, results, t0):
             if collect_name and q_len not in (8, 16):
                 continue
             rows_collect = tuple(range(q_len)) if collect == "all" else collect
-            config = best.get((head_dim, q_len), {})
+            config = best_config(best, head_dim, q_len, group)
             plan = plan_verify(batch, heads, kv_heads, head_dim, q_len, context,
                                collect_rows=rows_collect, **config)
             q = torch.randn(batch, q_len, heads, head_dim, device=DEVICE, dtype=DTYPE)
@@ -178,9 +188,17 @@ def run_shape(args, head_dim, context, best, results, t0):
     from torch.nn.attention.bias import causal_lower_right
     for q_len in (1, 8):
         q = torch.randn(batch, heads, q_len, head_dim, device=DEVICE, dtype=DTYPE)
+        # flash takes the bottom-right causal mask as a CausalBias; cuDNN an explicit one
+        visible = (torch.arange(context, device=DEVICE)[None, :]
+                   <= torch.arange(q_len, device=DEVICE)[:, None] + context - q_len)
+        additive = torch.zeros(1, 1, q_len, context, device=DEVICE, dtype=DTYPE)
+        additive.masked_fill_(~visible, float("-inf"))
         for backend_name, backend in (("cudnn", SDPBackend.CUDNN_ATTENTION),
                                       ("flash", SDPBackend.FLASH_ATTENTION)):
-            mask = None if q_len == 1 else causal_lower_right(q_len, context)
+            mask = None
+            if q_len > 1:
+                mask = additive if backend_name == "cudnn" else causal_lower_right(q_len,
+                                                                                   context)
 
             def fn():
                 k, v = rot.next()
@@ -196,7 +214,8 @@ def run_shape(args, head_dim, context, best, results, t0):
                     f"({type(error).__name__}: {str(error)[:100]})")
 
     # FlexAttention peer (compiles once per shape: only at the contexts asked for)
-    if context in args.flex_contexts and time.time() - t0 < args.budget_s * 0.6:
+    if (context in args.flex_contexts and time.time() - t0 < args.budget_s * 0.6
+            and not DRY_RUN):
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
         flex = torch.compile(flex_attention, dynamic=False)
         for q_len in (1, 8):
@@ -326,7 +345,6 @@ def sweep(args, head_dim, context, results):
     rot = Rotation(batch, kv_heads, context, head_dim)
     lengths = torch.full((batch,), context, dtype=torch.int32, device=DEVICE)
     kv_bytes = 2 * batch * kv_heads * context * head_dim * 2
-    sms = (torch.cuda.get_device_properties(0).multi_processor_count if not DRY_RUN else 4)
     best, table = {}, []
     configs = [(64, 4, 3), (64, 4, 4), (128, 4, 3), (128, 8, 3), (32, 4, 4)]
     if head_dim == 64:
@@ -336,9 +354,8 @@ def sweep(args, head_dim, context, results):
         out = torch.empty_like(q)
         for block_n, warps, stages in configs:
             for per_sm in (1, 2, 4):
-                splits = math.ceil(per_sm * sms / (batch * kv_heads))
                 config = dict(block_n=block_n, num_warps=warps, num_stages=stages,
-                              num_splits=splits)
+                              programs_per_sm=per_sm)
                 try:
                     plan = plan_verify(batch, heads, kv_heads, head_dim, q_len, context,
                                        **config)
@@ -351,7 +368,8 @@ def sweep(args, head_dim, context, results):
                     log(f"  sweep hd{head_dim} q={q_len} {config}: {type(error).__name__}")
                     continue
                 tbps = kv_bytes / (us * 1e-6) / 1e12
-                table.append({"q": q_len, **config, "us": us, "tbps": tbps})
+                table.append({"q": q_len, **config, "num_splits": plan.split.num_splits,
+                              "us": us, "tbps": tbps})
                 if tbps > best.get((head_dim, q_len), ({}, 0))[1]:
                     best[(head_dim, q_len)] = (config, tbps)
         log(f"  sweep hd{head_dim} q={q_len}: best {best[(head_dim, q_len)]}")
@@ -365,9 +383,8 @@ def sweep(args, head_dim, context, results):
     for block_n, warps, stages in [(32, 4, 4), (64, 4, 3), (64, 4, 4), (128, 4, 3),
                                    (128, 8, 3)]:
         for per_sm in (2, 4, 8):
-            splits = math.ceil(per_sm * sms / (batch * kv_heads))
             config = dict(block_n=block_n, num_warps=warps, num_stages=stages,
-                          num_splits=splits)
+                          programs_per_sm=per_sm)
             plan = plan_sparse(batch, heads, kv_heads, head_dim, count, **config)
 
             def fn():
@@ -447,19 +464,25 @@ def main(argv=None):
     parser.add_argument("--budget-s", type=float, default=450.0,
                         help="skip remaining shapes past this many seconds")
     parser.add_argument("--out", default=os.environ.get("OUT", "benchmarks/out"))
+    parser.add_argument("--dry-run", action="store_true", help="exercise the script on the "
+                        "CPU (Triton interpreter, tiny shapes, timings meaningless)")
     args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        sys.exit("bench_kernels needs a CUDA GPU")
+    global DEVICE, DTYPE, DRY_RUN
+    if args.dry_run:
+        DEVICE, DTYPE, DRY_RUN = "cpu", torch.float32, True
+        args.batch, args.contexts, args.flex_contexts = 2, [256, 128], []
+    elif not torch.cuda.is_available():
+        sys.exit("bench_kernels needs a CUDA GPU (or --dry-run)")
     t0 = time.time()
-    properties = torch.cuda.get_device_properties(0)
-    log(f"{properties.name}, {properties.multi_processor_count} SMs, torch {torch.__version__}")
-    results = {"device": properties.name, "args": {k: v for k, v in vars(args).items()}}
+    name = torch.cuda.get_device_name(0) if not DRY_RUN else "cpu (dry run)"
+    log(f"{name}, torch {torch.__version__}")
+    results = {"device": name, "args": {k: v for k, v in vars(args).items()}}
     copy_tbps = copy_bandwidth()
     results["copy_tbps"] = copy_tbps
     log(f"copy bandwidth {copy_tbps:.2f} TB/s")
     if not args.no_check:
         for head_dim in args.head_dims:
-            errors = check_correctness(args.batch, head_dim, min(args.contexts[0], 32768))
+            errors = check_correctness(args.batch, head_dim, min(max(args.contexts), 32768))
             results[f"errors hd{head_dim}"] = errors
             log(f"bf16 vs fp32 reference, hd{head_dim}: "
                 + ", ".join(f"{k} {v:.1e}" for k, v in errors.items()))

@@ -16,8 +16,9 @@ call :func:`selected_tokens`. ``s`` is the sparsity ratio (selected KV entries /
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
+
+import numpy as np
 
 from specsim.errors import SpecsimError
 
@@ -36,21 +37,25 @@ class Policy:
 
     def selected(self, context: int, s: float) -> int:
         """KV entries one draft step attends to in one full-attention layer."""
-        if context <= 0:
-            return 0
+        return int(self.selected_array(np.asarray([context]), s)[0])
+
+    def selected_array(self, contexts: np.ndarray, s: float) -> np.ndarray:
+        """:meth:`selected` for every context of a (ragged) batch at once."""
+        ctx = np.asarray(contexts, dtype=np.int64)
         if self.name == "full":
-            return context
+            return np.maximum(ctx, 0)
         if not 0.0 < s <= 1.0:
             raise SpecsimError(f"sparsity s must lie in (0, 1], got {s}")
-        budget = math.ceil(s * context)
+        budget = np.ceil(s * ctx).astype(np.int64)
         if self.min_selected:
-            budget = max(budget, self.min_selected)
+            budget = np.maximum(budget, self.min_selected)
         if not self.budget_includes_recent:
-            budget += self.recent
-        budget = max(budget, self.sink + (self.recent if self.budget_includes_recent else 0))
+            budget = budget + self.recent
+        budget = np.maximum(budget, self.sink + (self.recent if self.budget_includes_recent
+                                                  else 0))
         if self.page_size > 1:
-            budget = math.ceil(budget / self.page_size) * self.page_size
-        return min(context, budget)
+            budget = -(-budget // self.page_size) * self.page_size
+        return np.clip(np.minimum(ctx, budget), 0, None)
 
 
 POLICIES: dict[str, Policy] = {

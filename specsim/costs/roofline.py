@@ -104,7 +104,7 @@ class RooflineCostModel:
     def draft_step(self, contexts: Sequence[int], s: float, policy: str) -> Cost:
         ctx = as_contexts(contexts)
         pol = get_policy(policy)
-        selected = np.array([pol.selected(int(c), s) for c in ctx], dtype=np.int64)
+        selected = pol.selected_array(ctx, s)
         n_full = sum(self._full)
         lists = self.model.num_kv_heads * self.kv_head_share if pol.per_kv_head else 1
         index_bytes = 0.0 if pol.name in ("full", "streamingllm") else \
@@ -131,7 +131,7 @@ class RooflineCostModel:
         kv_heads = m.num_kv_heads * self.kv_head_share
         if pol.name in ("full", "streamingllm"):
             return Cost(0.0, bound="overhead", notes=(f"{pol.name}: no selection work",))
-        selected = np.array([pol.selected(int(c), s) for c in ctx], dtype=np.int64)
+        selected = pol.selected_array(ctx, s)
         total_ctx = float(ctx.sum())
         if pol.rescore_every_draft:  # quest
             pages = float(np.sum(np.ceil(ctx / pol.page_size)))

@@ -49,9 +49,16 @@ if INTERPRETED:
 LOG2E = 1.4426950408889634
 
 
-def multiprocessor_count(device: torch.device | str) -> int:
+def default_device(device: torch.device | str | None = None) -> torch.device:
+    """``device``, or the current CUDA device when there is one, else the CPU."""
+    if device is not None:
+        return torch.device(device)
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def multiprocessor_count(device: torch.device | str | None) -> int:
     """Streaming multiprocessors of ``device`` (a small stand-in under the interpreter)."""
-    device = torch.device(device)
+    device = default_device(device)
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
     return 4
@@ -61,4 +68,4 @@ def next_power_of_2(n: int) -> int:
     return triton.next_power_of_2(max(1, int(n)))
 
 
-__all__ = ["INTERPRETED", "LOG2E", "multiprocessor_count", "next_power_of_2", "tl", "triton"]
+__all__ = ["INTERPRETED", "LOG2E", "default_device", "multiprocessor_count", "next_power_of_2", "tl", "triton"]

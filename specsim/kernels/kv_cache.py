@@ -32,15 +32,18 @@ import math
 
 import torch
 
+from specsim.kernels._runtime import default_device
+
 
 class KVCache:
     """Preallocated contiguous K/V for ``num_layers`` layers, with append and rollback."""
 
     def __init__(self, batch: int, kv_heads: int, max_len: int, head_dim: int, *,
                  num_layers: int = 1, dtype: torch.dtype = torch.bfloat16,
-                 device: torch.device | str = "cuda", page_size: int | None = None):
+                 device: torch.device | str | None = None, page_size: int | None = None):
         self.batch, self.kv_heads, self.max_len, self.head_dim = batch, kv_heads, max_len, head_dim
         self.num_layers = num_layers
+        device = default_device(device)
         shape = (num_layers, batch, kv_heads, max_len, head_dim)
         self._k = torch.zeros(shape, dtype=dtype, device=device)
         self._v = torch.zeros(shape, dtype=dtype, device=device)

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specsim.kernels._runtime import next_power_of_2, tl, triton
+from specsim.kernels._runtime import default_device, next_power_of_2, tl, triton
 from specsim.kernels.split_kv import (SplitPlan, combine, plan_splits, softmax_update,
                                       store_partial, workspace)
 
@@ -120,7 +120,7 @@ class SparsePlan:
 
 
 def plan_sparse(batch: int, num_heads: int, num_kv_heads: int, head_dim: int,
-                max_selected: int, *, device: torch.device | str = "cuda",
+                max_selected: int, *, device: torch.device | str | None = None,
                 block_n: int | None = None, num_splits: int | None = None,
                 num_warps: int | None = None, num_stages: int | None = None,
                 programs_per_sm: float = 2.0) -> SparsePlan:
@@ -129,6 +129,7 @@ def plan_sparse(batch: int, num_heads: int, num_kv_heads: int, head_dim: int,
         raise ValueError(f"num_heads {num_heads} is not a multiple of kv heads {num_kv_heads}")
     if head_dim not in (64, 128):
         raise ValueError(f"head_dim must be 64 or 128, got {head_dim}")
+    device = default_device(device)
     group = num_heads // num_kv_heads
     block_m = max(16, next_power_of_2(group))
     block_n = block_n or 64

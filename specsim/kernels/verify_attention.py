@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specsim.kernels._runtime import LOG2E, next_power_of_2, tl, triton
+from specsim.kernels._runtime import INTERPRETED, default_device, next_power_of_2, tl, triton
 from specsim.kernels.split_kv import (SplitPlan, combine, plan_splits, softmax_update,
                                       store_partial, workspace)
 
@@ -168,7 +168,7 @@ class VerifyPlan:
 
 
 def plan_verify(batch: int, num_heads: int, num_kv_heads: int, head_dim: int, q_len: int,
-                max_context: int, *, device: torch.device | str = "cuda",
+                max_context: int, *, device: torch.device | str | None = None,
                 collect_rows: tuple[int, ...] | None = (), block_n: int | None = None,
                 num_splits: int | None = None, num_warps: int | None = None,
                 num_stages: int | None = None, programs_per_sm: float = 2.0) -> VerifyPlan:
@@ -191,6 +191,7 @@ def plan_verify(batch: int, num_heads: int, num_kv_heads: int, head_dim: int, q_
     collect_rows = tuple(sorted(set(int(r) for r in collect_rows)))
     if any(not 0 <= r < q_len for r in collect_rows):
         raise ValueError(f"collect_rows {collect_rows} outside 0..{q_len - 1}")
+    device = default_device(device)
     group = num_heads // num_kv_heads
     block_m = max(16, next_power_of_2(group * q_len))
     if block_n is None:
@@ -268,11 +269,15 @@ def verify_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     return out
 
 
-def new_logits_buffer(plan: VerifyPlan, max_len: int, *, device: torch.device | str,
-                      dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
-    """A ``[batch, num_heads, len(collect_rows), max_len]`` buffer for collected logits."""
+def new_logits_buffer(plan: VerifyPlan, max_len: int, *,
+                      device: torch.device | str | None = None,
+                      dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A ``[batch, num_heads, len(collect_rows), max_len]`` buffer for collected logits: bf16,
+    or fp32 under the interpreter (which has no bf16 arithmetic)."""
+    if dtype is None:
+        dtype = torch.float32 if INTERPRETED else torch.bfloat16
     return torch.empty(plan.batch, plan.num_heads, len(plan.collect_rows), max_len,
-                       dtype=dtype, device=device)
+                       dtype=dtype, device=default_device(device))
 
 
 def verify_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
