@@ -432,6 +432,15 @@ def hardware(as_json):
                        "measured TFLOP/s"], rows, "llrrrrr"))
 
 
+def _register() -> None:
+    from specsim.cli.simulate_cmds import simulate_cmd, tune_cmd
+    cli.add_command(simulate_cmd)
+    cli.add_command(tune_cmd)
+
+
+_register()
+
+
 def main(argv=None) -> int:
     """Entry point: one-line errors, no tracebacks (SPECSIM_DEBUG=1 shows them)."""
     try:

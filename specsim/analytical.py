@@ -197,18 +197,21 @@ def entropy_acceptance_estimate(entropies, centres: EntropyCentres) -> np.ndarra
 
 
 def adaptive_k(entropies, centres: EntropyCentres, draft_step: float, verify_pass: float,
-               k_choices: Sequence[int]) -> int:
+               k_choices: Sequence[int]):
     """Eq. 8: ``k* = argmax_{k∈K} (1 + Σ_{m≤k} Π_{i≤m} p_i) / (k·C_d + C_v)``.
 
-    ``entropies`` are the draft entropies H_1..H_{k_max} of positions 1..max(K).
+    ``entropies`` are the draft entropies H_1..H_{k_max} of positions 1..max(K); a 2-D array
+    ``[batch, k_max]`` gives one k* per row (ties → the smaller k).
     """
-    k_choices = sorted(int(k) for k in k_choices)
-    p = entropy_acceptance_estimate(entropies, centres)
-    if len(p) < k_choices[-1]:
-        raise ValueError(f"need {k_choices[-1]} entropies, got {len(p)}")
+    k_choices = np.array(sorted(int(k) for k in k_choices))
+    h = np.asarray(entropies, float)
+    if h.shape[-1] < k_choices[-1]:
+        raise ValueError(f"need {k_choices[-1]} entropies, got {h.shape[-1]}")
+    p = entropy_acceptance_estimate(h[..., : k_choices[-1]], centres)
     tokens = expected_tokens_from_survival(survival_from_conditional(p))
-    rates = [tokens[k] / (k * draft_step + verify_pass) for k in k_choices]
-    return k_choices[int(np.argmax(rates))]
+    rates = tokens[..., k_choices] / (k_choices * draft_step + verify_pass)
+    best = k_choices[np.argmax(rates, axis=-1)]
+    return int(best) if np.ndim(best) == 0 else best
 
 
 # --------------------------------------------------------------------------------------------

@@ -155,3 +155,13 @@ def test_bootstrap_weights_and_interval():
 def test_conditional_rates_from_counts():
     p = A.conditional_rates_from_counts([10, 5, 0], [5, 5, 0])
     assert p[:2] == pytest.approx([0.5, 1.0]) and np.isnan(p[2])
+
+
+def test_adaptive_k_batched_rows_match_single_calls():
+    rng = np.random.default_rng(5)
+    centres = A.EntropyCentres(accepted=0.6, rejected=2.2)
+    H = rng.gamma(2.0, 0.7, size=(50, 8))
+    batched = A.adaptive_k(H, centres, 0.15, 1.0, [1, 2, 4, 6, 8])
+    assert batched.shape == (50,)
+    assert batched.tolist() == [A.adaptive_k(h, centres, 0.15, 1.0, [1, 2, 4, 6, 8]) for h in H]
+    assert len(set(batched.tolist())) > 1

@@ -9,6 +9,7 @@ its *ragged* list of context lengths (never its mean):
 - ``selection(contexts, s, policy, k)`` → ``C_sel(s)`` per iteration
 - ``iteration(contexts, k, s, policy)`` → ``T(k, s)`` with its split, via
   :func:`specsim.analytical.iteration_time`.
+- ``prefill(prompt_lengths)`` → the prompt pass a serving simulator charges on admission.
 """
 from __future__ import annotations
 
@@ -91,6 +92,8 @@ class CostModel(Protocol):
 
     def iteration(self, contexts: Sequence[int], k: int, s: float, policy: str
                   ) -> IterationCost: ...
+
+    def prefill(self, prompt_lengths: Sequence[int]) -> Cost: ...
 
 
 def as_contexts(contexts) -> np.ndarray:

@@ -162,6 +162,28 @@ class RooflineCostModel:
                     overhead_s=overhead, bound="memory" if memory_s >= compute_s else "compute",
                     notes=(note,))
 
+    def prefill(self, prompt_lengths: Sequence[int]) -> Cost:
+        """Prefill of a batch of prompts: weights once, every prompt token's KV written, and
+        causal attention FLOPs ``4·head_dim·heads·L(L+1)/2`` per full-attention layer."""
+        lengths = as_contexts(prompt_lengths).astype(float)
+        m = self.model
+        tokens = float(lengths.sum())
+        window = m.sliding_window or np.inf
+        causal_full = float(np.sum(lengths * (lengths + 1) / 2))
+        causal_sliding = float(np.sum(lengths * np.minimum(lengths, window)))
+        n_full = sum(self._full)
+        pairs = n_full * causal_full + (m.num_layers - n_full) * causal_sliding
+        attn_flops = 4.0 * m.head_dim * m.num_heads * self.head_share * pairs
+        flops = tokens * m.matmul_flops_per_token() / self.tp + attn_flops
+        weight_bytes = m.weight_bytes_per_forward(int(tokens)) / self.tp
+        kv_bytes = tokens * m.num_layers * self.kv_layer_bytes
+        memory_s = (weight_bytes + kv_bytes) / self.hardware.bandwidth
+        compute_s = flops / self.hardware.flops
+        comm = self._allreduce_s(int(tokens))
+        return Cost(max(memory_s, compute_s) + self.overheads.forward + comm, weight_bytes,
+                    kv_bytes, 0.0, flops, self.overheads.forward, comm,
+                    "memory" if memory_s >= compute_s else "compute")
+
     def iteration(self, contexts: Sequence[int], k: int, s: float, policy: str) -> IterationCost:
         if k < 1:
             raise ValueError("draft length k must be ≥ 1")
@@ -171,6 +193,22 @@ class RooflineCostModel:
                              overhead_s=self.overheads.iteration)
 
 
+def draft_state_bytes(model: ModelSpec, policy: str, context: int, s: float) -> float:
+    """Memory a sequence's sparse-draft state holds beside its KV cache: index lists (per
+    layer, or per KV head) and, for Quest, the min/max key of every page."""
+    pol = get_policy(policy)
+    n_full = sum(t == FULL_ATTENTION for t in model.layer_types)
+    if pol.name in ("full", "streamingllm"):
+        return 0.0
+    lists = model.num_kv_heads if pol.per_kv_head else 1
+    index = pol.selected(context, s) / pol.page_size * lists * n_full * INDEX_BYTES
+    meta = 0.0
+    if pol.rescore_every_draft:
+        pages = math.ceil(context / pol.page_size)
+        meta = 2 * model.num_kv_heads * model.head_dim * model.dtype_bytes * pages * n_full
+    return index + meta
+
+
 def decode_floor_s(model: ModelSpec, hardware: HardwareSpec, contexts: Sequence[int],
                    tp: int = 1) -> float:
     """Bytes over bandwidth of one plain decoding step: weights + the batch's KV, no overheads."""
@@ -178,4 +216,4 @@ def decode_floor_s(model: ModelSpec, hardware: HardwareSpec, contexts: Sequence[
     return (cost.weight_bytes + cost.kv_bytes) / hardware.bandwidth
 
 
-__all__ = ["RooflineCostModel", "decode_floor_s"]
+__all__ = ["RooflineCostModel", "decode_floor_s", "draft_state_bytes"]

@@ -1,0 +1,276 @@
+"""`specsim simulate` and `specsim tune`: the SimPy serving simulator from the command line."""
+from __future__ import annotations
+
+import json
+import os
+
+import click
+
+from specsim.errors import SpecsimError
+
+ARRIVALS_HELP = ("Request arrivals: 'all:N' (N requests at t=0), 'poisson:RATE:N' (RATE "
+                 "requests/s), or a CSV/JSONL file (Azure columns TIMESTAMP, ContextTokens, "
+                 "GeneratedTokens). Default: all:200.")
+
+
+def parse_arrivals(text: str, prompt_tokens: int | None, output_tokens: int, seed: int) -> tuple:
+    if os.path.exists(text):
+        return ("file", text)
+    kind, _, rest = text.partition(":")
+    try:
+        if kind == "all":
+            return ("all", int(rest or 200), prompt_tokens, output_tokens)
+        if kind == "poisson":
+            rate, _, n = rest.partition(":")
+            return ("poisson", int(n or 200), float(rate), seed, prompt_tokens, output_tokens)
+    except ValueError:
+        pass
+    raise click.BadParameter(f"'{text}' is neither all:N, poisson:RATE:N nor an existing file",
+                             param_hint="--arrivals")
+
+
+def _common(f):
+    options = [
+        click.option("--trace", "trace_path", type=click.Path(dir_okay=False), default=None,
+                     help="Acceptance trace (default: the shipped example trace)."),
+        click.option("--format", "fmt", default="auto", show_default=True,
+                     type=click.Choice(("auto", "specsim", "vllm-metrics", "vllm-requests",
+                                        "specbench")), help="Trace format."),
+        click.option("--arrivals", default="all:200", show_default=True, help=ARRIVALS_HELP),
+        click.option("--prompt-tokens", type=click.IntRange(min=1), default=None,
+                     help="Prompt length for all:/poisson: arrivals (default: the trace's "
+                          "recorded prompt lengths, cycled)."),
+        click.option("--output-tokens", type=click.IntRange(min=1), default=300,
+                     show_default=True, help="Output tokens per request (all:/poisson:)."),
+        click.option("--model", default="qwen3-8b", show_default=True,
+                     help="Catalogue name or config.json path."),
+        click.option("--hardware", default="h200", show_default=True,
+                     help="Catalogue name or hardware JSON path."),
+        click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True,
+                     help="Tensor-parallel GPUs."),
+        click.option("--max-batch", type=click.IntRange(min=1), default=64, show_default=True,
+                     help="Most sequences decoded together (continuous batching)."),
+        click.option("--acceptance", type=click.Choice(("replay", "fitted")), default="replay",
+                     show_default=True,
+                     help="replay: each request replays a recorded request's iterations "
+                          "(counterfactual m' = min(m, k)); fitted: sample m from the fitted "
+                          "per-position model, by context-length bin."),
+        click.option("--seed", type=int, default=0, show_default=True, help="Random seed."),
+        click.option("--json", "as_json", is_flag=True, help="Machine-readable output."),
+    ]
+    for option in reversed(options):
+        f = option(f)
+    return f
+
+
+def _trace_path(trace_path):
+    from specsim.cli.main import _default_trace
+    return trace_path or _default_trace()
+
+
+@click.command("simulate")
+@_common
+@click.option("--policy", default="vegas", show_default=True,
+              help="Selection policy (a group of the trace).")
+@click.option("--sparsity", type=float, default=None,
+              help="Sparsity s of the trace group to use (default: the policy's only s, or "
+                   "the largest).")
+@click.option("--k", type=click.IntRange(min=1), default=4, show_default=True,
+              help="Draft length (the largest k for adaptive/oracle).")
+@click.option("--k-policy", type=click.Choice(("fixed", "adaptive", "oracle", "plain")),
+              default="fixed", show_default=True,
+              help="fixed k; SparseSpec-L entropy-adaptive (needs entropies in the trace); "
+                   "oracle upper bound (knows m in advance); plain decoding.")
+@click.option("--memory-gb", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Memory budget for KV + draft state per GPU, GB (default: 90% of the GPU "
+                   "less the weights).")
+@click.option("--chrome-trace", type=click.Path(dir_okay=False), default=None,
+              help="Write the events as a Chrome trace (open in chrome://tracing or Perfetto).")
+@click.option("--compare-plain/--no-compare-plain", default=True, show_default=True,
+              help="Also simulate plain decoding on the same arrivals and report the speedup.")
+def simulate_cmd(trace_path, fmt, arrivals, prompt_tokens, output_tokens, model, hardware, tp,
+                 max_batch, acceptance, seed, as_json, policy, sparsity, k, k_policy, memory_gb,
+                 chrome_trace, compare_plain):
+    """Simulate a serving engine doing sparse self-speculative decoding (SimPy): continuous
+    batching under a memory budget, per-iteration time from the roofline cost model for the
+    batch's actual ragged contexts, acceptance from the trace.
+
+    Prints throughput (tokens/s), tokens per iteration, TTFT/TPOT/latency/queueing
+    percentiles (seconds; TPOT in ms), the time split and wasted draft work.
+    """
+    from specsim.costs import RooflineCostModel
+    from specsim.simulator.acceptance_source import make_source
+    from specsim.simulator.engine import SimConfig, Simulation
+    from specsim.simulator.tuning import make_arrivals
+    from specsim.specs import load_hardware, load_model
+    from specsim.traces.importers import load_trace
+
+    trace = load_trace(_trace_path(trace_path), None if fmt == "auto" else fmt)
+    groups = trace.groups()
+    spec, hw = load_model(model), load_hardware(hardware)
+    arrival_list = make_arrivals(parse_arrivals(arrivals, prompt_tokens, output_tokens, seed),
+                                 trace)
+    if k_policy == "plain":
+        group_key = next(iter(groups))
+        cfg_policy, cfg_s = "full", 1.0
+    else:
+        ss = sorted(s for (p, s) in groups if p == policy)
+        if not ss:
+            raise SpecsimError(f"the trace has no '{policy}' records; it has: "
+                               f"{', '.join(sorted({p for p, _ in groups}))}")
+        if sparsity is None:
+            cfg_s = ss[-1]
+        elif sparsity not in ss:
+            raise SpecsimError(f"the trace has no '{policy}' records at s={sparsity}; it has "
+                               f"s = {', '.join(f'{x:g}' for x in ss if x is not None)}")
+        else:
+            cfg_s = sparsity
+        group_key, cfg_policy = (policy, cfg_s), policy
+        if cfg_s is None:
+            raise SpecsimError(f"'{policy}' records carry no sparsity; cost them with "
+                               f"`specsim predict --sparsity` instead")
+    try:
+        costs = RooflineCostModel(spec, hw, tp)
+        source = make_source(acceptance, groups[group_key], k)
+    except ValueError as exc:
+        raise SpecsimError(str(exc)) from None
+    cfg = SimConfig(cfg_policy, cfg_s, k=k, k_policy=k_policy, max_batch=max_batch, seed=seed,
+                    memory_budget=memory_gb * 1e9 if memory_gb else None)
+    result = Simulation(arrival_list, costs, spec, source, cfg, hw.memory_bytes, tp).run()
+    report = result.to_json()
+    if compare_plain and k_policy != "plain":
+        base_cfg = SimConfig("full", 1.0, k=1, k_policy="plain", max_batch=max_batch, seed=seed,
+                             memory_budget=cfg.memory_budget)
+        base = Simulation(arrival_list, costs, spec, source, base_cfg, hw.memory_bytes, tp).run()
+        report["plain"] = base.summary
+        report["speedup"] = (result.summary["throughput_tokens_per_s"]
+                             / base.summary["throughput_tokens_per_s"])
+    if chrome_trace:
+        result.write_chrome_trace(chrome_trace)
+        report["chrome_trace"] = chrome_trace
+    if as_json:
+        click.echo(json.dumps(report, indent=2))
+        return
+    click.echo(f"{spec.name} on {hw.name}, tp {tp}; {cfg_policy} s={cfg_s:g}, k={k} "
+               f"({k_policy}), max batch {max_batch}, {acceptance} acceptance"
+               + ("   [SYNTHETIC trace]" if trace.synthetic else ""))
+    click.echo(result.table())
+    if "speedup" in report:
+        click.echo(f"plain decoding on the same arrivals: "
+                   f"{report['plain']['throughput_tokens_per_s']:.0f} tokens/s → speedup "
+                   f"{report['speedup']:.3f}×")
+    if chrome_trace:
+        click.echo(f"chrome trace written to {chrome_trace}")
+
+
+@click.command("tune")
+@_common
+@click.option("--policies", default="all", show_default=True,
+              help="Comma-separated policies to tune, or 'all' (every policy in the trace).")
+@click.option("--k", "k_values", default="1,2,3,4,5,6,8,10,12", show_default=True,
+              help="Draft lengths to sweep (comma-separated).")
+@click.option("--k-policy", type=click.Choice(("fixed", "oracle")), default="fixed",
+              show_default=True, help="fixed k per configuration, or the oracle bound.")
+@click.option("--workers", type=click.IntRange(min=1), default=None,
+              help="Processes (default: all cores).")
+def tune_cmd(trace_path, fmt, arrivals, prompt_tokens, output_tokens, model, hardware, tp,
+             max_batch, acceptance, seed, as_json, policies, k_values, k_policy, workers):
+    """Tune (policy, s, k) by simulation: sweep the grid (every s the trace recorded), in
+    parallel, and report the optimum, the runner-up, the sensitivity, Vegas' 3-step result
+    beside the joint optimum, and the analytical prediction beside the simulated one with the
+    gap split into batching, decode dynamics, and prefill + queueing.
+    """
+    from specsim.simulator.tuning import SweepSpec, summarise, sweep
+    from specsim.traces.importers import load_trace
+
+    path = _trace_path(trace_path)
+    trace = load_trace(path, None if fmt == "auto" else fmt)
+    groups = trace.groups()
+    available = sorted({p for p, s in groups if s is not None})
+    chosen = available if policies == "all" else [p.strip() for p in policies.split(",")]
+    missing = [p for p in chosen if p not in available]
+    if missing:
+        raise SpecsimError(f"the trace has no sparse groups for {', '.join(missing)}; it has "
+                           f"{', '.join(available) or 'none'}")
+    try:
+        ks = sorted({int(x) for x in k_values.split(",") if x.strip()})
+    except ValueError:
+        raise click.BadParameter("expected comma-separated integers", param_hint="--k") from None
+    if not ks or ks[0] < 1:
+        raise click.BadParameter("draft lengths must be ≥ 1", param_hint="--k")
+    spec = SweepSpec(os.path.abspath(path), model, hardware, tp,
+                     parse_arrivals(arrivals, prompt_tokens, output_tokens, seed), max_batch,
+                     acceptance, k_policy, seed, None if fmt == "auto" else fmt)
+    n_configs = 1 + sum(len([s for (p, s) in groups if p == pol]) for pol in chosen) * len(ks)
+    with click.progressbar(length=n_configs, label="simulating", file=click.get_text_stream(
+            "stderr"), show_eta=True) as bar:
+        try:
+            swept = sweep(spec, chosen, ks, workers, progress=bar.update)
+        except ValueError as exc:
+            raise SpecsimError(str(exc)) from None
+    analytical = _analytical_beside(trace, model, hardware, tp, max_batch, swept)
+    report = summarise(swept, analytical)
+    report["workers"] = swept["workers"]
+    if as_json:
+        click.echo(json.dumps(report, indent=2))
+        return
+    _print_tune(report, trace.synthetic)
+
+
+def _analytical_beside(trace, model, hardware, tp, max_batch, swept) -> dict:
+    """The analytical speedup at each policy's simulated optimum, at the maximum batch and at
+    the simulation's mean batch."""
+    from specsim import predict as P
+    from specsim.costs import RooflineCostModel
+    from specsim.specs import load_hardware, load_model
+
+    costs = RooflineCostModel(load_model(model), load_hardware(hardware), tp)
+    groups = trace.groups()
+    out = {}
+    best_rows: dict = {}
+    for r in swept["rows"]:
+        if r["policy"] not in best_rows or r["throughput"] > best_rows[r["policy"]]["throughput"]:
+            best_rows[r["policy"]] = r
+    for policy, r in best_rows.items():
+        group = groups[(policy, r["s"])]
+        values = {}
+        for label, batch in (("speedup", max_batch),
+                             ("speedup_at_sim_batch", max(1, round(r["mean_batch"])))):
+            opts = P.PredictOptions(batch=batch, n_boot=50, k_max=max(r["k"], 1))
+            contexts, source = P.workload_contexts(trace, opts, [])
+            g = P.predict_group(group, costs, opts, [], contexts, source)
+            values[label] = g["curve"][r["k"] - 1]["speedup"]
+        out[(policy, r["s"])] = values
+    return out
+
+
+def _print_tune(report: dict, synthetic: bool) -> None:
+    from specsim.cli.main import _table
+    plain = report["plain"]
+    click.echo(f"plain decoding: {plain['throughput']:.0f} tokens/s"
+               + ("   [SYNTHETIC trace]" if synthetic else ""))
+    rows = []
+    for p in report["policies"]:
+        step = p.get("three_step")
+        ana = p.get("analytical") or {}
+        rows.append([p["policy"], p["k_star"], f"{p['s_star']:g}", f"{p['speedup']:.3f}×",
+                     f"k={step['k']} s={step['s']:g} {step['speedup']:.3f}×" if step else "-",
+                     f"{ana.get('analytical_speedup', float('nan')):.3f}×",
+                     f"{ana.get('simulated_decode_speedup', float('nan')):.3f}×"])
+    click.echo(_table(["policy", "k*", "s*", "simulated", "Vegas 3-step", "analytical",
+                       "sim decode-only"], rows, "lrrrlrr"))
+    best, runner = report["best"], report["runner_up"]
+    click.echo(f"optimum: {best['policy']} s={best['s']:g} k={best['k']}: "
+               f"{best['throughput']:.0f} tokens/s ({best['speedup']:.3f}×)")
+    if runner:
+        click.echo(f"runner-up: {runner['policy']} s={runner['s']:g} k={runner['k']}: "
+                   f"{runner['throughput']:.0f} tokens/s ({runner['speedup']:.3f}×)")
+    for p in report["policies"]:
+        sens = ", ".join(f"{label} ({v['k']}, {v['s']:g}) {v['change'] * 100:+.1f}%"
+                         for label, v in p["sensitivity"].items())
+        click.echo(f"sensitivity {p['policy']}: {sens}")
+        ana = p.get("analytical")
+        if ana:
+            f = ana["factors"]
+            click.echo("  simulated/analytical = " + " × ".join(
+                f"{v:.3f} ({name})" for name, v in f.items()))

@@ -1,0 +1,132 @@
+"""Measured vs predicted times for the dashboard's validation figure, from pluggable readers.
+
+For now one input format exists, a JSON list of points::
+
+    [{"label": "verify b=8 ctx=16K k=4", "measured_ms": 3.91, "predicted_ms": 3.70,
+      "group": "verify"},                       # "group" is optional (colours the points)
+     ...]
+
+(or ``{"points": [...]}``). Other formats — such as the tables `specsim calibrate` will
+write — plug in with :func:`register_reader`: a reader says whether it recognises a parsed
+JSON document and turns it into :class:`ValidationPoint` s.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from specsim.errors import SpecsimError
+
+
+@dataclass(frozen=True)
+class ValidationPoint:
+    label: str
+    measured_ms: float
+    predicted_ms: float
+    group: str = ""
+
+    @property
+    def relative_error(self) -> float:
+        """``predicted / measured − 1``: positive when the model predicts too slow."""
+        return self.predicted_ms / self.measured_ms - 1.0
+
+
+@dataclass(frozen=True)
+class Reader:
+    name: str
+    accepts: Callable[[object], bool]
+    read: Callable[[object, str], list[ValidationPoint]]
+
+
+_READERS: list[Reader] = []
+
+
+def register_reader(name: str, accepts: Callable[[object], bool],
+                    read: Callable[[object, str], list[ValidationPoint]]) -> None:
+    """Add a format; readers are tried in registration order, the first that accepts reads."""
+    _READERS[:] = [r for r in _READERS if r.name != name] + [Reader(name, accepts, read)]
+
+
+def readers() -> list[str]:
+    return [r.name for r in _READERS]
+
+
+def load_validation(path: str | Path) -> tuple[str, list[ValidationPoint]]:
+    """Parse ``path`` with the first reader that recognises it: (format name, points)."""
+    path = str(path)
+    try:
+        doc = json.loads(Path(path).read_text())
+    except OSError as exc:
+        raise SpecsimError(f"{path}: cannot read: {exc.strerror}") from None
+    except json.JSONDecodeError as exc:
+        raise SpecsimError(f"{path}:{exc.lineno}: bad JSON: {exc.msg}") from None
+    for reader in _READERS:
+        if reader.accepts(doc):
+            points = reader.read(doc, path)
+            if not points:
+                raise SpecsimError(f"{path}: no measured/predicted points")
+            return reader.name, points
+    raise SpecsimError(f"{path}: not a validation file specsim knows (formats: "
+                       f"{', '.join(readers())}); expected a JSON list of "
+                       f'{{"label", "measured_ms", "predicted_ms"}}')
+
+
+# --------------------------------------------------------------------------------------------
+# the minimal format: a list of {"label", "measured_ms", "predicted_ms"[, "group"]}
+# --------------------------------------------------------------------------------------------
+
+
+def _point_list(doc):
+    return doc.get("points") if isinstance(doc, dict) else doc
+
+
+def _accepts_points(doc) -> bool:
+    items = _point_list(doc)
+    return isinstance(items, list) and all(isinstance(x, dict) for x in items) and \
+        any("measured_ms" in x for x in items)
+
+
+def _read_points(doc, path: str) -> list[ValidationPoint]:
+    out = []
+    for n, item in enumerate(_point_list(doc)):
+        where = f"{path}: point {n}"
+        for key in ("label", "measured_ms", "predicted_ms"):
+            if key not in item:
+                raise SpecsimError(f"{where}: missing field '{key}'")
+        values = {}
+        for key in ("measured_ms", "predicted_ms"):
+            x = item[key]
+            if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) \
+                    or x <= 0:
+                raise SpecsimError(f"{where}: field '{key}' must be a positive number, got {x!r}")
+            values[key] = float(x)
+        out.append(ValidationPoint(str(item["label"]), values["measured_ms"],
+                                   values["predicted_ms"], str(item.get("group", ""))))
+    return out
+
+
+register_reader("points", _accepts_points, _read_points)
+
+
+# --------------------------------------------------------------------------------------------
+# figure data
+# --------------------------------------------------------------------------------------------
+
+
+def validation_data(points: list[ValidationPoint], source: str = "") -> dict:
+    """Points and the error summary: mean and largest |predicted/measured − 1|."""
+    errors = np.array([p.relative_error for p in points])
+    return {
+        "source": source,
+        "points": [{"label": p.label, "group": p.group, "measured_ms": p.measured_ms,
+                    "predicted_ms": p.predicted_ms, "relative_error": p.relative_error}
+                   for p in points],
+        "mean_abs_relative_error": float(np.mean(np.abs(errors))),
+        "max_abs_relative_error": float(np.max(np.abs(errors))),
+        "mean_relative_error": float(np.mean(errors)),
+    }

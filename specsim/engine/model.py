@@ -1,0 +1,340 @@
+"""A compact decoder for the Llama, Qwen2 and Qwen3 families, built from a HuggingFace config.
+
+    h = embed(tokens)
+    per layer:  h += o_proj(attend(rope(q_norm(q)), rope(k_norm(k)), v))   (q, k, v of rmsnorm(h))
+                h += down(silu(gate(x)) * up(x)),  x = rmsnorm(h)
+    logits = lm_head(rmsnorm(h))
+
+Module and parameter names are HuggingFace's (``model.layers.3.self_attn.q_proj.weight``), so a
+safetensors checkpoint loads without renaming. The model knows nothing about caches or sparsity:
+``forward`` computes q/k/v of the new tokens at the given positions and hands them to an
+``attend(layer, q, k, v)`` callable (``specsim.engine.attention``) that writes the KV cache and
+attends — full causal attention for prefill and verify, sparse attention for drafts.
+Family differences are three flags: Qwen2's q/k/v bias, Qwen3's per-head q/k RMSNorm, tied
+embeddings. RoPE is the rotate-half form HF uses, with ``llama3`` and ``linear`` scaling.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specsim.errors import SpecsimError
+
+SUPPORTED = ("llama", "qwen2", "qwen3")
+
+#: attend(layer, q [B, T, H, D], k [B, T, G, D], v [B, T, G, D]) -> out [B, T, H, D]
+Attend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class ModelArgs:
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None
+    max_position: int = 8192
+    tie_embeddings: bool = False
+    qkv_bias: bool = False
+    qk_norm: bool = False
+    initializer_range: float = 0.02
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+
+    @classmethod
+    def from_config(cls, config: dict) -> "ModelArgs":
+        """Read a HuggingFace ``config.json`` dict (transformers 4 or 5 spelling)."""
+        cfg = {**config, **config.get("text_config", {})}
+        model_type = str(cfg.get("model_type", "llama"))
+        if model_type not in SUPPORTED:
+            raise SpecsimError(f"the engine runs {', '.join(SUPPORTED)} models, not "
+                               f"'{model_type}'")
+        if cfg.get("use_sliding_window"):
+            raise SpecsimError("sliding-window attention layers are not supported by the engine")
+        if cfg.get("hidden_act", "silu") != "silu":
+            raise SpecsimError(f"unsupported activation {cfg.get('hidden_act')!r} (silu only)")
+        rope = dict(cfg.get("rope_parameters") or {})          # transformers 5
+        scaling = cfg.get("rope_scaling") or None              # transformers 4
+        if scaling is None and rope.get("rope_type", "default") != "default":
+            scaling = rope
+        if scaling is not None and scaling.get("rope_type", scaling.get("type")) == "default":
+            scaling = None
+        theta = cfg.get("rope_theta", rope.get("rope_theta", 10000.0))
+        heads = int(cfg["num_attention_heads"])
+        eos = cfg.get("eos_token_id")
+        eos = () if eos is None else tuple(eos) if isinstance(eos, list) else (int(eos),)
+        return cls(
+            model_type=model_type, vocab_size=int(cfg["vocab_size"]),
+            hidden_size=int(cfg["hidden_size"]), num_layers=int(cfg["num_hidden_layers"]),
+            num_heads=heads, num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
+            head_dim=int(cfg.get("head_dim") or cfg["hidden_size"] // heads),
+            intermediate_size=int(cfg["intermediate_size"]),
+            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)), rope_theta=float(theta),
+            rope_scaling=dict(scaling) if scaling else None,
+            max_position=int(cfg.get("max_position_embeddings", 8192)),
+            tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            qkv_bias=model_type == "qwen2" or bool(cfg.get("attention_bias", False)),
+            qk_norm=model_type == "qwen3",
+            initializer_range=float(cfg.get("initializer_range", 0.02)),
+            bos_token_id=cfg.get("bos_token_id"), eos_token_ids=eos)
+
+
+# --------------------------------------------------------------------------------------------
+# RoPE
+# --------------------------------------------------------------------------------------------
+
+
+def rope_frequencies(args: ModelArgs) -> torch.Tensor:
+    """Inverse frequencies θ^(−2i/D), i < D/2, after the config's scaling (fp64)."""
+    d = args.head_dim
+    inv_freq = 1.0 / args.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d)
+    scaling = args.rope_scaling
+    if not scaling:
+        return inv_freq
+    kind = scaling.get("rope_type", scaling.get("type"))
+    factor = float(scaling["factor"])
+    if kind == "linear":  # positions / factor
+        return inv_freq / factor
+    if kind == "llama3":
+        # Wavelengths above original/low_freq_factor are stretched by `factor`, below
+        # original/high_freq_factor kept, and interpolated smoothly in between.
+        low, high = float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
+        original = float(scaling["original_max_position_embeddings"])
+        wavelength = 2 * math.pi / inv_freq
+        smooth = ((original / wavelength - low) / (high - low)).clamp(0.0, 1.0)
+        return (1 - smooth) * inv_freq / factor + smooth * inv_freq
+    raise SpecsimError(f"RoPE scaling type {kind!r} is not supported (default, linear, llama3)")
+
+
+def rope_table(args: ModelArgs, length: int, device) -> torch.Tensor:
+    """cos and sin of every position < ``length``: fp32 [length, 2, D/2]."""
+    angle = torch.outer(torch.arange(length, dtype=torch.float64), rope_frequencies(args))
+    return torch.stack([angle.cos(), angle.sin()], dim=1).float().to(device)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half RoPE: x [B, T, heads, D]; cos/sin [B, T, 1, D/2]."""
+    x1, x2 = x.float().chunk(2, dim=-1)
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
+
+
+# --------------------------------------------------------------------------------------------
+# Modules (HF names)
+# --------------------------------------------------------------------------------------------
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x / sqrt(mean(x²) + ε) · w, in fp32 like HF
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        h, d = args.hidden_size, args.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = args.num_heads, args.num_kv_heads, d
+        self.q_proj = nn.Linear(h, args.num_heads * d, bias=args.qkv_bias)
+        self.k_proj = nn.Linear(h, args.num_kv_heads * d, bias=args.qkv_bias)
+        self.v_proj = nn.Linear(h, args.num_kv_heads * d, bias=args.qkv_bias)
+        self.o_proj = nn.Linear(args.num_heads * d, h, bias=False)
+        if args.qk_norm:
+            self.q_norm = RMSNorm(d, args.rms_norm_eps)
+            self.k_norm = RMSNorm(d, args.rms_norm_eps)
+        self.qk_norm = args.qk_norm
+
+    def forward(self, x, cos, sin, layer: int, attend: Attend) -> torch.Tensor:
+        b, t, _ = x.shape
+        q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        return self.o_proj(attend(layer, q, k, v).reshape(b, t, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        h, i = args.hidden_size, args.intermediate_size
+        self.gate_proj = nn.Linear(h, i, bias=False)
+        self.up_proj = nn.Linear(h, i, bias=False)
+        self.down_proj = nn.Linear(i, h, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))  # SwiGLU
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.self_attn = Attention(args)
+        self.mlp = MLP(args)
+        self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+
+    def forward(self, h, cos, sin, layer, attend):
+        h = h + self.self_attn(self.input_layernorm(h), cos, sin, layer, attend)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class Backbone(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(args) for _ in range(args.num_layers))
+        self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+
+
+class Transformer(nn.Module):
+    """Decoder-only LM; ``forward(tokens, positions, attend)`` returns fp32 logits."""
+
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.args = args
+        self.model = Backbone(args)
+        self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
+        if args.tie_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        self.rope: torch.Tensor | None = None
+
+    def setup_rope(self, length: int) -> None:
+        """Precompute cos/sin for positions < ``length`` on the model's device."""
+        self.rope = rope_table(self.args, length, self.lm_head.weight.device)
+
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, attend: Attend,
+                last_only: bool = False) -> torch.Tensor:
+        """tokens, positions: int [B, T]. Logits fp32 [B, T, V] (or [B, 1, V] with last_only)."""
+        if self.rope is None or self.rope.shape[0] < self.args.max_position:
+            self.setup_rope(self.args.max_position)
+        cos_sin = self.rope[positions.long()]                       # [B, T, 2, D/2]
+        cos, sin = cos_sin[:, :, None, 0], cos_sin[:, :, None, 1]
+        h = self.model.embed_tokens(tokens)
+        for i, layer in enumerate(self.model.layers):
+            h = layer(h, cos, sin, i, attend)
+        if last_only:
+            h = h[:, -1:]
+        return self.lm_head(self.model.norm(h)).float()
+
+
+# --------------------------------------------------------------------------------------------
+# Weights
+# --------------------------------------------------------------------------------------------
+
+
+def read_config(path: str | Path) -> dict:
+    """``config.json`` from a folder or a file path."""
+    path = Path(path)
+    path = path / "config.json" if path.is_dir() else path
+    if not path.is_file():
+        raise SpecsimError(f"no model config at {path}")
+    return json.loads(path.read_text())
+
+
+def random_weights(model: Transformer, seed: int = 0, std: float | None = None) -> None:
+    """Seeded N(0, std²) for matrices, embeddings and biases (std = the config's
+    initializer_range, as HF initialises matrices), unit norms; drawn in fp32 on the model's
+    device, parameter by parameter in name order (same seed, same weights)."""
+    std = model.args.initializer_range if std is None else std
+    device = model.lm_head.weight.device
+    generator = torch.Generator(device=device).manual_seed(seed)
+    with torch.no_grad():
+        for name, p in sorted(model.named_parameters(), key=lambda kv: kv[0]):
+            if name.endswith("norm.weight"):
+                p.fill_(1.0)
+            else:
+                noise = torch.empty(p.shape, dtype=torch.float32, device=device)
+                p.copy_(noise.normal_(0.0, std, generator=generator))
+
+
+def safetensors_files(folder: Path) -> list[Path]:
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        return sorted({folder / f for f in json.loads(index.read_text())["weight_map"].values()})
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise SpecsimError(f"no *.safetensors weights in {folder}")
+    return files
+
+
+def load_weights(model: Transformer, folder: str | Path) -> None:
+    """Load HF-named safetensors from ``folder``; every parameter must be found."""
+    from safetensors.torch import load_file
+
+    params = dict(model.named_parameters())
+    missing = set(params)
+    device = model.lm_head.weight.device
+    with torch.no_grad():
+        for path in safetensors_files(Path(folder)):
+            for name, tensor in load_file(str(path), device="cpu").items():
+                if name not in params:
+                    if name == "lm_head.weight" and model.args.tie_embeddings:
+                        continue
+                    if name.endswith("rotary_emb.inv_freq"):
+                        continue
+                    raise SpecsimError(f"{path.name}: unexpected tensor {name}")
+                if tuple(tensor.shape) != tuple(params[name].shape):
+                    raise SpecsimError(f"{path.name}: {name} has shape {tuple(tensor.shape)}, "
+                                       f"the config says {tuple(params[name].shape)}")
+                params[name].copy_(tensor.to(device))
+                missing.discard(name)
+    if model.args.tie_embeddings:
+        missing.discard("lm_head.weight")
+    if missing:
+        raise SpecsimError(f"weights in {folder} lack {len(missing)} tensors, e.g. "
+                           f"{sorted(missing)[0]}")
+
+
+def build_model(config: dict | str | Path, *, weights: str | Path = "random", seed: int = 0,
+                dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
+                std: float | None = None) -> Transformer:
+    """A ready-to-run model: ``weights`` is ``"random"`` or a folder of safetensors.
+
+    ``config`` is a config dict, a ``config.json`` path or a folder holding one (for real
+    weights the folder is the default weight location too).
+    """
+    if not isinstance(config, dict):
+        folder = Path(config)
+        config = read_config(folder)
+        if weights == "real":
+            weights = folder if folder.is_dir() else folder.parent
+    if str(weights) == "real":
+        raise SpecsimError("weights='real' needs a model folder, not a config dict")
+    args = ModelArgs.from_config(config)
+    with torch.device("meta"):
+        model = Transformer(args)
+    model = model.to_empty(device=device).to(dtype)
+    if args.tie_embeddings:  # keep one tensor for both, whatever to_empty did
+        model.lm_head.weight = model.model.embed_tokens.weight
+    if str(weights) == "random":
+        random_weights(model, seed, std)
+    else:
+        load_weights(model, weights)
+    model = model.eval().requires_grad_(False)
+    model.setup_rope(args.max_position)
+    return model
+
+
+__all__ = ["Attend", "ModelArgs", "SUPPORTED", "Transformer", "apply_rope", "build_model",
+           "load_weights", "random_weights", "read_config", "rope_frequencies", "rope_table"]

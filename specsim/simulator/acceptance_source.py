@@ -1,0 +1,150 @@
+"""Where a simulated sequence's accepted-draft counts m come from.
+
+- :class:`ReplaySource` replays recorded requests of one (policy, s) trace group: simulated
+  request j follows recorded request ``j mod R`` iteration by iteration (wrapping around when
+  the recording is shorter than the simulated output), with the counterfactual
+  ``m' = min(m, k)`` for k ≤ k_rec. For k > k_rec, an iteration that accepted all k_rec drafts
+  continues with the fitted per-position model (counted as extrapolated).
+- :class:`FittedSource` samples m from the per-position survival model, one survival curve per
+  context-length bin where the trace supports it (≥ ``MIN_BIN_ITERATIONS`` per bin).
+
+Both are vectorised over the batch: ``draw(recorded, step, ks, contexts, rng)`` returns one m
+per slot (and whether it was extrapolated), where ``recorded`` is the recorded request each
+slot follows (from ``start``) and ``step`` its iteration index.
+Draft entropies (for SparseSpec-L's adaptive k) come with the recorded iterations when the
+trace has them.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from specsim import analytical
+from specsim.traces.acceptance import (MIN_SUPPORT, AcceptanceCounts, count_acceptance,
+                                       estimate_acceptance, survival_curve)
+from specsim.traces.format import Trace
+
+MIN_BIN_ITERATIONS = 2000
+MAX_BINS = 4
+
+
+def draw_from_survival(survival: np.ndarray, ks: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """m with ``P(m ≥ i) = P_i`` for i ≤ k: ``m = #{i ≤ k : u < P_i}`` (P is non-increasing).
+
+    ``survival`` is ``[k_max]`` or one row per draw ``[n, k_max]``."""
+    survival = np.atleast_2d(survival)
+    positions = np.arange(1, survival.shape[1] + 1)[None, :]
+    hit = (u[:, None] < survival) & (positions <= ks[:, None])
+    return hit.sum(axis=1)
+
+
+class FittedSource:
+    """Samples m from fitted per-position survivals, conditioned on context length."""
+
+    kind = "fitted"
+
+    def __init__(self, trace: Trace, k_max: int):
+        self.k_max = k_max
+        counts = count_acceptance(trace)
+        self.k_recorded = counts.k_recorded
+        self.edges, self.survival = self._bins(trace, counts, k_max)
+        self.entropy_available = False
+
+    @staticmethod
+    def _bins(trace: Trace, counts: AcceptanceCounts, k_max: int):
+        overall = estimate_acceptance(trace, k_max=k_max).survival
+        contexts = np.concatenate([r.context for r in trace.requests]) if trace.requests \
+            else np.zeros(0)
+        n_bins = min(MAX_BINS, contexts.size // MIN_BIN_ITERATIONS)
+        if n_bins < 2:
+            return np.array([]), overall[None, :]
+        edges = np.quantile(contexts, np.linspace(0, 1, n_bins + 1)[1:-1])
+        k_all = np.concatenate([r.k for r in trace.requests])
+        m_all = np.concatenate([r.m for r in trace.requests])
+        positions = np.arange(1, counts.positions + 1)[None, :]
+        bins = np.searchsorted(edges, contexts, side="right")
+        curves = []
+        for b in range(n_bins):
+            sel = bins == b
+            reached = ((positions <= k_all[sel, None]) & (m_all[sel, None] >= positions - 1)).sum(0)
+            accepted = (m_all[sel, None] >= positions).sum(0)
+            short = np.flatnonzero(reached < MIN_SUPPORT)
+            observed = max(1, int(short[0]) if short.size else counts.positions)
+            curves.append(survival_curve(reached.astype(float), accepted.astype(float), k_max,
+                                         observed))
+        return edges, np.array(curves)
+
+    def start(self, request_index: int) -> int:
+        return 0
+
+    def draw(self, recorded, step, ks, contexts, rng) -> tuple[np.ndarray, np.ndarray]:
+        """(m per slot, extrapolated flag per slot)."""
+        u = rng.random(len(ks))
+        curve = self.survival[np.searchsorted(self.edges, contexts, side="right")] \
+            if self.edges.size else self.survival[0]
+        m = draw_from_survival(curve, ks, u)
+        return m, ks > self.k_recorded
+
+
+class ReplaySource:
+    """Replays recorded requests iteration by iteration (counterfactual for k ≤ k_rec)."""
+
+    kind = "replay"
+
+    def __init__(self, trace: Trace, k_max: int):
+        if not trace.requests:
+            raise ValueError("replay needs per-request records; this group has only "
+                             "aggregate histograms (use the fitted source)")
+        self.k_max = k_max
+        reqs = trace.requests
+        self.lengths = np.array([r.iterations for r in reqs])
+        self.offsets = np.concatenate([[0], np.cumsum(self.lengths)[:-1]])
+        self.m = np.concatenate([r.m for r in reqs])
+        self.k_rec = np.concatenate([r.k for r in reqs])
+        self.k_recorded = int(self.k_rec.max())
+        self.entropy_available = all(r.entropy is not None for r in reqs)
+        if self.entropy_available:
+            width = self.k_recorded
+            self.entropy = np.full((self.m.size, width), np.nan)
+            row = 0
+            for r in reqs:
+                for e in r.entropy:
+                    self.entropy[row, : e.size] = e
+                    row += 1
+        est = estimate_acceptance(trace, k_max=max(k_max, self.k_recorded))
+        self.conditional = analytical.conditional_from_survival(est.survival)
+
+    def start(self, request_index: int) -> int:
+        """Assign recorded request ``request_index mod R``; returns its index."""
+        return int(request_index % self.lengths.size)
+
+    def _rows(self, recorded: np.ndarray, step: np.ndarray) -> np.ndarray:
+        return self.offsets[recorded] + step % self.lengths[recorded]
+
+    def draw(self, recorded, step, ks, contexts, rng) -> tuple[np.ndarray, np.ndarray]:
+        rows = self._rows(recorded, step)
+        m_rec, k_rec = self.m[rows], self.k_rec[rows]
+        m = np.minimum(m_rec, ks)
+        # beyond the recorded draft length: continue the chain with the fitted rates
+        beyond = (ks > k_rec) & (m_rec == k_rec)
+        if beyond.any():
+            idx = np.flatnonzero(beyond)
+            for j in idx:
+                extra = 0
+                for pos in range(int(k_rec[j]) + 1, int(ks[j]) + 1):
+                    if rng.random() < self.conditional[pos - 1]:
+                        extra += 1
+                    else:
+                        break
+                m[j] += extra
+        return m, ks > k_rec
+
+    def entropies(self, recorded, step) -> np.ndarray:
+        return self.entropy[self._rows(recorded, step)]
+
+
+def make_source(kind: str, trace: Trace, k_max: int):
+    if kind == "replay":
+        return ReplaySource(trace, k_max)
+    if kind == "fitted":
+        return FittedSource(trace, k_max)
+    raise ValueError(f"unknown acceptance source '{kind}'; use replay or fitted")

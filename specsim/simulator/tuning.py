@@ -1,0 +1,195 @@
+"""Tuning by simulation: a grid sweep over (policy, s, k) run in parallel processes, Vegas'
+3-step procedure on the simulated grid, the optimum, the runner-up, the sensitivity, and the
+analytical prediction beside the simulated one with the difference split into its causes.
+
+Every configuration is simulated on the same arrivals and compared with plain decoding
+simulated on the same arrivals, so simulated speedups and analytical speedups mean the same.
+"""
+from __future__ import annotations
+
+import os
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+
+from specsim import analytical
+
+
+@dataclass(frozen=True)
+class SweepSpec:
+    """Everything a worker needs to rebuild the simulation (picklable, paths and names)."""
+
+    trace_path: str
+    model: str
+    hardware: str
+    tp: int
+    arrivals: tuple            # ("all"|"poisson"|"file", args...)
+    max_batch: int
+    acceptance: str = "replay"
+    k_policy: str = "fixed"
+    seed: int = 0
+    trace_format: str | None = None
+
+
+_CACHE: dict = {}
+
+
+def _setup(spec: SweepSpec):
+    key = spec
+    if key not in _CACHE:
+        from specsim.costs import RooflineCostModel
+        from specsim.specs import load_hardware, load_model
+        from specsim.traces.importers import load_trace
+        model, hw = load_model(spec.model), load_hardware(spec.hardware)
+        trace = load_trace(spec.trace_path, spec.trace_format)
+        _CACHE.clear()
+        _CACHE[key] = (model, hw, RooflineCostModel(model, hw, spec.tp), trace.groups(),
+                       make_arrivals(spec.arrivals, trace))
+    return _CACHE[key]
+
+
+def make_arrivals(arrivals: tuple, trace=None):
+    from specsim.simulator.arrivals import all_at_once, from_file, poisson
+    kind, *args = arrivals
+    if kind == "file":
+        return from_file(*args)
+    n, prompt, output = args[0], args[-2], args[-1]
+    if prompt is None and trace is not None and trace.requests:
+        # prompt lengths from the trace: each request's context at its first iteration
+        firsts = np.array([int(r.context[0]) for r in trace.requests])
+        prompt = np.resize(firsts, n)
+    if prompt is None:
+        prompt = 4096
+    if kind == "all":
+        return all_at_once(n, prompt, output)
+    return poisson(n, args[1], prompt, output, seed=args[2] if len(args) > 4 else 0)
+
+
+def run_one(spec: SweepSpec, policy: str, s: float | None, k: int, k_policy: str | None = None
+            ) -> dict:
+    """Simulate one configuration (``policy == "plain"``: plain decoding)."""
+    from specsim.simulator.acceptance_source import make_source
+    from specsim.simulator.engine import SimConfig, Simulation
+    model, hw, costs, groups, arrivals = _setup(spec)
+    kp = k_policy or spec.k_policy
+    if policy == "plain":
+        group = next(iter(groups.values()))
+        cfg = SimConfig("full", 1.0, k=1, k_policy="plain", max_batch=spec.max_batch,
+                        seed=spec.seed)
+    else:
+        group = groups[(policy, s)]
+        cfg = SimConfig(policy, s, k=k, k_policy=kp, max_batch=spec.max_batch, seed=spec.seed)
+    source = make_source(spec.acceptance, group, k)
+    result = Simulation(arrivals, costs, model, source, cfg, hw.memory_bytes, spec.tp).run()
+    summary = result.summary
+    it = result.steps["is_iteration"]
+    decode_s = float(result.steps["seconds"][it].sum())
+    decode_tokens = int(result.steps["emitted"][it].sum())
+    return {"policy": policy, "s": s, "k": k, "k_policy": cfg.k_policy,
+            "throughput": summary["throughput_tokens_per_s"],
+            "decode_throughput": decode_tokens / decode_s if decode_s else 0.0,
+            "tokens_per_iteration": summary["tokens_per_iteration"],
+            "mean_batch": summary["mean_batch"],
+            "mean_decode_context": float(np.average(result.requests["prompt_tokens"]
+                                                    + result.requests["output_tokens"] / 2)),
+            "tpot_p50_s": summary["tpot_s"]["p50"], "latency_p90_s": summary["latency_s"]["p90"],
+            "time_split_s": summary["time_split_s"],
+            "wasted_draft_fraction": summary["wasted_draft_fraction"],
+            "extrapolated_iterations": summary["extrapolated_iterations"]}
+
+
+def _star(args):
+    return run_one(*args)
+
+
+def sweep(spec: SweepSpec, policies, ks, workers: int | None = None, progress=None) -> dict:
+    """Simulate plain decoding and every (policy, s, k) with s from the trace's groups."""
+    _, _, _, groups, _ = _setup(spec)
+    configs = [(spec, "plain", None, 1)]
+    for policy in policies:
+        ss = sorted(s for (p, s) in groups if p == policy and s is not None)
+        if not ss:
+            known = sorted({p for p, _ in groups})
+            raise ValueError(f"the trace has no '{policy}' groups; it has: {', '.join(known)}")
+        configs += [(spec, policy, s, k) for s in ss for k in ks]
+    workers = workers or min(len(configs), os.cpu_count() or 1)
+    results = []
+    if workers > 1:
+        with ProcessPoolExecutor(max_workers=workers) as pool:
+            for r in pool.map(_star, configs, chunksize=max(1, len(configs) // (4 * workers))):
+                results.append(r)
+                if progress:
+                    progress(1)
+    else:
+        for c in configs:
+            results.append(_star(c))
+            if progress:
+                progress(1)
+    plain = results[0]
+    rows = results[1:]
+    for r in rows:
+        r["speedup"] = r["throughput"] / plain["throughput"]
+        r["decode_speedup"] = r["decode_throughput"] / plain["decode_throughput"]
+    return {"plain": plain, "rows": rows, "configs": len(configs), "workers": workers}
+
+
+def summarise(swept: dict, analytical_by_group: dict | None = None) -> dict:
+    """Optimum, runner-up, sensitivity, Vegas 3-step per policy, and the analytical
+    prediction beside the simulated one with the gap decomposed."""
+    rows = sorted(swept["rows"], key=lambda r: -r["throughput"])
+    best, runner = rows[0], (rows[1] if len(rows) > 1 else None)
+    out = {"plain": swept["plain"], "best": best, "runner_up": runner, "policies": []}
+    for policy in sorted({r["policy"] for r in rows}):
+        pr = [r for r in rows if r["policy"] == policy]
+        ks = sorted({r["k"] for r in pr})
+        ss = sorted({r["s"] for r in pr})
+        by = {(r["k"], r["s"]): r for r in pr}
+        speed = np.array([[by[(k, s)]["speedup"] for s in ss] for k in ks])
+        tokens = np.array([[by[(k, s)]["tokens_per_iteration"] for s in ss] for k in ks])
+        k_star, s_star, best_speedup = analytical.best_k_s(speed, ks, ss)
+        entry = {"policy": policy, "k_star": k_star, "s_star": s_star,
+                 "speedup": best_speedup, "grid": {"k": ks, "s": ss, "speedup": speed.tolist()},
+                 "sensitivity": _sensitivity(by, ks, ss, k_star, s_star)}
+        if len(ss) >= 2:
+            path = analytical.vegas_three_step(tokens, speed, ks, ss)
+            entry["three_step"] = {"path": [list(p) for p in path.path], "k": path.k_step2,
+                                   "s": path.s_step3, "speedup": path.speedup,
+                                   "gap_to_joint": path.gap}
+        if analytical_by_group:
+            entry["analytical"] = _explain(by[(k_star, s_star)],
+                                           analytical_by_group.get((policy, s_star)))
+        out["policies"].append(entry)
+    return out
+
+
+def _sensitivity(by, ks, ss, k_star, s_star) -> dict:
+    """Relative throughput change one step away from the optimum in k and in s."""
+    base = by[(k_star, s_star)]["throughput"]
+    out = {}
+    i, j = ks.index(k_star), ss.index(s_star)
+    for label, key in (("k-1", (ks[i - 1], s_star) if i > 0 else None),
+                       ("k+1", (ks[i + 1], s_star) if i + 1 < len(ks) else None),
+                       ("s-", (k_star, ss[j - 1]) if j > 0 else None),
+                       ("s+", (k_star, ss[j + 1]) if j + 1 < len(ss) else None)):
+        if key is not None:
+            out[label] = {"k": key[0], "s": key[1],
+                          "change": by[key]["throughput"] / base - 1.0}
+    return out
+
+
+def _explain(sim: dict, analytical_at: dict | None) -> dict | None:
+    """Split simulated/analytical into: batch occupancy and contexts (analytical re-evaluated
+    at the simulation's mean batch), decode dynamics, and prefill + queueing."""
+    if analytical_at is None:
+        return None
+    predicted = analytical_at["speedup"]
+    at_batch = analytical_at.get("speedup_at_sim_batch", predicted)
+    return {"analytical_speedup": predicted,
+            "analytical_at_simulated_batch": at_batch,
+            "simulated_decode_speedup": sim["decode_speedup"],
+            "simulated_speedup": sim["speedup"],
+            "factors": {"batch occupancy and contexts": at_batch / predicted,
+                        "decode dynamics (ragged contexts, acceptance sampling, lockstep k)":
+                            sim["decode_speedup"] / at_batch,
+                        "prefill and queueing": sim["speedup"] / sim["decode_speedup"]}}
