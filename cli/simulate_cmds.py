@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 import click
 
@@ -202,8 +203,8 @@ def tune_cmd(trace_path, fmt, arrivals, prompt_tokens, output_tokens, model, har
                      parse_arrivals(arrivals, prompt_tokens, output_tokens, seed), max_batch,
                      acceptance, k_policy, seed, None if fmt == "auto" else fmt)
     n_configs = 1 + sum(len([s for (p, s) in groups if p == pol]) for pol in chosen) * len(ks)
-    with click.progressbar(length=n_configs, label="simulating", file=click.get_text_stream(
-            "stderr"), show_eta=True) as bar:
+    with click.progressbar(length=n_configs, label="simulating", file=sys.stderr,
+                           show_eta=True) as bar:
         try:
             swept = sweep(spec, chosen, ks, workers, progress=bar.update)
         except ValueError as exc:

@@ -1,0 +1,290 @@
+"""The serving simulator: closed forms, conservation, memory, determinism, bad input, tuning."""
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from specsim import analytical as A
+from specsim.costs.base import Cost, IterationCost
+from specsim.errors import SpecsimError
+from specsim.simulator import SimConfig, Simulation, all_at_once, from_file, poisson
+from specsim.simulator.acceptance_source import (FittedSource, ReplaySource, draw_from_survival,
+                                                 make_source)
+from specsim.simulator.fastpath import replay_single_sequence
+from specsim.simulator.tuning import SweepSpec, summarise, sweep
+from specsim.specs import load_hardware, load_model
+from specsim.traces.format import RequestTrace, Trace, make_header, write_trace
+
+MODEL = load_model("qwen3-8b")
+H200 = load_hardware("h200")
+
+
+class FlatCosts:
+    """A cost model whose times do not depend on the context or batch: closed forms apply."""
+
+    name = "flat"
+
+    def __init__(self, draft=1.0, verify=4.0, selection=0.5, overhead=0.25, plain=3.0,
+                 prefill=2.0):
+        self.d, self.v, self.sel, self.o, self.p, self.pre = (draft, verify, selection,
+                                                              overhead, plain, prefill)
+
+    def plain_step(self, contexts):
+        return Cost(self.p)
+
+    def draft_step(self, contexts, s, policy):
+        return Cost(self.d)
+
+    def verify(self, contexts, q):
+        return Cost(self.v)
+
+    def selection(self, contexts, s, policy, k):
+        return Cost(self.sel)
+
+    def iteration(self, contexts, k, s, policy):
+        return IterationCost(k, Cost(self.d), Cost(self.v), Cost(self.sel), self.o)
+
+    def prefill(self, prompts):
+        return Cost(self.pre)
+
+
+def const_trace(m, k, iterations=50, requests=1, policy="vegas", s=0.05, entropy=False):
+    recs = []
+    for r in range(requests):
+        ent = [np.where(np.arange(k) < m, 0.3, 2.5) for _ in range(iterations)] if entropy \
+            else None
+        recs.append(RequestTrace(f"r{r}", policy, s, 1000 + np.arange(iterations) * (m + 1),
+                                 np.full(iterations, k), np.full(iterations, m), entropy=ent))
+    return Trace(make_header(source="test"), recs)
+
+
+def simulate(arrivals, costs, source, **cfg):
+    config = SimConfig(cfg.pop("policy", "vegas"), cfg.pop("s", 0.05), **cfg)
+    return Simulation(arrivals, costs, MODEL, source, config, H200.memory_bytes).run()
+
+
+def test_one_request_fixed_acceptance_equals_the_analytical_model():
+    # k = 4, every iteration accepts m = 3: 4 tokens per iteration, T = 4·1 + 4 + 0.5 + 0.25
+    costs = FlatCosts()
+    trace = const_trace(m=3, k=4)
+    out = 1 + 4 * 40                       # first token from prefill, then 40 iterations
+    res = simulate(all_at_once(1, 1000, out), costs, ReplaySource(trace, 4), k=4)
+    s = res.summary
+    t_iter = A.iteration_time(4, 1.0, 4.0, 0.5, 0.25)
+    assert s["iterations"] == 40 and s["tokens_per_iteration"] == 4.0
+    assert s["makespan_s"] == pytest.approx(2.0 + 40 * t_iter)
+    decode_rate = 160 / (s["makespan_s"] - 2.0)
+    # simulated decode speedup over plain decoding = E[m+1]·T_ar / T(k)
+    assert decode_rate * costs.p == pytest.approx(A.speedup(4.0, costs.p, t_iter))
+    assert s["time_split_s"]["draft"] == pytest.approx(40 * 4.0)
+    assert s["wasted_draft_fraction"] == pytest.approx(0.25)
+
+
+def test_plain_mode_emits_one_token_per_step():
+    costs = FlatCosts()
+    res = simulate(all_at_once(3, 500, 11), costs, ReplaySource(const_trace(2, 4), 4), k=1,
+                   k_policy="plain")
+    assert res.summary["tokens_per_iteration"] == 1.0
+    assert res.summary["makespan_s"] == pytest.approx(2.0 + 10 * costs.p)
+
+
+def test_conservation_of_tokens():
+    rng_trace = Trace(make_header(source="t"), [
+        RequestTrace(f"r{i}", "vegas", 0.05, np.arange(1000, 1100), np.full(100, 6),
+                     np.random.default_rng(i).integers(0, 7, 100)) for i in range(5)])
+    arrivals = poisson(40, 50.0, np.arange(40) * 50 + 500, np.arange(40) % 7 * 13 + 1, seed=3)
+    res = simulate(arrivals, FlatCosts(), ReplaySource(rng_trace, 6), k=6, max_batch=8)
+    st = res.steps
+    # every output token is emitted exactly once: by the prefill (first) or an iteration
+    assert int(st["emitted"].sum()) == sum(a.output_tokens for a in arrivals)
+    assert res.summary["output_tokens"] == sum(a.output_tokens for a in arrivals)
+    assert np.all(np.isfinite(res.requests["finish"]))
+    assert np.all(res.requests["finish"] >= res.requests["first_token"])
+    assert np.all(res.requests["admit"] >= res.requests["arrival"])
+    assert st["batch"].max() <= 8
+
+
+def test_memory_budget_is_never_exceeded_and_admission_waits():
+    per_request = MODEL.kv_bytes_resident(4000 + 200)
+    arrivals = all_at_once(30, 4000, 200)
+    trace = const_trace(2, 4)
+    res = simulate(arrivals, FlatCosts(), ReplaySource(trace, 4), k=4, max_batch=64,
+                   memory_budget=per_request * 5.5)
+    assert res.steps["memory"].max() <= res.summary["memory_budget_bytes"]
+    assert res.steps["batch"].max() <= 5                     # memory, not max_batch, binds
+    assert res.summary["queueing_s"]["p90"] > 0
+    with pytest.raises(SpecsimError, match="needs .* GB"):
+        simulate(all_at_once(1, 100_000, 10), FlatCosts(), ReplaySource(trace, 4), k=4,
+                 memory_budget=per_request)
+
+
+def test_deterministic_with_a_seed():
+    trace = Trace(make_header(source="t"), [
+        RequestTrace("a", "vegas", 0.05, np.arange(1000, 1300), np.full(300, 8),
+                     np.random.default_rng(0).integers(0, 9, 300))])
+    arrivals = poisson(50, 20.0, 3000, 120, seed=1)
+    costs = __import__("specsim.costs", fromlist=["RooflineCostModel"]).RooflineCostModel(
+        MODEL, H200)
+    runs = [simulate(arrivals, costs, FittedSource(trace, 8), k=8, seed=seed).summary
+            for seed in (5, 5, 6)]
+    assert runs[0] == runs[1]
+    assert runs[0]["throughput_tokens_per_s"] != runs[2]["throughput_tokens_per_s"]
+
+
+def test_replay_is_counterfactual_and_fitted_is_unbiased():
+    trace = const_trace(m=5, k=8, requests=3)
+    replay = ReplaySource(trace, 8)
+    m, flagged = replay.draw(np.zeros(4, int), np.arange(4), np.array([2, 5, 6, 8]),
+                             np.full(4, 1000), np.random.default_rng(0))
+    assert m.tolist() == [2, 5, 5, 5] and not flagged.any()
+    # survival draw: P(m ≥ i) = P_i
+    P = A.survival_from_conditional(np.full(6, 0.8))
+    u = np.random.default_rng(1).random(200_000)
+    m = draw_from_survival(P, np.full(u.size, 6), u)
+    assert m.mean() + 1 == pytest.approx(A.expected_tokens_iid(0.8, 6), rel=0.01)
+    assert draw_from_survival([1.0, 1.0, 0.0], np.array([3, 1]), np.array([0.5, 0.5])).tolist() \
+        == [2, 1]
+
+
+def test_replay_beyond_recorded_k_is_flagged():
+    trace = const_trace(m=4, k=4, requests=2)          # every draft accepted at k_rec = 4
+    src = ReplaySource(trace, 8)
+    m, flagged = src.draw(np.zeros(3, int), np.zeros(3, int), np.array([4, 6, 8]),
+                          np.full(3, 1000), np.random.default_rng(0))
+    assert flagged.tolist() == [False, True, True] and m[0] == 4 and np.all(m[1:] >= 4)
+
+
+def test_oracle_bounds_fixed_and_adaptive_runs_with_entropies():
+    rng = np.random.default_rng(2)
+    recs = []
+    for r in range(6):
+        m = rng.integers(0, 9, 200)
+        ent = [np.where(np.arange(8) < mi, 0.3, 2.5) + rng.normal(0, 0.05, 8) for mi in m]
+        recs.append(RequestTrace(f"r{r}", "vegas", 0.05, np.arange(2000, 2200),
+                                 np.full(200, 8), m, entropy=[np.abs(e) for e in ent]))
+    trace = Trace(make_header(source="t"), recs)
+    from specsim.costs import RooflineCostModel
+    costs = RooflineCostModel(MODEL, H200)
+    arrivals = all_at_once(32, 8000, 150)
+    fixed = simulate(arrivals, costs, ReplaySource(trace, 8), k=8).summary
+    oracle = simulate(arrivals, costs, ReplaySource(trace, 8), k=8, k_policy="oracle").summary
+    adaptive = simulate(arrivals, costs, ReplaySource(trace, 8), k=8,
+                        k_policy="adaptive").summary
+    assert oracle["throughput_tokens_per_s"] >= fixed["throughput_tokens_per_s"]
+    assert adaptive["wasted_draft_fraction"] < fixed["wasted_draft_fraction"]
+    with pytest.raises(SpecsimError, match="entropies"):
+        simulate(arrivals, costs, FittedSource(trace, 8), k=8, k_policy="adaptive")
+
+
+def test_chrome_trace_export(tmp_path):
+    res = simulate(all_at_once(4, 500, 20), FlatCosts(), ReplaySource(const_trace(2, 4), 4), k=4)
+    path = tmp_path / "trace.json"
+    res.write_chrome_trace(str(path))
+    doc = json.loads(path.read_text())
+    spans = [e for e in doc["traceEvents"] if e["ph"] == "X"]
+    names = {e["name"] for e in spans}
+    assert {"prefill", "draft", "verify", "selection", "other"} <= names
+    assert all(e["dur"] >= 0 and "ts" in e for e in spans)
+    draft = next(e for e in spans if e["name"] == "draft")
+    assert draft["dur"] == pytest.approx(4 * 1.0 * 1e6)     # 4 draft steps of 1 s, in µs
+    json.dumps(res.to_json())                                # JSON-ready summary
+
+
+def test_arrival_files(tmp_path):
+    azure = tmp_path / "azure.csv"
+    azure.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                     "2023-11-16 18:15:46.6805900,4808,10\n"
+                     "2023-11-16 18:15:50.9951690,3180,8\n")
+    arr = from_file(str(azure))
+    assert [a.prompt_tokens for a in arr] == [4808, 3180]
+    assert arr[0].time == 0.0 and arr[1].time == pytest.approx(4.314579, abs=1e-5)
+    jl = tmp_path / "a.jsonl"
+    jl.write_text('{"time": 0.5, "prompt_tokens": 100, "output_tokens": 5}\n'
+                  '{"time": 1.5, "prompt_tokens": 200, "output_tokens": 6}\n')
+    assert [a.time for a in from_file(str(jl))] == [0.0, 1.0]
+    cases = {
+        "TIMESTAMP,ContextTokens\n1,2\n": "missing column for output tokens",
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n1,abc,3\n": ":2: column ContextTokens",
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n1,10,-3\n": ":2: column GeneratedTokens",
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n5,10,3\n1,10,3\n": ":3: column TIMESTAMP",
+        "TIMESTAMP,ContextTokens,GeneratedTokens\nyesterday,10,3\n": "not seconds nor a date",
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n": "no requests",
+        '{"time": 1, "prompt_tokens": 3, \n': ":1: bad JSON",
+    }
+    for i, (text, message) in enumerate(cases.items()):
+        path = tmp_path / f"bad{i}.csv"
+        path.write_text(text)
+        with pytest.raises(SpecsimError, match=message):
+            from_file(str(path))
+    with pytest.raises(SpecsimError, match="no such file"):
+        from_file(str(tmp_path / "missing.csv"))
+
+
+def test_fast_path_closed_form_and_statistics():
+    costs = FlatCosts()
+    P = np.array([1.0, 1.0, 0.0, 0.0])
+    r = replay_single_sequence(P, 4, 1000, 1000, costs, 0.05, "vegas")
+    assert r["tokens_per_iteration"] == 3.0
+    t_iter = A.iteration_time(4, 1.0, 4.0, 0.5, 0.25)
+    assert r["speedup"] == pytest.approx(A.speedup(3.0, costs.p, t_iter))
+    P = A.survival_from_conditional(np.full(8, 0.7))
+    r = replay_single_sequence(P, 8, 200_000, 1000, costs, 0.05, "vegas", seed=3)
+    assert r["tokens_per_iteration"] == pytest.approx(A.expected_tokens_iid(0.7, 8), rel=0.01)
+    with pytest.raises(ValueError):
+        replay_single_sequence(P, 9, 10, 1000, costs, 0.05, "vegas")
+
+
+def _sweep_trace(tmp_path):
+    rng = np.random.default_rng(4)
+    recs = []
+    for policy in ("vegas", "quest"):
+        for s, p in ((0.05, 0.7), (0.1, 0.85)):
+            for r in range(4):
+                acc = rng.random((120, 8)) < p
+                m = np.where(acc.all(1), 8, np.argmin(acc, axis=1))
+                recs.append(RequestTrace(f"{policy}{s}{r}", policy, s,
+                                         6000 + np.cumsum(m + 1), np.full(120, 8), m))
+    path = tmp_path / "sweep.jsonl"
+    write_trace(path, make_header(source="t"), recs)
+    return str(path)
+
+
+def test_sweep_parallel_equals_serial_and_summary(tmp_path):
+    path = _sweep_trace(tmp_path)
+    spec = SweepSpec(path, "qwen3-8b", "h200", 1, ("all", 40, None, 100), 32)
+    serial = sweep(spec, ["vegas", "quest"], [2, 4, 6], workers=1)
+    parallel = sweep(spec, ["vegas", "quest"], [2, 4, 6], workers=2)
+    key = lambda r: (r["policy"], r["s"], r["k"])  # noqa: E731
+    assert sorted(map(key, serial["rows"])) == sorted(map(key, parallel["rows"]))
+    for a, b in zip(sorted(serial["rows"], key=key), sorted(parallel["rows"], key=key)):
+        assert a["throughput"] == pytest.approx(b["throughput"])
+    report = summarise(serial)
+    best = max(serial["rows"], key=lambda r: r["throughput"])
+    assert report["best"]["throughput"] == best["throughput"]
+    assert report["runner_up"]["throughput"] <= best["throughput"]
+    for p in report["policies"]:
+        assert "three_step" in p and p["three_step"]["speedup"] <= p["speedup"] + 1e-12
+    with pytest.raises(ValueError, match="no 'streamingllm'"):
+        sweep(spec, ["streamingllm"], [2], workers=1)
+
+
+def test_simulate_and_tune_commands(tmp_path):
+    from specsim.cli.main import cli
+    path = _sweep_trace(tmp_path)
+    r = CliRunner().invoke(cli, ["simulate", "--trace", path, "--arrivals", "poisson:5:20",
+                                 "--output-tokens", "60", "--k", "4", "--sparsity", "0.1",
+                                 "--json", "--chrome-trace", str(tmp_path / "c.json")])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    assert doc["summary"]["requests"] == 20 and doc["speedup"] > 0
+    assert (tmp_path / "c.json").exists()
+    r = CliRunner().invoke(cli, ["tune", "--trace", path, "--arrivals", "all:20",
+                                 "--output-tokens", "60", "--k", "2,4", "--workers", "1",
+                                 "--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output[r.output.index("{"):])
+    assert {p["policy"] for p in doc["policies"]} == {"vegas", "quest"}
+    assert all("analytical" in p for p in doc["policies"])
+    r = CliRunner().invoke(cli, ["simulate", "--trace", path, "--policy", "streamingllm"])
+    assert r.exit_code != 0 and "no 'streamingllm'" in str(r.exception or r.output)
