@@ -119,9 +119,15 @@ def cli():
 @click.option("--gamma", type=float, default=None,
               help="What-if: γ = C_d / C_v, cost of one draft step over one verify pass "
                    "(a verify pass is taken to cost one plain step).")
+@click.option("--holdout", type=click.FloatRange(0, 1, min_open=True, max_open=True),
+              default=None,
+              help="Also tune on part of the prompts and report on the rest: FRACTION of the "
+                   "prompts (seeded by --seed) is held out for evaluation; reports the speedup "
+                   "there at the (k*, s*) picked on the tuning part, and the optimism of "
+                   "tuning on the evaluation part itself.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def predict(trace_path, fmt, model, hardware, batch, context, tp, k_max, policy, sparsity,
-            n_boot, seed, alpha, accept_rates, gamma, as_json):
+            n_boot, seed, alpha, accept_rates, gamma, holdout, as_json):
     """Predict the speedup of sparse self-speculative decoding over plain decoding.
 
     \b
@@ -172,6 +178,11 @@ def predict(trace_path, fmt, model, hardware, batch, context, tp, k_max, policy,
     opts = P.PredictOptions(batch=batch, context=context, k_max=k_max, n_boot=n_boot, seed=seed,
                             policy=policy, sparsity=sparsity)
     report = P.predict_trace(trace, costs, opts)
+    if holdout is not None:
+        try:
+            report["holdout"] = P.holdout_report(trace, costs, opts, holdout, seed)
+        except ValueError as exc:
+            raise SpecsimError(str(exc)) from None
     report["model"] = _model_summary(spec)
     report["hardware"] = _hardware_summary(hw)
     report["tp"] = tp
@@ -291,6 +302,30 @@ def _print_predict(r: dict) -> None:
                  f"replicates: " + ("distinguishable" if d["distinguishable"]
                                     else "NOT distinguishable"))
     click.echo(line)
+    if r["policy_comparison"]:
+        click.echo("")
+        click.echo("Policies at their own optima, pairwise (share of bootstrap replicates "
+                   "where the first wins" + (", paired by prompt" if
+                                             r["bootstrap_paired_by_prompt"] else "") + "):")
+        rows = [[f"{c['a']} vs {c['b']}", f"{c['a_speedup']:.3f}× vs {c['b_speedup']:.3f}×",
+                 f"{c['share_a_wins'] * 100:.1f}%",
+                 "yes" if c["distinguishable"] else "NO"] for c in r["policy_comparison"]]
+        click.echo(_table(["pair", "speedups", "first wins", "distinguishable"], rows, "lrrl"))
+    if "holdout" in r:
+        h = r["holdout"]
+        click.echo("")
+        click.echo(f"Held-out tuning: {h['tuning_requests']} requests tune, "
+                   f"{h['evaluation_requests']} evaluate (fraction {h['holdout_fraction']:g}, "
+                   f"seed {h['seed']}):")
+        rows = [[p["policy"], f"k={p['tuned']['k']} s={_s(p['tuned']['s'])}",
+                 f"{p['speedup_on_tuning_part']:.3f}×",
+                 f"{p['speedup_on_evaluation_part']:.3f}× [{p['speedup_ci'][0]:.3f}, "
+                 f"{p['speedup_ci'][1]:.3f}]",
+                 f"k={p['tuned_on_evaluation']['k']} s={_s(p['tuned_on_evaluation']['s'])} "
+                 f"{p['tuned_on_evaluation']['speedup']:.3f}×", f"{p['optimism']:+.3f}"]
+                for p in h["policies"]]
+        click.echo(_table(["policy", "tuned on tuning part", "there", "on evaluation part",
+                           "tuned on evaluation (test)", "optimism"], rows, "llrrlr"))
     for note in r["notes"]:
         click.echo(f"note: {note}")
 

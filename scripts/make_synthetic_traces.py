@@ -51,7 +51,7 @@ def make_request(rng, policy, s, k, rid, prompt, new_tokens) -> RequestTrace:
         entropies.append(h)
         ctx += m + 1
     return RequestTrace(rid, policy, s, np.array(context), np.array(ks), np.array(ms),
-                        entropy=entropies)
+                        entropy=entropies, prompt_id=rid.rsplit("-", 1)[-1])
 
 
 def main():

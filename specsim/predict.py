@@ -125,8 +125,20 @@ def workload_contexts(trace: Trace, opts: PredictOptions, notes: list[str]
     return np.full(opts.batch, DEFAULT_CONTEXT, dtype=np.int64), "assumed"
 
 
+def prompt_weights(trace: Trace, n_boot: int, seed: int):
+    """Bootstrap replicates over *prompts*, shared by every group, so that policy comparisons
+    are paired (the same resampled prompts under each policy). None when requests carry no
+    ``prompt_id`` or the trace has aggregate histograms."""
+    if trace.histograms or not trace.requests or any(r.prompt_id is None for r in trace.requests):
+        return None
+    prompts = sorted({r.prompt_id for r in trace.requests})
+    rng = np.random.default_rng(seed)
+    w = analytical.bootstrap_weights(np.ones(len(prompts)), n_boot, rng)
+    return {pid: w[:, i] for i, pid in enumerate(prompts)}
+
+
 def predict_group(trace: Trace, costs: CostModel, opts: PredictOptions, notes: list[str],
-                  contexts: np.ndarray, context_source: str) -> dict:
+                  contexts: np.ndarray, context_source: str, paired=None) -> dict:
     from specsim.policies import POLICIES
 
     first = (trace.requests or trace.histograms)[0]
@@ -157,7 +169,10 @@ def predict_group(trace: Trace, costs: CostModel, opts: PredictOptions, notes: l
     speedups = analytical.speedup(tokens, plain.seconds, t_iter)
 
     rng = np.random.default_rng(opts.seed)
-    boot_P = est.bootstrap_survival(opts.n_boot, rng)
+    weights = None
+    if paired is not None:
+        weights = np.stack([paired[r.prompt_id] for r in trace.requests], axis=1)
+    boot_P = est.bootstrap_survival(opts.n_boot, rng, weights)
     boot_tokens = 1.0 + np.cumsum(boot_P, axis=1)
     boot_speedups = boot_tokens * plain.seconds / t_iter[None, :]
     boot_kstar = ks[np.argmax(boot_speedups, axis=1)]
@@ -222,12 +237,14 @@ def predict_trace(trace: Trace, costs: CostModel, opts: PredictOptions | None = 
         notes.append("this trace is SYNTHETIC (generated, not recorded on a real model): "
                      "its acceptance numbers illustrate the tool, they describe no model")
     contexts, context_source = workload_contexts(trace, opts, notes)
-    groups = [predict_group(g, costs, opts, notes, contexts, context_source)
+    paired = prompt_weights(trace, opts.n_boot, opts.seed)
+    groups = [predict_group(g, costs, opts, notes, contexts, context_source, paired)
               for g in trace.groups().values()]
     policies = _by_policy(groups)
     best = max(groups, key=lambda g: g["speedup_at_k_star"])
     report = {
         "trace": trace.path, "synthetic": trace.synthetic, "trace_model": trace.header.get("model"),
+        "bootstrap_paired_by_prompt": paired is not None,
         "cost_model": costs.name, "batch": opts.batch, "bootstrap": opts.n_boot,
         "confidence_level": opts.level,
         "groups": groups, "policies": policies,
@@ -237,6 +254,7 @@ def predict_trace(trace: Trace, costs: CostModel, opts: PredictOptions | None = 
         "notes": notes,
     }
     report["best"]["distinguishable_from_runner_up"] = _distinguishable(groups, best)
+    report["policy_comparison"] = compare_policies(groups, opts.level)
     for g in groups:
         g.pop("_boot_speedups")
     return report
@@ -256,6 +274,29 @@ def _distinguishable(groups: list[dict], best: dict) -> dict | None:
     return {"runner_up": {"policy": runner["policy"], "s": runner["s"], "k": runner["k_star"],
                           "speedup": runner["speedup_at_k_star"]},
             "share_of_replicates_best_wins": share, "distinguishable": share >= 0.95}
+
+
+def compare_policies(groups: list[dict], level: float = 0.95) -> list[dict]:
+    """Every pair of policies, each at its own optimum (best s and k): in what share of
+    bootstrap replicates does the first beat the second? Two policies are *distinguishable*
+    when that share is ≥ level or ≤ 1 − level."""
+    best: dict[str, dict] = {}
+    for g in groups:
+        if g["policy"] not in best or g["speedup_at_k_star"] > best[g["policy"]]["speedup_at_k_star"]:
+            best[g["policy"]] = g
+    ranked = sorted(best.values(), key=lambda g: -g["speedup_at_k_star"])
+    out = []
+    for i, a in enumerate(ranked):
+        for b in ranked[i + 1:]:
+            sa = a["_boot_speedups"][:, a["k_star"] - 1]
+            sb = b["_boot_speedups"][:, b["k_star"] - 1]
+            n = min(sa.size, sb.size)
+            share = float(np.mean(sa[:n] > sb[:n]))
+            out.append({"a": a["policy"], "b": b["policy"],
+                        "a_speedup": a["speedup_at_k_star"], "b_speedup": b["speedup_at_k_star"],
+                        "share_a_wins": share,
+                        "distinguishable": share >= level or share <= 1.0 - level})
+    return out
 
 
 def _by_policy(groups: list[dict]) -> list[dict]:
@@ -280,3 +321,64 @@ def _by_policy(groups: list[dict]) -> list[dict]:
                                    "gap_to_joint": path.gap}
         out.append(entry)
     return out
+
+
+# --------------------------------------------------------------------------------------------
+# tuning on a held-out part: no tuning on the test set
+# --------------------------------------------------------------------------------------------
+
+
+def split_trace(trace: Trace, fraction: float, seed: int = 0) -> tuple[Trace, Trace]:
+    """(tuning part, evaluation part): each prompt (``prompt_id``, else the request id) goes
+    to the evaluation part with probability ``fraction``, decided by a seeded hash so that the
+    same prompt lands on the same side under every policy and s."""
+    import hashlib
+
+    if not 0.0 < fraction < 1.0:
+        raise ValueError(f"holdout fraction must lie in (0, 1), got {fraction}")
+    if trace.histograms:
+        raise ValueError("a holdout split needs per-request records; this trace has "
+                         "aggregate histograms")
+
+    def held_out(key: str) -> bool:
+        digest = hashlib.sha256(f"{seed}:{key}".encode()).digest()
+        return int.from_bytes(digest[:8], "big") / 2**64 < fraction
+
+    tune, evaluate = Trace(trace.header, path=trace.path), Trace(trace.header, path=trace.path)
+    for r in trace.requests:
+        (evaluate if held_out(r.prompt_id or r.id) else tune).requests.append(r)
+    for part, name in ((tune, "tuning"), (evaluate, "evaluation")):
+        missing = set(trace.groups()) - set(part.groups())
+        if missing:
+            raise ValueError(f"the {name} part has no requests for "
+                             f"{', '.join(f'{p} s={s}' for p, s in sorted(missing, key=str))}; "
+                             f"use another --holdout fraction or seed")
+    return tune, evaluate
+
+
+def holdout_report(trace: Trace, costs: CostModel, opts: PredictOptions, fraction: float,
+                   seed: int = 0) -> dict:
+    """Pick each policy's (k*, s*) on the tuning part, report its speedup on the evaluation
+    part, and the optimism of tuning on the evaluation part itself:
+    ``optimism = S_eval(tuned on eval) − S_eval(tuned on the tuning part)`` (≥ 0)."""
+    tune, evaluate = split_trace(trace, fraction, seed)
+    tuned = predict_trace(tune, costs, opts)
+    tested = predict_trace(evaluate, costs, opts)
+    curve = {(g["policy"], g["s"]): g["curve"] for g in tested["groups"]}
+    rows = []
+    own_by_policy = {p["policy"]: p for p in tested["policies"]}
+    for picked in tuned["policies"]:
+        own = own_by_policy[picked["policy"]]
+        k, s = picked["k_star"], picked["s_star"]
+        on_eval = curve[(picked["policy"], s)][k - 1]
+        rows.append({"policy": picked["policy"], "tuned": {"k": k, "s": s},
+                     "speedup_on_tuning_part": picked["speedup"],
+                     "speedup_on_evaluation_part": on_eval["speedup"],
+                     "speedup_ci": on_eval["speedup_ci"],
+                     "tuned_on_evaluation": {"k": own["k_star"], "s": own["s_star"],
+                                             "speedup": own["speedup"]},
+                     "optimism": own["speedup"] - on_eval["speedup"]})
+    rows.sort(key=lambda r: -r["speedup_on_evaluation_part"])
+    return {"holdout_fraction": fraction, "seed": seed,
+            "tuning_requests": len(tune.requests), "evaluation_requests": len(evaluate.requests),
+            "policies": rows, "best": rows[0]}

@@ -188,9 +188,12 @@ class AcceptanceEstimate:
         """α = E[m/k] as recorded (pooled: Σm / Σk)."""
         return (self.counts.tokens - self.counts.iterations) / self.counts.drafted
 
-    def bootstrap_survival(self, n_boot: int, rng: np.random.Generator) -> np.ndarray:
-        """``[n_boot, k_max]`` survivals, resampling units (requests) with replacement."""
-        w = analytical.bootstrap_weights(self.counts.multiplicity, n_boot, rng)
+    def bootstrap_survival(self, n_boot: int, rng: np.random.Generator,
+                           weights: np.ndarray | None = None) -> np.ndarray:
+        """``[n_boot, k_max]`` survivals, resampling units (requests) with replacement.
+        ``weights`` ``[n_boot, units]`` imposes given replicates (e.g. paired by prompt)."""
+        w = weights if weights is not None else analytical.bootstrap_weights(
+            self.counts.multiplicity, n_boot, rng)
         reached, accepted = self.counts.pooled(w)
         return survival_curve(reached, accepted, self.k_max, self.observed)
 

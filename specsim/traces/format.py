@@ -9,7 +9,8 @@ Line 1 is the header, every other line one record::
      "k": [8, 8, ...],                  # drafts per iteration
      "m": [3, 7, ...],                  # accepted drafts per iteration (0 ≤ m ≤ k)
      "entropy": [[...k floats], ...],   # optional: draft entropy (nats) per draft position
-     "accept_prob": [[...k floats], ...]}  # optional: min(1, p/q) per draft position
+     "accept_prob": [[...k floats], ...],  # optional: min(1, p/q) per draft position
+     "prompt_id": "p17"}                # optional: shared by runs of the same prompt
     {"type": "histogram", "id": "...", "policy": "unknown", "s": null, "k": 4,
      "counts": [n_m0, n_m1, ..., n_mk], "context": null}
 
@@ -53,6 +54,7 @@ class RequestTrace:
     m: np.ndarray
     entropy: list[np.ndarray] | None = None
     accept_prob: list[np.ndarray] | None = None
+    prompt_id: str | None = None   # the same prompt under other policies/s shares this id
 
     @property
     def iterations(self) -> int:
@@ -70,6 +72,8 @@ class RequestTrace:
             out["entropy"] = [np.round(e, 5).tolist() for e in self.entropy]
         if self.accept_prob is not None:
             out["accept_prob"] = [np.round(a, 5).tolist() for a in self.accept_prob]
+        if self.prompt_id is not None:
+            out["prompt_id"] = self.prompt_id
         return out
 
 
@@ -236,7 +240,9 @@ def parse_record(obj, path: str | None, line: int) -> RequestTrace | HistogramTr
             c.fail(f"m[{i}]", f"accepted {m[i]} > drafted k={k[i]}")
         entropy = c.per_draft(obj, "entropy", k, 0.0, 1e3)
         accept_prob = c.per_draft(obj, "accept_prob", k, 0.0, 1.0)
-        return RequestTrace(rid, policy, s, context, k, m, entropy, accept_prob)
+        prompt_id = c.get(obj, "prompt_id", (str, int), optional=True)
+        return RequestTrace(rid, policy, s, context, k, m, entropy, accept_prob,
+                            None if prompt_id is None else str(prompt_id))
     if kind == "histogram":
         k = c.get(obj, "k", int)
         if k < 1:

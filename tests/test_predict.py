@@ -1,0 +1,80 @@
+"""predict's report: held-out tuning, paired policy comparisons, contexts of the workload."""
+import numpy as np
+import pytest
+
+from specsim import predict as P
+from specsim.costs import RooflineCostModel
+from specsim.specs import load_hardware, load_model
+from specsim.traces.format import HistogramTrace, RequestTrace, Trace, make_header
+
+COSTS = RooflineCostModel(load_model("qwen3-8b"), load_hardware("h200"))
+
+
+def trace(rates: dict, prompts=30, iterations=60, k=6, seed=0, prompt_ids=True):
+    """rates: {(policy, s): conditional acceptance p}."""
+    rng = np.random.default_rng(seed)
+    recs = []
+    for (policy, s), p in rates.items():
+        for j in range(prompts):
+            acc = rng.random((iterations, k)) < p
+            m = np.where(acc.all(1), k, np.argmin(acc, axis=1))
+            recs.append(RequestTrace(f"{policy}-{s}-{j}", policy, s, 3000 + j * 100
+                                     + np.cumsum(m + 1), np.full(iterations, k), m,
+                                     prompt_id=f"p{j}" if prompt_ids else None))
+    return Trace(make_header(source="test"), recs)
+
+
+def test_split_is_by_prompt_and_complete():
+    t = trace({("vegas", 0.05): 0.8, ("quest", 0.05): 0.8})
+    tune, evaluate = P.split_trace(t, 0.3, seed=1)
+    assert len(tune.requests) + len(evaluate.requests) == len(t.requests)
+    eval_prompts = {r.prompt_id for r in evaluate.requests}
+    assert not eval_prompts & {r.prompt_id for r in tune.requests}
+    # the same prompt lands on the same side under every policy
+    for policy in ("vegas", "quest"):
+        assert {r.prompt_id for r in evaluate.requests if r.policy == policy} == eval_prompts
+    assert 2 <= len(eval_prompts) <= 18
+    assert P.split_trace(t, 0.3, seed=1)[1].requests == evaluate.requests   # deterministic
+    with pytest.raises(ValueError, match="fraction"):
+        P.split_trace(t, 1.0)
+    with pytest.raises(ValueError, match="histograms"):
+        P.split_trace(Trace(t.header, t.requests, [HistogramTrace("h", "vegas", 0.05, 2,
+                                                                  np.array([1, 1, 1]))]), 0.3)
+
+
+def test_holdout_report_evaluates_the_tuned_choice_on_unseen_prompts():
+    t = trace({("vegas", 0.03): 0.6, ("vegas", 0.07): 0.8, ("vegas", 0.1): 0.82})
+    opts = P.PredictOptions(batch=32, n_boot=100)
+    report = P.holdout_report(t, COSTS, opts, 0.5, seed=3)
+    row = report["best"]
+    _, evaluate = P.split_trace(t, 0.5, seed=3)
+    on_eval = P.predict_trace(evaluate, COSTS, opts)
+    group = next(g for g in on_eval["groups"] if g["s"] == row["tuned"]["s"])
+    assert row["speedup_on_evaluation_part"] == pytest.approx(
+        group["curve"][row["tuned"]["k"] - 1]["speedup"])
+    assert row["optimism"] >= 0.0
+    assert row["optimism"] == pytest.approx(row["tuned_on_evaluation"]["speedup"]
+                                            - row["speedup_on_evaluation_part"])
+
+
+def test_paired_comparison_separates_different_policies_and_not_equal_ones():
+    t = trace({("vegas", 0.05): 0.85, ("quest", 0.05): 0.6, ("sparsespec", 0.05): 0.6})
+    r = P.predict_trace(t, COSTS, P.PredictOptions(batch=32, n_boot=300))
+    assert r["bootstrap_paired_by_prompt"]
+    pairs = {(c["a"], c["b"]): c for c in r["policy_comparison"]}
+    assert pairs[("vegas", "quest")]["distinguishable"]
+    assert pairs[("vegas", "quest")]["share_a_wins"] > 0.99
+    same = pairs.get(("quest", "sparsespec")) or pairs[("sparsespec", "quest")]
+    assert not same["distinguishable"]
+    unpaired = P.predict_trace(trace({("vegas", 0.05): 0.8}, prompt_ids=False), COSTS,
+                               P.PredictOptions(n_boot=50))
+    assert not unpaired["bootstrap_paired_by_prompt"] and unpaired["policy_comparison"] == []
+
+
+def test_groups_share_one_workload_of_ragged_contexts():
+    t = trace({("vegas", 0.05): 0.9, ("quest", 0.05): 0.3})
+    r = P.predict_trace(t, COSTS, P.PredictOptions(batch=8, n_boot=50))
+    contexts = [tuple(g["contexts"]) for g in r["groups"]]
+    assert contexts[0] == contexts[1] and len(set(contexts[0])) > 1
+    assert r["groups"][0]["plain_step_ms"] == r["groups"][1]["plain_step_ms"]
+    assert P.batch_contexts(np.arange(1, 101), 4).tolist() == [13, 38, 63, 88]
