@@ -1,0 +1,486 @@
+"""Calibrated cost model: measured step times, decomposed and interpolated.
+
+A calibration file (written by ``specsim calibrate --gpu``) holds, per operation — ``plain``
+(one decode step), ``verify`` (one verify pass of q query tokens), ``draft:<policy>`` (one sparse
+draft step), ``selection:<policy>`` — raw timing samples at grid points (batch, context, q, s),
+with medians and spread, plus provenance (GPU, driver, CUDA, torch, triton, kernel
+configuration hash, model spec hash, date).
+
+Each operation (and each q) is modelled as two additive, monotone terms and no hidden third::
+
+    T(tokens, bytes) = W(tokens) + K(bytes)
+
+- ``W``: weight-bound work and per-step overhead, a function of the tokens in the batch
+  (``batch · q``), monotone non-decreasing, piecewise linear between measured token counts;
+- ``K``: KV-bound work, a function of the KV bytes the step attends to (summed per sequence, so
+  ragged batches are costed exactly), monotone non-decreasing, piecewise linear, ``K(0) = 0``.
+
+Both are fitted by backfitting with isotonic (pool-adjacent-violators) regression. Inside the
+measured ranges the model interpolates; outside them it never extrapolates silently: it falls
+back to a roofline ``T = c₀ + c₁·tokens + c₂·bytes`` fitted (non-negative least squares) to the
+same measurements, and every :class:`~specsim.costs.base.Cost` it returns says so in ``notes``.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from specsim.costs.base import Cost, IterationCost, as_contexts
+from specsim.costs.roofline import RooflineCostModel
+from specsim.errors import SpecsimError
+from specsim.policies import get_policy
+from specsim.specs import FULL_ATTENTION, HardwareSpec, ModelSpec
+
+FORMAT_KEY = "specsim_calibration"
+VERSION = 1
+PROVENANCE_FIELDS = ("gpu", "gpu_memory_bytes", "driver", "cuda", "torch", "triton",
+                     "kernel_config_hash", "model_spec_hash", "model", "date")
+
+
+# --------------------------------------------------------------------------------------------
+# isotonic regression and the additive fit
+# --------------------------------------------------------------------------------------------
+
+
+def isotonic(y: np.ndarray, w: np.ndarray | None = None) -> np.ndarray:
+    """Weighted least-squares non-decreasing fit (pool adjacent violators)."""
+    y = np.asarray(y, float)
+    w = np.ones_like(y) if w is None else np.asarray(w, float)
+    values, weights, sizes = [], [], []
+    for yi, wi in zip(y, w):
+        values.append(yi)
+        weights.append(wi)
+        sizes.append(1)
+        while len(values) > 1 and values[-2] > values[-1]:
+            wsum = weights[-2] + weights[-1]
+            merged = (values[-2] * weights[-2] + values[-1] * weights[-1]) / wsum
+            values[-2:] = [merged]
+            weights[-2:] = [wsum]
+            sizes[-2:] = [sizes[-2] + sizes[-1]]
+    return np.repeat(values, sizes)
+
+
+@dataclass
+class MonotoneCurve:
+    """Piecewise-linear non-decreasing function through (x, y) knots."""
+
+    x: np.ndarray
+    y: np.ndarray
+
+    def __call__(self, x) -> np.ndarray:
+        return np.interp(x, self.x, self.y)
+
+    def covers(self, x) -> np.ndarray:
+        x = np.asarray(x, float)
+        return (x >= self.x[0] * (1 - 1e-9)) & (x <= self.x[-1] * (1 + 1e-9))
+
+
+def _curve(x: np.ndarray, y: np.ndarray, anchor_zero: bool) -> MonotoneCurve:
+    """Average y per distinct x, isotonic over x (weights = points per x)."""
+    xs, inverse = np.unique(x, return_inverse=True)
+    sums = np.bincount(inverse, weights=y)
+    counts = np.bincount(inverse)
+    means = sums / counts
+    if anchor_zero:
+        xs = np.concatenate([[0.0], xs])
+        means = np.concatenate([[0.0], means])
+        counts = np.concatenate([[1e6], counts])   # K(0) = 0 held firmly
+    fitted = isotonic(means, counts)
+    if anchor_zero:
+        fitted = np.maximum(fitted, 0.0)
+    return MonotoneCurve(xs.astype(float), fitted)
+
+
+@dataclass
+class TermFit:
+    """``T = W(tokens) + K(bytes)`` for one operation (and q), with its roofline fallback."""
+
+    W: MonotoneCurve
+    K: MonotoneCurve
+    roofline: np.ndarray          # c0, c1 (per token), c2 (per byte)
+    points: int
+
+    def predict(self, tokens, kv_bytes) -> tuple[np.ndarray, np.ndarray]:
+        """(seconds, inside the measured ranges?)"""
+        tokens, kv_bytes = np.asarray(tokens, float), np.asarray(kv_bytes, float)
+        inside = self.W.covers(tokens) & (kv_bytes <= self.K.x[-1] * (1 + 1e-9))
+        interp = self.W(tokens) + self.K(kv_bytes)
+        c0, c1, c2 = self.roofline
+        fallback = c0 + c1 * tokens + c2 * kv_bytes
+        return np.where(inside, interp, fallback), inside
+
+
+def fit_terms(tokens, kv_bytes, seconds, iterations: int = 30) -> TermFit:
+    """Backfit the two monotone terms, then the roofline fallback on the same points."""
+    from scipy.optimize import nnls
+
+    tokens, kv_bytes, seconds = (np.asarray(a, float) for a in (tokens, kv_bytes, seconds))
+    if seconds.size < 2:
+        raise SpecsimError("a calibrated term needs at least 2 measurements")
+    W = _curve(tokens, np.full_like(seconds, seconds.min()), anchor_zero=False)
+    K = _curve(kv_bytes, np.zeros_like(seconds), anchor_zero=True)
+    for _ in range(iterations):
+        K = _curve(kv_bytes, seconds - W(tokens), anchor_zero=True)
+        W = _curve(tokens, seconds - K(kv_bytes), anchor_zero=False)
+    A = np.stack([np.ones_like(tokens), tokens, kv_bytes], axis=1)
+    scale = np.maximum(A.max(0), 1e-30)
+    coef, _ = nnls(A / scale, seconds)
+    return TermFit(W, K, coef / scale, int(seconds.size))
+
+
+# --------------------------------------------------------------------------------------------
+# the calibration file
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Measurement:
+    op: str                 # plain | verify | draft:<policy> | selection:<policy>
+    batch: int
+    context: int
+    q: int = 1
+    s: float | None = None
+    samples_ms: list[float] = field(default_factory=list)
+
+    @property
+    def median_ms(self) -> float:
+        return float(np.median(self.samples_ms))
+
+    def to_json(self) -> dict:
+        x = np.asarray(self.samples_ms, float)
+        return {"op": self.op, "batch": self.batch, "context": self.context, "q": self.q,
+                "s": self.s, "median_ms": float(np.median(x)),
+                "p10_ms": float(np.percentile(x, 10)), "p90_ms": float(np.percentile(x, 90)),
+                "samples_ms": [round(float(v), 6) for v in x]}
+
+
+@dataclass
+class Calibration:
+    provenance: dict
+    ceilings: dict
+    measurements: list[Measurement]
+    path: str | None = None
+
+    def ops(self) -> list[str]:
+        return sorted({m.op for m in self.measurements})
+
+    def to_json(self) -> dict:
+        return {FORMAT_KEY: VERSION, "provenance": self.provenance, "ceilings": self.ceilings,
+                "measurements": [m.to_json() for m in self.measurements]}
+
+    def write(self, path: str) -> None:
+        directory = os.path.dirname(os.path.abspath(path))
+        os.makedirs(directory, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".calibration.", dir=directory)
+        try:
+            with os.fdopen(fd, "w") as fh:
+                json.dump(self.to_json(), fh, indent=1)
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+
+
+def _bad(path, message) -> SpecsimError:
+    return SpecsimError(f"{path}: bad calibration file: {message}")
+
+
+def read_calibration(path: str) -> Calibration:
+    """Read and validate; truncated or malformed files are rejected with a clear message."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            doc = json.load(fh)
+    except FileNotFoundError:
+        raise SpecsimError(f"{path}: no such calibration file") from None
+    except json.JSONDecodeError as exc:
+        raise _bad(path, f"not JSON (truncated?) at line {exc.lineno}: {exc.msg}") from None
+    if not isinstance(doc, dict) or doc.get(FORMAT_KEY) != VERSION:
+        raise _bad(path, f"expected \"{FORMAT_KEY}\": {VERSION}")
+    prov = doc.get("provenance")
+    if not isinstance(prov, dict):
+        raise _bad(path, "missing provenance")
+    missing = [f for f in PROVENANCE_FIELDS if f not in prov]
+    if missing:
+        raise _bad(path, f"provenance lacks {', '.join(missing)}")
+    rows = doc.get("measurements")
+    if not isinstance(rows, list) or not rows:
+        raise _bad(path, "no measurements")
+    out = []
+    for i, row in enumerate(rows):
+        where = f"measurements[{i}]"
+        if not isinstance(row, dict):
+            raise _bad(path, f"{where}: not an object")
+        try:
+            op, batch, context = str(row["op"]), int(row["batch"]), int(row["context"])
+            q = int(row.get("q", 1))
+            s = row.get("s")
+            samples = [float(v) for v in row["samples_ms"]]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise _bad(path, f"{where}: missing or bad field ({exc})") from None
+        if batch < 1 or context < 1 or q < 1 or not samples:
+            raise _bad(path, f"{where}: batch, context, q must be ≥ 1 and samples non-empty")
+        if not all(np.isfinite(samples)) or min(samples) <= 0:
+            raise _bad(path, f"{where}: samples must be positive finite milliseconds")
+        kind = op.split(":", 1)[0]
+        if kind not in ("plain", "verify", "draft", "selection"):
+            raise _bad(path, f"{where}: unknown op '{op}'")
+        if kind in ("draft", "selection"):
+            if ":" not in op:
+                raise _bad(path, f"{where}: op '{op}' needs a policy (e.g. draft:vegas)")
+            get_policy(op.split(":", 1)[1])
+            if s is None or not 0 < float(s) <= 1:
+                raise _bad(path, f"{where}: op '{op}' needs a sparsity s in (0, 1]")
+        out.append(Measurement(op, batch, context, q, None if s is None else float(s), samples))
+    return Calibration(prov, doc.get("ceilings", {}), out, path)
+
+
+def collect_provenance(model: ModelSpec, kernel_config_hash: str) -> dict:
+    """The software and hardware this process runs on (GPU fields only with CUDA)."""
+    import platform
+
+    prov = {"gpu": None, "gpu_memory_bytes": None, "driver": None, "cuda": None, "torch": None,
+            "triton": None, "kernel_config_hash": kernel_config_hash,
+            "model_spec_hash": model.spec_hash(), "model": model.name,
+            "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "host": platform.node()}
+    try:
+        import torch
+        prov["torch"] = torch.__version__
+        prov["cuda"] = torch.version.cuda
+        if torch.cuda.is_available():
+            p = torch.cuda.get_device_properties(0)
+            prov["gpu"], prov["gpu_memory_bytes"] = p.name, int(p.total_memory)
+            try:
+                import subprocess
+                prov["driver"] = subprocess.run(
+                    ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                    capture_output=True, text=True, timeout=10).stdout.strip() or None
+            except (OSError, subprocess.SubprocessError):
+                prov["driver"] = None
+    except ImportError:
+        pass
+    try:
+        import triton
+        prov["triton"] = triton.__version__
+    except ImportError:
+        pass
+    return prov
+
+
+# --------------------------------------------------------------------------------------------
+# the cost model
+# --------------------------------------------------------------------------------------------
+
+
+class CalibratedCostModel:
+    """Measured costs behind the :class:`~specsim.costs.base.CostModel` interface."""
+
+    name = "calibrated"
+
+    def __init__(self, calibration: Calibration, model: ModelSpec, hardware: HardwareSpec,
+                 tp: int = 1):
+        if tp != 1:
+            raise SpecsimError("calibrations are measured on one GPU; use the roofline model "
+                               "for tensor parallelism")
+        self.calibration, self.model, self.hardware = calibration, model, hardware
+        self.roofline = RooflineCostModel(model, hardware, tp)
+        self.warnings = provenance_warnings(calibration, model)
+        self.overheads = self.roofline.overheads
+        self._full = [t == FULL_ATTENTION for t in model.layer_types]
+        self.fits: dict[tuple[str, int, float | None], TermFit] = {}
+        groups: dict[tuple, list[Measurement]] = {}
+        for m in calibration.measurements:
+            groups.setdefault((m.op, m.q, m.s), []).append(m)
+        for key, rows in groups.items():
+            op, q, s = key
+            tokens = np.array([r.batch * q for r in rows], float)
+            kv = np.array([self._op_bytes(op, np.full(r.batch, r.context), s) for r in rows])
+            seconds = np.array([r.median_ms / 1e3 for r in rows])
+            if np.unique(tokens).size * np.unique(kv).size < 2 or len(rows) < 2:
+                continue
+            self.fits[key] = fit_terms(tokens, kv, seconds)
+
+    # ---- bytes each operation's K term is a function of --------------------------------
+    def _op_bytes(self, op: str, contexts: np.ndarray, s: float | None) -> float:
+        kind, _, policy = op.partition(":")
+        per = self.model.kv_bytes_per_token_layer()
+        n_full = sum(self._full)
+        window = self.model.sliding_window
+        sliding = (self.model.num_layers - n_full) * float(
+            np.sum(np.minimum(contexts, window))) if window else 0.0
+        if kind in ("plain", "verify"):
+            return per * (n_full * float(contexts.sum()) + sliding)
+        if kind == "draft":
+            selected = get_policy(policy).selected_array(contexts, s)
+            return per * (n_full * float(selected.sum()) + sliding)
+        return per * n_full * float(contexts.sum())   # selection scales with the context
+
+    def _lookup(self, op: str, q: int, s: float | None, contexts: np.ndarray,
+                roofline_cost: Cost) -> Cost:
+        tokens = contexts.size * q
+        kv = self._op_bytes(op, contexts, s)
+        key = (op, q, s)
+        fit = self.fits.get(key)
+        note = None
+        if fit is None and op == "verify":
+            fit, note = self._verify_between_q(q, tokens, kv)
+            if fit is not None:
+                seconds, inside = fit
+                return _relabel(roofline_cost, float(seconds), note if inside else
+                                note + "; outside the measured grid: fitted roofline")
+        if fit is None:
+            nearest = self._nearest_s(op, q, s)
+            if nearest is not None:
+                fit = self.fits[nearest]
+                note = f"{op}: s={s} not calibrated, used the fit at s={nearest[2]}"
+        if fit is None:
+            return _relabel(roofline_cost, roofline_cost.seconds,
+                            f"{op} q={q} not calibrated: roofline model")
+        seconds, inside = fit.predict(tokens, kv)
+        label = "calibrated" if inside else (
+            f"{op}: outside the measured grid (tokens {tokens}, KV {kv / 1e9:.2f} GB): "
+            f"fitted roofline")
+        if note:
+            label = f"{note}; {label}"
+        return _relabel(roofline_cost, float(seconds), label)
+
+    def _verify_between_q(self, q: int, tokens: float, kv: float):
+        qs = sorted(k[1] for k in self.fits if k[0] == "verify")
+        below = [x for x in qs if x < q]
+        above = [x for x in qs if x > q]
+        if not below or not above:
+            return None, None
+        lo, hi = below[-1], above[0]
+        batch = tokens / q
+        t_lo, in_lo = self.fits[("verify", lo, None)].predict(batch * lo, kv)
+        t_hi, in_hi = self.fits[("verify", hi, None)].predict(batch * hi, kv)
+        w = (q - lo) / (hi - lo)
+        return ((1 - w) * t_lo + w * t_hi, bool(in_lo and in_hi)), \
+            f"verify q={q} interpolated between measured q={lo} and q={hi}"
+
+    def _nearest_s(self, op, q, s):
+        candidates = [k for k in self.fits if k[0] == op and k[1] == q and k[2] is not None]
+        if not candidates or s is None:
+            return None
+        return min(candidates, key=lambda k: abs(k[2] - s))
+
+    # ---- the interface ------------------------------------------------------------------
+    def plain_step(self, contexts: Sequence[int]) -> Cost:
+        ctx = as_contexts(contexts)
+        return self._lookup("plain", 1, None, ctx, self.roofline.plain_step(ctx))
+
+    def verify(self, contexts: Sequence[int], q: int) -> Cost:
+        ctx = as_contexts(contexts)
+        return self._lookup("verify", q, None, ctx, self.roofline.verify(ctx, q))
+
+    def draft_step(self, contexts: Sequence[int], s: float, policy: str) -> Cost:
+        ctx = as_contexts(contexts)
+        return self._lookup(f"draft:{policy}", 1, s, ctx,
+                            self.roofline.draft_step(ctx, s, policy))
+
+    def selection(self, contexts: Sequence[int], s: float, policy: str, k: int) -> Cost:
+        ctx = as_contexts(contexts)
+        base = self.roofline.selection(ctx, s, policy, k)
+        if get_policy(policy).name in ("full", "streamingllm"):
+            return base
+        cost = self._lookup(f"selection:{policy}", 1, s, ctx, base)
+        if get_policy(policy).rescore_every_draft:   # measured per draft step
+            return cost.scaled(k)
+        return cost
+
+    def prefill(self, prompt_lengths: Sequence[int]) -> Cost:
+        cost = self.roofline.prefill(prompt_lengths)
+        return _relabel(cost, cost.seconds, "prefill not calibrated: roofline model")
+
+    def iteration(self, contexts: Sequence[int], k: int, s: float, policy: str) -> IterationCost:
+        if k < 1:
+            raise ValueError("draft length k must be ≥ 1")
+        return IterationCost(k=k, draft_step=self.draft_step(contexts, s, policy),
+                             verify=self.verify(contexts, k + 1),
+                             selection=self.selection(contexts, s, policy, k),
+                             overhead_s=self.overheads.iteration)
+
+
+def _relabel(cost: Cost, seconds: float, note: str) -> Cost:
+    return Cost(seconds, cost.weight_bytes, cost.kv_bytes, cost.other_bytes, cost.flops,
+                cost.overhead_s, cost.comm_s, cost.bound, (*cost.notes, note))
+
+
+def provenance_warnings(calibration: Calibration, model: ModelSpec) -> list[str]:
+    """Flags for a calibration used away from where it was measured."""
+    prov = calibration.provenance
+    out = []
+    if prov.get("model_spec_hash") != model.spec_hash():
+        out.append(f"calibration measured on model '{prov.get('model')}' shapes "
+                   f"(spec {prov.get('model_spec_hash')}), used for '{model.name}' "
+                   f"(spec {model.spec_hash()})")
+    try:
+        import torch
+        here = torch.cuda.get_device_properties(0).name if torch.cuda.is_available() else None
+        if here and prov.get("gpu") and here != prov["gpu"]:
+            out.append(f"calibration measured on {prov['gpu']}, this GPU is {here}")
+        if here and prov.get("torch") and prov["torch"] != torch.__version__:
+            out.append(f"calibration measured with torch {prov['torch']}, this is "
+                       f"{torch.__version__}")
+    except ImportError:
+        pass
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# held-out check
+# --------------------------------------------------------------------------------------------
+
+
+def held_out_check(calibration: Calibration, model: ModelSpec, hardware: HardwareSpec,
+                   every: int = 3) -> dict:
+    """Predict a held-out part of the grid from the rest: every ``every``-th *interior*
+    context point of each (op, q, s, batch) series is held out (so it is interpolated, not
+    extrapolated). Reports MAPE and the worst case per operation."""
+    series: dict[tuple, list[Measurement]] = {}
+    for m in calibration.measurements:
+        series.setdefault((m.op, m.q, m.s, m.batch), []).append(m)
+    held, kept = [], []
+    for rows in series.values():
+        rows = sorted(rows, key=lambda r: r.context)
+        for i, r in enumerate(rows):
+            interior = 0 < i < len(rows) - 1
+            (held if interior and i % every == 1 else kept).append(r)
+    if not held:
+        raise SpecsimError("the grid is too small for a held-out check (need ≥ 3 contexts "
+                           "per series)")
+    fitted = CalibratedCostModel(Calibration(calibration.provenance, calibration.ceilings, kept),
+                                 model, hardware)
+    per_op: dict[str, list[float]] = {}
+    rows_out = []
+    for r in held:
+        ctx = [r.context] * r.batch
+        kind, _, policy = r.op.partition(":")
+        if kind == "plain":
+            cost = fitted.plain_step(ctx)
+        elif kind == "verify":
+            cost = fitted.verify(ctx, r.q)
+        elif kind == "draft":
+            cost = fitted.draft_step(ctx, r.s, policy)
+        else:
+            cost = fitted._lookup(r.op, 1, r.s, np.asarray(ctx),
+                                  fitted.roofline.selection(ctx, r.s, policy, 1))
+        err = cost.seconds * 1e3 / r.median_ms - 1.0
+        key = r.op if kind != "verify" else "verify"
+        per_op.setdefault(key, []).append(err)
+        rows_out.append({"op": r.op, "batch": r.batch, "context": r.context, "q": r.q, "s": r.s,
+                         "measured_ms": r.median_ms, "predicted_ms": cost.seconds * 1e3,
+                         "error": err})
+    summary = {op: {"points": len(e), "mape": float(np.mean(np.abs(e))),
+                    "worst": float(np.max(np.abs(e)))} for op, e in sorted(per_op.items())}
+    all_err = np.abs([r["error"] for r in rows_out])
+    return {"held_out": len(held), "kept": len(kept), "per_op": summary,
+            "mape": float(all_err.mean()), "worst": float(all_err.max()), "rows": rows_out}

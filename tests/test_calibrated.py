@@ -1,0 +1,157 @@
+"""The calibrated cost model against synthetic tables of known structure; the file schema."""
+import json
+
+import numpy as np
+import pytest
+
+from specsim.costs.calibrated import (Calibration, CalibratedCostModel, Measurement, fit_terms,
+                                      held_out_check, isotonic, read_calibration)
+from specsim.errors import SpecsimError
+from specsim.specs import load_hardware, load_model
+
+MODEL = load_model("llama-3.1-8b")
+HW = load_hardware("h200")
+KV = MODEL.kv_bytes_per_token            # all layers are full attention
+
+
+def provenance(**over):
+    return {"gpu": "NVIDIA H200", "gpu_memory_bytes": 150e9, "driver": "580", "cuda": "12.8",
+            "torch": "2.11", "triton": "3.6", "kernel_config_hash": "abc",
+            "model_spec_hash": MODEL.spec_hash(), "model": MODEL.name,
+            "date": "2026-11-29T00:00:00Z", **over}
+
+
+def true_ms(op, batch, context, q=1, s=None):
+    """Known structure: W(tokens) (a kink at 64 tokens) + K(bytes) (bandwidth 4 TB/s)."""
+    tokens = batch * q
+    w = 4.0 + 0.01 * tokens + (0.5 if tokens > 64 else 0.0)
+    if op == "plain" or op == "verify":
+        kv = batch * context * KV
+        return w + kv / 4e12 * 1e3 * (1 + 0.02 * q)
+    if op.startswith("draft"):
+        sel = min(context, max(int(np.ceil(s * context)), 256) + 32)
+        return w + batch * sel * KV / 2.5e12 * 1e3
+    return 0.02 + batch * context * 1e-7     # selection
+
+
+def synthetic(noise=0.0, seed=0, contexts=(1024, 2048, 4096, 8192, 16384, 32768, 65536),
+              batches=(1, 2, 4, 8, 16, 32), qs=(1, 4, 8, 16)):
+    rng = np.random.default_rng(seed)
+    rows = []
+    for b in batches:
+        for c in contexts:
+            def add(op, q=1, s=None):
+                t = true_ms(op, b, c, q, s)
+                rows.append(Measurement(op, b, c, q, s, list(t * (1 + noise * rng.standard_normal(5)))))
+            add("plain")
+            for q in qs:
+                add("verify", q)
+            add("draft:vegas", s=0.05)
+            add("selection:vegas", s=0.05)
+    return Calibration(provenance(), {"copy_bandwidth": 4.3e12}, rows)
+
+
+def test_isotonic_pools_violators():
+    assert isotonic([1, 3, 2, 4]).tolist() == [1, 2.5, 2.5, 4]
+    assert isotonic([5, 4, 3], [1, 1, 2]).tolist() == pytest.approx([3.75] * 3)
+    y = np.random.default_rng(0).normal(size=200).cumsum()
+    assert np.all(np.diff(isotonic(y)) >= -1e-12)
+
+
+def test_additive_fit_recovers_both_terms():
+    tokens, kv, t = [], [], []
+    for b in (1, 2, 4, 8, 16, 32, 64, 128):
+        for c in (1e8, 5e8, 1e9, 5e9, 1e10):
+            tokens.append(b)
+            kv.append(b * c)
+            t.append(0.001 + 2e-5 * b + b * c / 4e12)
+    fit = fit_terms(tokens, kv, t)
+    pred, inside = fit.predict(tokens, kv)
+    assert inside.all()
+    assert np.max(np.abs(pred / np.array(t) - 1)) < 0.02
+    assert np.all(np.diff(fit.K.y) >= 0) and np.all(np.diff(fit.W.y) >= 0)
+    assert fit.K(0.0) == 0.0
+
+
+def test_interpolation_inside_the_grid_is_accurate_and_monotone():
+    cm = CalibratedCostModel(synthetic(), MODEL, HW)
+    for b, c in ((3, 3000), (12, 20000), (24, 50000)):
+        got = cm.plain_step([c] * b)
+        assert got.seconds * 1e3 == pytest.approx(true_ms("plain", b, c), rel=0.03)
+        assert "calibrated" in got.notes[-1]
+        got = cm.verify([c] * b, 8)
+        assert got.seconds * 1e3 == pytest.approx(true_ms("verify", b, c, 8), rel=0.03)
+        got = cm.draft_step([c] * b, 0.05, "vegas")
+        assert got.seconds * 1e3 == pytest.approx(true_ms("draft:vegas", b, c, s=0.05), rel=0.03)
+    times = [cm.plain_step([c] * 8).seconds for c in range(1024, 65536, 997)]
+    assert np.all(np.diff(times) >= 0)                         # monotone in bytes
+
+
+def test_verify_between_measured_q_is_interpolated_and_said():
+    cm = CalibratedCostModel(synthetic(), MODEL, HW)
+    got = cm.verify([8192] * 8, 6)
+    assert "interpolated between measured q=4 and q=8" in got.notes[-1]
+    assert got.seconds * 1e3 == pytest.approx(true_ms("verify", 8, 8192, 6), rel=0.03)
+
+
+def test_ragged_batches_use_their_exact_bytes():
+    cm = CalibratedCostModel(synthetic(), MODEL, HW)
+    ragged = cm.plain_step([2048, 30720])
+    uniform = cm.plain_step([16384, 16384])
+    # same tokens and same total KV bytes: the same time; a draft's budgets differ though
+    assert ragged.seconds == pytest.approx(uniform.seconds)
+    assert cm.draft_step([100, 32668], 0.05, "vegas").seconds != pytest.approx(
+        cm.draft_step([16384, 16384], 0.05, "vegas").seconds)
+
+
+def test_outside_the_grid_falls_back_and_says_so():
+    cm = CalibratedCostModel(synthetic(), MODEL, HW)
+    far = cm.plain_step([262144] * 32)
+    assert "outside the measured grid" in far.notes[-1] and "fitted roofline" in far.notes[-1]
+    truth = true_ms("plain", 32, 262144)
+    assert far.seconds * 1e3 == pytest.approx(truth, rel=0.15)    # a sane line, not a cliff
+    missing = cm.draft_step([4096] * 4, 0.05, "quest")
+    assert "not calibrated: roofline model" in missing.notes[-1]
+
+
+def test_held_out_check_on_noisy_tables():
+    report = held_out_check(synthetic(noise=0.01, seed=3), MODEL, HW)
+    assert report["held_out"] > 20
+    assert report["mape"] < 0.03
+    assert set(report["per_op"]) >= {"plain", "verify", "draft:vegas", "selection:vegas"}
+
+
+def test_file_round_trip_and_rejections(tmp_path):
+    path = tmp_path / "cal.json"
+    cal = synthetic()
+    cal.write(str(path))
+    back = read_calibration(str(path))
+    assert len(back.measurements) == len(cal.measurements)
+    assert back.measurements[0].median_ms == pytest.approx(cal.measurements[0].median_ms, rel=1e-6)
+    doc = json.loads(path.read_text())
+    assert {"median_ms", "p10_ms", "p90_ms", "samples_ms"} <= set(doc["measurements"][0])
+    text = path.read_text()
+    (tmp_path / "trunc.json").write_text(text[: len(text) // 2])
+    with pytest.raises(SpecsimError, match="truncated"):
+        read_calibration(str(tmp_path / "trunc.json"))
+    for mutate, message in (
+            (lambda d: d.pop("provenance"), "missing provenance"),
+            (lambda d: d["provenance"].pop("triton"), "provenance lacks triton"),
+            (lambda d: d.update(measurements=[]), "no measurements"),
+            (lambda d: d["measurements"][0].update(samples_ms=[-1.0]), "positive"),
+            (lambda d: d["measurements"][0].update(op="prefill"), "unknown op"),
+            (lambda d: d["measurements"][0].update(op="draft"), "needs a policy"),
+            (lambda d: d.update(specsim_calibration=7), "expected")):
+        d = json.loads(text)
+        mutate(d)
+        (tmp_path / "bad.json").write_text(json.dumps(d))
+        with pytest.raises(SpecsimError, match=message):
+            read_calibration(str(tmp_path / "bad.json"))
+
+
+def test_calibration_from_another_model_is_flagged():
+    cal = synthetic()
+    cal.provenance["model_spec_hash"] = "0000"
+    cm = CalibratedCostModel(cal, MODEL, HW)
+    assert any("measured on model" in w for w in cm.warnings)
+    assert not CalibratedCostModel(synthetic(), MODEL, HW).warnings
