@@ -174,8 +174,14 @@ def simulate_cmd(trace_path, fmt, arrivals, prompt_tokens, output_tokens, model,
               show_default=True, help="fixed k per configuration, or the oracle bound.")
 @click.option("--workers", type=click.IntRange(min=1), default=None,
               help="Processes (default: all cores).")
+@click.option("--holdout", type=click.FloatRange(0, 1, min_open=True, max_open=True),
+              default=None,
+              help="Hold out FRACTION of the prompts (seeded by --seed): pick (k*, s*) by "
+                   "simulating the rest, report the held-out part's throughput there and the "
+                   "optimism of tuning on it directly.")
 def tune_cmd(trace_path, fmt, arrivals, prompt_tokens, output_tokens, model, hardware, tp,
-             max_batch, acceptance, seed, as_json, policies, k_values, k_policy, workers):
+             max_batch, acceptance, seed, as_json, policies, k_values, k_policy, workers,
+             holdout):
     """Tune (policy, s, k) by simulation: sweep the grid (every s the trace recorded), in
     parallel, and report the optimum, the runner-up, the sensitivity, Vegas' 3-step result
     beside the joint optimum, and the analytical prediction beside the simulated one with the
@@ -212,6 +218,22 @@ def tune_cmd(trace_path, fmt, arrivals, prompt_tokens, output_tokens, model, har
     analytical = _analytical_beside(trace, model, hardware, tp, max_batch, swept)
     report = summarise(swept, analytical)
     report["workers"] = swept["workers"]
+    if holdout is not None:
+        from dataclasses import replace
+
+        from specsim.simulator.tuning import holdout_summary
+        parts = {}
+        with click.progressbar(length=2 * n_configs, label="held-out tuning",
+                               file=sys.stderr, show_eta=True) as bar:
+            for part in ("tune", "eval"):
+                try:
+                    parts[part] = sweep(replace(spec, part=part, holdout=holdout,
+                                                holdout_seed=seed), chosen, ks, workers,
+                                        progress=bar.update)
+                except ValueError as exc:
+                    raise SpecsimError(str(exc)) from None
+        report["holdout"] = holdout_summary(parts["tune"], parts["eval"]) | {
+            "holdout_fraction": holdout, "seed": seed}
     if as_json:
         click.echo(json.dumps(report, indent=2))
         return
@@ -247,6 +269,20 @@ def _analytical_beside(trace, model, hardware, tp, max_batch, swept) -> dict:
 
 def _print_tune(report: dict, synthetic: bool) -> None:
     from specsim.cli.main import _table
+    _print_tune_grid(report, synthetic, _table)
+    if "holdout" in report:
+        h = report["holdout"]
+        click.echo(f"held-out tuning (fraction {h['holdout_fraction']:g}, seed {h['seed']}):")
+        rows = [[p["policy"], f"k={p['tuned']['k']} s={p['tuned']['s']:g}",
+                 f"{p['speedup_on_tuning_part']:.3f}×", f"{p['speedup_on_evaluation_part']:.3f}×",
+                 f"k={p['tuned_on_evaluation']['k']} s={p['tuned_on_evaluation']['s']:g} "
+                 f"{p['tuned_on_evaluation']['speedup']:.3f}×", f"{p['optimism']:+.3f}"]
+                for p in h["policies"]]
+        click.echo(_table(["policy", "tuned on tuning part", "there", "on evaluation part",
+                           "tuned on evaluation", "optimism"], rows, "llrrlr"))
+
+
+def _print_tune_grid(report: dict, synthetic: bool, _table) -> None:
     plain = report["plain"]
     click.echo(f"plain decoding: {plain['throughput']:.0f} tokens/s"
                + ("   [SYNTHETIC trace]" if synthetic else ""))

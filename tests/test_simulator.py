@@ -244,7 +244,8 @@ def _sweep_trace(tmp_path):
                 acc = rng.random((120, 8)) < p
                 m = np.where(acc.all(1), 8, np.argmin(acc, axis=1))
                 recs.append(RequestTrace(f"{policy}{s}{r}", policy, s,
-                                         6000 + np.cumsum(m + 1), np.full(120, 8), m))
+                                         6000 + np.cumsum(m + 1), np.full(120, 8), m,
+                                         prompt_id=f"p{r}"))
     path = tmp_path / "sweep.jsonl"
     write_trace(path, make_header(source="t"), recs)
     return str(path)
@@ -281,10 +282,12 @@ def test_simulate_and_tune_commands(tmp_path):
     assert (tmp_path / "c.json").exists()
     r = CliRunner().invoke(cli, ["tune", "--trace", path, "--arrivals", "all:20",
                                  "--output-tokens", "60", "--k", "2,4", "--workers", "1",
-                                 "--json"])
+                                 "--holdout", "0.5", "--json"])
     assert r.exit_code == 0, r.output
     doc = json.loads(r.output[r.output.index("{"):])
     assert {p["policy"] for p in doc["policies"]} == {"vegas", "quest"}
     assert all("analytical" in p for p in doc["policies"])
+    assert {p["policy"] for p in doc["holdout"]["policies"]} == {"vegas", "quest"}
+    assert all(p["optimism"] >= 0 for p in doc["holdout"]["policies"])
     r = CliRunner().invoke(cli, ["simulate", "--trace", path, "--policy", "streamingllm"])
     assert r.exit_code != 0 and "no 'streamingllm'" in str(r.exception or r.output)

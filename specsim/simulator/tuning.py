@@ -30,6 +30,9 @@ class SweepSpec:
     k_policy: str = "fixed"
     seed: int = 0
     trace_format: str | None = None
+    part: str = "all"          # all | tune | eval: which side of a held-out split to simulate
+    holdout: float = 0.0
+    holdout_seed: int = 0
 
 
 _CACHE: dict = {}
@@ -43,6 +46,10 @@ def _setup(spec: SweepSpec):
         from specsim.traces.importers import load_trace
         model, hw = load_model(spec.model), load_hardware(spec.hardware)
         trace = load_trace(spec.trace_path, spec.trace_format)
+        if spec.part != "all":
+            from specsim.predict import split_trace
+            tune, evaluate = split_trace(trace, spec.holdout, spec.holdout_seed)
+            trace = tune if spec.part == "tune" else evaluate
         _CACHE.clear()
         _CACHE[key] = (model, hw, RooflineCostModel(model, hw, spec.tp), trace.groups(),
                        make_arrivals(spec.arrivals, trace))
@@ -161,6 +168,27 @@ def summarise(swept: dict, analytical_by_group: dict | None = None) -> dict:
                                            analytical_by_group.get((policy, s_star)))
         out["policies"].append(entry)
     return out
+
+
+def holdout_summary(tuned: dict, tested: dict) -> dict:
+    """Per policy: (k*, s*) picked on the tuning part's simulations, the evaluation part's
+    throughput there, and the optimism of picking on the evaluation part itself."""
+    rows = []
+    eval_rows = {(r["policy"], r["s"], r["k"]): r for r in tested["rows"]}
+    for policy in sorted({r["policy"] for r in tuned["rows"]}):
+        pick = max((r for r in tuned["rows"] if r["policy"] == policy),
+                   key=lambda r: r["throughput"])
+        own = max((r for r in tested["rows"] if r["policy"] == policy),
+                  key=lambda r: r["throughput"])
+        there = eval_rows[(policy, pick["s"], pick["k"])]
+        rows.append({"policy": policy, "tuned": {"k": pick["k"], "s": pick["s"]},
+                     "speedup_on_tuning_part": pick["speedup"],
+                     "speedup_on_evaluation_part": there["speedup"],
+                     "tuned_on_evaluation": {"k": own["k"], "s": own["s"],
+                                             "speedup": own["speedup"]},
+                     "optimism": own["speedup"] - there["speedup"]})
+    rows.sort(key=lambda r: -r["speedup_on_evaluation_part"])
+    return {"policies": rows, "best": rows[0]}
 
 
 def _sensitivity(by, ks, ss, k_star, s_star) -> dict:
