@@ -468,9 +468,11 @@ def hardware(as_json):
 
 
 def _register() -> None:
+    from specsim.cli.dashboard_cmd import dashboard_cmd
     from specsim.cli.simulate_cmds import simulate_cmd, tune_cmd
     cli.add_command(simulate_cmd)
     cli.add_command(tune_cmd)
+    cli.add_command(dashboard_cmd)
 
 
 _register()

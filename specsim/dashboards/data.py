@@ -205,10 +205,14 @@ def context_bin_edges(trace: Trace, bins: int = 8) -> list[float]:
     ctx, _, _, w = _iterations(trace)
     if ctx.size == 0:
         return []
-    order = np.argsort(ctx)
+    order = np.argsort(ctx, kind="stable")
+    values = ctx[order]
     cum = np.cumsum(w[order]) / w.sum()
-    edges = [float(ctx[order][np.searchsorted(cum, q)]) for q in np.linspace(0, 1, bins + 1)[1:-1]]
-    return sorted({float(ctx.min()), *edges, float(ctx.max())})
+    edges = []
+    for q in np.linspace(0, 1, bins + 1)[1:-1]:
+        i = min(int(np.searchsorted(cum, q)), values.size - 1)  # last iteration of the lower bin
+        edges.append(float(values[i] + values[min(i + 1, values.size - 1)]) / 2)
+    return sorted({float(values[0]), *edges, float(values[-1])})
 
 
 def context_acceptance_data(trace: Trace, bins: int = 8,
@@ -257,16 +261,18 @@ def memory_needed_bytes(model: ModelSpec, contexts: Sequence[int], tp: int = 1) 
 
 def regime_data(trace: Trace, report: dict, costs: CostModel, model: ModelSpec,
                 hardware: HardwareSpec, batches: Sequence[int], contexts: Sequence[int],
-                k_max: int | None = None, tp: int = 1) -> dict:
+                k_max: int | None = None, tp: int = 1, reference_k: int | None = None) -> dict:
     """Speedup over (batch × context length) on one GPU, every sequence at the same context.
 
     Per cell, every trace group's acceptance estimate (held fixed: the trace's acceptance
     does not move with the context here, only the costs do) is costed as predict costs it
     (``costed_as``) and the best (policy, s, k) kept — exactly predict's ``best`` for
     ``--batch b --context c``. Also per cell: the roofline bound of that cell's verify pass
-    (``C_v(k*+1)``), whether weights + KV fit in the GPU's memory, and the cell edges where the
-    verify bound flips (``boundary``, in cell-index coordinates: x = context index, y = batch
-    index). Grids are ``[i_batch][i_context]``.
+    ``C_v(k+1)`` at its best k (``verify_bound``) and at ``reference_k`` drafts
+    (``reference_bound``; default: each cell's best k), and whether weights + KV fit in the
+    GPU's memory. ``boundary`` holds the cell edges where the reference verify bound flips,
+    in cell-index coordinates (x = context index, y = batch index). Grids are
+    ``[i_batch][i_context]``.
     """
     trace_groups = list(trace.groups().items())
     if [(g["policy"], g["s"]) for g in report["groups"]] != [key for key, _ in trace_groups]:
@@ -283,6 +289,7 @@ def regime_data(trace: Trace, report: dict, costs: CostModel, model: ModelSpec,
     best_s: list[list] = [[None] * shape[1] for _ in batches]
     best_k = np.zeros(shape, dtype=int)
     bound = [[""] * shape[1] for _ in batches]
+    reference = [[""] * shape[1] for _ in batches]
     for ib, b in enumerate(batches):
         for ic, c in enumerate(contexts):
             ctx = np.full(int(b), int(c), dtype=np.int64)
@@ -300,6 +307,8 @@ def regime_data(trace: Trace, report: dict, costs: CostModel, model: ModelSpec,
             best_policy[ib][ic], best_s[ib][ic], best_k[ib, ic] = policy, s, k
             plain_ms[ib, ic], iteration_ms[ib, ic] = plain.seconds * 1e3, t_k * 1e3
             bound[ib][ic] = costs.verify(ctx, k + 1).bound
+            reference[ib][ic] = (bound[ib][ic] if reference_k is None else
+                                 costs.verify(ctx, reference_k + 1).bound)
             need[ib, ic] = memory_needed_bytes(model, ctx, tp)
     fits = need <= hardware.memory_bytes
     return {
@@ -307,8 +316,9 @@ def regime_data(trace: Trace, report: dict, costs: CostModel, model: ModelSpec,
         "batches": [int(b) for b in batches], "contexts": [int(c) for c in contexts],
         "speedup": speed.tolist(), "policy": best_policy, "s": best_s, "k": best_k.tolist(),
         "plain_step_ms": plain_ms.tolist(), "iteration_ms": iteration_ms.tolist(),
-        "verify_bound": bound, "memory_needed_GB": (need / 1e9).tolist(),
-        "fits": fits.tolist(), "boundary": bound_boundary(bound),
+        "verify_bound": bound, "reference_k": reference_k, "reference_bound": reference,
+        "boundary": bound_boundary(reference),
+        "memory_needed_GB": (need / 1e9).tolist(), "fits": fits.tolist(),
         "max_context": model.max_context,
     }
 
@@ -336,8 +346,8 @@ def headline_data(report: dict, model: ModelSpec, hardware: HardwareSpec, tp: in
     """The best (policy, s, k) with its CI, T_ar, and whether the batch fits in memory."""
     best = report["best"]
     g = group_at(report, best["policy"], best["s"])
-    need = max(memory_needed_bytes(model, gr["contexts"], tp) for gr in report["groups"])
-    contexts = g["contexts"]
+    contexts = g["contexts"]             # every group is costed on the same batch
+    need = memory_needed_bytes(model, contexts, tp)
     return {
         "policy": best["policy"], "s": best["s"], "k": best["k"], "speedup": best["speedup"],
         "speedup_ci": best["speedup_ci"], "level": report["confidence_level"],

@@ -1,14 +1,20 @@
-"""Measured vs predicted times for the dashboard's validation figure, from pluggable readers.
+"""Measured vs predicted times for the dashboard's validation figures, from pluggable readers.
 
-For now one input format exists, a JSON list of points::
+Two formats are read:
 
-    [{"label": "verify b=8 ctx=16K k=4", "measured_ms": 3.91, "predicted_ms": 3.70,
-      "group": "verify"},                       # "group" is optional (colours the points)
-     ...]
+- a JSON list of points (or ``{"points": [...]}``)::
 
-(or ``{"points": [...]}``). Other formats — such as the tables `specsim calibrate` will
-write — plug in with :func:`register_reader`: a reader says whether it recognises a parsed
-JSON document and turns it into :class:`ValidationPoint` s.
+      [{"label": "verify b=8 ctx=16K k=4", "measured_ms": 3.91, "predicted_ms": 3.70,
+        "group": "verify"},                     # "group" is optional (colours the points)
+       ...]
+
+- a calibration file written by ``specsim calibrate --gpu`` (``{"specsim_calibration": 1,
+  ...}``): every measured median against the roofline model's prediction for the same
+  operation and shape, on the dashboard's model and hardware.
+
+More formats plug in with :func:`register_reader`: a reader says whether it recognises a parsed
+JSON document and turns it into :class:`ValidationPoint` s, given a :class:`ReadContext`
+(the model and hardware, for readers that predict).
 """
 from __future__ import annotations
 
@@ -21,6 +27,7 @@ from typing import Callable
 import numpy as np
 
 from specsim.errors import SpecsimError
+from specsim.specs import HardwareSpec, ModelSpec
 
 
 @dataclass(frozen=True)
@@ -37,27 +44,41 @@ class ValidationPoint:
 
 
 @dataclass(frozen=True)
+class ReadContext:
+    """What a reader may need to predict times itself."""
+
+    model: ModelSpec | None = None
+    hardware: HardwareSpec | None = None
+
+
+ReadFunction = Callable[[object, str, ReadContext], list[ValidationPoint]]
+
+
+@dataclass(frozen=True)
 class Reader:
     name: str
     accepts: Callable[[object], bool]
-    read: Callable[[object, str], list[ValidationPoint]]
+    read: ReadFunction
+    describe: str = ""        # what "predicted" means for this format
 
 
 _READERS: list[Reader] = []
 
 
-def register_reader(name: str, accepts: Callable[[object], bool],
-                    read: Callable[[object, str], list[ValidationPoint]]) -> None:
+def register_reader(name: str, accepts: Callable[[object], bool], read: ReadFunction,
+                    describe: str = "") -> None:
     """Add a format; readers are tried in registration order, the first that accepts reads."""
-    _READERS[:] = [r for r in _READERS if r.name != name] + [Reader(name, accepts, read)]
+    _READERS[:] = [r for r in _READERS if r.name != name] + [Reader(name, accepts, read,
+                                                                    describe)]
 
 
 def readers() -> list[str]:
     return [r.name for r in _READERS]
 
 
-def load_validation(path: str | Path) -> tuple[str, list[ValidationPoint]]:
-    """Parse ``path`` with the first reader that recognises it: (format name, points)."""
+def load_validation(path: str | Path, context: ReadContext | None = None
+                    ) -> tuple[str, list[ValidationPoint]]:
+    """Parse ``path`` with the first reader that recognises it: (description, points)."""
     path = str(path)
     try:
         doc = json.loads(Path(path).read_text())
@@ -67,10 +88,10 @@ def load_validation(path: str | Path) -> tuple[str, list[ValidationPoint]]:
         raise SpecsimError(f"{path}:{exc.lineno}: bad JSON: {exc.msg}") from None
     for reader in _READERS:
         if reader.accepts(doc):
-            points = reader.read(doc, path)
+            points = reader.read(doc, path, context or ReadContext())
             if not points:
                 raise SpecsimError(f"{path}: no measured/predicted points")
-            return reader.name, points
+            return reader.describe or reader.name, points
     raise SpecsimError(f"{path}: not a validation file specsim knows (formats: "
                        f"{', '.join(readers())}); expected a JSON list of "
                        f'{{"label", "measured_ms", "predicted_ms"}}')
@@ -91,7 +112,7 @@ def _accepts_points(doc) -> bool:
         any("measured_ms" in x for x in items)
 
 
-def _read_points(doc, path: str) -> list[ValidationPoint]:
+def _read_points(doc, path: str, context: ReadContext) -> list[ValidationPoint]:
     out = []
     for n, item in enumerate(_point_list(doc)):
         where = f"{path}: point {n}"
@@ -110,7 +131,50 @@ def _read_points(doc, path: str) -> list[ValidationPoint]:
     return out
 
 
-register_reader("points", _accepts_points, _read_points)
+register_reader("points", _accepts_points, _read_points, "measured vs predicted points")
+
+
+# --------------------------------------------------------------------------------------------
+# specsim calibration files: measured medians vs the roofline model
+# --------------------------------------------------------------------------------------------
+
+
+def _accepts_calibration(doc) -> bool:
+    from specsim.costs.calibrated import FORMAT_KEY
+    return isinstance(doc, dict) and FORMAT_KEY in doc
+
+
+def _read_calibration(doc, path: str, context: ReadContext) -> list[ValidationPoint]:
+    """Each measurement's median against :class:`RooflineCostModel` for the same operation,
+    batch, context, q and s (selection at k = 1, as the calibrated model looks it up)."""
+    from specsim.costs import RooflineCostModel
+    from specsim.costs.calibrated import read_calibration
+    from specsim.dashboards.figures import tokens_label
+
+    if context.model is None or context.hardware is None:
+        raise SpecsimError(f"{path}: a calibration file needs a model and hardware to compare "
+                           f"the roofline model with")
+    calibration = read_calibration(path)   # validates the file
+    roofline = RooflineCostModel(context.model, context.hardware)
+    out = []
+    for m in calibration.measurements:
+        contexts = [m.context] * m.batch
+        kind, _, policy = m.op.partition(":")
+        if kind == "plain":
+            cost, what = roofline.plain_step(contexts), ""
+        elif kind == "verify":
+            cost, what = roofline.verify(contexts, m.q), f" q={m.q}"
+        elif kind == "draft":
+            cost, what = roofline.draft_step(contexts, m.s, policy), f" s={m.s:g}"
+        else:
+            cost, what = roofline.selection(contexts, m.s, policy, 1), f" s={m.s:g}"
+        label = f"{m.op} b={m.batch} ctx={tokens_label(m.context)}{what}"
+        out.append(ValidationPoint(label, m.median_ms, cost.seconds * 1e3, m.op))
+    return out
+
+
+register_reader("calibration", _accepts_calibration, _read_calibration,
+                "specsim calibration: measured medians vs the roofline model")
 
 
 # --------------------------------------------------------------------------------------------

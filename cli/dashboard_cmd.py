@@ -1,0 +1,148 @@
+"""`specsim dashboard`: one self-contained interactive HTML page from a trace.
+
+Exported as :data:`dashboard_cmd` (a click command); ``cli/main.py`` registers it with
+``cli.add_command(dashboard_cmd)``. Bad input raises :class:`~specsim.errors.SpecsimError` or
+a click error, which ``main()`` turns into one line on stderr.
+"""
+from __future__ import annotations
+
+import os
+
+import click
+
+from specsim.errors import SpecsimError
+
+# the same defaults as `specsim predict`
+DEFAULT_TRACE = "traces/synthetic-sparse-selfspec.jsonl"
+DEFAULT_MODEL = "qwen3-8b"
+DEFAULT_HARDWARE = "h200"
+DEFAULT_OUT = "specsim-dashboard.html"
+FORMATS = ("auto", "specsim", "vllm-metrics", "vllm-requests", "specbench")
+
+
+def _int_list(text: str, name: str) -> list[int]:
+    try:
+        values = [int(float(x)) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        raise click.BadParameter(f"expected comma-separated integers, got '{text}'",
+                                 param_hint=name) from None
+    if not values or any(v < 1 for v in values):
+        raise click.BadParameter("give at least one value, each ≥ 1", param_hint=name)
+    return values
+
+
+def _default_trace() -> str:
+    from specsim.specs import REPO_ROOT
+    path = REPO_ROOT / DEFAULT_TRACE
+    return str(path) if path.exists() else DEFAULT_TRACE
+
+
+def _hardware_set(default: str, choices: str) -> dict:
+    """Catalogued hardware (or the listed names/paths), always including ``default``;
+    keyed by catalogue name or file stem."""
+    from pathlib import Path
+
+    from specsim.specs import known_hardware, load_hardware
+
+    names = known_hardware() if choices.strip().lower() == "all" else \
+        [x.strip() for x in choices.split(",") if x.strip()]
+    out = {}
+    for name in [default, *names]:
+        key = Path(name).stem.lower() if Path(name).is_file() else name.lower()
+        if key not in out:
+            out[key] = load_hardware(name)
+    return out
+
+
+@click.command("dashboard")
+@click.option("--trace", "trace_path", type=click.Path(dir_okay=False),
+              help=f"Acceptance trace (any format `specsim predict` reads). "
+                   f"Default: {DEFAULT_TRACE}.")
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default="auto", show_default=True,
+              help="Trace format; 'auto' detects it from the content.")
+@click.option("--model", default=DEFAULT_MODEL, show_default=True,
+              help="Catalogue name or path to a HuggingFace config.json.")
+@click.option("--hardware", default=DEFAULT_HARDWARE, show_default=True,
+              help="Hardware shown first (catalogue name or path to a hardware JSON).")
+@click.option("--compare-hardware", default="all", show_default=True,
+              help="Hardware the page's control offers: 'all' catalogued, or a "
+                   "comma-separated list (--hardware is always included).")
+@click.option("--batch", type=click.IntRange(min=1), default=32, show_default=True,
+              help="Batch size shown first.")
+@click.option("--batches", default="1,8,32,64", show_default=True,
+              help="Batch sizes the page's control offers (--batch is added).")
+@click.option("--context", type=click.IntRange(min=1), default=None,
+              help="Context length shown first (tokens per sequence). Default: the trace's "
+                   "recorded context lengths.")
+@click.option("--contexts", default="4096,16384,65536", show_default=True,
+              help="Context lengths the page's control offers besides the trace's recorded "
+                   "ones (--context is added).")
+@click.option("--calibration", "calibration_path", type=click.Path(dir_okay=False),
+              default=None, help="Measured times to set against predictions: a calibration "
+                                 "file from `specsim calibrate` (compared with the roofline "
+                                 "model on --hardware), or a JSON list of "
+                                 '{"label", "measured_ms", "predicted_ms"}.')
+@click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Tensor-parallel GPUs.")
+@click.option("--k-max", type=click.IntRange(min=1), default=None,
+              help="Largest draft length k (default: the trace's recorded k).")
+@click.option("--policy", default=None,
+              help="Selection policy to cost trace groups with whose drafter specsim does not "
+                   "model (e.g. imported from vLLM).")
+@click.option("--sparsity", type=click.FloatRange(0, 1, min_open=True), default=None,
+              help="Sparsity s for trace groups recorded without one.")
+@click.option("--bootstrap", "n_boot", type=click.IntRange(min=50), default=1000,
+              show_default=True, help="Bootstrap replicates (resampling requests) for the CIs.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Bootstrap seed.")
+@click.option("--out", "out_path", type=click.Path(dir_okay=False), default=DEFAULT_OUT,
+              show_default=True, help="HTML file to write (atomically).")
+@click.option("--open", "open_browser", is_flag=True, help="Open the page in a browser.")
+def dashboard_cmd(trace_path, fmt, model, hardware, compare_hardware, batch, batches, context,
+                  contexts, calibration_path, tp, k_max, policy, sparsity, n_boot, seed,
+                  out_path, open_browser):
+    """Write an interactive dashboard: one self-contained HTML file (plotly.js inline, works
+    offline).
+
+    \b
+    It shows the speedup heatmap over (k, s) with k*, s* and Vegas' 3-step path; speedup vs
+    k per policy with confidence bands and the efficiency-inversion point; the iteration
+    time split; acceptance per draft position and by context length; a batch × context
+    regime map with the memory/compute-bound boundary; and, with --calibration, measured
+    vs predicted times. Controls switch hardware, batch, context and policy: every
+    combination is predicted in advance, so the page needs no server.
+    """
+    from specsim.dashboards import DashboardOptions, Validation, build_dashboard
+    from specsim.dashboards.validation import ReadContext, load_validation
+    from specsim.policies import get_policy
+    from specsim.specs import load_model
+    from specsim.traces.importers import load_trace
+
+    trace_label = trace_path or DEFAULT_TRACE
+    trace = load_trace(trace_path or _default_trace(), None if fmt == "auto" else fmt)
+    spec = load_model(model)
+    hw = _hardware_set(hardware, compare_hardware)
+    if policy is not None:
+        get_policy(policy)
+    validation = None
+    if calibration_path:
+        what, points = load_validation(calibration_path,
+                                       ReadContext(spec, next(iter(hw.values()))))
+        validation = Validation(points, f"{os.path.basename(calibration_path)}: {what}")
+    opts = DashboardOptions(
+        hardware=next(iter(hw)), batch=batch, context=context,
+        batches=_int_list(batches, "--batches"), contexts=_int_list(contexts, "--contexts"),
+        tp=tp, k_max=k_max, n_boot=n_boot, seed=seed, policy=policy, sparsity=sparsity)
+    try:
+        dash = build_dashboard(trace, spec, hw, opts, validation=validation,
+                               trace_label=trace_label,
+                               progress=lambda msg: click.echo(msg, err=True))
+    except ValueError as exc:
+        raise SpecsimError(str(exc)) from None
+    path = dash.write(out_path)
+    size = path.stat().st_size / 1e6
+    best = dash.default_report["best"]
+    click.echo(f"wrote {path} ({size:.1f} MB): {len(dash.reports)} settings; best at the first "
+               f"one: {best['policy']}, s = {best['s']}, k = {best['k']}, "
+               f"{best['speedup']:.2f}×" + ("   [SYNTHETIC trace]" if trace.synthetic else ""))
+    if open_browser:
+        click.launch(path.resolve().as_uri())
