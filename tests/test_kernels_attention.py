@@ -61,7 +61,7 @@ VERIFY_CASES_GPU = [
 VERIFY_CASES = VERIFY_CASES_GPU if GPU else VERIFY_CASES_CPU
 
 
-def _check_verify(case, collect, seed):
+def _check_verify(case, collect, seed, separate=None):
     heads, kv_heads, head_dim, q_len, lengths, num_splits, block_n = case
     lengths = [max(q_len, n) for n in lengths]
     batch, max_len = len(lengths), max(lengths) + 3
@@ -70,7 +70,8 @@ def _check_verify(case, collect, seed):
     q = torch.randn(batch, q_len, heads, head_dim, generator=generator, device=DEVICE).to(DTYPE)
     length_tensor = torch.tensor(lengths, dtype=torch.int32, device=DEVICE)
     plan = plan_verify(batch, heads, kv_heads, head_dim, q_len, max(lengths), device=DEVICE,
-                       collect_rows=collect, block_n=block_n, num_splits=num_splits)
+                       collect_rows=collect, collect_separate=separate, block_n=block_n,
+                       num_splits=num_splits)
     out = torch.full_like(q, float("nan"))
     lse = torch.full((batch, heads, q_len), float("nan"), device=DEVICE)
     logits = None
@@ -97,15 +98,22 @@ def test_verify_matches_reference(case):
     _check_verify(case, (), seed=1)
 
 
+@pytest.mark.parametrize("separate", [True, False], ids=["separate-tile", "main-tile"])
 @pytest.mark.parametrize("case", VERIFY_CASES)
-def test_verify_collect_two_rows(case):
-    plan = _check_verify(case, None, seed=2)
+def test_verify_collect_two_rows(case, separate):
+    plan = _check_verify(case, None, seed=2, separate=separate)
     assert plan.collect_rows == default_collect_rows(case[3])
+    assert plan.collect_separate == separate
 
 
 @pytest.mark.parametrize("case", [VERIFY_CASES[1], VERIFY_CASES[3]])
 def test_verify_collect_all_rows(case):
     _check_verify(case, tuple(range(case[3])), seed=3)
+
+
+def test_verify_collect_odd_rows_in_separate_tile():
+    case = (4, 2, 64, 16, [16, 40], 2, 16)
+    _check_verify(case, (0, 3, 4, 9, 15), seed=7, separate=True)
 
 
 def test_default_collect_rows_convention():

@@ -122,14 +122,15 @@ LENGTHS = [1, 40, 300, 1000]
 MAX_LEN = 1003
 
 
-def test_vegas_select_matches_definition():
+@pytest.mark.parametrize("ranking", ["topk", "sort"])
+def test_vegas_select_matches_definition(ranking):
     batch, heads, rows, s = len(LENGTHS), 4, 2, 0.1
     logits = torch.randn(batch, heads, rows, MAX_LEN, generator=make_generator(1),
                          device=DEVICE)
     logits[..., -3:] = float("nan")            # past every length: must be ignored
     lengths = torch.tensor(LENGTHS, dtype=torch.int32, device=DEVICE)
     policy = get_policy("vegas")
-    indices, counts = vegas_select(logits, lengths, s, max_context=1000)
+    indices, counts = vegas_select(logits, lengths, s, max_context=1000, ranking=ranking)
     for b, (got, length) in enumerate(zip(lists_as_sets(indices, counts), LENGTHS)):
         recent = set(range(max(0, length - policy.recent), length))
         score = logits[b, :, :, :length].mean(dim=(0, 1))
@@ -151,13 +152,15 @@ def test_attention_mass_matches_reference():
                                    atol=1e-6)
 
 
-def test_sparsespec_select_matches_definition():
+@pytest.mark.parametrize("ranking", ["topk", "sort"])
+def test_sparsespec_select_matches_definition(ranking):
     batch, heads, kv_heads, window, s = len(LENGTHS), 4, 2, 16, 0.2
     logits = torch.randn(batch, heads, window, MAX_LEN, generator=make_generator(4),
                          device=DEVICE) * 3
     lengths = torch.tensor(LENGTHS, dtype=torch.int32, device=DEVICE)
     policy = get_policy("sparsespec")
-    indices, counts = sparsespec_select(logits, lengths, s, kv_heads, max_context=1000)
+    indices, counts = sparsespec_select(logits, lengths, s, kv_heads, max_context=1000,
+                                        ranking=ranking)
     assert indices.shape[:2] == (batch, kv_heads)
     sets = lists_as_sets(indices, counts)
     for b, length in enumerate(LENGTHS):
@@ -183,8 +186,9 @@ def test_streamingllm_select():
         assert got == expected and len(got) == budget
 
 
-@pytest.mark.parametrize("s", [0.05, 0.5, 1.0])
-def test_quest_select_matches_definition(s):
+@pytest.mark.parametrize("s,ranking", [(0.05, "topk"), (0.5, "topk"), (1.0, "topk"),
+                                       (0.05, "sort")])
+def test_quest_select_matches_definition(s, ranking):
     batch, heads, kv_heads, head_dim, page = len(LENGTHS), 4, 2, 8, 16
     generator = make_generator(5)
     keys = torch.randn(batch, kv_heads, MAX_LEN, head_dim, generator=generator, device=DEVICE)
@@ -192,7 +196,7 @@ def test_quest_select_matches_definition(s):
     low, high = page_bounds_reference(keys, lengths, page)
     q = torch.randn(batch, heads, head_dim, generator=generator, device=DEVICE)
     policy = get_policy("quest")
-    indices, counts = quest_select(q, low, high, lengths, s, max_context=1000)
+    indices, counts = quest_select(q, low, high, lengths, s, max_context=1000, ranking=ranking)
     sets = lists_as_sets(indices, counts)
     for b, length in enumerate(LENGTHS):
         pages = math.ceil(length / page)

@@ -36,6 +36,11 @@ from specsim.kernels._runtime import tl, triton
 from specsim.policies import Policy, get_policy
 
 
+#: How the top positions are found by default: "topk" or "sort" (same result; see
+#: ``_top_positions`` and BENCHMARKS.md for which is faster where).
+RANKING = "topk"
+
+
 def selected_counts(policy: Policy, lengths: torch.Tensor, s: float) -> torch.Tensor:
     """``policy.selected(L_b, s)`` for every sequence, on the device (int64 [batch])."""
     context = lengths.long()
@@ -53,40 +58,58 @@ def selected_counts(policy: Policy, lengths: torch.Tensor, s: float) -> torch.Te
     return torch.minimum(context, budget).clamp(min=0)
 
 
-def _finish(chosen: torch.Tensor, counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sort each list's first ``counts`` entries ascending; pad the rest with 0; int32."""
-    slot = torch.arange(chosen.shape[-1], device=chosen.device)
-    valid = slot < counts[..., None]
-    big = torch.iinfo(torch.int64).max
-    chosen = torch.where(valid, chosen.long(), big).sort(dim=-1).values
-    chosen = torch.where(valid, chosen, 0)
-    return chosen.to(torch.int32), counts.to(torch.int32)
+def _finish(chosen: torch.Tensor, counts: torch.Tensor, span: int | None = None
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sort each list's first ``counts`` entries ascending and pad the rest with 0 (int32).
+
+    With ``span`` (every position < span) the lists are ordered without a sort: mark the chosen
+    positions in a [..., span] mask, and a prefix sum over it gives each one its slot. Without
+    ``span`` the lists must already be sorted.
+    """
+    capacity = chosen.shape[-1]
+    valid = torch.arange(capacity, device=chosen.device) < counts[..., None]
+    if span is not None:
+        lead = chosen.shape[:-1]
+        present = torch.zeros(*lead, span + 1, dtype=torch.bool, device=chosen.device)
+        present.scatter_(-1, torch.where(valid, chosen.long(), span), True)
+        present = present[..., :span]
+        slot = torch.where(present, present.cumsum(-1) - 1, capacity)
+        position = torch.arange(span, device=chosen.device, dtype=torch.int32).expand(*lead, span)
+        ordered = torch.zeros(*lead, capacity + 1, dtype=torch.int32, device=chosen.device)
+        ordered.scatter_(-1, slot, position)   # unchosen positions land in the spare column
+        return ordered[..., :capacity], counts.to(torch.int32)
+    return torch.where(valid, chosen, 0).to(torch.int32), counts.to(torch.int32)
 
 
 def _top_positions(score: torch.Tensor, lengths: torch.Tensor, keep_first: int,
-                   keep_last: int, capacity: int) -> torch.Tensor:
-    """Top-``capacity`` positions of ``score`` [..., n] after forcing the first ``keep_first``
-    and last ``keep_last`` valid positions in and positions ≥ length out."""
+                   keep_last: int, capacity: int, ranking: str = "topk") -> torch.Tensor:
+    """Top-``capacity`` positions of ``score`` [..., n], best first, after forcing the first
+    ``keep_first`` and last ``keep_last`` valid positions in and positions ≥ length out.
+
+    ``ranking``: "topk" (torch.topk) or "sort" (a full descending sort; on the GPU torch.topk
+    works one row per thread block, which is slow for a handful of long rows)."""
     n = score.shape[-1]
     position = torch.arange(n, device=score.device)
     length = lengths.long().view(-1, *([1] * (score.dim() - 1)))
     forced = (position < keep_first) | (position >= length - keep_last)
     score = torch.where(forced, float("inf"), score)
     score = torch.where(position < length, score, float("-inf"))  # also clears NaN past length
-    return torch.topk(score, min(capacity, n), dim=-1, sorted=True).indices  # best first
+    if ranking == "sort":
+        return torch.sort(score, dim=-1, descending=True).indices[..., :min(capacity, n)]
+    return torch.topk(score, min(capacity, n), dim=-1, sorted=True).indices
 
 
 def vegas_select(logits: torch.Tensor, lengths: torch.Tensor, s: float, *,
-                 max_context: int | None = None, policy: Policy | None = None
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
+                 max_context: int | None = None, policy: Policy | None = None,
+                 ranking: str = RANKING) -> tuple[torch.Tensor, torch.Tensor]:
     """Vegas: one list per sequence from the collected logits [batch, heads, rows, ≥ max len]."""
     policy = policy or get_policy("vegas")
     max_context = max_context or logits.shape[-1]
     score = logits[..., :max_context].sum(dim=(1, 2), dtype=torch.float32)     # [batch, n]
     counts = selected_counts(policy, lengths, s)
     capacity = policy.selected(max_context, s)
-    chosen = _top_positions(score, lengths, 0, policy.recent, capacity)
-    return _finish(chosen, counts)
+    chosen = _top_positions(score, lengths, 0, policy.recent, capacity, ranking)
+    return _finish(chosen, counts, span=max_context)
 
 
 @triton.jit
@@ -151,7 +174,8 @@ def attention_mass_reference(logits: torch.Tensor, lengths: torch.Tensor, num_kv
 
 def sparsespec_select(logits: torch.Tensor, lengths: torch.Tensor, s: float, num_kv_heads: int,
                       *, lse: torch.Tensor | None = None, max_context: int | None = None,
-                      policy: Policy | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                      policy: Policy | None = None, ranking: str = RANKING
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
     """SparseSpec-L: one list per KV head from the logits of the last W verify queries,
     ``logits`` [batch, heads, W, ≥ max len] (verify with all rows collected) and their natural
     log-sum-exps ``lse`` [batch, heads, W] (verify's ``lse`` output; computed here if None)."""
@@ -165,8 +189,8 @@ def sparsespec_select(logits: torch.Tensor, lengths: torch.Tensor, s: float, num
     mass = attention_mass(logits, lse, lengths, num_kv_heads, max_context)
     counts = selected_counts(policy, lengths, s)[:, None].expand(-1, num_kv_heads)
     capacity = policy.selected(max_context, s)
-    chosen = _top_positions(mass, lengths, policy.sink, policy.recent, capacity)
-    return _finish(chosen, counts)
+    chosen = _top_positions(mass, lengths, policy.sink, policy.recent, capacity, ranking)
+    return _finish(chosen, counts, span=max_context)
 
 
 def streamingllm_select(lengths: torch.Tensor, s: float, *, max_context: int,
@@ -184,7 +208,8 @@ def streamingllm_select(lengths: torch.Tensor, s: float, *, max_context: int,
 
 def quest_select(q: torch.Tensor, page_min: torch.Tensor, page_max: torch.Tensor,
                  lengths: torch.Tensor, s: float, *, max_context: int,
-                 policy: Policy | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                 policy: Policy | None = None, ranking: str = RANKING
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Quest: one list per KV head from the draft query ``q`` [batch, heads, head_dim] and page
     bounds [batch, kv_heads, ≥ pages, head_dim] (``KVCache.pages``)."""
     policy = policy or get_policy("quest")
@@ -202,8 +227,8 @@ def quest_select(q: torch.Tensor, page_min: torch.Tensor, page_max: torch.Tensor
     counts = selected_counts(policy, lengths, s)
     chosen_pages = torch.minimum((counts + size - 1) // size, page_count)          # [batch]
     capacity_pages = math.ceil(policy.selected(max_context, s) / size)
-    top = _top_positions(score, page_count, 0, 1, capacity_pages)
-    top, _ = _finish(top, chosen_pages[:, None].expand(-1, kv_heads))
+    top = _top_positions(score, page_count, 0, 1, capacity_pages, ranking)
+    top, _ = _finish(top, chosen_pages[:, None].expand(-1, kv_heads), span=pages)
     # The newest page is the largest selected page, so it comes last; cut it at the length.
     position = (top.long()[..., None] * size + torch.arange(size, device=q.device)).flatten(-2)
     tokens = ((chosen_pages - 1).clamp(min=0) * size

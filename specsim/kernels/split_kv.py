@@ -66,13 +66,14 @@ def plan_splits(max_keys: int, batch_kv_heads: int, block_n: int, device: torch.
 
 
 @triton.jit
-def softmax_update(acc, m_i, l_i, s, v):
-    """One online-softmax step: fold logits ``s`` [M, N] (base 2, masked = -inf) and values
-    ``v`` [N, D] into the running output ``acc`` [M, D], max ``m_i`` and sum ``l_i`` [M]."""
-    m_new = tl.maximum(m_i, tl.max(s, 1))
+def softmax_update(acc, m_i, l_i, s, qk_scale, v):
+    """One online-softmax step: fold raw scores ``s = q·k`` [M, N] (masked = -inf) and values
+    ``v`` [N, D] into the running output ``acc`` [M, D], max ``m_i`` and sum ``l_i`` [M], which
+    are kept in base-2 units (``qk_scale = scale·log2 e``, applied inside one FMA per score)."""
+    m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with no key seen yet
     alpha = tl.exp2(m_i - m_safe)
-    p = tl.exp2(s - m_safe[:, None])
+    p = tl.exp2(s * qk_scale - m_safe[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
     return acc, m_new, l_i

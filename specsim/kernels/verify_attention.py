@@ -28,7 +28,10 @@ How. GQA-packed: one program owns one (sequence, KV head) and a chunk of its key
 holds all ``group · q`` query rows of that KV head (row r = head ``r // q``, token ``r % q``),
 so each K/V block is read from memory once for all of them. Split-KV with a combine step (see
 ``split_kv``). bf16 in, fp32 accumulation. Blocks that every row sees in full (all but the last
-one or two) run without masks.
+one or two) run without masks. Collected logits come either from a second, small tile holding
+only the collected rows (``collect_separate``, the default when some rows are collected: one
+extra small dot per key block) or from the main tile stored under a row mask (the default when
+all rows are collected).
 
 API (FlashInfer-like): ``plan_verify`` once per batch shape (split sizes, block sizes, fp32
 workspace), then ``verify_attention`` every step. ``verify_attention_reference`` is the torch
@@ -65,7 +68,9 @@ def _verify_kernel(Q, K, V, Lengths, Out, Lse, PartOut, PartLse, Logits,
                    NUM_KV_HEADS: tl.constexpr, Q_LEN: tl.constexpr, GROUP: tl.constexpr,
                    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    DIRECT_OUTPUT: tl.constexpr, WRITE_LSE: tl.constexpr,
-                   COLLECT_MASK: tl.constexpr):
+                   COLLECT_MASK: tl.constexpr, COLLECT_SEPARATE: tl.constexpr,
+                   N_COLLECT: tl.constexpr, COLLECT_TOKENS: tl.constexpr,
+                   BLOCK_C: tl.constexpr):
     pid = tl.program_id(0)
     split = tl.program_id(1)
     b = (pid // NUM_KV_HEADS).to(tl.int64)  # 64-bit: batch strides can pass 2**31
@@ -85,12 +90,26 @@ def _verify_kernel(Q, K, V, Lengths, Out, Lse, PartOut, PartLse, Logits,
     qk_scale = sm_scale * 1.4426950408889634  # logits in base-2 units
 
     if COLLECT_MASK != 0:
-        collected = (((tl.full([BLOCK_M], COLLECT_MASK, tl.int32) >> tok) & 1) != 0) & row_ok
-        slot = tl.zeros([BLOCK_M], tl.int32)   # rank of the row among the collected rows
-        for i in tl.static_range(Q_LEN):
-            if (COLLECT_MASK >> i) & 1:
-                slot += (tok > i).to(tl.int32)
-        logit_rows = Logits + b * stride_gb + head * stride_gh + slot * stride_gr
+        if COLLECT_SEPARATE:
+            # A second, smaller tile holding only the collected rows (head, i-th collected
+            # token); its logits are one extra small dot per block, stored in full.
+            crow = tl.arange(0, BLOCK_C)
+            c_slot = crow % N_COLLECT
+            c_head = kvh * GROUP + crow // N_COLLECT
+            c_tok = (tl.full([BLOCK_C], COLLECT_TOKENS, tl.int64) >> (4 * c_slot)) & 15
+            c_ok = crow < GROUP * N_COLLECT
+            q_c = tl.load(Q + b * stride_qb + c_tok[:, None] * stride_qt
+                          + c_head[:, None] * stride_qh + dims[None, :],
+                          mask=c_ok[:, None], other=0.0)
+        else:
+            # The collected rows of the main tile, stored under a row mask.
+            c_ok = (((tl.full([BLOCK_M], COLLECT_MASK, tl.int32) >> tok) & 1) != 0) & row_ok
+            c_slot = tl.zeros([BLOCK_M], tl.int32)   # rank among the collected rows
+            for i in tl.static_range(Q_LEN):
+                if (COLLECT_MASK >> i) & 1:
+                    c_slot += (tok > i).to(tl.int32)
+            c_head = head
+        c_rows = Logits + b * stride_gb + c_head * stride_gh + c_slot * stride_gr
 
     k_base = K + b * stride_kb + kvh * stride_kh
     v_base = V + b * stride_vb + kvh * stride_vh
@@ -107,10 +126,14 @@ def _verify_kernel(Q, K, V, Lengths, Out, Lse, PartOut, PartLse, Logits,
         k = tl.load(k_base + keys[:, None] * stride_kt + dims[None, :])
         s = tl.dot(q, tl.trans(k))
         if COLLECT_MASK != 0:
-            tl.store(logit_rows[:, None] + keys[None, :],
-                     (s * sm_scale).to(Logits.dtype.element_ty), mask=collected[:, None])
+            if COLLECT_SEPARATE:
+                s_c = tl.dot(q_c, tl.trans(k))
+            else:
+                s_c = s
+            tl.store(c_rows[:, None] + keys[None, :],
+                     (s_c * sm_scale).to(Logits.dtype.element_ty), mask=c_ok[:, None])
         v = tl.load(v_base + keys[:, None] * stride_vt + dims[None, :])
-        acc, m_i, l_i = softmax_update(acc, m_i, l_i, s * qk_scale, v)
+        acc, m_i, l_i = softmax_update(acc, m_i, l_i, s, qk_scale, v)
     # The rest (at most a block or two): split boundary and causal mask.
     for n0 in range(full_end, end, BLOCK_N):
         keys = n0 + offs_n
@@ -119,14 +142,18 @@ def _verify_kernel(Q, K, V, Lengths, Out, Lse, PartOut, PartLse, Logits,
                     other=0.0)
         s = tl.dot(q, tl.trans(k))
         if COLLECT_MASK != 0:
-            tl.store(logit_rows[:, None] + keys[None, :],
-                     (s * sm_scale).to(Logits.dtype.element_ty),
-                     mask=collected[:, None] & key_ok[None, :])
+            if COLLECT_SEPARATE:
+                s_c = tl.dot(q_c, tl.trans(k))
+            else:
+                s_c = s
+            tl.store(c_rows[:, None] + keys[None, :],
+                     (s_c * sm_scale).to(Logits.dtype.element_ty),
+                     mask=c_ok[:, None] & key_ok[None, :])
         visible = (keys[None, :] <= q_pos[:, None]) & key_ok[None, :]
-        s = tl.where(visible, s * qk_scale, float("-inf"))
+        s = tl.where(visible, s, float("-inf"))
         v = tl.load(v_base + keys[:, None] * stride_vt + dims[None, :], mask=key_ok[:, None],
                     other=0.0)
-        acc, m_i, l_i = softmax_update(acc, m_i, l_i, s, v)
+        acc, m_i, l_i = softmax_update(acc, m_i, l_i, s, qk_scale, v)
 
     if DIRECT_OUTPUT:  # a single chunk: normalise and write the final rows here
         out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
@@ -155,6 +182,7 @@ class VerifyPlan:
     block_m: int
     num_warps: int
     num_stages: int
+    collect_separate: bool = False
     partial_out: torch.Tensor | None = field(repr=False, default=None)
     partial_lse: torch.Tensor | None = field(repr=False, default=None)
 
@@ -166,19 +194,51 @@ class VerifyPlan:
     def collect_mask(self) -> int:
         return sum(1 << r for r in self.collect_rows)
 
+    @property
+    def collect_tokens(self) -> int:
+        """The collected rows packed 4 bits each (slot i in bits 4i..4i+3)."""
+        return sum(r << (4 * i) for i, r in enumerate(self.collect_rows)) if \
+            self.collect_separate else 0
+
+    @property
+    def block_c(self) -> int:
+        return max(16, next_power_of_2(self.group * len(self.collect_rows)))
+
+
+#: (head_dim, tile rows, collect mode) -> (block_n, num_warps, num_stages, programs_per_sm,
+#: padded tile rows or None): the fastest of the configurations swept on an H200 (batch 4,
+#: 8 KV heads, context 131072; BENCHMARKS.md). Collect modes: "off", "separate" (the collected
+#: rows in a second tile), "main" (stored from the main tile under a row mask).
+DEFAULT_CONFIGS = {
+    (128, 16, "off"): (64, 4, 4, 4, None), (128, 32, "off"): (64, 4, 3, 1, 64),
+    (128, 64, "off"): (64, 4, 3, 1, None), (128, 128, "off"): (64, 8, 3, 2, None),
+    (64, 16, "off"): (128, 4, 4, 4, None), (64, 32, "off"): (128, 4, 4, 4, None),
+    (64, 64, "off"): (64, 4, 3, 2, None), (64, 128, "off"): (256, 8, 3, 4, None),
+    (128, 32, "separate"): (128, 4, 3, 4, None), (128, 64, "separate"): (64, 4, 3, 1, None),
+    (64, 64, "separate"): (64, 4, 3, 2, None), (64, 128, "separate"): (128, 4, 3, 4, None),
+    (128, 32, "main"): (64, 4, 4, 4, None), (128, 64, "main"): (128, 4, 3, 4, None),
+    (64, 64, "main"): (64, 4, 3, 2, None), (64, 128, "main"): (64, 4, 3, 4, None),
+}
+FALLBACK_CONFIG = (64, 4, 3, 2, None)
+
 
 def plan_verify(batch: int, num_heads: int, num_kv_heads: int, head_dim: int, q_len: int,
                 max_context: int, *, device: torch.device | str | None = None,
-                collect_rows: tuple[int, ...] | None = (), block_n: int | None = None,
+                collect_rows: tuple[int, ...] | None = (), collect_separate: bool | None = None,
+                block_m: int | None = None, block_n: int | None = None,
                 num_splits: int | None = None, num_warps: int | None = None,
-                num_stages: int | None = None, programs_per_sm: float = 2.0) -> VerifyPlan:
+                num_stages: int | None = None, programs_per_sm: float | None = None
+                ) -> VerifyPlan:
     """Plan verify launches for sequences of up to ``max_context`` keys.
 
     ``collect_rows``: query rows whose logits are written (``()`` = none, ``None`` = the
-    Collect-2-Query default ``default_collect_rows(q_len)``). Block sizes and warps default to
-    what measured fastest on an H200 (see BENCHMARKS.md); pass them to override.
-    ``num_splits`` (default: about ``programs_per_sm`` programs per multiprocessor) sets how
-    many chunks each (sequence, KV head)'s keys are cut into.
+    Collect-2-Query default ``default_collect_rows(q_len)``). ``collect_separate``: compute the
+    collected rows' logits with a second small tile (default when only some rows are collected)
+    rather than storing them from the main tile under a row mask. Block sizes, warps, stages and
+    programs per multiprocessor default to ``DEFAULT_CONFIGS``; pass them to override.
+    ``block_m`` pads the tile to more rows (at least ``group · q``). ``num_splits`` (default:
+    about ``programs_per_sm`` programs per multiprocessor) sets how many chunks each
+    (sequence, KV head)'s keys are cut into.
     """
     if num_heads % num_kv_heads:
         raise ValueError(f"num_heads {num_heads} is not a multiple of kv heads {num_kv_heads}")
@@ -191,15 +251,21 @@ def plan_verify(batch: int, num_heads: int, num_kv_heads: int, head_dim: int, q_
     collect_rows = tuple(sorted(set(int(r) for r in collect_rows)))
     if any(not 0 <= r < q_len for r in collect_rows):
         raise ValueError(f"collect_rows {collect_rows} outside 0..{q_len - 1}")
+    if collect_separate is None:
+        collect_separate = 0 < len(collect_rows) < q_len
+    collect_separate = bool(collect_separate and collect_rows)
     device = default_device(device)
     group = num_heads // num_kv_heads
-    block_m = max(16, next_power_of_2(group * q_len))
-    if block_n is None:
-        block_n = 64 if block_m * head_dim >= 64 * 128 else 128 if head_dim == 64 else 64
-    if num_warps is None:
-        num_warps = 8 if block_m * head_dim >= 128 * 128 else 4
-    if num_stages is None:
-        num_stages = 3
+    rows = max(16, next_power_of_2(group * q_len))
+    mode = "off" if not collect_rows else "separate" if collect_separate else "main"
+    default = DEFAULT_CONFIGS.get((head_dim, rows, mode), FALLBACK_CONFIG)
+    if block_n or num_warps or num_stages or programs_per_sm:  # caller's config: no padding
+        default = default[:4] + (None,)
+    block_m = max(rows, next_power_of_2(block_m or default[4] or 1))
+    block_n = block_n or default[0]
+    num_warps = num_warps or default[1]
+    num_stages = num_stages or default[2]
+    programs_per_sm = programs_per_sm or default[3]
     split = plan_splits(max_context, batch * num_kv_heads, block_n, device,
                         num_splits=num_splits, programs_per_sm=programs_per_sm)
     partial_out = partial_lse = None
@@ -207,7 +273,8 @@ def plan_verify(batch: int, num_heads: int, num_kv_heads: int, head_dim: int, q_
         partial_out, partial_lse = workspace(batch * num_kv_heads, split, block_m, head_dim,
                                              device)
     return VerifyPlan(batch, num_heads, num_kv_heads, head_dim, q_len, collect_rows, split,
-                      block_m, num_warps, num_stages, partial_out, partial_lse)
+                      block_m, num_warps, num_stages, collect_separate, partial_out,
+                      partial_lse)
 
 
 def verify_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -262,6 +329,8 @@ def verify_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         NUM_KV_HEADS=plan.num_kv_heads, Q_LEN=q_len, GROUP=plan.group, HEAD_DIM=head_dim,
         BLOCK_M=plan.block_m, BLOCK_N=split.block_n, DIRECT_OUTPUT=direct,
         WRITE_LSE=lse is not None, COLLECT_MASK=plan.collect_mask,
+        COLLECT_SEPARATE=plan.collect_separate, N_COLLECT=max(1, len(plan.collect_rows)),
+        COLLECT_TOKENS=plan.collect_tokens, BLOCK_C=plan.block_c,
         num_warps=plan.num_warps, num_stages=plan.num_stages)
     if not direct:
         combine(plan.partial_out, plan.partial_lse, lengths, False, out, lse, split,
@@ -315,5 +384,5 @@ def verify_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: 
     return out, logits, lse
 
 
-__all__ = ["MAX_Q_LEN", "VerifyPlan", "default_collect_rows", "new_logits_buffer",
+__all__ = ["DEFAULT_CONFIGS", "FALLBACK_CONFIG", "MAX_Q_LEN", "VerifyPlan", "default_collect_rows", "new_logits_buffer",
            "plan_verify", "verify_attention", "verify_attention_reference"]
