@@ -468,11 +468,13 @@ def hardware(as_json):
 
 
 def _register() -> None:
+    from specsim.cli.calibrate_cmd import calibrate_cmd
     from specsim.cli.dashboard_cmd import dashboard_cmd
     from specsim.cli.simulate_cmds import simulate_cmd, tune_cmd
     cli.add_command(simulate_cmd)
     cli.add_command(tune_cmd)
     cli.add_command(dashboard_cmd)
+    cli.add_command(calibrate_cmd)
 
 
 _register()

@@ -155,3 +155,19 @@ def test_calibration_from_another_model_is_flagged():
     cm = CalibratedCostModel(cal, MODEL, HW)
     assert any("measured on model" in w for w in cm.warnings)
     assert not CalibratedCostModel(synthetic(), MODEL, HW).warnings
+
+
+def test_calibrate_check_command(tmp_path):
+    from click.testing import CliRunner
+
+    from specsim.cli.main import cli
+    path = tmp_path / "cal.json"
+    synthetic(noise=0.01, seed=1).write(str(path))
+    r = CliRunner().invoke(cli, ["calibrate", "--check", str(path), "--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    assert doc["mape"] < 0.03 and doc["held_out"] > 0 and "verify" in doc["per_op"]
+    r = CliRunner().invoke(cli, ["calibrate", "--check", str(path)])
+    assert r.exit_code == 0 and "MAPE" in r.output and "worst" in r.output
+    r = CliRunner().invoke(cli, ["calibrate"])
+    assert r.exit_code != 0 and "exactly one of --gpu" in r.output
