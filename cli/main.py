@@ -119,6 +119,9 @@ def cli():
 @click.option("--gamma", type=float, default=None,
               help="What-if: γ = C_d / C_v, cost of one draft step over one verify pass "
                    "(a verify pass is taken to cost one plain step).")
+@click.option("--costs", "costs_choice", default="auto", show_default=True,
+              help="Cost model: auto (the calibration shipped for this hardware and model, "
+                   "else the roofline), roofline, calibrated, or a calibration file.")
 @click.option("--holdout", type=click.FloatRange(0, 1, min_open=True, max_open=True),
               default=None,
               help="Also tune on part of the prompts and report on the rest: FRACTION of the "
@@ -127,7 +130,7 @@ def cli():
                    "tuning on the evaluation part itself.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def predict(trace_path, fmt, model, hardware, batch, context, tp, k_max, policy, sparsity,
-            n_boot, seed, alpha, accept_rates, gamma, holdout, as_json):
+            n_boot, seed, alpha, accept_rates, gamma, costs_choice, holdout, as_json):
     """Predict the speedup of sparse self-speculative decoding over plain decoding.
 
     \b
@@ -161,7 +164,7 @@ def predict(trace_path, fmt, model, hardware, batch, context, tp, k_max, policy,
     if gamma is not None:
         raise click.UsageError("--gamma belongs to a what-if: add --alpha or --accept-rates")
 
-    from specsim.costs import RooflineCostModel
+    from specsim.costs import make_cost_model
     from specsim.specs import load_hardware, load_model
     from specsim.traces.importers import load_trace
 
@@ -172,7 +175,7 @@ def predict(trace_path, fmt, model, hardware, batch, context, tp, k_max, policy,
         from specsim.policies import get_policy
         get_policy(policy)
     try:
-        costs = RooflineCostModel(spec, hw, tp=tp)
+        costs, costs_note = make_cost_model(spec, hw, tp, costs_choice)
     except ValueError as exc:
         raise SpecsimError(str(exc)) from None
     opts = P.PredictOptions(batch=batch, context=context, k_max=k_max, n_boot=n_boot, seed=seed,
@@ -186,6 +189,7 @@ def predict(trace_path, fmt, model, hardware, batch, context, tp, k_max, policy,
     report["model"] = _model_summary(spec)
     report["hardware"] = _hardware_summary(hw)
     report["tp"] = tp
+    report["costs"] = costs_note
     _memory_note(report, spec, hw, tp)
     return _emit_json(report) if as_json else _print_predict(report)
 
@@ -244,7 +248,8 @@ def _print_predict(r: dict) -> None:
                + f", KV {_fmt_bytes(m['kv_bytes_per_token'])}/token")
     click.echo(f"hardware  {hw['name']}: {hw['bandwidth_TBps']:.2f} TB/s, "
                f"{hw['bf16_TFLOPs']:.0f} TFLOP/s bf16 ({hw['ceilings']} ceilings); "
-               f"batch {r['batch']}, tp {r['tp']}, {r['cost_model']} costs")
+               f"batch {r['batch']}, tp {r['tp']}")
+    click.echo(f"costs     {r['costs']}")
     click.echo("")
     click.echo("What the trace shows (p_i conditional acceptance, P_i survival):")
     rows = []

@@ -57,6 +57,9 @@ def _common(f):
                           "(counterfactual m' = min(m, k)); fitted: sample m from the fitted "
                           "per-position model, by context-length bin."),
         click.option("--seed", type=int, default=0, show_default=True, help="Random seed."),
+        click.option("--costs", "costs_choice", default="auto", show_default=True,
+                     help="Cost model: auto (shipped calibration for this hardware and model, "
+                          "else roofline), roofline, calibrated, or a calibration file."),
         click.option("--json", "as_json", is_flag=True, help="Machine-readable output."),
     ]
     for option in reversed(options):
@@ -90,7 +93,7 @@ def _trace_path(trace_path):
 @click.option("--compare-plain/--no-compare-plain", default=True, show_default=True,
               help="Also simulate plain decoding on the same arrivals and report the speedup.")
 def simulate_cmd(trace_path, fmt, arrivals, prompt_tokens, output_tokens, model, hardware, tp,
-                 max_batch, acceptance, seed, as_json, policy, sparsity, k, k_policy, memory_gb,
+                 max_batch, acceptance, seed, costs_choice, as_json, policy, sparsity, k, k_policy, memory_gb,
                  chrome_trace, compare_plain):
     """Simulate a serving engine doing sparse self-speculative decoding (SimPy): continuous
     batching under a memory budget, per-iteration time from the roofline cost model for the
@@ -99,7 +102,7 @@ def simulate_cmd(trace_path, fmt, arrivals, prompt_tokens, output_tokens, model,
     Prints throughput (tokens/s), tokens per iteration, TTFT/TPOT/latency/queueing
     percentiles (seconds; TPOT in ms), the time split and wasted draft work.
     """
-    from specsim.costs import RooflineCostModel
+    from specsim.costs import make_cost_model
     from specsim.simulator.acceptance_source import make_source
     from specsim.simulator.engine import SimConfig, Simulation
     from specsim.simulator.tuning import make_arrivals
@@ -131,7 +134,7 @@ def simulate_cmd(trace_path, fmt, arrivals, prompt_tokens, output_tokens, model,
             raise SpecsimError(f"'{policy}' records carry no sparsity; cost them with "
                                f"`specsim predict --sparsity` instead")
     try:
-        costs = RooflineCostModel(spec, hw, tp)
+        costs, costs_note = make_cost_model(spec, hw, tp, costs_choice)
         source = make_source(acceptance, groups[group_key], k)
     except ValueError as exc:
         raise SpecsimError(str(exc)) from None
@@ -139,6 +142,7 @@ def simulate_cmd(trace_path, fmt, arrivals, prompt_tokens, output_tokens, model,
                     memory_budget=memory_gb * 1e9 if memory_gb else None)
     result = Simulation(arrival_list, costs, spec, source, cfg, hw.memory_bytes, tp).run()
     report = result.to_json()
+    report["costs"] = costs_note
     if compare_plain and k_policy != "plain":
         base_cfg = SimConfig("full", 1.0, k=1, k_policy="plain", max_batch=max_batch, seed=seed,
                              memory_budget=cfg.memory_budget)
@@ -155,6 +159,7 @@ def simulate_cmd(trace_path, fmt, arrivals, prompt_tokens, output_tokens, model,
     click.echo(f"{spec.name} on {hw.name}, tp {tp}; {cfg_policy} s={cfg_s:g}, k={k} "
                f"({k_policy}), max batch {max_batch}, {acceptance} acceptance"
                + ("   [SYNTHETIC trace]" if trace.synthetic else ""))
+    click.echo(f"costs: {costs_note}")
     click.echo(result.table())
     if "speedup" in report:
         click.echo(f"plain decoding on the same arrivals: "
@@ -180,7 +185,7 @@ def simulate_cmd(trace_path, fmt, arrivals, prompt_tokens, output_tokens, model,
                    "simulating the rest, report the held-out part's throughput there and the "
                    "optimism of tuning on it directly.")
 def tune_cmd(trace_path, fmt, arrivals, prompt_tokens, output_tokens, model, hardware, tp,
-             max_batch, acceptance, seed, as_json, policies, k_values, k_policy, workers,
+             max_batch, acceptance, seed, costs_choice, as_json, policies, k_values, k_policy, workers,
              holdout):
     """Tune (policy, s, k) by simulation: sweep the grid (every s the trace recorded), in
     parallel, and report the optimum, the runner-up, the sensitivity, Vegas' 3-step result
@@ -207,7 +212,8 @@ def tune_cmd(trace_path, fmt, arrivals, prompt_tokens, output_tokens, model, har
         raise click.BadParameter("draft lengths must be ≥ 1", param_hint="--k")
     spec = SweepSpec(os.path.abspath(path), model, hardware, tp,
                      parse_arrivals(arrivals, prompt_tokens, output_tokens, seed), max_batch,
-                     acceptance, k_policy, seed, None if fmt == "auto" else fmt)
+                     acceptance, k_policy, seed, None if fmt == "auto" else fmt,
+                     costs=costs_choice)
     n_configs = 1 + sum(len([s for (p, s) in groups if p == pol]) for pol in chosen) * len(ks)
     with click.progressbar(length=n_configs, label="simulating", file=sys.stderr,
                            show_eta=True) as bar:
@@ -215,7 +221,7 @@ def tune_cmd(trace_path, fmt, arrivals, prompt_tokens, output_tokens, model, har
             swept = sweep(spec, chosen, ks, workers, progress=bar.update)
         except ValueError as exc:
             raise SpecsimError(str(exc)) from None
-    analytical = _analytical_beside(trace, model, hardware, tp, max_batch, swept)
+    analytical = _analytical_beside(trace, model, hardware, tp, max_batch, swept, costs_choice)
     report = summarise(swept, analytical)
     report["workers"] = swept["workers"]
     if holdout is not None:
@@ -240,14 +246,14 @@ def tune_cmd(trace_path, fmt, arrivals, prompt_tokens, output_tokens, model, har
     _print_tune(report, trace.synthetic)
 
 
-def _analytical_beside(trace, model, hardware, tp, max_batch, swept) -> dict:
+def _analytical_beside(trace, model, hardware, tp, max_batch, swept, costs_choice) -> dict:
     """The analytical speedup at each policy's simulated optimum, at the maximum batch and at
     the simulation's mean batch."""
     from specsim import predict as P
-    from specsim.costs import RooflineCostModel
+    from specsim.costs import make_cost_model
     from specsim.specs import load_hardware, load_model
 
-    costs = RooflineCostModel(load_model(model), load_hardware(hardware), tp)
+    costs, _ = make_cost_model(load_model(model), load_hardware(hardware), tp, costs_choice)
     groups = trace.groups()
     out = {}
     best_rows: dict = {}

@@ -266,6 +266,7 @@ class HardwareSpec:
     measured_bf16_flops: float | None = None
     overheads: Overheads = field(default_factory=Overheads)
     source: str = ""
+    key: str = ""                 # catalogue name (e.g. "h200"); selects shipped calibrations
 
     @property
     def bandwidth(self) -> float:
@@ -295,7 +296,7 @@ def hardware_from_dict(d: dict, name: str) -> HardwareSpec:
             measured_bf16_flops=(float(measured["bf16_TFLOPs"]) * 1e12
                                  if measured.get("bf16_TFLOPs") else None),
             overheads=Overheads(**{k: float(v) for k, v in d.get("overheads_s", {}).items()}),
-            source=str(d.get("_source", "")),
+            source=str(d.get("_source", "")), key=name,
         )
     except KeyError as exc:
         raise SpecsimError(f"hardware '{name}': missing field {exc}") from None

@@ -171,3 +171,36 @@ def test_calibrate_check_command(tmp_path):
     assert r.exit_code == 0 and "MAPE" in r.output and "worst" in r.output
     r = CliRunner().invoke(cli, ["calibrate"])
     assert r.exit_code != 0 and "exactly one of --gpu" in r.output
+
+
+def test_shipped_calibration_is_used_by_default(tmp_path, monkeypatch):
+    import shutil
+
+    from click.testing import CliRunner
+
+    from specsim.cli.main import cli
+    from specsim.costs import make_cost_model
+    from specsim.specs import REPO_ROOT
+    catalog = tmp_path / "models"
+    shutil.copytree(REPO_ROOT / "models" / "hardware", catalog / "hardware")
+    shutil.copytree(REPO_ROOT / "models" / "llama-3.1-8b", catalog / "llama-3.1-8b")
+    monkeypatch.setenv("SPECSIM_MODELS", str(catalog))
+    model, hw = load_model("llama-3.1-8b"), load_hardware("h200")
+    cm, note = make_cost_model(model, hw)
+    assert cm.name == "roofline" and "no calibration shipped" in note
+    with pytest.raises(SpecsimError, match="no shipped calibration"):
+        make_cost_model(model, hw, costs="calibrated")
+    (catalog / "calibrations" / "h200").mkdir(parents=True)
+    synthetic().write(str(catalog / "calibrations" / "h200" / "llama-3.1-8b.json"))
+    cm, note = make_cost_model(model, hw)
+    assert cm.name == "calibrated" and "calibrations/h200/llama-3.1-8b.json" in note
+    assert make_cost_model(model, hw, tp=2)[0].name == "roofline"       # measured on one GPU
+    assert make_cost_model(model, load_hardware("a100-80gb"))[0].name == "roofline"
+    assert make_cost_model(model, hw, costs="roofline")[0].name == "roofline"
+    r = CliRunner().invoke(cli, ["predict", "--model", "llama-3.1-8b", "--bootstrap", "50",
+                                 "--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    assert doc["cost_model"] == "calibrated" and doc["costs"].startswith("calibrated")
+    with pytest.raises(SpecsimError, match="--costs must be"):
+        make_cost_model(model, hw, costs="nonsense")

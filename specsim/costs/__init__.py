@@ -3,3 +3,46 @@ from specsim.costs.base import Cost, CostModel, IterationCost
 from specsim.costs.roofline import RooflineCostModel, decode_floor_s
 
 __all__ = ["Cost", "CostModel", "IterationCost", "RooflineCostModel", "decode_floor_s"]
+
+
+def shipped_calibration(model, hardware):
+    """Path of the calibration shipped for (hardware, model), or None:
+    ``models/calibrations/<hardware key>/<model name>.json``."""
+    from specsim.specs import catalog_dir
+    path = catalog_dir() / "calibrations" / hardware.key / f"{model.name}.json"
+    return path if hardware.key and path.is_file() else None
+
+
+def make_cost_model(model, hardware, tp: int = 1, costs: str = "auto"):
+    """The cost model a command uses, and a note saying which and why.
+
+    ``costs``: ``auto`` (the shipped calibration for this hardware and model when there is one
+    and tp = 1, else the roofline), ``roofline``, ``calibrated`` (the shipped one, required),
+    or a path to a calibration file.
+    """
+    import os
+
+    from specsim.costs.calibrated import CalibratedCostModel, read_calibration
+    from specsim.errors import SpecsimError
+
+    if costs == "roofline":
+        return RooflineCostModel(model, hardware, tp), "roofline cost model"
+    if costs in ("auto", "calibrated"):
+        path = shipped_calibration(model, hardware)
+        if path is None or tp != 1:
+            if costs == "calibrated":
+                raise SpecsimError(f"no shipped calibration for {model.name} on "
+                                   f"'{hardware.key}'" + (" at tp=1" if tp != 1 else "")
+                                   + "; run `specsim calibrate --gpu` or use --costs roofline")
+            why = "tensor parallelism" if path is not None else "no calibration shipped"
+            return RooflineCostModel(model, hardware, tp), f"roofline cost model ({why})"
+    elif os.path.exists(costs):
+        path = costs
+    else:
+        raise SpecsimError(f"--costs must be auto, roofline, calibrated or a calibration file; "
+                           f"'{costs}' is none of these")
+    cm = CalibratedCostModel(read_calibration(str(path)), model, hardware, tp)
+    note = f"calibrated cost model ({path})"
+    if cm.warnings:
+        note += "; WARNING: " + "; ".join(cm.warnings)
+    return cm, note

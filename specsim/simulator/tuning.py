@@ -33,6 +33,7 @@ class SweepSpec:
     part: str = "all"          # all | tune | eval: which side of a held-out split to simulate
     holdout: float = 0.0
     holdout_seed: int = 0
+    costs: str = "auto"         # as make_cost_model takes it
 
 
 _CACHE: dict = {}
@@ -41,7 +42,7 @@ _CACHE: dict = {}
 def _setup(spec: SweepSpec):
     key = spec
     if key not in _CACHE:
-        from specsim.costs import RooflineCostModel
+        from specsim.costs import make_cost_model
         from specsim.specs import load_hardware, load_model
         from specsim.traces.importers import load_trace
         model, hw = load_model(spec.model), load_hardware(spec.hardware)
@@ -51,7 +52,8 @@ def _setup(spec: SweepSpec):
             tune, evaluate = split_trace(trace, spec.holdout, spec.holdout_seed)
             trace = tune if spec.part == "tune" else evaluate
         _CACHE.clear()
-        _CACHE[key] = (model, hw, RooflineCostModel(model, hw, spec.tp), trace.groups(),
+        _CACHE[key] = (model, hw, make_cost_model(model, hw, spec.tp, spec.costs)[0],
+                       trace.groups(),
                        make_arrivals(spec.arrivals, trace))
     return _CACHE[key]
 
