@@ -97,9 +97,12 @@ def _hardware_set(default: str, choices: str) -> dict:
 @click.option("--out", "out_path", type=click.Path(dir_okay=False), default=DEFAULT_OUT,
               show_default=True, help="HTML file to write (atomically).")
 @click.option("--open", "open_browser", is_flag=True, help="Open the page in a browser.")
+@click.option("--costs", "costs_choice", default="auto", show_default=True,
+              help="Cost model: auto (shipped calibration for each hardware and the model, "
+                   "else roofline), roofline, calibrated, or a calibration file.")
 def dashboard_cmd(trace_path, fmt, model, hardware, compare_hardware, batch, batches, context,
                   contexts, calibration_path, tp, k_max, policy, sparsity, n_boot, seed,
-                  out_path, open_browser):
+                  out_path, open_browser, costs_choice):
     """Write an interactive dashboard: one self-contained HTML file (plotly.js inline, works
     offline).
 
@@ -131,7 +134,8 @@ def dashboard_cmd(trace_path, fmt, model, hardware, compare_hardware, batch, bat
     opts = DashboardOptions(
         hardware=next(iter(hw)), batch=batch, context=context,
         batches=_int_list(batches, "--batches"), contexts=_int_list(contexts, "--contexts"),
-        tp=tp, k_max=k_max, n_boot=n_boot, seed=seed, policy=policy, sparsity=sparsity)
+        tp=tp, k_max=k_max, n_boot=n_boot, seed=seed, policy=policy, sparsity=sparsity,
+        costs=costs_choice)
     try:
         dash = build_dashboard(trace, spec, hw, opts, validation=validation,
                                trace_label=trace_label,

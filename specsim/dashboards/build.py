@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 from specsim import __version__
-from specsim.costs import RooflineCostModel
+from specsim.costs import make_cost_model
 from specsim.dashboards import data as D
 from specsim.dashboards import figures as F
 from specsim.dashboards.page import Control, Page, Section, Slot, render_page, write_text_atomic
@@ -47,6 +47,7 @@ class DashboardOptions:
     seed: int = 0
     policy: str | None = None                   # predict's --policy (opaque trace drafters)
     sparsity: float | None = None               # predict's --sparsity (groups without s)
+    costs: str = "auto"                         # cost model, as make_cost_model takes it
 
 
 @dataclass
@@ -124,7 +125,7 @@ def build_dashboard(trace: Trace, model: ModelSpec, hardware: Mapping[str, Hardw
             seed=opts.seed, policy=opts.policy, sparsity=opts.sparsity))
 
     # the default setting first: it fixes the policy list and the trace's context range
-    default_costs = RooflineCostModel(model, hardware[opts.hardware], tp=opts.tp)
+    default_costs = make_cost_model(model, hardware[opts.hardware], opts.tp, opts.costs)[0]
     default_report = predict(default_costs, opts.batch, opts.context)
     policies = D.policies(default_report)
     has_contexts = workload_contexts(trace, PredictOptions(), [])[1] == "trace quantiles"
@@ -145,7 +146,7 @@ def build_dashboard(trace: Trace, model: ModelSpec, hardware: Mapping[str, Hardw
     heat, curves, breakdown, regime, headlines = {}, {}, {}, {}, {}
     reports: dict[str, dict] = {}
     for hw_key, hw in hardware.items():
-        costs = RooflineCostModel(model, hw, tp=opts.tp)
+        costs = make_cost_model(model, hw, opts.tp, opts.costs)[0]
         say(f"predicting on {hw.name}: {len(batches)} batch sizes × {len(contexts)} contexts")
         for batch in batches:
             for context in contexts:
