@@ -437,10 +437,15 @@ def _cost_dict(c) -> dict:
 # --------------------------------------------------------------------------------------------
 
 
-@cli.command()
+@cli.group(invoke_without_command=True)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def models(as_json):
-    """List the model catalogue: parameters, KV bytes per token, attention layout."""
+@click.pass_context
+def models(ctx, as_json):
+    """List the model catalogue: parameters, KV bytes per token, attention layout.
+
+    `specsim models fetch smollm2` installs and converts the real SmolLM2-135M-Instruct."""
+    if ctx.invoked_subcommand is not None:
+        return
     from specsim.specs import known_models, load_model
     specs = [load_model(n) for n in known_models()]
     if as_json:
@@ -474,12 +479,16 @@ def hardware(as_json):
 
 def _register() -> None:
     from specsim.cli.calibrate_cmd import calibrate_cmd
+    from specsim.cli.engine_cmds import fetch_cmd, run_cmd, trace_cmd
     from specsim.cli.dashboard_cmd import dashboard_cmd
     from specsim.cli.simulate_cmds import simulate_cmd, tune_cmd
     cli.add_command(simulate_cmd)
     cli.add_command(tune_cmd)
     cli.add_command(dashboard_cmd)
     cli.add_command(calibrate_cmd)
+    cli.add_command(run_cmd)
+    cli.add_command(trace_cmd)
+    models.add_command(fetch_cmd)
 
 
 _register()

@@ -324,7 +324,7 @@ def build_model(config: dict | str | Path, *, weights: str | Path = "random", se
     args = ModelArgs.from_config(config)
     with torch.device("meta"):
         model = Transformer(args)
-    model = model.to_empty(device=device).to(dtype)
+    model = model.to(dtype).to_empty(device=device)  # allocated once, in the final dtype
     if args.tie_embeddings:  # keep one tensor for both, whatever to_empty did
         model.lm_head.weight = model.model.embed_tokens.weight
     if str(weights) == "random":

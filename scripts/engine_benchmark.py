@@ -1,0 +1,112 @@
+"""Benchmark the engine at real scale on a GPU: plain decoding against its roofline floor, and
+self-speculative decoding replaying a trace's acceptance (forced m), as a speedup table.
+
+Plain decoding: random weights of a catalogue model (default Qwen3-8B shapes, bf16), batch B,
+every sequence at context C (random cache contents, no prefill), tokens/s and the time of a
+step against the floor ``(weight bytes + Σ_b C_b · KV bytes per token) / copy bandwidth``
+measured in the same run. Self-speculative: for each k and s, the trace's requests of that
+policy and s (``traces/`` file, recorded at k_rec ≥ k) are replayed with ``m' = min(m, k)``
+per iteration; speedup = tokens/s over plain tokens/s at the same batch and context.
+
+    python scripts/engine_benchmark.py --contexts 32768,131072 --batch 4 \\
+        --trace traces/<file>.jsonl --ks 2,4,6,8,10,12 --ss 0.03,0.05,0.07,0.1 --out bench.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+
+from specsim.engine import Engine, build_model
+from specsim.engine.decode import forced_prompts, truncate_trace
+from specsim.specs import catalog_dir
+from specsim.traces.format import read_trace
+
+
+def copy_bandwidth(device, gib: float = 4.0) -> float:
+    """Bytes/s of a device-to-device copy (read + write), median of 10."""
+    a = torch.empty(int(gib * 2**30) // 2, dtype=torch.bfloat16, device=device)
+    b = torch.empty_like(a)
+    times = []
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    for _ in range(12):
+        sync()
+        t0 = time.perf_counter()
+        b.copy_(a)
+        sync()
+        times.append(time.perf_counter() - t0)
+    return 2 * a.numel() * a.element_size() / sorted(times[2:])[len(times[2:]) // 2]
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="qwen3-8b")
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--contexts", default="32768,131072")
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--trace", default=None, help="specsim trace to replay (forced m)")
+    parser.add_argument("--policy", default="vegas")
+    parser.add_argument("--ks", default="2,4,6,8,10,12")
+    parser.add_argument("--ss", default="0.03,0.05,0.07,0.1")
+    parser.add_argument("--out", default="engine-benchmark.json")
+    parser.add_argument("--device", default="cuda", help="cpu: a dry run of the script only")
+    args = parser.parse_args(argv)
+    device = torch.device(args.device)
+    config = json.loads((catalog_dir() / args.model / "config.json").read_text())
+    model = build_model(config, weights="random", dtype=torch.bfloat16, device=device)
+    bandwidth = copy_bandwidth(device, 4.0 if device.type == "cuda" else 0.25)
+    print(f"{args.model}, random bf16 weights; copy bandwidth {bandwidth / 1e12:.2f} TB/s")
+    rows = []
+    ks = [int(k) for k in args.ks.split(",")]
+    ss = [float(s) for s in args.ss.split(",")]
+    trace = read_trace(args.trace) if args.trace else None
+    for context in (int(c) for c in args.contexts.split(",")):
+        prompts = [[0] * context] * args.batch
+        max_len = context + args.new_tokens * (max(ks) + 1) + max(ks) + 2
+        engine = Engine(model, batch=args.batch, max_len=max_len, policy="full", k_max=1)
+        engine.generate(prompts, 4, speculative=False, prefill="random")  # warm-up, graphs
+        plain = engine.generate(prompts, args.new_tokens, speculative=False, prefill="random")
+        step = plain.decode_seconds / plain.iterations
+        floor = (engine.weight_bytes + args.batch * (context + args.new_tokens / 2)
+                 * engine.kv_bytes_per_token) / bandwidth
+        print(f"context {context}: plain {plain.tokens_per_second:.0f} tokens/s, "
+              f"{1e3 * step:.2f} ms/step, floor {1e3 * floor:.2f} ms ({floor / step:.0%})")
+        rows.append({"context": context, "mode": "plain", "tokens_per_second":
+                     plain.tokens_per_second, "step_seconds": step, "floor_seconds": floor,
+                     "timing": plain.timing})
+        del engine
+        if trace is None:
+            continue
+        for s in ss:
+            requests = [r for r in trace.requests if r.policy == args.policy and r.s == s]
+            if not requests:
+                print(f"  s={s}: no {args.policy} requests in the trace")
+                continue
+            for k in ks:
+                chosen = [truncate_trace(requests[b % len(requests)], k)
+                          for b in range(args.batch)]
+                ids = forced_prompts(chosen, model.args.vocab_size, length=context)
+                need = context + max(t.tokens for t in chosen) + k + 3
+                spec_engine = Engine(model, batch=args.batch, max_len=need,
+                                     policy=args.policy, s=s, k_max=k)
+                result = spec_engine.generate(ids, 1, forced=chosen, prefill="random")
+                speedup = result.tokens_per_second / plain.tokens_per_second
+                print(f"  s={s} k={k}: {result.tokens_per_second:.0f} tokens/s, "
+                      f"{result.tokens_per_iteration:.2f} tokens/iteration, "
+                      f"speedup {speedup:.2f}x, split "
+                      + ", ".join(f"{p} {v:.3f}s" for p, v in result.timing.items()))
+                rows.append({"context": context, "mode": args.policy, "s": s, "k": k,
+                             "tokens_per_second": result.tokens_per_second,
+                             "tokens_per_iteration": result.tokens_per_iteration,
+                             "speedup": speedup, "timing": result.timing})
+                del spec_engine
+    with open(args.out, "w") as fh:
+        json.dump({"model": args.model, "batch": args.batch, "copy_bandwidth": bandwidth,
+                   "rows": rows}, fh, indent=2)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

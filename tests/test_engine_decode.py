@@ -1,0 +1,357 @@
+"""Self-speculative decoding is lossless, batched and ragged, and records valid traces.
+
+- Greedy: self-speculative output equals plain greedy decoding token for token, for every
+  policy, several k and s, a ragged batch (tiny random-weight model; the shipped policies at
+  contexts past Vegas' 256-position floor, and small-budget variants so drafts really are
+  sparse), through the torch path and through the Triton kernels (interpreter) — and on the
+  real SmolLM2 when it can be fetched.
+- Sampling: the distribution of the first four generated tokens of 10 000 sequences equals
+  plain decoding's exact distribution (enumerated over a 5-token vocabulary), by Pearson's
+  chi-square; the same test rejects a sampler that skips the correction.
+- Traces, forced acceptance, adaptive k, EOS, prefill reuse, errors.
+"""
+import itertools
+import time
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+import specsim.engine.decode as decode
+from specsim.engine import (AdaptiveK, Engine, SamplingParams, build_model, forced_prompts,
+                            plain_decode, speculative_decode)
+from specsim.engine.sampling import probabilities, sample
+from specsim.errors import SpecsimError
+from specsim.policies import Policy
+from specsim.traces.format import make_header, read_trace, write_trace
+
+TINY = dict(model_type="qwen3", vocab_size=256, hidden_size=64, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=128,
+            max_position_embeddings=2048, rope_theta=10000.0, tie_word_embeddings=False)
+
+#: Small-budget versions of the shipped policies, so that short contexts are really sparse.
+SMALL = {
+    "vegas": Policy("vegas", min_selected=8, recent=4, collected_rows=2,
+                    budget_includes_recent=False),
+    "last-token": Policy("last-token", min_selected=8, recent=4, collected_rows=1,
+                         budget_includes_recent=False),
+    "sparsespec": Policy("sparsespec", sink=2, recent=4, per_kv_head=True, collected_rows=16),
+    "streamingllm": Policy("streamingllm", sink=2),
+    "quest": Policy("quest", page_size=16, per_kv_head=True, rescore_every_draft=True),
+}
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return build_model(TINY, seed=1, std=0.1)
+
+
+def prompts_of(lengths, vocab=256, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, vocab, (n,), generator=g).tolist() for n in lengths]
+
+
+@pytest.fixture(scope="module")
+def ragged():
+    return prompts_of((600, 651, 707))
+
+
+@pytest.fixture(scope="module")
+def plain_ragged(tiny, ragged):
+    return plain_decode(tiny, ragged, 40)
+
+
+def check_traces(result, prompts, k):
+    for trace, prompt in zip(result.traces, prompts):
+        assert trace.context[0] == len(prompt)
+        assert np.all(np.diff(trace.context) == trace.m[:-1] + 1)
+        assert np.all(trace.k <= k) and np.all(trace.m <= trace.k)
+        for m, k_i, accept, h in zip(trace.m, trace.k, trace.accept_prob, trace.entropy):
+            assert len(accept) == len(h) == k_i and np.all(h >= 0)
+            if m < k_i:  # greedy: the leading ones are the accepted drafts
+                assert np.all(accept[:m] == 1) and accept[m] == 0
+
+
+@pytest.mark.parametrize("policy", ["vegas", "last-token", "sparsespec", "streamingllm",
+                                    "quest", "full"])
+def test_greedy_lossless_shipped_policies(tiny, ragged, plain_ragged, policy):
+    for k, s in ((3, 0.3), (6, 0.6)):
+        result = speculative_decode(tiny, ragged, 40, policy=policy, k=k, s=s)
+        assert result.tokens == plain_ragged.tokens, (policy, k, s)
+        check_traces(result, ragged, k)
+
+
+@pytest.mark.parametrize("policy", sorted(SMALL))
+def test_greedy_lossless_sparse_drafts(tiny, ragged, plain_ragged, policy):
+    accepted = []
+    for k, s in ((1, 0.05), (4, 0.1), (9, 0.3)):
+        result = speculative_decode(tiny, ragged, 40, policy=SMALL[policy], k=k, s=s)
+        assert result.tokens == plain_ragged.tokens, (policy, k, s)
+        check_traces(result, ragged, k)
+        accepted += [m for t in result.traces for m in t.m.tolist()]
+        assert result.traces[0].policy == policy and result.traces[0].s == s
+    assert 0 < np.mean(accepted) and min(accepted) == 0   # both outcomes exercised
+
+
+@pytest.mark.parametrize("policy", ["vegas", "sparsespec", "quest"])
+def test_greedy_lossless_through_triton_kernels(policy):
+    """The GPU path's kernel calls (verify with collected logits + lse, sparse drafts, the
+    attention-mass selection), run by Triton's interpreter at head_dim 64."""
+    config = dict(TINY, head_dim=64, num_attention_heads=2, num_key_value_heads=1,
+                  vocab_size=128)
+    model = build_model(config, seed=2, std=0.1)
+    prompts = prompts_of((70, 93), vocab=128)
+    expected = plain_decode(model, prompts, 10).tokens
+    result = speculative_decode(model, prompts, 10, policy=SMALL[policy], k=3, s=0.3,
+                                use_triton=True)
+    assert result.tokens == expected
+
+
+def test_batch_sequences_are_independent(tiny, ragged, plain_ragged):
+    """Each sequence of a batch gets what it gets alone (per-sequence acceptance)."""
+    alone = speculative_decode(tiny, ragged[1:2], 40, policy=SMALL["vegas"], k=4, s=0.1)
+    batched = speculative_decode(tiny, ragged, 40, policy=SMALL["vegas"], k=4, s=0.1)
+    assert alone.tokens[0] == batched.tokens[1] == plain_ragged.tokens[1]
+    assert alone.traces[0].m.tolist() == batched.traces[1].m.tolist()
+
+
+def test_eos_stops_each_sequence(tiny, ragged, plain_ragged):
+    eos = plain_ragged.tokens[0][7]
+    plain = plain_decode(tiny, ragged, 40, eos_token_ids=[eos])
+    spec = speculative_decode(tiny, ragged, 40, policy=SMALL["quest"], k=5, s=0.2,
+                              eos_token_ids=[eos])
+    assert spec.tokens == plain.tokens
+    assert plain.tokens[0][-1] == eos and len(plain.tokens[0]) <= 8
+
+
+# --------------------------------------------------------------------------------------------
+# sampling: the output distribution equals plain decoding's
+# --------------------------------------------------------------------------------------------
+
+VOCAB, PROMPT, STEPS, SAMPLES = 5, 40, 4, 10000
+SAMPLING = SamplingParams(temperature=0.9, top_p=0.9, top_k=4)
+
+
+@pytest.fixture(scope="module")
+def small_vocab():
+    config = dict(TINY, vocab_size=VOCAB, num_hidden_layers=2)
+    return build_model(config, seed=4, std=0.5)
+
+
+def exact_distribution(model, prompt) -> dict[tuple, float]:
+    """P(first STEPS tokens) under plain sampling, by enumerating every prefix."""
+    probs = {(): 1.0}
+    for step in range(STEPS):
+        prefixes = list(probs)
+        seqs = [prompt + list(p) for p in prefixes]
+        engine = Engine(model, batch=len(seqs), max_len=len(seqs[0]) + 2, policy="full",
+                        k_max=1)
+        with torch.inference_mode():
+            logits, _ = engine.prefill(seqs)
+        nxt = probabilities(logits, SAMPLING).double().numpy()
+        probs = {p + (t,): probs[p] * nxt[i, t] for i, p in enumerate(prefixes)
+                 for t in range(VOCAB) if nxt[i, t] > 0}
+    return probs
+
+
+def sampled_counts(model, prompt, policy, k, s, seed) -> tuple[dict[tuple, int], list[int]]:
+    """Counts of the first STEPS tokens of SAMPLES sampled sequences (one prefill, shared)."""
+    max_len = PROMPT + 2 * STEPS + 2 * k
+    state = Engine(model, batch=1, max_len=max_len, policy=policy, s=s, k_max=k).generate(
+        [prompt], 1, k=k, keep_prefill=True).prefill
+    engine = Engine(model, batch=SAMPLES, max_len=max_len, policy=policy, s=s, k_max=k)
+    result = engine.generate([prompt] * SAMPLES, STEPS, k=k, sampling=SAMPLING, seed=seed,
+                             prefill=state.subset([0] * SAMPLES))
+    counts: dict[tuple, int] = {}
+    for tokens in result.tokens:
+        counts[tuple(tokens[:STEPS])] = counts.get(tuple(tokens[:STEPS]), 0) + 1
+    return counts, [m for t in result.traces for m in t.m.tolist()]
+
+
+def chi_square(counts: dict, exact: dict) -> float:
+    """Pearson's test; outcomes expected fewer than 5 times are pooled into one bin; an
+    outcome plain decoding cannot produce gives 0."""
+    if not set(counts) <= set(exact):
+        return 0.0
+    keys = sorted(exact, key=exact.get, reverse=True)
+    expected = np.array([exact[key] for key in keys]) * SAMPLES
+    observed = np.array([counts.get(key, 0) for key in keys], dtype=float)
+    small = expected < 5
+    expected = np.append(expected[~small], expected[small].sum())
+    observed = np.append(observed[~small], observed[small].sum())
+    return float(stats.chisquare(observed, expected * observed.sum() / expected.sum()).pvalue)
+
+
+@pytest.mark.parametrize("policy,k,s", [("vegas", 2, 0.1), ("quest", 3, 0.3),
+                                        ("sparsespec", 3, 0.2)])
+def test_sampling_distribution_equals_plain(small_vocab, policy, k, s):
+    prompt = prompts_of((PROMPT,), vocab=VOCAB, seed=5)[0]
+    exact = exact_distribution(small_vocab, prompt)
+    counts, accepted = sampled_counts(small_vocab, prompt, SMALL[policy], k, s, seed=11)
+    assert 0 < np.mean(accepted) < k and min(accepted) == 0  # drafts differ from the target
+    assert chi_square(counts, exact) > 1e-3
+    tv = 0.5 * sum(abs(counts.get(key, 0) / SAMPLES - p) for key, p in exact.items())
+    assert tv < 0.06
+
+
+def test_sampling_test_rejects_an_uncorrected_draft(small_vocab, monkeypatch):
+    """Power check: accepting every draft (no min(1, p/q) test) is caught."""
+    def accept_all(drafts, draft_probs, target_probs, generator=None, k_seq=None):
+        batch, k = drafts.shape
+        m = torch.full((batch,), k) if k_seq is None else k_seq.clone()
+        token = sample(target_probs[torch.arange(batch), m], generator)
+        return m, token, torch.ones(batch, k)
+
+    monkeypatch.setattr(decode, "accept_speculative", accept_all)
+    prompt = prompts_of((PROMPT,), vocab=VOCAB, seed=5)[0]
+    exact = exact_distribution(small_vocab, prompt)
+    counts, _ = sampled_counts(small_vocab, prompt, SMALL["vegas"], 2, 0.1, seed=11)
+    assert chi_square(counts, exact) < 1e-6
+
+
+# --------------------------------------------------------------------------------------------
+# traces, forced acceptance, adaptive k, prefill reuse, errors
+# --------------------------------------------------------------------------------------------
+
+
+def test_traces_write_and_read_back(tiny, ragged, tmp_path):
+    result = speculative_decode(tiny, ragged, 30, policy=SMALL["sparsespec"], k=4, s=0.2,
+                                request_ids=["a", "b", "c"])
+    path = tmp_path / "t.jsonl"
+    write_trace(path, make_header(source="test", model="tiny"), result.traces)
+    back = read_trace(path)
+    assert [r.id for r in back.requests] == ["a", "b", "c"]
+    assert back.requests[1].m.tolist() == result.traces[1].m.tolist()
+    assert result.tokens_per_iteration == pytest.approx(
+        sum(t.tokens for t in result.traces) / sum(t.iterations for t in result.traces))
+
+
+def test_forced_acceptance_replays_m(tiny, ragged):
+    recorded = speculative_decode(tiny, ragged, 30, policy=SMALL["vegas"], k=5, s=0.1).traces
+    prompts = forced_prompts(recorded, TINY["vocab_size"], seed=1)
+    assert [len(p) for p in prompts] == [len(p) for p in ragged]
+    engine = Engine(tiny, batch=3, max_len=800, policy="streamingllm", s=0.05, k_max=5)
+    replay = engine.generate(prompts, 1, forced=recorded)
+    for got, want in zip(replay.traces, recorded):
+        assert got.m.tolist() == want.m.tolist() and got.k.tolist() == want.k.tolist()
+        assert got.context.tolist() == want.context.tolist()
+    assert replay.forwards["verify"] == max(t.iterations for t in recorded)
+
+
+def test_adaptive_k_uses_the_analytical_controller(tiny, ragged, plain_ragged, monkeypatch):
+    calls = []
+    original = decode.adaptive_k
+
+    def spy(*args, **kwargs):
+        calls.append(args)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(decode, "adaptive_k", spy)
+    for policy, s in (("full", 1.0), (SMALL["vegas"], 0.6)):
+        result = speculative_decode(tiny, ragged, 40, policy=policy, k=8, s=s,
+                                    adaptive=AdaptiveK(gamma=0.05))
+        assert result.tokens == plain_ragged.tokens and calls
+        check_traces(result, ragged, 8)
+    # drafts always accepted (full attention): the accepted centre settles, k grows
+    ks = [k for t in speculative_decode(tiny, ragged, 40, policy="full", k=8,
+                                        adaptive=AdaptiveK(gamma=0.05)).traces
+          for k in t.k.tolist()]
+    assert len(set(ks)) > 2 and max(ks) <= 8 and ks[-1] > ks[0]
+
+
+def test_adaptive_k_stop_rule():
+    from specsim.analytical import EntropyCentres
+    rule = AdaptiveK(gamma=0.05, start=EntropyCentres(accepted=0.5, rejected=3.0))
+    assert not rule.stop([0.4], rule.start, 8)        # confident draft: keep drafting
+    assert rule.stop([0.4, 3.2], rule.start, 8)       # looks like a rejected one: stop
+    assert rule.stop([0.4] * 8, rule.start, 8)        # k_max reached
+    moved = rule.update(rule.start, [0.4, 0.6, 2.9], m=2, k=3)
+    assert moved.accepted == pytest.approx(0.9 * 0.5 + 0.1 * 0.5)
+    assert moved.rejected == pytest.approx(0.9 * 3.0 + 0.1 * 2.9)
+
+
+def test_prefill_reuse_gives_the_same_run(tiny, ragged):
+    first = Engine(tiny, batch=3, max_len=760, policy="quest", s=0.1, k_max=4)
+    a = first.generate(ragged, 20, k=4, keep_prefill=True)
+    other = Engine(tiny, batch=2, max_len=760, policy="quest", s=0.1, k_max=4)
+    b = other.generate(ragged[1:], 20, k=4, prefill=a.prefill.subset([1, 2]))
+    assert b.tokens == a.tokens[1:]
+    assert [t.m.tolist() for t in b.traces] == [t.m.tolist() for t in a.traces[1:]]
+
+
+def test_timing_and_bytes(tiny, ragged):
+    result = speculative_decode(tiny, ragged, 20, policy="vegas", k=4, s=0.3)
+    assert set(result.timing) >= {"prefill", "draft", "verify", "selection", "other"}
+    assert result.forwards["verify"] == result.iterations
+    assert result.bytes_moved["draft"] > 0 and result.bandwidth() > 0
+    assert result.tokens_per_second > 0
+
+
+def test_engine_errors(tiny):
+    engine = Engine(tiny, batch=1, max_len=100, policy="vegas", k_max=4)
+    with pytest.raises(SpecsimError, match="k must lie"):
+        engine.generate([[1, 2, 3]], 5, k=5)
+    with pytest.raises(SpecsimError, match="cache positions"):
+        engine.generate([[1] * 90], 20)
+    with pytest.raises(SpecsimError, match="batch 1"):
+        engine.generate([[1], [2]], 5)
+    with pytest.raises(SpecsimError, match="unknown selection policy"):
+        Engine(tiny, batch=1, max_len=100, policy="magic")
+
+
+# --------------------------------------------------------------------------------------------
+# the real SmolLM2 (skipped when it cannot be fetched)
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_smollm2_greedy_lossless():
+    from specsim.engine.fetch import fetch_model
+    from specsim.engine.prompts import Tokenizer
+    try:
+        folder = fetch_model("smollm2")
+    except Exception as exc:
+        pytest.skip(f"SmolLM2 could not be fetched: {exc}")
+    t0 = time.perf_counter()
+    model = build_model(folder, weights="real")
+    tokenizer = Tokenizer(folder)
+    import inspect
+    import json
+    prompt = tokenizer.chat("Summarise this code:\n" + inspect.getsource(json.encoder)[:2400])
+    plain = plain_decode(model, [prompt], 16)
+    assert len(prompt) > 500
+    for policy, k in (("vegas", 6), ("quest", 4)):
+        result = speculative_decode(model, [prompt], 16, policy=policy, k=k, s=0.05)
+        assert result.tokens == plain.tokens, policy
+        assert result.tokens_per_iteration > 1.5    # a real model's drafts are accepted
+    assert time.perf_counter() - t0 < 120
+
+
+def test_grid_of_k_and_s_small_budget(tiny):
+    """Any k (1..12) and s: lossless on a short ragged batch."""
+    prompts = prompts_of((50, 77), seed=3)
+    expected = plain_decode(tiny, prompts, 24).tokens
+    for k, s in itertools.product((1, 2, 7, 12), (0.02, 0.5, 1.0)):
+        got = speculative_decode(tiny, prompts, 24, policy=SMALL["vegas"], k=k, s=s).tokens
+        assert got == expected, (k, s)
+
+
+def test_random_prefill_for_timing(tiny):
+    """Timing runs at real scale skip the prefill: random cache contents, same shapes."""
+    for policy in ("quest", "sparsespec", "vegas"):
+        engine = Engine(tiny, batch=2, max_len=700, policy=policy, s=0.1, k_max=4)
+        result = engine.generate(prompts_of((500, 640)), 12, k=4, prefill="random")
+        assert [len(t) for t in result.tokens] == [12, 12]
+        assert result.traces[1].context[0] == 640
+
+
+def test_counterfactual_truncation(tiny, ragged):
+    from specsim.engine.decode import truncate_trace
+    recorded = speculative_decode(tiny, ragged[:1], 30, policy="full", k=6).traces[0]
+    short = truncate_trace(recorded, 2)
+    assert short.k.max() == 2 and short.m.tolist() == [min(m, 2) for m in recorded.m.tolist()]
+    # replay at k = 2: the forced run drafts 2 per iteration
+    engine = Engine(tiny, batch=1, max_len=800, policy="vegas", s=0.2, k_max=2)
+    replay = engine.generate(ragged[:1], 1, forced=[short])
+    assert replay.traces[0].m.tolist() == short.m.tolist()
