@@ -54,9 +54,11 @@ def _parse_floats(text: str, name: str) -> list[float]:
               help="Timed repetitions per grid point (after warm-up).")
 @click.option("--out", type=click.Path(dir_okay=False), default=None,
               help="Calibration file to write (with --gpu).")
+@click.option("--time-budget", type=click.FloatRange(min=1), default=None,
+              help="Seconds after which no new (batch, context) shape is started.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def calibrate_cmd(gpu, check_path, model, hardware, batches, contexts, qs, sparsities, policies,
-                  repeats, out, as_json):
+                  repeats, out, time_budget, as_json):
     """Measured cost tables for the calibrated cost model, and their held-out check.
 
     \b
@@ -101,7 +103,7 @@ def calibrate_cmd(gpu, check_path, model, hardware, batches, contexts, qs, spars
                            qs=_parse_ints(qs, "--q"),
                            sparsities=_parse_floats(sparsities, "--sparsity"),
                            policies=[p.strip() for p in policies.split(",") if p.strip()],
-                           repeats=repeats)
+                           repeats=repeats, time_budget_s=time_budget)
     cal = measure(spec, grid, progress=True)
     cal.write(out)
     click.echo(f"wrote {len(cal.measurements)} measurements to {out}")

@@ -210,3 +210,11 @@ def test_sparse_over_whole_context_equals_decode():
                             plan_verify(2, heads, kv_heads, head_dim, 1, 64, device=DEVICE,
                                         block_n=16))[:, 0]
     assert relative_error(sparse, full) < TOLERANCE
+
+
+def test_fp32_caches_get_configs_that_fit_in_shared_memory():
+    from specsim.kernels.split_kv import fit_shared_memory
+    assert fit_shared_memory(64, 128, 128, 3, 2) == (128, 3)        # tuned bf16 config untouched
+    bn, stages = fit_shared_memory(64, 128, 128, 3, 4)
+    tile = lambda bn, st, size: (st * 2 * bn * 128 + 64 * 128 + 64 * bn) * size  # noqa: E731
+    assert tile(bn, stages, 4) <= tile(128, 3, 2) and stages >= 1 and bn >= 16

@@ -391,10 +391,9 @@ class CalibratedCostModel:
         base = self.roofline.selection(ctx, s, policy, k)
         if get_policy(policy).name in ("full", "streamingllm"):
             return base
-        cost = self._lookup(f"selection:{policy}", 1, s, ctx, base)
-        if get_policy(policy).rescore_every_draft:   # measured per draft step
-            return cost.scaled(k)
-        return cost
+        # Quest's per-step page scoring runs inside its measured draft step; what remains here
+        # is the refresh after each verify, once per iteration like every other policy
+        return self._lookup(f"selection:{policy}", 1, s, ctx, base)
 
     def prefill(self, prompt_lengths: Sequence[int]) -> Cost:
         cost = self.roofline.prefill(prompt_lengths)

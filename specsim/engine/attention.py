@@ -193,7 +193,8 @@ class AttentionBackend:
         if plan is None:
             plan = self._verify_plans[key] = plan_verify(*self.shape, q_len, self.max_len,
                                                          device=self.device,
-                                                         collect_rows=collect_rows)
+                                                         collect_rows=collect_rows,
+                                                         element_size=k_cache.element_size())
         return verify_attention(q.contiguous(), k_cache, v_cache, lengths, plan,
                                 logits=logits if collect_rows else None, lse=lse)
 
@@ -201,7 +202,8 @@ class AttentionBackend:
         if not self.use_triton:
             return sparse_attention_torch(q, k_cache, v_cache, indices, counts)
         if self._sparse_plan is None or self._sparse_plan.split.max_keys < indices.shape[-1]:
-            self._sparse_plan = plan_sparse(*self.shape, indices.shape[-1], device=self.device)
+            self._sparse_plan = plan_sparse(*self.shape, indices.shape[-1], device=self.device,
+                                            element_size=k_cache.element_size())
         return sparse_attention(q.contiguous(), k_cache, v_cache, indices, counts,
                                 self._sparse_plan)
 

@@ -147,7 +147,8 @@ class Engine:
 
     def __init__(self, model: Transformer, *, batch: int, max_len: int,
                  policy: str | Policy = "vegas", s: float = 0.05, k_max: int = 8,
-                 use_triton: bool | None = None, cuda_graphs: bool | None = None):
+                 use_triton: bool | None = None, cuda_graphs: bool | None = None,
+                 beyond_max_position: bool = False):
         args = self.args = model.args
         self.model, self.batch, self.k_max, self.s = model, batch, k_max, s
         self.policy = get_policy(policy) if isinstance(policy, str) else policy
@@ -155,8 +156,11 @@ class Engine:
         self.dtype = model.lm_head.weight.dtype
         self.max_len = math.ceil(max_len / PAGE) * PAGE
         if self.max_len > args.max_position:
-            raise SpecsimError(f"max length {self.max_len} exceeds the model's "
-                               f"{args.max_position} positions")
+            if not beyond_max_position:
+                raise SpecsimError(f"max length {self.max_len} exceeds the model's "
+                                   f"{args.max_position} positions")
+            # timing with random weights: positions past the trained range cost the same
+            model.setup_rope(self.max_len)
         self.cache = attention.KVCache(
             batch, args.num_kv_heads, self.max_len, args.head_dim, num_layers=args.num_layers,
             dtype=self.dtype, device=self.device,

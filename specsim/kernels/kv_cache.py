@@ -128,9 +128,9 @@ class KVCache:
         batch_index = torch.arange(self.batch, device=page.device)
         rows = self._k[layer][batch_index[:, None, None], :, position.clamp(max=self.max_len - 1)]
         keep = valid[..., None, None]                                               # [b,p,s,h,d]
-        inf = torch.tensor(float("inf"), dtype=rows.dtype, device=rows.device)
-        low = torch.where(keep, rows, inf).amin(dim=2)                               # [b, p, h, d]
-        high = torch.where(keep, rows, -inf).amax(dim=2)
+        # masked_fill with a Python scalar: no host tensor (CUDA-graph capturable)
+        low = rows.masked_fill(~keep, float("inf")).amin(dim=2)                      # [b, p, h, d]
+        high = rows.masked_fill(~keep, float("-inf")).amax(dim=2)
         page = torch.where(valid[:, :, 0], page, self.num_pages)  # empty pages: scratch slot
         self.page_min[layer][batch_index[:, None], :, page] = low
         self.page_max[layer][batch_index[:, None], :, page] = high

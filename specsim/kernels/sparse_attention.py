@@ -33,7 +33,8 @@ from dataclasses import dataclass, field
 import torch
 
 from specsim.kernels._runtime import default_device, next_power_of_2, tl, triton
-from specsim.kernels.split_kv import (SplitPlan, combine, plan_splits, softmax_update,
+from specsim.kernels.split_kv import (SplitPlan, combine, fit_shared_memory, plan_splits,
+                                     softmax_update,
                                       store_partial, workspace)
 
 
@@ -123,7 +124,7 @@ def plan_sparse(batch: int, num_heads: int, num_kv_heads: int, head_dim: int,
                 max_selected: int, *, device: torch.device | str | None = None,
                 block_n: int | None = None, num_splits: int | None = None,
                 num_warps: int | None = None, num_stages: int | None = None,
-                programs_per_sm: float = 2.0) -> SparsePlan:
+                programs_per_sm: float = 2.0, element_size: int = 2) -> SparsePlan:
     """Plan sparse draft launches for lists of up to ``max_selected`` positions."""
     if num_heads % num_kv_heads:
         raise ValueError(f"num_heads {num_heads} is not a multiple of kv heads {num_kv_heads}")
@@ -136,6 +137,7 @@ def plan_sparse(batch: int, num_heads: int, num_kv_heads: int, head_dim: int,
     block_n = block_n or 128
     num_warps = num_warps or 4
     num_stages = num_stages or 3
+    block_n, num_stages = fit_shared_memory(block_m, block_n, head_dim, num_stages, element_size)
     split = plan_splits(max_selected, batch * num_kv_heads, block_n, device,
                         num_splits=num_splits, programs_per_sm=programs_per_sm)
     partial_out = partial_lse = None

@@ -168,3 +168,23 @@ def workspace(batch_kv_heads: int, split: SplitPlan, block_m: int, head_dim: int
 
 __all__ = ["LOG2E", "SplitPlan", "combine", "plan_splits", "softmax_update", "store_partial",
            "workspace"]
+
+
+def fit_shared_memory(block_m: int, block_n: int, head_dim: int, num_stages: int,
+                      element_size: int) -> tuple[int, int]:
+    """(block_n, num_stages) for caches of ``element_size`` bytes.
+
+    The tuned configurations are for 2-byte (bf16/fp16) caches and are kept as they are. Wider
+    elements (fp32) double every tile, so fewer stages, then smaller key blocks, are taken until
+    the tiles need no more shared memory than the tuned 2-byte configuration does."""
+    def need(bn, stages, size):
+        return (stages * 2 * bn * head_dim + block_m * head_dim + block_m * bn) * size
+
+    if element_size <= 2:
+        return block_n, num_stages
+    budget = need(block_n, num_stages, 2)
+    while need(block_n, num_stages, element_size) > budget and num_stages > 1:
+        num_stages -= 1
+    while need(block_n, num_stages, element_size) > budget and block_n > 16:
+        block_n //= 2
+    return block_n, num_stages

@@ -45,7 +45,8 @@ from dataclasses import dataclass, field
 import torch
 
 from specsim.kernels._runtime import INTERPRETED, default_device, next_power_of_2, tl, triton
-from specsim.kernels.split_kv import (SplitPlan, combine, plan_splits, softmax_update,
+from specsim.kernels.split_kv import (SplitPlan, combine, fit_shared_memory, plan_splits,
+                                     softmax_update,
                                       store_partial, workspace)
 
 MAX_Q_LEN = 16
@@ -227,8 +228,8 @@ def plan_verify(batch: int, num_heads: int, num_kv_heads: int, head_dim: int, q_
                 collect_rows: tuple[int, ...] | None = (), collect_separate: bool | None = None,
                 block_m: int | None = None, block_n: int | None = None,
                 num_splits: int | None = None, num_warps: int | None = None,
-                num_stages: int | None = None, programs_per_sm: float | None = None
-                ) -> VerifyPlan:
+                num_stages: int | None = None, programs_per_sm: float | None = None,
+                element_size: int = 2) -> VerifyPlan:
     """Plan verify launches for sequences of up to ``max_context`` keys.
 
     ``collect_rows``: query rows whose logits are written (``()`` = none, ``None`` = the
@@ -236,6 +237,8 @@ def plan_verify(batch: int, num_heads: int, num_kv_heads: int, head_dim: int, q_
     collected rows' logits with a second small tile (default when only some rows are collected)
     rather than storing them from the main tile under a row mask. Block sizes, warps, stages and
     programs per multiprocessor default to ``DEFAULT_CONFIGS``; pass them to override.
+    ``element_size``: bytes per cache element (4 for fp32 caches: fewer stages / smaller key
+    blocks so the tiles fit in shared memory).
     ``block_m`` pads the tile to more rows (at least ``group · q``). ``num_splits`` (default:
     about ``programs_per_sm`` programs per multiprocessor) sets how many chunks each
     (sequence, KV head)'s keys are cut into.
@@ -266,6 +269,7 @@ def plan_verify(batch: int, num_heads: int, num_kv_heads: int, head_dim: int, q_
     num_warps = num_warps or default[1]
     num_stages = num_stages or default[2]
     programs_per_sm = programs_per_sm or default[3]
+    block_n, num_stages = fit_shared_memory(block_m, block_n, head_dim, num_stages, element_size)
     split = plan_splits(max_context, batch * num_kv_heads, block_n, device,
                         num_splits=num_splits, programs_per_sm=programs_per_sm)
     partial_out = partial_lse = None

@@ -1,0 +1,52 @@
+"""Where does a decode step's time go? torch.profiler over a few plain steps and speculative
+iterations of the engine at real scale (random weights), kernel table sorted by GPU time.
+
+    python scripts/engine_profile.py --model qwen3-8b --batch 4 --context 32768 --out prof.txt
+"""
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from specsim.engine import Engine, build_model
+from specsim.specs import catalog_dir
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="qwen3-8b")
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--context", type=int, default=32768)
+    parser.add_argument("--graphs", type=int, default=1)
+    parser.add_argument("--out", default="engine-profile.txt")
+    args = parser.parse_args()
+    config = json.loads((catalog_dir() / args.model / "config.json").read_text())
+    model = build_model(config, weights="random", dtype=torch.bfloat16, device="cuda")
+    prompts = [[0] * args.context] * args.batch
+    report = []
+    for label, kw in (("plain", dict(policy="full", k_max=1)),
+                      ("vegas s=0.05 k=4", dict(policy="vegas", s=0.05, k_max=4))):
+        engine = Engine(model, batch=args.batch, max_len=args.context + 200,
+                        cuda_graphs=bool(args.graphs), beyond_max_position=True, **kw)
+        speculative = label != "plain"
+        engine.generate(prompts, 8, speculative=speculative, prefill="random")   # warm-up
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            gen = engine.generate(prompts, 32, speculative=speculative, prefill="random")
+            torch.cuda.synchronize()
+        table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=30)
+        head = (f"== {label}: {gen.iterations} iterations, {gen.tokens_per_second:.0f} tokens/s, "
+                f"timing {gen.timing}")
+        print(head)
+        print(table[:6000])
+        report += [head, table]
+        del engine
+    with open(args.out, "w") as fh:
+        fh.write("\n".join(report))
+
+
+if __name__ == "__main__":
+    main()
