@@ -1,0 +1,53 @@
+"""Measure the calibrations shipped in models/calibrations/<hardware>/ (run on that GPU).
+
+Equivalent to `specsim calibrate --gpu` per model, without needing the package installed:
+
+    PYTHONPATH=. python scripts/calibrate_shipped.py --hardware h200 --out-dir models/calibrations/h200 \\
+        --models qwen3-8b,smollm2-135m --budget-s 200
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+from specsim.calibrate import CalibrationGrid, measure
+from specsim.specs import load_model
+
+GRIDS = {
+    # dense where costs bend (small batches), out to long contexts where they fit
+    "large": dict(batches=[1, 4, 16, 32], contexts=[2048, 8192, 32768, 65536],
+                  qs=[1, 2, 4, 8, 16]),
+    "small": dict(batches=[1, 8, 32, 64], contexts=[1024, 2048, 4096, 8192],
+                  qs=[1, 2, 4, 8, 16]),
+}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--hardware", default="h200")
+    parser.add_argument("--out-dir", required=True)
+    parser.add_argument("--models", default="qwen3-8b,smollm2-135m")
+    parser.add_argument("--policies", default="vegas,streamingllm")
+    parser.add_argument("--sparsities", default="0.05")
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--budget-s", type=float, default=200.0, help="per model")
+    args = parser.parse_args()
+    os.makedirs(args.out_dir, exist_ok=True)
+    for name in args.models.split(","):
+        spec = load_model(name)
+        size = "small" if spec.param_count() < 1e9 else "large"
+        grid = CalibrationGrid(**GRIDS[size], sparsities=[float(s) for s in
+                                                          args.sparsities.split(",")],
+                               policies=args.policies.split(","), repeats=args.repeats,
+                               time_budget_s=args.budget_s)
+        t0 = time.perf_counter()
+        cal = measure(spec, grid)
+        path = os.path.join(args.out_dir, f"{name}.json")
+        cal.write(path)
+        print(f"{name}: {len(cal.measurements)} measurements in {time.perf_counter() - t0:.0f} s"
+              f" -> {path}; ceilings {cal.ceilings}")
+
+
+if __name__ == "__main__":
+    main()
