@@ -191,7 +191,18 @@ def test_shipped_calibration_is_used_by_default(tmp_path, monkeypatch):
     with pytest.raises(SpecsimError, match="no shipped calibration"):
         make_cost_model(model, hw, costs="calibrated")
     (catalog / "calibrations" / "h200").mkdir(parents=True)
-    synthetic().write(str(catalog / "calibrations" / "h200" / "llama-3.1-8b.json"))
+    shipped = catalog / "calibrations" / "h200" / "llama-3.1-8b.json"
+    synthetic().write(str(shipped))                      # measures vegas only
+    cm, note = make_cost_model(model, hw)
+    assert cm.name == "roofline" and "does not cover" in note and "sparsespec" in note
+    assert make_cost_model(model, hw, costs="calibrated")[0].name == "calibrated"
+    full = synthetic()
+    for m in list(full.measurements):
+        if m.op == "draft:vegas":
+            for p in ("sparsespec", "streamingllm", "quest", "last-token"):
+                full.measurements.append(Measurement(f"draft:{p}", m.batch, m.context, 1, m.s,
+                                                     m.samples_ms))
+    full.write(str(shipped))
     cm, note = make_cost_model(model, hw)
     assert cm.name == "calibrated" and "calibrations/h200/llama-3.1-8b.json" in note
     assert make_cost_model(model, hw, tp=2)[0].name == "roofline"       # measured on one GPU

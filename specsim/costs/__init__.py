@@ -13,12 +13,21 @@ def shipped_calibration(model, hardware):
     return path if hardware.key and path.is_file() else None
 
 
+def uncovered_policies(calibration) -> list[str]:
+    """Sparse policies a calibration has no draft measurements for."""
+    from specsim.policies import POLICIES
+    measured = {m.op.split(":", 1)[1] for m in calibration.measurements
+                if m.op.startswith("draft:")}
+    return [p for p in POLICIES if p != "full" and p not in measured]
+
+
 def make_cost_model(model, hardware, tp: int = 1, costs: str = "auto"):
     """The cost model a command uses, and a note saying which and why.
 
-    ``costs``: ``auto`` (the shipped calibration for this hardware and model when there is one
-    and tp = 1, else the roofline), ``roofline``, ``calibrated`` (the shipped one, required),
-    or a path to a calibration file.
+    ``costs``: ``auto`` (the shipped calibration for this hardware and model when there is one,
+    tp = 1 and it covers every policy — else the roofline, so that policies are compared on one
+    cost model), ``roofline``, ``calibrated`` (the shipped one, required), or a path to a
+    calibration file.
     """
     import os
 
@@ -36,6 +45,12 @@ def make_cost_model(model, hardware, tp: int = 1, costs: str = "auto"):
                                    + "; run `specsim calibrate --gpu` or use --costs roofline")
             why = "tensor parallelism" if path is not None else "no calibration shipped"
             return RooflineCostModel(model, hardware, tp), f"roofline cost model ({why})"
+        missing = uncovered_policies(read_calibration(str(path)))
+        if missing and costs == "auto":
+            # mixing measured and roofline costs across policies would bias the comparison
+            return RooflineCostModel(model, hardware, tp), (
+                f"roofline cost model (the shipped calibration {path.name} does not cover "
+                f"{', '.join(missing)}; pass --costs {path} to use it anyway)")
     elif os.path.exists(costs):
         path = costs
     else:
