@@ -52,10 +52,14 @@ def main(argv=None) -> None:
     parser.add_argument("--ss", default="0.03,0.05,0.07,0.1")
     parser.add_argument("--out", default="engine-benchmark.json")
     parser.add_argument("--device", default="cuda", help="cpu: a dry run of the script only")
+    parser.add_argument("--compile", action="store_true",
+                        help="torch.compile the element-wise work around each layer's matmuls")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     config = json.loads((catalog_dir() / args.model / "config.json").read_text())
     model = build_model(config, weights="random", dtype=torch.bfloat16, device=device)
+    if args.compile:
+        model.compile_layers()
     bandwidth = copy_bandwidth(device, 4.0 if device.type == "cuda" else 0.25)
     print(f"{args.model}, random bf16 weights; copy bandwidth {bandwidth / 1e12:.2f} TB/s")
     rows = []

@@ -163,15 +163,19 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(d, args.rms_norm_eps)
         self.qk_norm = args.qk_norm
 
-    def forward(self, x, cos, sin, layer: int, attend: Attend) -> torch.Tensor:
+    def project(self, x, cos, sin):
+        """Input → rotated q, k and v [B, T, heads, D] (everything before attention)."""
         b, t, _ = x.shape
         q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim)
         k = self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim)
         v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        return self.o_proj(attend(layer, q, k, v).reshape(b, t, -1))
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+    def forward(self, x, cos, sin, layer: int, attend: Attend) -> torch.Tensor:
+        q, k, v = self.project(x, cos, sin)
+        return self.o_proj(attend(layer, q, k, v).flatten(2))
 
 
 class MLP(nn.Module):
@@ -194,9 +198,16 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
 
-    def forward(self, h, cos, sin, layer, attend):
-        h = h + self.self_attn(self.input_layernorm(h), cos, sin, layer, attend)
+    def before_attention(self, h, cos, sin):
+        return self.self_attn.project(self.input_layernorm(h), cos, sin)
+
+    def after_attention(self, h, attended):
+        h = h + self.self_attn.o_proj(attended.flatten(2))
         return h + self.mlp(self.post_attention_layernorm(h))
+
+    def forward(self, h, cos, sin, layer, attend):
+        q, k, v = self.before_attention(h, cos, sin)
+        return self.after_attention(h, attend(layer, q, k, v))
 
 
 class Backbone(nn.Module):
@@ -218,6 +229,15 @@ class Transformer(nn.Module):
         if args.tie_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.rope: torch.Tensor | None = None
+
+    def compile_layers(self) -> None:
+        """Fuse the small element-wise kernels around each layer's matmuls (RMSNorm, RoPE,
+        q/k-norm, SwiGLU, residuals) with ``torch.compile``; attention stays the engine's own
+        call between the two compiled halves. Shapes are dynamic: one compilation serves every
+        batch and query length."""
+        for layer in self.model.layers:
+            layer.before_attention = torch.compile(layer.before_attention, dynamic=True)
+            layer.after_attention = torch.compile(layer.after_attention, dynamic=True)
 
     def setup_rope(self, length: int) -> None:
         """Precompute cos/sin for positions < ``length`` on the model's device."""
