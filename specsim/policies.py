@@ -7,6 +7,7 @@ call :func:`selected_tokens`. ``s`` is the sparsity ratio (selected KV entries /
   two collected verify rows (first draft token, bonus token), plus a recent window; one ranking
   per layer and sequence, shared by KV heads; token granularity.
 - ``last-token``: as Vegas, ranked by the last accepted token's row only (SpecExtend-style).
+- ``vegas-all``: as Vegas, ranked by all k+1 verify rows (what Collect-2-Query approximates).
 - ``sparsespec``: per (layer, KV head): sink tokens ∪ top-K_mid by attention weight summed over
   the last W verify queries ∪ recent tokens, ``ceil(s·ctx)`` entries in all.
 - ``streamingllm``: sink tokens + the most recent window, ``ceil(s·ctx)`` entries in all.
@@ -63,11 +64,18 @@ POLICIES: dict[str, Policy] = {
                     budget_includes_recent=False),
     "last-token": Policy("last-token", min_selected=256, recent=32, collected_rows=1,
                          budget_includes_recent=False),
+    # Vegas ranked by all k+1 verify rows instead of two: the reference Collect-2-Query
+    # approximates (collected_rows = 0 means "every verify row")
+    "vegas-all": Policy("vegas-all", min_selected=256, recent=32, collected_rows=0,
+                        budget_includes_recent=False),
     "sparsespec": Policy("sparsespec", sink=4, recent=32, per_kv_head=True, collected_rows=16),
     "streamingllm": Policy("streamingllm", sink=4, recent=0),
     "quest": Policy("quest", page_size=16, per_kv_head=True, rescore_every_draft=True),
     "full": Policy("full"),
 }
+
+#: the selection methods specsim compares (``full`` is plain drafting, ``vegas-all`` a reference)
+SELECTION_POLICIES = ("vegas", "sparsespec", "streamingllm", "quest", "last-token")
 
 #: SparseSpec-L scores with the attention of the last W verify queries.
 SPARSESPEC_WINDOW = 16

@@ -15,10 +15,10 @@ def shipped_calibration(model, hardware):
 
 def uncovered_policies(calibration) -> list[str]:
     """Sparse policies a calibration has no draft measurements for."""
-    from specsim.policies import POLICIES
+    from specsim.policies import SELECTION_POLICIES
     measured = {m.op.split(":", 1)[1] for m in calibration.measurements
                 if m.op.startswith("draft:")}
-    return [p for p in POLICIES if p != "full" and p not in measured]
+    return [p for p in SELECTION_POLICIES if p not in measured]
 
 
 def make_cost_model(model, hardware, tp: int = 1, costs: str = "auto"):

@@ -145,7 +145,8 @@ class RooflineCostModel:
             launches = k
             note = f"quest: page metadata of {pages:.0f} pages scored at each of k={k} draft steps"
         else:
-            rows = min(SPARSESPEC_WINDOW, k + 1) if pol.per_kv_head else pol.collected_rows
+            rows = (min(SPARSESPEC_WINDOW, k + 1) if pol.per_kv_head
+                    else pol.collected_rows or k + 1)
             collected = rows * heads * total_ctx * n_full * LOGIT_BYTES   # written in verify
             lists = kv_heads if pol.per_kv_head else 1
             scores = lists * total_ctx * n_full * SCORE_BYTES
