@@ -24,13 +24,12 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
-import os
-import tempfile
 from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
 
+from specsim.atomic import atomic_writer
 from specsim.costs.base import Cost, IterationCost, as_contexts
 from specsim.costs.roofline import RooflineCostModel
 from specsim.errors import SpecsimError
@@ -175,18 +174,8 @@ class Calibration:
                 "measurements": [m.to_json() for m in self.measurements]}
 
     def write(self, path: str) -> None:
-        directory = os.path.dirname(os.path.abspath(path))
-        os.makedirs(directory, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".calibration.", dir=directory)
-        try:
-            with os.fdopen(fd, "w") as fh:
-                json.dump(self.to_json(), fh, indent=1)
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+        with atomic_writer(path) as fh:
+            json.dump(self.to_json(), fh, indent=1)
 
 
 def _bad(path, message) -> SpecsimError:

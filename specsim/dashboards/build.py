@@ -21,7 +21,8 @@ from specsim import __version__
 from specsim.costs import make_cost_model
 from specsim.dashboards import data as D
 from specsim.dashboards import figures as F
-from specsim.dashboards.page import Control, Page, Section, Slot, render_page, write_text_atomic
+from specsim.atomic import write_text_atomic
+from specsim.dashboards.page import Control, Page, Section, Slot, render_page
 from specsim.dashboards.validation import ValidationPoint, validation_data
 from specsim.predict import DEFAULT_CONTEXT, PredictOptions, predict_trace, workload_contexts
 from specsim.specs import HardwareSpec, ModelSpec

@@ -17,11 +17,8 @@ import gzip
 import html
 import json
 import math
-import os
 import re
-import tempfile
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import plotly
 import plotly.graph_objects as go
@@ -338,23 +335,3 @@ def render_page(page: Page, compress: bool = True) -> str:
 """
 
 
-def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
-    """Write to a temporary file beside ``path`` and rename it into place (never a
-    half-written page)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return path

@@ -3,11 +3,11 @@ result object, a JSON-ready summary, a short table, and a Chrome trace (chrome:/
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from specsim.atomic import atomic_writer
 
 PERCENTILES = (50, 90, 99)
 SPLIT = ("draft", "verify", "selection", "other")
@@ -203,15 +203,5 @@ class SimResult:
 
 
 def write_json_atomic(path: str, obj) -> None:
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".specsim.", dir=directory)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(obj, fh)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    with atomic_writer(path) as fh:
+        json.dump(obj, fh)

@@ -25,13 +25,13 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator
 
 import numpy as np
 
+from specsim.atomic import atomic_writer
 from specsim.errors import TraceError
 
 VERSION = 1
@@ -305,25 +305,12 @@ def write_trace(path: str | os.PathLike, header: dict,
     """Write atomically (temporary file + rename). Returns the number of records."""
     path = Path(path)
     check_header(header, str(path))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     n = 0
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(json.dumps(header) + "\n")
-            for rec in records:
-                obj = rec.to_json()
-                parse_record(obj, str(path), n + 2)  # never write what read_trace rejects
-                fh.write(json.dumps(obj, separators=(",", ":"), allow_nan=False) + "\n")
-                n += 1
-            fh.flush()
-            os.fsync(fh.fileno())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 would survive the rename
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    with atomic_writer(path) as fh:
+        fh.write(json.dumps(header) + "\n")
+        for rec in records:
+            obj = rec.to_json()
+            parse_record(obj, str(path), n + 2)  # never write what read_trace rejects
+            fh.write(json.dumps(obj, separators=(",", ":"), allow_nan=False) + "\n")
+            n += 1
     return n
