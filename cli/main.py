@@ -215,10 +215,7 @@ def _hardware_summary(hw) -> dict:
 
 
 def _memory_note(report: dict, spec, hw, tp: int) -> None:
-    need = 0.0
-    for g in report["groups"]:
-        kv = sum(spec.kv_bytes_resident(int(c)) for c in g["contexts"])
-        need = max(need, (spec.param_count() * spec.dtype_bytes + kv) / tp)
+    need = max(spec.memory_bytes(g["contexts"], tp) for g in report["groups"])
     if need > hw.memory_bytes:
         report["notes"].append(
             f"the batch does not fit: weights + KV need {need / 1e9:.0f} GB per GPU, "

@@ -159,6 +159,12 @@ class ModelSpec:
         per = self.kv_bytes_per_token_layer()
         return sum(per * self.kv_tokens_attended(context, t) for t in self.layer_types)
 
+    def memory_bytes(self, contexts, tp: int = 1) -> float:
+        """Per-GPU memory a batch needs: weights plus every sequence's resident KV cache,
+        split over ``tp`` GPUs (activations and workspace are not counted)."""
+        kv = sum(self.kv_bytes_resident(int(c)) for c in contexts)
+        return (self.param_count() * self.dtype_bytes + kv) / tp
+
     def spec_hash(self) -> str:
         import hashlib
         payload = json.dumps({k: v for k, v in self.__dict__.items() if k not in ("source",)},

@@ -188,3 +188,13 @@ def test_cpu_paths_do_not_import_gpu_or_heavy_modules():
             "sys.exit(1 if bad else 0)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_batch_that_does_not_fit_is_flagged(tmp_path):
+    path = small_trace(tmp_path / "t.jsonl")
+    r = invoke_json(["predict", "--trace", str(path), "--batch", "64", "--context", "131072",
+                     "--bootstrap", "50"])
+    assert any("does not fit" in n for n in r["notes"])
+    r = invoke_json(["predict", "--trace", str(path), "--batch", "2", "--context", "8192",
+                     "--bootstrap", "50"])
+    assert not any("does not fit" in n for n in r["notes"])

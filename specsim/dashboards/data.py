@@ -253,10 +253,8 @@ def context_acceptance_data(trace: Trace, bins: int = 8,
 
 
 def memory_needed_bytes(model: ModelSpec, contexts: Sequence[int], tp: int = 1) -> float:
-    """Per-GPU memory the batch needs: weights plus every sequence's resident KV cache, split
-    over ``tp`` GPUs (activations and workspace are not counted)."""
-    kv = sum(model.kv_bytes_resident(int(c)) for c in contexts)
-    return (model.param_count() * model.dtype_bytes + kv) / tp
+    """Per-GPU memory the batch needs (see :meth:`ModelSpec.memory_bytes`)."""
+    return model.memory_bytes(contexts, tp)
 
 
 def regime_data(trace: Trace, report: dict, costs: CostModel, model: ModelSpec,
