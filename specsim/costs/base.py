@@ -96,6 +96,17 @@ class CostModel(Protocol):
     def prefill(self, prompt_lengths: Sequence[int]) -> Cost: ...
 
 
+def compose_iteration(costs, contexts, k: int, s: float, policy: str) -> IterationCost:
+    """``T(k, s)`` from a cost model's parts: k draft steps, a verify pass of k + 1 tokens,
+    one selection, and the model's per-iteration overhead."""
+    if k < 1:
+        raise ValueError("draft length k must be ≥ 1")
+    return IterationCost(k=k, draft_step=costs.draft_step(contexts, s, policy),
+                         verify=costs.verify(contexts, k + 1),
+                         selection=costs.selection(contexts, s, policy, k),
+                         overhead_s=costs.overheads.iteration)
+
+
 def as_contexts(contexts) -> np.ndarray:
     arr = np.atleast_1d(np.asarray(contexts, dtype=np.int64))
     if arr.size == 0:

@@ -30,7 +30,7 @@ from typing import Sequence
 import numpy as np
 
 from specsim.atomic import atomic_writer
-from specsim.costs.base import Cost, IterationCost, as_contexts
+from specsim.costs.base import Cost, IterationCost, as_contexts, compose_iteration
 from specsim.costs.roofline import RooflineCostModel
 from specsim.errors import SpecsimError
 from specsim.policies import get_policy
@@ -389,12 +389,7 @@ class CalibratedCostModel:
         return _relabel(cost, cost.seconds, "prefill not calibrated: roofline model")
 
     def iteration(self, contexts: Sequence[int], k: int, s: float, policy: str) -> IterationCost:
-        if k < 1:
-            raise ValueError("draft length k must be ≥ 1")
-        return IterationCost(k=k, draft_step=self.draft_step(contexts, s, policy),
-                             verify=self.verify(contexts, k + 1),
-                             selection=self.selection(contexts, s, policy, k),
-                             overhead_s=self.overheads.iteration)
+        return compose_iteration(self, contexts, k, s, policy)
 
 
 def _relabel(cost: Cost, seconds: float, note: str) -> Cost:

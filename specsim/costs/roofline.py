@@ -22,7 +22,7 @@ from typing import Sequence
 
 import numpy as np
 
-from specsim.costs.base import Cost, IterationCost, as_contexts
+from specsim.costs.base import Cost, IterationCost, as_contexts, compose_iteration
 from specsim.policies import SPARSESPEC_WINDOW, get_policy
 from specsim.specs import FULL_ATTENTION, HardwareSpec, ModelSpec, Overheads
 
@@ -186,12 +186,7 @@ class RooflineCostModel:
                     "memory" if memory_s >= compute_s else "compute")
 
     def iteration(self, contexts: Sequence[int], k: int, s: float, policy: str) -> IterationCost:
-        if k < 1:
-            raise ValueError("draft length k must be ≥ 1")
-        return IterationCost(k=k, draft_step=self.draft_step(contexts, s, policy),
-                             verify=self.verify(contexts, k + 1),
-                             selection=self.selection(contexts, s, policy, k),
-                             overhead_s=self.overheads.iteration)
+        return compose_iteration(self, contexts, k, s, policy)
 
 
 def draft_state_bytes(model: ModelSpec, policy: str, context: int, s: float) -> float:
