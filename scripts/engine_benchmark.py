@@ -54,10 +54,14 @@ def main(argv=None) -> None:
     parser.add_argument("--device", default="cuda", help="cpu: a dry run of the script only")
     parser.add_argument("--compile", action="store_true",
                         help="torch.compile the element-wise work around each layer's matmuls")
+    parser.add_argument("--fuse", action="store_true",
+                        help="fuse the q|k|v and gate|up projections into single matmuls")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     config = json.loads((catalog_dir() / args.model / "config.json").read_text())
     model = build_model(config, weights="random", dtype=torch.bfloat16, device=device)
+    if args.fuse:
+        model.fuse_projections()
     if args.compile:
         model.compile_layers()
     bandwidth = copy_bandwidth(device, 4.0 if device.type == "cuda" else 0.25)

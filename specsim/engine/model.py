@@ -163,12 +163,34 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(d, args.rms_norm_eps)
         self.qk_norm = args.qk_norm
 
+    def fuse(self) -> None:
+        """One q|k|v matmul instead of three (same numbers: rows of one weight)."""
+        fused = nn.Linear(self.q_proj.in_features, self.q_proj.out_features
+                          + 2 * self.k_proj.out_features, bias=self.q_proj.bias is not None,
+                          device=self.q_proj.weight.device, dtype=self.q_proj.weight.dtype)
+        with torch.no_grad():
+            fused.weight.copy_(torch.cat([self.q_proj.weight, self.k_proj.weight,
+                                          self.v_proj.weight]))
+            if fused.bias is not None:
+                fused.bias.copy_(torch.cat([self.q_proj.bias, self.k_proj.bias,
+                                            self.v_proj.bias]))
+        self.qkv_proj = fused
+        del self.q_proj, self.k_proj, self.v_proj
+
     def project(self, x, cos, sin):
         """Input → rotated q, k and v [B, T, heads, D] (everything before attention)."""
         b, t, _ = x.shape
-        q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim)
+        if hasattr(self, "qkv_proj"):
+            sizes = (self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim,
+                     self.num_kv_heads * self.head_dim)
+            q, k, v = self.qkv_proj(x).split(sizes, dim=-1)
+            q = q.view(b, t, self.num_heads, self.head_dim)
+            k = k.view(b, t, self.num_kv_heads, self.head_dim)
+            v = v.view(b, t, self.num_kv_heads, self.head_dim)
+        else:
+            q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim)
+            k = self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim)
+            v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
@@ -186,7 +208,20 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(h, i, bias=False)
         self.down_proj = nn.Linear(i, h, bias=False)
 
+    def fuse(self) -> None:
+        """One gate|up matmul instead of two."""
+        fused = nn.Linear(self.gate_proj.in_features, 2 * self.gate_proj.out_features,
+                          bias=False, device=self.gate_proj.weight.device,
+                          dtype=self.gate_proj.weight.dtype)
+        with torch.no_grad():
+            fused.weight.copy_(torch.cat([self.gate_proj.weight, self.up_proj.weight]))
+        self.gate_up_proj = fused
+        del self.gate_proj, self.up_proj
+
     def forward(self, x):
+        if hasattr(self, "gate_up_proj"):
+            gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+            return self.down_proj(F.silu(gate) * up)  # SwiGLU
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))  # SwiGLU
 
 
@@ -229,6 +264,13 @@ class Transformer(nn.Module):
         if args.tie_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.rope: torch.Tensor | None = None
+
+    def fuse_projections(self) -> None:
+        """Concatenate q/k/v and gate/up weights (after loading: HF names stay loadable):
+        fewer, larger matmuls per layer, which at decode batch sizes are launch-bound."""
+        for layer in self.model.layers:
+            layer.self_attn.fuse()
+            layer.mlp.fuse()
 
     def compile_layers(self) -> None:
         """Fuse the small element-wise kernels around each layer's matmuls (RMSNorm, RoPE,
