@@ -60,8 +60,9 @@ def _hardware_set(default: str, choices: str) -> dict:
                    f"Default: {DEFAULT_TRACE}.")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="auto", show_default=True,
               help="Trace format; 'auto' detects it from the content.")
-@click.option("--model", default=DEFAULT_MODEL, show_default=True,
-              help="Catalogue name or path to a HuggingFace config.json.")
+@click.option("--model", default=None,
+              help="Catalogue name or path to a HuggingFace config.json. Default: the model "
+                   f"the trace was recorded on, when catalogued, else {DEFAULT_MODEL}.")
 @click.option("--hardware", default=DEFAULT_HARDWARE, show_default=True,
               help="Hardware shown first (catalogue name or path to a hardware JSON).")
 @click.option("--compare-hardware", default="all", show_default=True,
@@ -117,12 +118,12 @@ def dashboard_cmd(trace_path, fmt, model, hardware, compare_hardware, batch, bat
     from specsim.dashboards import DashboardOptions, Validation, build_dashboard
     from specsim.dashboards.validation import ReadContext, load_validation
     from specsim.policies import get_policy
-    from specsim.specs import load_model
+    from specsim.specs import load_model, model_for_trace
     from specsim.traces.importers import load_trace
 
     trace_label = trace_path or DEFAULT_TRACE
     trace = load_trace(trace_path or _default_trace(), None if fmt == "auto" else fmt)
-    spec = load_model(model)
+    spec = load_model(model_for_trace(model, trace.header, DEFAULT_MODEL))
     hw = _hardware_set(hardware, compare_hardware)
     if policy is not None:
         get_policy(policy)

@@ -88,8 +88,10 @@ def cli():
                    f"JSONL or Spec-Bench JSONL). Default: {DEFAULT_TRACE}.")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="auto", show_default=True,
               help="Trace format; 'auto' detects it from the content.")
-@click.option("--model", default=DEFAULT_MODEL, show_default=True,
-              help="Catalogue name (see `specsim models`) or path to a HuggingFace config.json.")
+@click.option("--model", default=None,
+              help="Catalogue name (see `specsim models`) or path to a HuggingFace config.json. "
+                   "Default: the model the trace was recorded on, when catalogued, else "
+                   f"{DEFAULT_MODEL}.")
 @click.option("--hardware", default=DEFAULT_HARDWARE, show_default=True,
               help="Catalogue name (see `specsim hardware`) or path to a hardware JSON.")
 @click.option("--batch", type=click.IntRange(min=1), default=32, show_default=True,
@@ -165,12 +167,13 @@ def predict(trace_path, fmt, model, hardware, batch, context, tp, k_max, policy,
         raise click.UsageError("--gamma belongs to a what-if: add --alpha or --accept-rates")
 
     from specsim.costs import make_cost_model
-    from specsim.specs import load_hardware, load_model
+    from specsim.specs import load_hardware, load_model, model_for_trace
     from specsim.traces.importers import load_trace
 
     trace_path = trace_path or _default_trace()
     trace = load_trace(trace_path, None if fmt == "auto" else fmt)
-    spec, hw = load_model(model), load_hardware(hardware)
+    spec = load_model(model_for_trace(model, trace.header, DEFAULT_MODEL))
+    hw = load_hardware(hardware)
     if policy is not None:
         from specsim.policies import get_policy
         get_policy(policy)

@@ -43,8 +43,9 @@ def _common(f):
                           "recorded prompt lengths, cycled)."),
         click.option("--output-tokens", type=click.IntRange(min=1), default=300,
                      show_default=True, help="Output tokens per request (all:/poisson:)."),
-        click.option("--model", default="qwen3-8b", show_default=True,
-                     help="Catalogue name or config.json path."),
+        click.option("--model", default=None,
+                     help="Catalogue name or config.json path. Default: the model the trace "
+                          "was recorded on, when catalogued, else qwen3-8b."),
         click.option("--hardware", default="h200", show_default=True,
                      help="Catalogue name or hardware JSON path."),
         click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True,
@@ -106,12 +107,12 @@ def simulate_cmd(trace_path, fmt, arrivals, prompt_tokens, output_tokens, model,
     from specsim.simulator.acceptance_source import make_source
     from specsim.simulator.engine import SimConfig, Simulation
     from specsim.simulator.tuning import make_arrivals
-    from specsim.specs import load_hardware, load_model
+    from specsim.specs import load_hardware, load_model, model_for_trace
     from specsim.traces.importers import load_trace
 
     trace = load_trace(_trace_path(trace_path), None if fmt == "auto" else fmt)
     groups = trace.groups()
-    spec, hw = load_model(model), load_hardware(hardware)
+    spec, hw = load_model(model_for_trace(model, trace.header)), load_hardware(hardware)
     arrival_list = make_arrivals(parse_arrivals(arrivals, prompt_tokens, output_tokens, seed),
                                  trace)
     if k_policy == "plain":
@@ -195,9 +196,11 @@ def tune_cmd(trace_path, fmt, arrivals, prompt_tokens, output_tokens, model, har
     from specsim.simulator.tuning import SweepSpec, summarise, sweep
     from specsim.traces.importers import load_trace
 
+    from specsim.specs import model_for_trace
     path = _trace_path(trace_path)
     trace = load_trace(path, None if fmt == "auto" else fmt)
     groups = trace.groups()
+    model = model_for_trace(model, trace.header)
     available = sorted({p for p, s in groups if s is not None})
     chosen = available if policies == "all" else [p.strip() for p in policies.split(",")]
     missing = [p for p in chosen if p not in available]

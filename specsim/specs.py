@@ -226,6 +226,15 @@ def known_models() -> list[str]:
     return sorted(p.parent.name for p in root.glob("*/config.json"))
 
 
+def model_for_trace(model: str | None, trace_header: dict, fallback: str = "qwen3-8b") -> str:
+    """The model a command costs: the one given, else the model the trace was recorded on
+    when the catalogue knows it, else ``fallback``."""
+    if model:
+        return model
+    recorded = str(trace_header.get("model") or "").lower()
+    return recorded if recorded in known_models() else fallback
+
+
 def load_model(name_or_path: str, dtype_bytes: int = 2) -> ModelSpec:
     """A catalogue name (``qwen3-8b``), a folder holding ``config.json``, or a JSON file."""
     path = Path(name_or_path)

@@ -134,3 +134,12 @@ def test_hardware_catalogue_and_measured_override(tmp_path):
     path.write_text(json.dumps({"memory_GB": 10}))
     with pytest.raises(SpecsimError, match="missing field"):
         load_hardware(str(path))
+
+
+def test_model_for_trace_defaults_to_the_recorded_model():
+    from specsim.specs import model_for_trace
+    assert model_for_trace(None, {"model": "smollm2-135m"}) == "smollm2-135m"
+    assert model_for_trace(None, {"model": "SmolLM2-135M"}) == "smollm2-135m"
+    assert model_for_trace(None, {"model": "my-private-model"}) == "qwen3-8b"
+    assert model_for_trace(None, {}) == "qwen3-8b"
+    assert model_for_trace("llama-3.1-8b", {"model": "smollm2-135m"}) == "llama-3.1-8b"
