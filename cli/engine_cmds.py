@@ -410,6 +410,8 @@ def trace_cmd(model, weights, dtype, device, sampling, temperature, top_p, top_k
                 prefill=state, keep_prefill=state is None and len(todo) == len(chunk))
             if result.prefill is not None:
                 prefilled = (c, result.prefill)
+            for i, rec in zip(todo, result.traces):   # same prompt under every configuration
+                rec.prompt_id = rec.prompt_id or prompt_names[i]
             records.extend(result.traces)
             write_trace(out, header, records)
     click.echo(f"{out}: {len(records)} records")

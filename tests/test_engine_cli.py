@@ -72,6 +72,9 @@ def test_trace_grid_resumes_and_never_duplicates(tiny_config, tmp_path):
     trace = read_trace(path)
     ids = [r.id for r in trace.requests]
     assert len(ids) == len(set(ids)) == 3 * 2 * 2 * 2
+    # every configuration of one prompt shares its prompt_id (paired bootstrap, holdout splits)
+    assert all(r.prompt_id == r.id.split("|")[0] for r in trace.requests)
+    assert len({r.prompt_id for r in trace.requests}) == 3
     assert trace.synthetic and trace.header["engine"]["weights"] == "random"
     assert {(r.policy, r.s) for r in trace.requests} == {
         (p, s) for p in ("vegas", "streamingllm") for s in (0.1, 0.5)}
