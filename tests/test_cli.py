@@ -135,7 +135,10 @@ def test_predict_context_override_and_larger_batch_helps(tmp_path):
 def test_predict_default_trace_table():
     result = CliRunner().invoke(cli, ["predict", "--bootstrap", "100"])
     assert result.exit_code == 0, result.output
-    assert "SYNTHETIC" in result.output and "k*" in result.output and "Best:" in result.output
+    # the shipped default is the real SmolLM2 trace, costed on the model it was recorded on
+    assert "smollm2-135m-greedy.jsonl" in result.output and "SYNTHETIC" not in result.output
+    assert "model     smollm2-135m" in result.output
+    assert "k*" in result.output and "Best:" in result.output
 
 
 def test_bad_trace_one_line_error(tmp_path):
