@@ -441,7 +441,8 @@ def test_dashboard_command(tmp_path):
         "--bootstrap", "50", "--calibration", str(val), "--out", str(out)])
     assert result.exit_code == 0, (result.output, result.exception)
     # output holds stdout and stderr (the progress lines)
-    assert "wrote" in result.output and "SYNTHETIC" in result.output
+    # the default trace is the real SmolLM2 one: no synthetic warning
+    assert "wrote" in result.output and "SYNTHETIC" not in result.output
     assert "predicting on NVIDIA H200" in result.output
     assert [p.name for p in out.parent.iterdir()] == ["report.html"]   # no temporary left
     data = unpack_page_data(out.read_text())
