@@ -11,7 +11,6 @@
 - Traces, forced acceptance, adaptive k, EOS, prefill reuse, errors.
 """
 import itertools
-import time
 
 import numpy as np
 import pytest
