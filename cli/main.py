@@ -480,6 +480,7 @@ def hardware(as_json):
 def _register() -> None:
     from specsim.cli.calibrate_cmd import calibrate_cmd
     from specsim.cli.engine_cmds import fetch_cmd, run_cmd, trace_cmd
+    from specsim.cli.review_cmd import review_cmd
     from specsim.cli.dashboard_cmd import dashboard_cmd
     from specsim.cli.simulate_cmds import simulate_cmd, tune_cmd
     cli.add_command(simulate_cmd)
@@ -489,6 +490,7 @@ def _register() -> None:
     cli.add_command(run_cmd)
     cli.add_command(trace_cmd)
     models.add_command(fetch_cmd)
+    cli.add_command(review_cmd)
 
 
 _register()

@@ -215,5 +215,6 @@ class AttentionBackend:
 
 __all__ = ["AttentionBackend", "KVCache", "MAX_Q_LEN", "append_positions",
            "default_collect_rows", "prefill_attention", "prefill_logits", "quest_select",
-           "sparse_attention_torch", "sparsespec_select_torch", "streamingllm_select",
-           "top_positions", "vegas_select", "verify_attention_torch", "write_prefill"]
+           "selected_counts", "sparse_attention_torch", "sparsespec_select_torch",
+           "streamingllm_select", "top_positions", "vegas_select", "verify_attention_torch",
+           "write_prefill"]

@@ -17,7 +17,11 @@ split into draft / verify / selection / other (``timing``).
 
 Options: SparseSpec-L's entropy-guided adaptive k (``AdaptiveK``, through
 ``specsim.analytical.adaptive_k``); forced acceptance (``forced=`` traces: replay each
-iteration's k and m, for timing with random weights at real shapes).
+iteration's k and m, for timing with random weights at real shapes); the proxy check
+(``Engine(proxy_check=True)``, vegas / vegas-all: after every verify, per layer, the overlap of
+Collect-2-Query's top-K with the top-K by all k+1 rows, in ``Generation.proxy``; see
+``selection.ProxyCheck``; its verify passes collect every row, so a checked run's timings are
+not the policy's own). Without it the loop does none of that work.
 
 What a trace records per iteration (``specsim.traces.format``): ``context`` = KV entries in the
 cache at the start (the prompt length on the first iteration), ``k`` drafted, ``m`` accepted,
@@ -40,7 +44,7 @@ from specsim.engine import attention
 from specsim.engine.model import Transformer
 from specsim.engine.sampling import (GREEDY, SamplingParams, accept_greedy, accept_speculative,
                                      choose, entropy, probabilities)
-from specsim.engine.selection import DraftSelection
+from specsim.engine.selection import DraftSelection, ProxyRecords
 from specsim.engine.timing import PhaseTimer
 from specsim.errors import SpecsimError
 from specsim.policies import SPARSESPEC_WINDOW, Policy, get_policy
@@ -82,6 +86,7 @@ class Generation:
     forwards: dict[str, int] = field(default_factory=dict)      # draft steps, verify passes
     bytes_moved: dict[str, float] = field(default_factory=dict)  # weights + KV, per phase
     prefill: "PrefillState | None" = None   # with keep_prefill=True
+    proxy: ProxyRecords | None = None       # with Engine(proxy_check=True)
 
     @property
     def new_tokens(self) -> int:
@@ -89,7 +94,7 @@ class Generation:
 
     @property
     def decode_seconds(self) -> float:
-        return sum(v for name, v in self.timing.items() if name != "prefill")
+        return sum(v for name, v in self.timing.items() if name not in ("prefill", "proxy"))
 
     @property
     def tokens_per_second(self) -> float:
@@ -148,7 +153,7 @@ class Engine:
     def __init__(self, model: Transformer, *, batch: int, max_len: int,
                  policy: str | Policy = "vegas", s: float = 0.05, k_max: int = 8,
                  use_triton: bool | None = None, cuda_graphs: bool | None = None,
-                 beyond_max_position: bool = False):
+                 beyond_max_position: bool = False, proxy_check: bool = False):
         args = self.args = model.args
         self.model, self.batch, self.k_max, self.s = model, batch, k_max, s
         self.policy = get_policy(policy) if isinstance(policy, str) else policy
@@ -171,7 +176,8 @@ class Engine:
         self.selection = DraftSelection(
             self.policy, s, num_layers=args.num_layers, batch=batch, num_heads=args.num_heads,
             num_kv_heads=args.num_kv_heads, max_len=self.max_len, k_max=k_max,
-            backend=self.backend, logits_dtype=self.dtype, device=self.device)
+            backend=self.backend, logits_dtype=self.dtype, device=self.device,
+            proxy_check=proxy_check)
         self.cuda_graphs = self.device.type == "cuda" if cuda_graphs is None else cuda_graphs
         self._graphs: dict = {}
         self.draft_input = torch.zeros(batch, 1, dtype=torch.long, device=self.device)
@@ -388,6 +394,8 @@ class Engine:
                 x0, _ = choose(logits, sampling, generator)
             run = _Run(self, prompts, max_new_tokens, x0, set(int(t) for t in eos_token_ids),
                        request_ids)
+            if speculative and self.selection.proxy is not None:
+                run.proxy = ProxyRecords(recent=self.policy.recent)
             if speculative:
                 self._speculative(run, k, sampling, generator, timer, adaptive, forced)
             else:
@@ -397,7 +405,7 @@ class Engine:
                           if speculative else [], timing=timing,
                           wall_seconds=time.perf_counter() - t0, iterations=run.iterations,
                           forwards=dict(run.forwards), bytes_moved=dict(run.bytes),
-                          prefill=state if keep_prefill else None)
+                          prefill=state if keep_prefill else None, proxy=run.proxy)
 
     def _plain(self, run: "_Run", sampling, generator, timer: PhaseTimer) -> None:
         x0 = run.x0
@@ -481,10 +489,17 @@ class Engine:
                 for b in range(batch):
                     if run.active[b] and adaptive is not None:
                         centres[b] = adaptive.update(centres[b], entropy_h[b], m_h[b], k_seq[b])
+                if run.proxy is not None:   # who is checked, before the step updates them
+                    checked = [b for b in range(batch) if run.active[b]]
+                    iteration_of = list(run.iteration_of)
                 run.step_speculative(k_seq, m_h, drafts_h, token_h, entropy_h, accept_h,
                                      forced)
+            if run.proxy is not None:
+                with timer.phase("proxy"):
+                    run.proxy.add(self.selection.check_proxy(self.cache.lengths, q_len),
+                                  checked, iteration_of, run.lengths, k_seq)
             with timer.phase("selection"):
-                rows = len(self.selection.collect_rows(q_len))
+                rows = self.selection.ranked_rows(q_len)
                 self.selection.refresh(self.cache.lengths, rows, m,
                                        slice(q_len - rows, q_len))
 
@@ -520,6 +535,7 @@ class _Run:
                                              "accept_prob": []} for _ in range(batch)]
         self.forwards: dict[str, int] = {"draft": 0, "verify": 0}
         self.bytes: dict[str, float] = {"draft": 0.0, "verify": 0.0}
+        self.proxy: ProxyRecords | None = None
 
     def any_active(self) -> bool:
         return any(self.active)

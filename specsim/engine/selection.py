@@ -5,9 +5,10 @@ index lists ``indices [layers, batch, (kv_heads,) capacity + k_max + 1]`` and ``
 for the logits the verify pass collects. Each iteration then
 
 1. ``collect_rows(q)``: which verify rows' pre-softmax logits the verify pass writes —
-   Vegas: Collect-2-Query's (first draft, last token); last-token: every row (the last
-   *accepted* row is picked afterwards); SparseSpec-L: the last W = 16 rows (+ their lse);
-   StreamingLLM, Quest, full: none;
+   Vegas: Collect-2-Query's (first draft, last token); vegas-all: every row (the reference
+   Collect-2-Query approximates); last-token: every row (the last *accepted* row is picked
+   afterwards); SparseSpec-L: the last W = 16 rows (+ their lse); StreamingLLM, Quest, full:
+   none;
 2. ``refresh(lengths, last_accepted_row)`` after rollback: the policy's lists from those logits
    (one per layer and sequence, or per layer and KV head), with every layer folded into the
    batch so each policy is one call;
@@ -15,31 +16,55 @@ for the logits the verify pass collects. Each iteration then
    layer's list (draft tokens attend to themselves and to earlier drafts).
 
 Quest has no lists here: it re-scores pages from the draft query inside each layer
-(``quest_lists``). After prefill the same ``refresh`` runs on the last R prompt rows.
-Budgets are ``specsim.policies``' rule only (through ``selected_counts``/``Policy.selected``).
+(``quest_lists``). After prefill the same ``refresh`` runs on the last R prompt rows
+(vegas-all: the last min(k_max + 1, 16)). Budgets are ``specsim.policies``' rule only (through
+``selected_counts``/``Policy.selected``).
+
+**Proxy check** (``ProxyCheck``, vegas and vegas-all only, off unless asked for): is
+Collect-2-Query a good proxy for ranking by every verify row? The verify pass then writes all
+q = k + 1 rows; after each verify, per layer and sequence, ``proxy_overlap`` compares the
+top-K positions by the two collected rows with the top-K by all q rows — K the policy's ranked
+budget (``selected − recent``), the recent window left out of the comparison — and splits the
+chosen positions by their distance from the newest position (``DISTANCE_BANDS``). Vegas keeps
+drafting from its own two rows (copied out of the all-rows buffer), so the run is the same as
+without the check.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
+import numpy as np
 import torch
 
 from specsim.engine import attention
+from specsim.errors import SpecsimError
 from specsim.policies import SPARSESPEC_WINDOW, Policy, get_policy
 
 #: Policies whose lists are refreshed from collected verify logits.
-COLLECTING = ("vegas", "last-token", "sparsespec")
+COLLECTING = ("vegas", "vegas-all", "last-token", "sparsespec")
+
+#: Key distance bands of the proxy check: distance d = L − n of key position n from the next
+#: token's position L (the cache length), split at these edges: (recent, 128], (128, 512],
+#: (512, 2048], (2048, ∞). Keys with d ≤ recent are in every selection and left out.
+DISTANCE_BANDS = (128, 512, 2048)
 
 
 class DraftSelection:
     def __init__(self, policy: str | Policy, s: float, *, num_layers: int, batch: int,
                  num_heads: int, num_kv_heads: int, max_len: int, k_max: int,
                  backend: attention.AttentionBackend, logits_dtype: torch.dtype,
-                 device: torch.device):
+                 device: torch.device, proxy_check: bool = False):
         self.policy = get_policy(policy) if isinstance(policy, str) else policy
         self.s, self.backend = s, backend
         self.num_layers, self.batch, self.max_len = num_layers, batch, max_len
-        self.num_kv_heads = num_kv_heads
+        self.num_kv_heads, self.k_max = num_kv_heads, k_max
         self.kind = self.policy.name
         self.indices = self.counts = self.logits = self.lse = None
+        self.proxy: ProxyCheck | None = None
+        if proxy_check and self.kind not in ("vegas", "vegas-all"):
+            raise SpecsimError(f"the proxy check compares Vegas' two collected rows with all "
+                               f"verify rows; it runs with vegas or vegas-all, not "
+                               f"'{self.kind}'")
         if self.kind in ("full", "quest"):
             return
         self.capacity = self.policy.selected(max_len, s)
@@ -48,33 +73,57 @@ class DraftSelection:
                                    device=device)
         self.counts = torch.zeros(lists, dtype=torch.int32, device=device)
         if self.kind in COLLECTING:
-            rows = {"vegas": 2, "last-token": k_max + 1, "sparsespec": SPARSESPEC_WINDOW}[self.kind]
+            rows = {"vegas": 2, "vegas-all": k_max + 1, "last-token": k_max + 1,
+                    "sparsespec": SPARSESPEC_WINDOW}[self.kind]
             self.logits = torch.zeros(num_layers, batch, num_heads, rows, max_len,
                                       dtype=logits_dtype, device=device)
             if self.kind == "sparsespec":
                 self.lse = torch.zeros(num_layers, batch, num_heads, max(k_max + 1, rows),
                                        dtype=torch.float32, device=device)
+        if proxy_check:  # vegas-all's own buffer already holds every row
+            buffer = self.logits if self.kind == "vegas-all" else torch.zeros(
+                num_layers, batch, num_heads, k_max + 1, max_len, dtype=logits_dtype,
+                device=device)
+            self.proxy = ProxyCheck(self.policy, s, buffer)
 
     # ---- what the verify pass collects ------------------------------------------------------
     def collect_rows(self, q_len: int) -> tuple[int, ...]:
+        if self.kind in ("vegas-all", "last-token") or self.proxy is not None:
+            return tuple(range(q_len))
         if self.kind == "vegas":
             return attention.default_collect_rows(q_len)
-        if self.kind == "last-token":
-            return tuple(range(q_len))
         if self.kind == "sparsespec":
             return tuple(range(max(0, q_len - SPARSESPEC_WINDOW), q_len))
         return ()
+
+    def ranked_rows(self, q_len: int) -> int:
+        """How many collected rows of the selection buffer ``refresh`` ranks by after a
+        verify of ``q_len`` rows (Vegas: its two, also under the proxy check)."""
+        if self.kind == "vegas":
+            return len(attention.default_collect_rows(q_len))
+        return len(self.collect_rows(q_len))
 
     def prefill_rows(self, prompt_len: int) -> int:
         """How many of the last prompt rows the prefill collects (0: none)."""
         if self.logits is None:
             return 0
-        return min(prompt_len, {"vegas": 2, "last-token": 1,
-                                "sparsespec": SPARSESPEC_WINDOW}[self.kind])
+        return min(prompt_len, {"vegas": 2, "last-token": 1, "sparsespec": SPARSESPEC_WINDOW,
+                                "vegas-all": min(self.k_max + 1, SPARSESPEC_WINDOW)}[self.kind])
 
     def layer_logits(self, layer: int, rows: int) -> torch.Tensor:
         """Where verify writes its collected rows for ``layer``: [B, H, rows, max_len]."""
+        if self.proxy is not None:
+            return self.proxy.logits[layer, :, :, :rows]
         return self.logits[layer, :, :, :rows]
+
+    def check_proxy(self, lengths: torch.Tensor, q_len: int) -> dict[str, torch.Tensor]:
+        """After a verify of ``q_len`` rows and its rollback: the proxy check's overlap
+        statistics per layer and sequence (``proxy_overlap``), and, for Vegas, its two
+        collected rows moved to where ``refresh`` reads them."""
+        pair = attention.default_collect_rows(q_len)
+        if self.kind == "vegas":
+            self.logits[:, :, :, :len(pair)] = self.proxy.logits[:, :, :, list(pair)]
+        return self.proxy.measure(lengths, q_len, pair)
 
     def layer_lse(self, layer: int, q_len: int) -> torch.Tensor | None:
         return None if self.lse is None else self.lse[layer, :, :, :q_len]
@@ -96,7 +145,7 @@ class DraftSelection:
             chosen, counts = attention.streamingllm_select(lengths, self.s, max_context=n,
                                                            policy=self.policy)
             chosen, counts = chosen.expand(layers, -1, -1), counts.expand(layers, -1)
-        elif self.kind in ("vegas", "last-token"):
+        elif self.kind in ("vegas", "vegas-all", "last-token"):
             logits = self.logits[:, :, :, :rows]
             if self.kind == "last-token":
                 pick = last_row.long().clamp(0, rows - 1)
@@ -136,4 +185,122 @@ class DraftSelection:
                                       max_context=self.max_len, policy=self.policy)
 
 
-__all__ = ["COLLECTING", "DraftSelection"]
+# --------------------------------------------------------------------------------------------
+# The proxy check: Collect-2-Query's ranking against the ranking by every verify row
+# --------------------------------------------------------------------------------------------
+
+
+def proxy_overlap(logits: torch.Tensor, lengths: torch.Tensor, pair: tuple[int, ...],
+                  q_len: int, budget: torch.Tensor, recent: int,
+                  bands: tuple[int, ...] = DISTANCE_BANDS) -> dict[str, torch.Tensor]:
+    """Top-K agreement of two rankings of the same keys, for N lists at once.
+
+    ``logits`` [N, H, ≥ q_len, n]: pre-softmax logits of the q verify rows over key positions
+    n; ``lengths`` [N]: cache length L; ``budget`` [N]: K. Positions ``n < L − recent`` are
+    ranked (the recent window is in both selections and left out). With
+    ``A`` = top-K by Σ_h Σ_{r ∈ pair} logits (Collect-2-Query) and ``B`` = top-K by
+    Σ_h Σ_{r < q} logits (all rows) — sums rank as the head averages do —
+    ``overlap = |A ∩ B| / K``. K is clipped to the ranked positions; where K equals them both
+    sets are everything (``trivial``). Per distance band of d = L − n (``bands`` edges, d ≤
+    edge, last band open): ``shared`` = |A ∩ B ∩ band|, ``pair_picks`` = |A ∩ band|,
+    ``all_picks`` = |B ∩ band|. Reads K's maximum on the host (not graph-capturable).
+    """
+    count, _, _, n = logits.shape
+    position = torch.arange(n, device=logits.device)
+    length = lengths.long()[:, None]
+    ranked = position < length - recent                                         # [N, n]
+    eligible = ranked.sum(-1)
+    k = torch.minimum(budget.long().clamp(min=0), eligible)
+    width = min(n, max(1, int(k.max())))
+
+    def top(rows) -> torch.Tensor:
+        score = logits[:, :, rows].sum(dim=(1, 2), dtype=torch.float32)
+        score = torch.where(ranked, score, float("-inf"))
+        index = torch.topk(score, width, dim=-1).indices
+        chosen = torch.zeros(count, n, dtype=torch.bool, device=logits.device)
+        return chosen.scatter_(1, index, torch.arange(width, device=logits.device) < k[:, None])
+
+    in_pair, in_all = top(list(pair)), top(list(range(q_len)))
+    shared = in_pair & in_all
+    edges = torch.tensor(bands, device=logits.device)
+    band = torch.bucketize(length - position, edges).expand(count, n)           # [N, n]
+
+    def per_band(chosen):
+        out = torch.zeros(count, len(bands) + 1, dtype=torch.long, device=logits.device)
+        return out.scatter_add_(1, band, chosen.long())
+
+    return {"overlap": shared.sum(-1) / k.clamp(min=1), "budget": k, "eligible": eligible,
+            "trivial": k >= eligible, "shared": per_band(shared),
+            "pair_picks": per_band(in_pair), "all_picks": per_band(in_all)}
+
+
+class ProxyCheck:
+    """The all-rows logits buffer [layers, batch, heads, k_max + 1, max_len] and the
+    measurement after each verify (one ``proxy_overlap`` call over every layer)."""
+
+    def __init__(self, policy: Policy, s: float, logits: torch.Tensor):
+        self.policy, self.s, self.logits = policy, s, logits
+
+    def measure(self, lengths: torch.Tensor, q_len: int, pair: tuple[int, ...]
+                ) -> dict[str, torch.Tensor]:
+        """Statistics [batch, layers, ...] at the current (rolled-back) ``lengths``; K is the
+        policy's ranked budget ``selected(L, s) − recent``."""
+        layers, batch = self.logits.shape[:2]
+        folded = lengths.repeat(layers)
+        budget = attention.selected_counts(self.policy, folded, self.s) - self.policy.recent
+        stats = proxy_overlap(self.logits.flatten(0, 1), folded, pair, q_len, budget,
+                              self.policy.recent)
+        return {name: v.view(layers, batch, *v.shape[1:]).transpose(0, 1)
+                for name, v in stats.items()}
+
+
+@dataclass
+class ProxyRecords:
+    """What the proxy check measured in one ``generate``: one entry per (sequence, verify).
+
+    ``context`` is the cache length the selection was made at (= the sequence's context at
+    the start of its next iteration); ``k`` the drafts verified (q = k + 1 rows); ``budget``
+    K and ``eligible`` (positions outside the recent window) per layer (equal across layers);
+    ``overlap`` [layers]; ``shared`` / ``pair_picks`` / ``all_picks`` [layers, bands] counts
+    per distance band (``DISTANCE_BANDS``; see ``proxy_overlap``).
+    """
+
+    recent: int
+    bands: tuple[int, ...] = DISTANCE_BANDS
+    sequence: list[int] = field(default_factory=list)
+    iteration: list[int] = field(default_factory=list)
+    context: list[int] = field(default_factory=list)
+    k: list[int] = field(default_factory=list)
+    budget: list[int] = field(default_factory=list)
+    eligible: list[int] = field(default_factory=list)
+    overlap: list[np.ndarray] = field(default_factory=list)
+    shared: list[np.ndarray] = field(default_factory=list)
+    pair_picks: list[np.ndarray] = field(default_factory=list)
+    all_picks: list[np.ndarray] = field(default_factory=list)
+
+    def add(self, stats: dict[str, torch.Tensor], sequences: list[int], iterations: list[int],
+            contexts: list[int], k: list[int]) -> None:
+        """One verify's statistics (``ProxyCheck.measure``) for the listed sequences."""
+        host = {name: v.cpu().numpy() for name, v in stats.items()}
+        for b in sequences:
+            self.sequence.append(b)
+            self.iteration.append(iterations[b])
+            self.context.append(contexts[b])
+            self.k.append(k[b])
+            self.budget.append(int(host["budget"][b, 0]))
+            self.eligible.append(int(host["eligible"][b, 0]))
+            self.overlap.append(host["overlap"][b].astype(float))
+            for name in ("shared", "pair_picks", "all_picks"):
+                getattr(self, name).append(host[name][b].astype(np.int64))
+
+    def __len__(self) -> int:
+        return len(self.sequence)
+
+    @property
+    def trivial(self) -> np.ndarray:
+        """Entries where K covers every ranked position (both rules choose everything)."""
+        return np.asarray(self.budget) >= np.asarray(self.eligible)
+
+
+__all__ = ["COLLECTING", "DISTANCE_BANDS", "DraftSelection", "ProxyCheck", "ProxyRecords",
+           "proxy_overlap"]
