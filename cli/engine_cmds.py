@@ -16,7 +16,7 @@ import click
 
 from specsim.errors import SpecsimError
 
-POLICY_NAMES = ("vegas", "sparsespec", "streamingllm", "quest", "last-token", "full")
+POLICY_NAMES = ("vegas", "vegas-all", "sparsespec", "streamingllm", "quest", "last-token", "full")
 SAMPLING_NAMES = ("greedy", "smollm2", "qwen3", "qwen3-non-thinking")
 
 

@@ -278,8 +278,9 @@ def _distinguishable(groups: list[dict], best: dict) -> dict | None:
 
 def compare_policies(groups: list[dict], level: float = 0.95) -> list[dict]:
     """Every pair of policies, each at its own optimum (best s and k): in what share of
-    bootstrap replicates does the first beat the second? Two policies are *distinguishable*
-    when that share is ≥ level or ≤ 1 − level."""
+    bootstrap replicates does the first beat the second (an exact tie counts as half a win, so
+    two identical policies share 0.5, not 0)? Two policies are *distinguishable* when that
+    share is ≥ level or ≤ 1 − level."""
     best: dict[str, dict] = {}
     for g in groups:
         if g["policy"] not in best or g["speedup_at_k_star"] > best[g["policy"]]["speedup_at_k_star"]:
@@ -291,7 +292,7 @@ def compare_policies(groups: list[dict], level: float = 0.95) -> list[dict]:
             sa = a["_boot_speedups"][:, a["k_star"] - 1]
             sb = b["_boot_speedups"][:, b["k_star"] - 1]
             n = min(sa.size, sb.size)
-            share = float(np.mean(sa[:n] > sb[:n]))
+            share = float(np.mean((sa[:n] > sb[:n]) + 0.5 * (sa[:n] == sb[:n])))
             out.append({"a": a["policy"], "b": b["policy"],
                         "a_speedup": a["speedup_at_k_star"], "b_speedup": b["speedup_at_k_star"],
                         "share_a_wins": share,

@@ -78,3 +78,14 @@ def test_groups_share_one_workload_of_ragged_contexts():
     assert contexts[0] == contexts[1] and len(set(contexts[0])) > 1
     assert r["groups"][0]["plain_step_ms"] == r["groups"][1]["plain_step_ms"]
     assert P.batch_contexts(np.arange(1, 101), 4).tolist() == [13, 38, 63, 88]
+
+
+def test_policy_comparison_counts_exact_ties_as_half_a_win():
+    boot = np.array([[1.0, 1.2], [1.1, 1.3], [0.9, 1.25], [1.0, 1.2]])
+    same = [{"policy": name, "speedup_at_k_star": 1.2, "k_star": 2, "_boot_speedups": boot}
+            for name in ("a", "b")]
+    (pair,) = P.compare_policies(same)
+    assert pair["share_a_wins"] == 0.5 and not pair["distinguishable"]
+    better = dict(same[1], policy="c", speedup_at_k_star=1.3, _boot_speedups=boot + 0.05)
+    (pair,) = P.compare_policies([same[0], better])
+    assert (pair["a"], pair["share_a_wins"]) == ("c", 1.0) and pair["distinguishable"]
