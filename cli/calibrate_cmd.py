@@ -31,8 +31,9 @@ def _parse_floats(text: str, name: str) -> list[float]:
 @click.command("calibrate")
 @click.option("--gpu", is_flag=True,
               help="Measure on this machine's GPU: plain steps, verify passes (q = 1..16), "
-                   "sparse draft steps and each policy's selection, with the engine's kernels "
-                   "and random weights of the model's real shapes.")
+                   "sparse draft steps, each policy's selection and the decoding loop's own "
+                   "overheads, with the engine's kernels, CUDA graphs and random weights of "
+                   "the model's real shapes.")
 @click.option("--check", "check_path", type=click.Path(dir_okay=False), default=None,
               help="Held-out check of a calibration file: predict every third interior "
                    "context point of each series from the rest; MAPE and worst case per term.")
@@ -48,7 +49,7 @@ def _parse_floats(text: str, name: str) -> list[float]:
               help="Verify query counts (k + 1).")
 @click.option("--sparsity", "sparsities", default="0.03,0.05,0.1", show_default=True,
               help="Draft sparsities s.")
-@click.option("--policy", "policies", default="vegas,sparsespec,streamingllm,quest",
+@click.option("--policy", "policies", default="vegas,sparsespec,streamingllm,quest,last-token",
               show_default=True, help="Selection policies to time.")
 @click.option("--repeats", type=click.IntRange(min=3), default=20, show_default=True,
               help="Timed repetitions per grid point (after warm-up).")
@@ -87,6 +88,13 @@ def calibrate_cmd(gpu, check_path, model, hardware, batches, contexts, qs, spars
                 for op, v in report["per_op"].items()]
         click.echo(_table(["term", "points", "MAPE", "worst"], rows))
         click.echo(f"all: MAPE {report['mape'] * 100:.2f}%, worst {report['worst'] * 100:.2f}%")
+        if report["overheads"]:
+            click.echo("loop overheads (residuals near 0: absolute errors):")
+            rows = [[op, v["points"], f"{v['measured_ms_median'] * 1e3:.0f} µs",
+                     f"{v['mean_abs_error_ms'] * 1e3:.0f} µs",
+                     f"{v['worst_abs_error_ms'] * 1e3:.0f} µs"]
+                    for op, v in report["overheads"].items()]
+            click.echo(_table(["term", "points", "measured", "mean |error|", "worst"], rows))
         return
     if not out:
         raise click.UsageError("--gpu needs --out FILE")

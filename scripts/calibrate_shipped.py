@@ -3,7 +3,7 @@
 Equivalent to `specsim calibrate --gpu` per model, without needing the package installed:
 
     PYTHONPATH=. python scripts/calibrate_shipped.py --hardware h200 --out-dir models/calibrations/h200 \\
-        --models qwen3-8b,smollm2-135m --budget-s 200
+        --models qwen3-8b,smollm2-135m --budget-s 230
 """
 from __future__ import annotations
 
@@ -16,10 +16,10 @@ from specsim.specs import load_model
 
 GRIDS = {
     # dense where costs bend (small batches), out to long contexts where they fit
-    "large": dict(batches=[1, 4, 16, 32], contexts=[2048, 8192, 32768, 65536],
-                  qs=[1, 2, 4, 8, 16]),
+    "large": dict(batches=[1, 4, 16], contexts=[4096, 16384, 32768, 65536, 131072],
+                  qs=[1, 2, 3, 4, 6, 8, 12, 16]),
     "small": dict(batches=[1, 8, 32, 64], contexts=[1024, 2048, 4096, 8192],
-                  qs=[1, 2, 4, 8, 16]),
+                  qs=[1, 2, 3, 4, 6, 8, 12, 16]),
 }
 
 
@@ -28,8 +28,9 @@ def main():
     parser.add_argument("--hardware", default="h200")
     parser.add_argument("--out-dir", required=True)
     parser.add_argument("--models", default="qwen3-8b,smollm2-135m")
-    parser.add_argument("--policies", default="vegas,streamingllm")
-    parser.add_argument("--sparsities", default="0.05")
+    parser.add_argument("--policies", default="vegas,sparsespec,streamingllm,quest,last-token")
+    parser.add_argument("--sparsities", default="0.03,0.1",
+                        help="draft costs between them are interpolated by selected bytes")
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--budget-s", type=float, default=200.0, help="per model")
     args = parser.parse_args()

@@ -8,8 +8,17 @@ Triton kernels):
 - ``plain``: one plain decoding step (q = 1, full attention, no collection);
 - ``verify``: one verify pass of q tokens (with the Vegas Collect-2-Query rows, as in a run);
 - ``draft:<policy>``: one sparse draft step at sparsity s, after a real selection;
-- ``selection:<policy>``: one refresh of every layer's index lists after a verify (Quest's
-  page scoring runs inside each of its draft steps, so it is part of ``draft:quest``).
+- ``selection:<policy>``: one refresh of every layer's index lists after a verify, replayed
+  as the engine's CUDA graph (Quest's page scoring runs inside each of its draft steps, so it
+  is part of ``draft:quest``);
+- ``overhead:plain`` and ``overhead:speculative``: what a real decoding loop spends beyond
+  those steps — accept/reject, rollback, the host's bookkeeping and the GPU's idle gaps
+  between launches — per plain step, and per speculative iteration (forced acceptance, k =
+  ``OVERHEAD_K``, policy the grid's first), measured as the loop's wall time per step minus
+  the parts' medians at the same shape.
+
+The model is prepared as real runs use it (``fuse_projections``, ``compile_layers``; both
+recorded in the provenance).
 
 Each point: warm-up calls, then ``repeats`` calls timed one by one with CUDA events (the cache
 length is rolled back after each, so every call sees the same context). The ceilings (copy
@@ -29,6 +38,12 @@ from specsim.costs.calibrated import Calibration, Measurement, collect_provenanc
 from specsim.specs import ModelSpec, catalog_dir
 
 
+#: Draft length of the ``overhead:speculative`` measurement (recorded as q = k + 1).
+OVERHEAD_K = 4
+#: Plain steps / speculative iterations per overhead measurement.
+OVERHEAD_STEPS = 24
+
+
 @dataclass
 class CalibrationGrid:
     batches: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64])
@@ -42,6 +57,7 @@ class CalibrationGrid:
     warmup: int = 3
     memory_fraction: float = 0.85
     time_budget_s: float | None = None   # stop starting new shapes after this long
+    overheads: bool = True               # measure overhead:plain / overhead:speculative
 
 
 def kernel_config_hash() -> str:
@@ -85,7 +101,7 @@ def _time(torch, fn, repeats: int, warmup: int, after=None) -> list[float]:
 
 
 def measure(spec: ModelSpec, grid: CalibrationGrid, config: dict | None = None,
-            progress: bool = True) -> Calibration:
+            progress: bool = True, fuse: bool = True, compile: bool = True) -> Calibration:
     import torch
 
     from specsim.engine import Engine, build_model
@@ -93,6 +109,10 @@ def measure(spec: ModelSpec, grid: CalibrationGrid, config: dict | None = None,
     if config is None:
         config = json.loads((catalog_dir() / spec.name / "config.json").read_text())
     model = build_model(config, weights="random", dtype=torch.bfloat16, device="cuda")
+    if fuse:
+        model.fuse_projections()
+    if compile:
+        model.compile_layers()
     free = torch.cuda.mem_get_info()[0]
     ceilings = _ceilings(torch)
     rows: list[Measurement] = []
@@ -115,7 +135,10 @@ def measure(spec: ModelSpec, grid: CalibrationGrid, config: dict | None = None,
     prov = collect_provenance(spec, kernel_config_hash())
     prov["grid"] = {"batches": grid.batches, "contexts": grid.contexts, "qs": grid.qs,
                     "sparsities": grid.sparsities, "policies": grid.policies,
-                    "repeats": grid.repeats, "shapes_skipped_for_memory": skipped}
+                    "repeats": grid.repeats, "shapes_skipped_for_memory": skipped,
+                    "overhead_k": OVERHEAD_K if grid.overheads else None}
+    prov["engine"] = {"fuse_projections": fuse, "compile_layers": compile, "cuda_graphs": True,
+                      "draft_chain": True}
     return Calibration(prov, ceilings, rows)
 
 
@@ -128,43 +151,110 @@ def _measure_shape(torch, Engine, model, grid: CalibrationGrid, batch: int, cont
     def record(op, seconds, q=1, s=None):
         out.append(Measurement(op, batch, context, q, s, [t * 1e3 for t in seconds]))
 
+    room = max(q_max, OVERHEAD_K + 1) * (OVERHEAD_STEPS + 2) + 8 if grid.overheads else q_max + 8
     with torch.inference_mode():
-        plain = Engine(model, batch=batch, max_len=context + q_max + 8, policy="full",
+        plain = Engine(model, batch=batch, max_len=context + room, policy="full",
                        k_max=1, beyond_max_position=True)
         plain.prefill(prompts, "random")
-        record("plain", _time(torch, lambda: plain.verify(1, collect=False), grid.repeats,
-                              grid.warmup, lambda: plain.cache.rollback(1)))
+        plain_ms = _time(torch, lambda: plain.verify(1, collect=False), grid.repeats,
+                         grid.warmup, lambda: plain.cache.rollback(1))
+        record("plain", plain_ms)
+        if grid.overheads:
+            record("overhead:plain", _loop_overhead(torch, plain, prompts, float(np.median(
+                plain_ms)), speculative=False))
         del plain
         for policy in grid.policies:
             for s in grid.sparsities:
-                engine = Engine(model, batch=batch, max_len=context + q_max + 8,
-                                policy=policy, s=s, k_max=q_max - 1, beyond_max_position=True)
-                engine.prefill(prompts, "random")
-                rows = engine._prefill_rows
-                zeros = torch.zeros(batch, dtype=torch.long, device=engine.device)
+                try:
+                    out += _measure_policy(torch, Engine, model, grid, batch, context, prompts,
+                                           room, policy, s)
+                except torch.OutOfMemoryError:
+                    print(f"  out of memory: {policy} s={s} at batch {batch}, context "
+                          f"{context} skipped", file=sys.stderr, flush=True)
+                torch.cuda.empty_cache()
+    return out
 
-                def refresh():
-                    engine.selection.refresh(engine.cache.lengths, rows, zeros, slice(0, rows))
 
-                refresh()
-                counts = engine.selection.counts
-                saved = counts.clone() if counts is not None else None
+def _measure_policy(torch, Engine, model, grid: CalibrationGrid, batch: int, context: int,
+                    prompts, room: int, policy: str, s: float) -> list[Measurement]:
+    """One policy at one sparsity and shape: draft step, selection refresh (and, for the
+    grid's first policy and sparsity, the verify passes and the speculative loop's overhead)."""
+    q_max = max(grid.qs)
+    out: list[Measurement] = []
 
-                def undo_draft():   # the draft appended its position to every list
-                    engine.cache.rollback(1)
-                    if saved is not None:
-                        counts.copy_(saved)
+    def record(op, seconds, q=1, s=None):
+        out.append(Measurement(op, batch, context, q, s, [t * 1e3 for t in seconds]))
 
-                if policy == grid.policies[0] and s == grid.sparsities[0]:
-                    for q in grid.qs:
-                        record("verify", _time(torch, lambda: engine.verify(q), grid.repeats,
-                                               grid.warmup, lambda: engine.cache.rollback(q)),
-                               q=q)
-                    refresh()
-                record(f"draft:{policy}", _time(torch, engine.draft, grid.repeats, grid.warmup,
-                                                undo_draft), s=s)
-                if policy != "streamingllm":
-                    record(f"selection:{policy}", _time(torch, refresh, max(5, grid.repeats // 2),
-                                                        1), s=s)
-                del engine
+    with torch.inference_mode():
+        engine = Engine(model, batch=batch, max_len=context + room,
+                        policy=policy, s=s, k_max=q_max - 1, beyond_max_position=True)
+        engine.prefill(prompts, "random")
+        rows = engine._prefill_rows
+        zeros = torch.zeros(batch, dtype=torch.long, device=engine.device)
+
+        def refresh():
+            engine.refresh(rows, zeros, slice(0, rows))
+
+        refresh()
+        counts = engine.selection.counts
+        saved = counts.clone() if counts is not None else None
+
+        def undo_draft():   # the draft appended its position to every list
+            engine.cache.rollback(1)
+            if saved is not None:
+                counts.copy_(saved)
+
+        first = policy == grid.policies[0] and s == grid.sparsities[0]
+        verify_ms = {}
+        if first:
+            for q in grid.qs:
+                verify_ms[q] = _time(torch, lambda: engine.verify(q), grid.repeats,
+                                     grid.warmup, lambda: engine.cache.rollback(q))
+                record("verify", verify_ms[q], q=q)
+            refresh()
+        draft_ms = _time(torch, engine.draft, grid.repeats, grid.warmup, undo_draft)
+        record(f"draft:{policy}", draft_ms, s=s)
+        selection_ms = [0.0]
+        if policy != "streamingllm":
+            selection_ms = _time(torch, refresh, grid.repeats, grid.warmup)
+            record(f"selection:{policy}", selection_ms, s=s)
+        if first and grid.overheads:
+            q = OVERHEAD_K + 1
+            verify_q = verify_ms.get(q) or _time(
+                torch, lambda: engine.verify(q), grid.repeats, grid.warmup,
+                lambda: engine.cache.rollback(q))
+            parts = (OVERHEAD_K * float(np.median(draft_ms)) + float(np.median(verify_q))
+                     + float(np.median(selection_ms)))
+            record("overhead:speculative", _loop_overhead(
+                torch, engine, prompts, parts, speculative=True,
+                extra_ms=float(np.median(selection_ms))), q=q)
+        del engine
+    return out
+
+
+def _loop_overhead(torch, engine, prompts, parts_ms: float, *, speculative: bool,
+                   extra_ms: float = 0.0, repeats: int = 3) -> list[float]:
+    """Per step (plain) or per iteration (speculative, forced k = ``OVERHEAD_K``, m = k // 2)
+    of a real decoding loop: its wall time minus ``parts_ms`` (the steps' medians), ms.
+
+    The first run compiles and captures; then ``repeats`` timed runs. The prefill (random
+    numbers, timed with CUDA events by the engine) is subtracted from each run's wall time, and
+    ``extra_ms`` (the speculative loop's one refresh before its first iteration)."""
+    from specsim.traces.format import RequestTrace
+
+    n = OVERHEAD_STEPS
+    forced = None
+    if speculative:
+        context = np.array([len(p) for p in prompts])
+        forced = [RequestTrace(str(b), engine.policy.name, engine.s,
+                               context[b] + np.arange(n) * (OVERHEAD_K // 2 + 1),
+                               np.full(n, OVERHEAD_K), np.full(n, OVERHEAD_K // 2))
+                  for b in range(len(prompts))]
+    out = []
+    for i in range(repeats + 1):
+        gen = engine.generate(prompts, n + 1, speculative=speculative, k=OVERHEAD_K
+                              if speculative else None, forced=forced, prefill="random")
+        loop_ms = (gen.wall_seconds - gen.timing["prefill"]) * 1e3
+        if i:
+            out.append((loop_ms - extra_ms) / gen.iterations - parts_ms)
     return out

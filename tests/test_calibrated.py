@@ -215,3 +215,52 @@ def test_shipped_calibration_is_used_by_default(tmp_path, monkeypatch):
     assert doc["cost_model"] == "calibrated" and doc["costs"].startswith("calibrated")
     with pytest.raises(SpecsimError, match="--costs must be"):
         make_cost_model(model, hw, costs="nonsense")
+
+
+def with_overheads(cal, plain_us=lambda b: 40 + 2 * b, spec_us=lambda b: 90 + 5 * b, noise=0.0):
+    """Add measured loop overheads (µs, by batch; one sample slightly negative-capable)."""
+    rng = np.random.default_rng(7)
+    rows = list(cal.measurements)
+    for b in sorted({m.batch for m in rows}):
+        for c in sorted({m.context for m in rows}):
+            rows.append(Measurement("overhead:plain", b, c, 1, None,
+                                    list(plain_us(b) / 1e3 + noise * rng.standard_normal(3))))
+            rows.append(Measurement("overhead:speculative", b, c, 5, None,
+                                    list(spec_us(b) / 1e3 + noise * rng.standard_normal(3))))
+    return Calibration(cal.provenance, cal.ceilings, rows)
+
+
+def test_measured_loop_overheads_enter_plain_steps_and_iterations():
+    bare, cal = CalibratedCostModel(synthetic(), MODEL, HW), CalibratedCostModel(
+        with_overheads(synthetic()), MODEL, HW)
+    ctx = [8192] * 4
+    assert cal.plain_step(ctx).seconds - bare.plain_step(ctx).seconds == pytest.approx(48e-6,
+                                                                                     rel=1e-3)
+    assert "overhead:plain measured" in cal.plain_step(ctx).notes[-1]
+    it, it0 = cal.iteration(ctx, 6, 0.05, "vegas"), bare.iteration(ctx, 6, 0.05, "vegas")
+    assert it.overhead_s == pytest.approx(110e-6, rel=1e-3)
+    assert it0.overhead_s == HW.overheads.iteration          # roofline's constant without one
+    assert it.seconds - it0.seconds == pytest.approx(110e-6 - HW.overheads.iteration, rel=1e-3)
+    # a residual that comes out negative is clipped at zero, never makes a step cheaper
+    neg = CalibratedCostModel(with_overheads(synthetic(), plain_us=lambda b: -30.0), MODEL, HW)
+    assert neg.plain_step(ctx).seconds == pytest.approx(bare.plain_step(ctx).seconds)
+
+
+def test_overheads_in_files_and_the_held_out_check(tmp_path):
+    cal = with_overheads(synthetic(noise=0.01, seed=2), noise=0.002)
+    cal.measurements[-1] = Measurement("overhead:speculative", 1, 1024, 5, None, [-0.004, 0.01])
+    path = tmp_path / "cal.json"
+    cal.write(str(path))
+    back = read_calibration(str(path))          # negative residual samples are allowed
+    assert sum(m.op.startswith("overhead") for m in back.measurements) == sum(
+        m.op.startswith("overhead") for m in cal.measurements)
+    report = held_out_check(back, MODEL, HW)
+    assert set(report["overheads"]) == {"overhead:plain", "overhead:speculative"}
+    assert report["overheads"]["overhead:plain"]["mean_abs_error_ms"] < 0.01
+    assert "overhead:plain" not in report["per_op"]        # not in the relative MAPE
+    assert report["per_op"]["plain"]["mape"] < 0.03        # the step alone, not + overhead
+    d = json.loads(path.read_text())
+    d["measurements"][-1]["op"] = "overhead:draft"
+    (tmp_path / "bad.json").write_text(json.dumps(d))
+    with pytest.raises(SpecsimError, match="unknown op 'overhead:draft'"):
+        read_calibration(str(tmp_path / "bad.json"))

@@ -41,7 +41,36 @@ def test_graphs_replay_eager_exactly(model, policy):
         runs.append(engine.generate(batch, 48, k=6))
     assert runs[0].tokens == runs[1].tokens
     assert [t.m.tolist() for t in runs[0].traces] == [t.m.tolist() for t in runs[1].traces]
+    for eager, graphed in zip(runs[0].traces, runs[1].traces):   # the draft chain's entropies
+        for a, b in zip(eager.entropy, graphed.entropy):
+            assert b == pytest.approx(a, rel=1e-5, abs=1e-6)
     assert runs[1].timing["draft"] > 0 and runs[1].timing["verify"] > 0
+
+
+@pytest.mark.parametrize("policy", ["vegas", "sparsespec", "last-token", "streamingllm"])
+def test_graphed_refresh_builds_the_eager_lists(model, policy):
+    """After a verify, the refresh replayed from its CUDA graph leaves exactly the index lists
+    an eager refresh leaves (at a second, different cache length too: the graph reads the
+    lengths from the static buffer)."""
+    batch = prompts((1500, 2100, 1800))
+    engines = [Engine(model, batch=3, max_len=2200, policy=policy, s=0.1, k_max=6,
+                      cuda_graphs=graphs) for graphs in (False, True)]
+    m = torch.tensor([2, 0, 5], device="cuda")
+    with torch.inference_mode():
+        for engine in engines:
+            engine.prefill(batch)
+            engine.verify(7)
+            engine.cache.rollback((7 - m - 1).int())
+            rows = engine.selection.ranked_rows(7)
+            engine.refresh(rows, m, slice(7 - rows, 7))
+        assert torch.equal(engines[0].selection.counts, engines[1].selection.counts)
+        assert torch.equal(engines[0].selection.indices, engines[1].selection.indices)
+        for engine in engines:                 # the same graph at other lengths
+            engine.cache.rollback(torch.tensor([1, 0, 3], device="cuda", dtype=torch.int32))
+            engine.refresh(rows, m, slice(7 - rows, 7))
+        assert torch.equal(engines[0].selection.counts, engines[1].selection.counts)
+        assert torch.equal(engines[0].selection.indices, engines[1].selection.indices)
+        assert len([k for k in engines[1]._graphs if k[0] == "refresh"]) == 1
 
 
 def test_greedy_self_speculation_matches_plain_on_gpu(model):

@@ -22,6 +22,7 @@ same measurements, and every :class:`~specsim.costs.base.Cost` it returns says s
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import json
 from dataclasses import dataclass, field
@@ -38,6 +39,8 @@ from specsim.specs import FULL_ATTENTION, HardwareSpec, ModelSpec
 
 FORMAT_KEY = "specsim_calibration"
 VERSION = 1
+#: Measured loop overheads: per plain step, per speculative iteration.
+OVERHEAD_OPS = ("overhead:plain", "overhead:speculative")
 PROVENANCE_FIELDS = ("gpu", "gpu_memory_bytes", "driver", "cuda", "torch", "triton",
                      "kernel_config_hash", "model_spec_hash", "model", "date")
 
@@ -216,11 +219,17 @@ def read_calibration(path: str) -> Calibration:
             raise _bad(path, f"{where}: missing or bad field ({exc})") from None
         if batch < 1 or context < 1 or q < 1 or not samples:
             raise _bad(path, f"{where}: batch, context, q must be ≥ 1 and samples non-empty")
-        if not all(np.isfinite(samples)) or min(samples) <= 0:
-            raise _bad(path, f"{where}: samples must be positive finite milliseconds")
         kind = op.split(":", 1)[0]
-        if kind not in ("plain", "verify", "draft", "selection"):
+        if kind not in ("plain", "verify", "draft", "selection", "overhead"):
             raise _bad(path, f"{where}: unknown op '{op}'")
+        if kind == "overhead":   # a residual: wall time minus the parts, noise may be < 0
+            if op not in OVERHEAD_OPS:
+                raise _bad(path, f"{where}: unknown op '{op}' (overheads: "
+                                 f"{', '.join(OVERHEAD_OPS)})")
+            if not all(np.isfinite(samples)):
+                raise _bad(path, f"{where}: samples must be finite milliseconds")
+        elif not all(np.isfinite(samples)) or min(samples) <= 0:
+            raise _bad(path, f"{where}: samples must be positive finite milliseconds")
         if kind in ("draft", "selection"):
             if ":" not in op:
                 raise _bad(path, f"{where}: op '{op}' needs a policy (e.g. draft:vegas)")
@@ -362,9 +371,28 @@ class CalibratedCostModel:
         return min(candidates, key=lambda k: abs(k[2] - s))
 
     # ---- the interface ------------------------------------------------------------------
+    def _overhead(self, op: str, contexts: np.ndarray) -> tuple[float, str] | None:
+        """A measured loop overhead (``overhead:plain`` / ``overhead:speculative``, any q) at
+        these contexts, seconds ≥ 0, or None when the calibration has none."""
+        keys = [key for key in self.fits if key[0] == op]
+        if not keys:
+            return None
+        seconds, inside = self.fits[keys[0]].predict(contexts.size * keys[0][1],
+                                                     self._op_bytes(op, contexts, None))
+        note = f"{op} measured" + ("" if inside else " (outside the grid: fitted roofline)")
+        return max(float(seconds), 0.0), note
+
     def plain_step(self, contexts: Sequence[int]) -> Cost:
+        """One plain step in a decoding loop: the measured step plus, when calibrated, the
+        loop's measured per-step overhead (host work and launch gaps)."""
         ctx = as_contexts(contexts)
-        return self._lookup("plain", 1, None, ctx, self.roofline.plain_step(ctx))
+        cost = self._lookup("plain", 1, None, ctx, self.roofline.plain_step(ctx))
+        extra = self._overhead("overhead:plain", ctx)
+        if extra is None:
+            return cost
+        out = _relabel(cost, cost.seconds + extra[0], extra[1])
+        return Cost(out.seconds, out.weight_bytes, out.kv_bytes, out.other_bytes, out.flops,
+                    out.overhead_s + extra[0], out.comm_s, out.bound, out.notes)
 
     def verify(self, contexts: Sequence[int], q: int) -> Cost:
         ctx = as_contexts(contexts)
@@ -389,7 +417,12 @@ class CalibratedCostModel:
         return _relabel(cost, cost.seconds, "prefill not calibrated: roofline model")
 
     def iteration(self, contexts: Sequence[int], k: int, s: float, policy: str) -> IterationCost:
-        return compose_iteration(self, contexts, k, s, policy)
+        """``compose_iteration``, with the measured per-iteration loop overhead (accept,
+        rollback, host bookkeeping, launch gaps) in place of the roofline's constant when the
+        calibration has it."""
+        cost = compose_iteration(self, contexts, k, s, policy)
+        extra = self._overhead("overhead:speculative", as_contexts(contexts))
+        return cost if extra is None else dataclasses.replace(cost, overhead_s=extra[0])
 
 
 def _relabel(cost: Cost, seconds: float, note: str) -> Cost:
@@ -443,12 +476,19 @@ def held_out_check(calibration: Calibration, model: ModelSpec, hardware: Hardwar
     fitted = CalibratedCostModel(Calibration(calibration.provenance, calibration.ceilings, kept),
                                  model, hardware)
     per_op: dict[str, list[float]] = {}
+    overheads: dict[str, list[tuple[float, float]]] = {}
     rows_out = []
     for r in held:
         ctx = [r.context] * r.batch
         kind, _, policy = r.op.partition(":")
-        if kind == "plain":
-            cost = fitted.plain_step(ctx)
+        if kind == "overhead":   # a residual near 0: absolute error, not relative
+            got = fitted._overhead(r.op, np.asarray(ctx))
+            if got is not None:
+                overheads.setdefault(r.op, []).append((r.median_ms, got[0] * 1e3))
+            continue
+        if kind == "plain":   # the step alone, as measured (plain_step adds the loop overhead)
+            cost = fitted._lookup("plain", 1, None, np.asarray(ctx),
+                                  fitted.roofline.plain_step(ctx))
         elif kind == "verify":
             cost = fitted.verify(ctx, r.q)
         elif kind == "draft":
@@ -465,5 +505,9 @@ def held_out_check(calibration: Calibration, model: ModelSpec, hardware: Hardwar
     summary = {op: {"points": len(e), "mape": float(np.mean(np.abs(e))),
                     "worst": float(np.max(np.abs(e)))} for op, e in sorted(per_op.items())}
     all_err = np.abs([r["error"] for r in rows_out])
-    return {"held_out": len(held), "kept": len(kept), "per_op": summary,
+    over = {op: {"points": len(v), "measured_ms_median": float(np.median([m for m, _ in v])),
+                 "mean_abs_error_ms": float(np.mean([abs(p - m) for m, p in v])),
+                 "worst_abs_error_ms": float(np.max([abs(p - m) for m, p in v]))}
+            for op, v in sorted(overheads.items())}
+    return {"held_out": len(held), "kept": len(kept), "per_op": summary, "overheads": over,
             "mape": float(all_err.mean()), "worst": float(all_err.max()), "rows": rows_out}

@@ -181,6 +181,13 @@ class Engine:
         self.cuda_graphs = self.device.type == "cuda" if cuda_graphs is None else cuda_graphs
         self._graphs: dict = {}
         self.draft_input = torch.zeros(batch, 1, dtype=torch.long, device=self.device)
+        # static buffers of the greedy draft chain and of the selection refresh (graphed)
+        self.chain_x0 = torch.zeros(batch, dtype=torch.long, device=self.device)
+        self.drafts = torch.zeros(batch, max(k_max, 1), dtype=torch.long, device=self.device)
+        self.entropies = torch.zeros(batch, max(k_max, 1), dtype=torch.float32,
+                                     device=self.device)
+        self.last_row = torch.zeros(batch, dtype=torch.long, device=self.device)
+        self._refresh_pool = None
         self._verify_inputs: dict[int, torch.Tensor] = {}
         params = {id(p): p for p in model.parameters()}.values()
         self.weight_bytes = float(sum(p.numel() * p.element_size() for p in params))
@@ -256,6 +263,23 @@ class Engine:
         rows = self.selection.collect_rows(q_len) if collect else ()
         return self.model(self.verify_input(q_len), positions, self._verify_attend(q_len, rows))
 
+    def _draft_chain_step(self, k_iter: int) -> torch.Tensor:
+        """Greedy drafting of ``k_iter`` tokens from ``chain_x0`` with no host read between
+        steps: each step's argmax feeds the next; tokens land in ``drafts[:, :k_iter]``, their
+        entropies in ``entropies``; the cache is rolled back to where it started."""
+        token = self.chain_x0
+        for j in range(k_iter):
+            self.draft_input[:, 0] = token
+            token, probs = choose(self._draft_step(), GREEDY)
+            self.drafts[:, j] = token
+            self.entropies[:, j] = entropy(probs)
+        self.cache.rollback(k_iter)
+        return self.drafts
+
+    def _refresh_step(self, rows: int, lse_rows: slice) -> torch.Tensor:
+        self.selection.refresh(self.cache.lengths, rows, self.last_row, lse_rows)
+        return self.last_row
+
     def verify_input(self, q_len: int) -> torch.Tensor:
         if q_len not in self._verify_inputs:
             self._verify_inputs[q_len] = torch.zeros(self.batch, q_len, dtype=torch.long,
@@ -271,15 +295,37 @@ class Engine:
                 t.copy_(s)
         return restore
 
-    def _run(self, key, step, capturable: bool):
-        """Run ``step`` eagerly, or as a CUDA graph (its own memory pool) captured on first
-        use."""
+    def _run(self, key, step, capturable: bool, pool=None):
+        """Run ``step`` eagerly, or as a CUDA graph (its own memory pool unless ``pool``)
+        captured on first use."""
         if not (self.cuda_graphs and capturable):
             return step()
         if key not in self._graphs:
             from specsim.engine.graphs import CapturedStep
-            self._graphs[key] = CapturedStep(step, self._snapshot)
+            self._graphs[key] = CapturedStep(step, self._snapshot, pool=pool)
         return self._graphs[key]()
+
+    def draft_chain(self, k_iter: int) -> torch.Tensor:
+        """``k_iter`` greedy draft steps from ``chain_x0`` as one launch (one CUDA graph per
+        k): drafts [B, ≥ k_iter] (and ``entropies``), the cache length unchanged."""
+        capturable = self.backend.capturable(1 if self.policy.name == "full" else None)
+        return self._run(("chain", k_iter), lambda: self._draft_chain_step(k_iter), capturable)
+
+    def refresh(self, rows: int, last_row: torch.Tensor | None = None,
+                lse_rows: slice | None = None) -> None:
+        """The selection's refresh (``DraftSelection.refresh``) at the current lengths, as one
+        CUDA graph per (rows, lse rows); the graphs share one memory pool (their outputs are
+        copied into the static index lists, so nothing outlives a replay)."""
+        if self.selection.indices is None:
+            return
+        if last_row is not None:
+            self.last_row.copy_(last_row)
+        lse_rows = lse_rows or slice(0, rows)
+        if self.cuda_graphs and self._refresh_pool is None:
+            self._refresh_pool = torch.cuda.graph_pool_handle()
+        self._run(("refresh", rows, lse_rows.start, lse_rows.stop),
+                  lambda: self._refresh_step(rows, lse_rows), self.backend.capturable(),
+                  pool=self._refresh_pool)
 
     def draft(self) -> torch.Tensor:
         """One draft step (input ``draft_input``): logits [B, V]."""
@@ -428,9 +474,11 @@ class Engine:
         batch, vocab, device = self.batch, self.args.vocab_size, self.device
         with timer.phase("selection"):
             rows = self._prefill_rows
-            self.selection.refresh(self.cache.lengths, rows,
-                                   torch.zeros(batch, dtype=torch.long, device=device),
-                                   slice(0, rows))
+            self.refresh(rows, torch.zeros(batch, dtype=torch.long, device=device),
+                         slice(0, rows))
+        # greedy drafting without the adaptive controller needs no host read between draft
+        # steps: one launch drafts all k (a CUDA graph per k on the GPU)
+        chained = sampling.greedy and adaptive is None
         drafts = torch.zeros(batch, k, dtype=torch.long, device=device)
         entropies = torch.zeros(batch, k, dtype=torch.float32, device=device)
         draft_probs = None if sampling.greedy else torch.zeros(batch, k, vocab, device=device)
@@ -444,7 +492,12 @@ class Engine:
             k_iter = max(k_seq[b] for b in range(batch) if run.active[b])
             with timer.phase("draft"):
                 token, stopped = x0, [not a for a in run.active]
-                for j in range(k_iter):
+                if chained:
+                    self.chain_x0.copy_(x0)
+                    self.draft_chain(k_iter)
+                    drafts[:, :k_iter] = self.drafts[:, :k_iter]
+                    entropies[:, :k_iter] = self.entropies[:, :k_iter]
+                for j in range(0 if chained else k_iter):
                     self.draft_input[:, 0] = token
                     token, probs = choose(self.draft(), sampling, generator)
                     drafts[:, j] = token
@@ -459,7 +512,8 @@ class Engine:
                         if all(stopped):
                             k_iter = j + 1
                             break
-                self.cache.rollback(k_iter)
+                if not chained:
+                    self.cache.rollback(k_iter)
             with timer.phase("verify"):
                 q_len = k_iter + 1
                 inputs = self.verify_input(q_len)
@@ -482,6 +536,11 @@ class Engine:
                 kept = torch.where(run.active_t, m + 1, 0)
                 self.cache.rollback((q_len - kept).int())
                 x0 = torch.where(run.active_t, token, x0)
+            if run.proxy is None:   # queue the refresh before the host reads below
+                with timer.phase("selection"):
+                    rows = self.selection.ranked_rows(q_len)
+                    self.refresh(rows, m, slice(q_len - rows, q_len))
+            with timer.phase("other"):
                 self._count_bytes(run, k_seq, k_iter)
                 m_h, token_h = m.tolist(), token.tolist()
                 drafts_h = drafts[:, :k_iter].tolist()
@@ -494,14 +553,13 @@ class Engine:
                     iteration_of = list(run.iteration_of)
                 run.step_speculative(k_seq, m_h, drafts_h, token_h, entropy_h, accept_h,
                                      forced)
-            if run.proxy is not None:
+            if run.proxy is not None:   # the check reads the rows before the refresh
                 with timer.phase("proxy"):
                     run.proxy.add(self.selection.check_proxy(self.cache.lengths, q_len),
                                   checked, iteration_of, run.lengths, k_seq)
-            with timer.phase("selection"):
-                rows = self.selection.ranked_rows(q_len)
-                self.selection.refresh(self.cache.lengths, rows, m,
-                                       slice(q_len - rows, q_len))
+                with timer.phase("selection"):
+                    rows = self.selection.ranked_rows(q_len)
+                    self.refresh(rows, m, slice(q_len - rows, q_len))
 
     def _count_bytes(self, run: "_Run", k_seq: list[int], k_iter: int) -> None:
         """Weights once per forward; KV rows each pass attends to (drafts: the policy's
