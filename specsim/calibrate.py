@@ -235,7 +235,8 @@ def _measure_policy(torch, Engine, model, grid: CalibrationGrid, batch: int, con
 def _loop_overhead(torch, engine, prompts, parts_ms: float, *, speculative: bool,
                    extra_ms: float = 0.0, repeats: int = 3) -> list[float]:
     """Per step (plain) or per iteration (speculative, forced k = ``OVERHEAD_K``, m = k // 2)
-    of a real decoding loop: its wall time minus ``parts_ms`` (the steps' medians), ms.
+    of a real decoding loop: its wall time minus ``parts_ms`` (the steps' medians), in
+    seconds (like ``_time``).
 
     The first run compiles and captures; then ``repeats`` timed runs. The prefill (random
     numbers, timed with CUDA events by the engine) is subtracted from each run's wall time, and
@@ -256,5 +257,5 @@ def _loop_overhead(torch, engine, prompts, parts_ms: float, *, speculative: bool
                               if speculative else None, forced=forced, prefill="random")
         loop_ms = (gen.wall_seconds - gen.timing["prefill"]) * 1e3
         if i:
-            out.append((loop_ms - extra_ms) / gen.iterations - parts_ms)
+            out.append(((loop_ms - extra_ms) / gen.iterations - parts_ms) / 1e3)
     return out
