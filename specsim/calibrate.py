@@ -160,8 +160,8 @@ def _measure_shape(torch, Engine, model, grid: CalibrationGrid, batch: int, cont
                          grid.warmup, lambda: plain.cache.rollback(1))
         record("plain", plain_ms)
         if grid.overheads:
-            record("overhead:plain", _loop_overhead(torch, plain, prompts, float(np.median(
-                plain_ms)), speculative=False))
+            record("overhead:plain", _loop_overhead(torch, plain, prompts, 1e3 * float(
+                np.median(plain_ms)), speculative=False))
         del plain
         for policy in grid.policies:
             for s in grid.sparsities:
@@ -223,11 +223,11 @@ def _measure_policy(torch, Engine, model, grid: CalibrationGrid, batch: int, con
             verify_q = verify_ms.get(q) or _time(
                 torch, lambda: engine.verify(q), grid.repeats, grid.warmup,
                 lambda: engine.cache.rollback(q))
-            parts = (OVERHEAD_K * float(np.median(draft_ms)) + float(np.median(verify_q))
-                     + float(np.median(selection_ms)))
+            parts = 1e3 * (OVERHEAD_K * float(np.median(draft_ms)) + float(np.median(verify_q))
+                           + float(np.median(selection_ms)))      # _time gives seconds
             record("overhead:speculative", _loop_overhead(
                 torch, engine, prompts, parts, speculative=True,
-                extra_ms=float(np.median(selection_ms))), q=q)
+                extra_ms=1e3 * float(np.median(selection_ms))), q=q)
         del engine
     return out
 

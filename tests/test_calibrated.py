@@ -264,3 +264,25 @@ def test_overheads_in_files_and_the_held_out_check(tmp_path):
     (tmp_path / "bad.json").write_text(json.dumps(d))
     with pytest.raises(SpecsimError, match="unknown op 'overhead:draft'"):
         read_calibration(str(tmp_path / "bad.json"))
+
+
+def test_sparsities_between_the_measured_ones_are_interpolated():
+    """Drafts measured at s = 0.03 and 0.1 only: s = 0.05 comes from one fit over bytes (the
+    known structure is linear in selected bytes, so it is recovered), and a selection at
+    s = 0.05 is interpolated linearly in s between its two fits, and says so."""
+    rows = []
+    for b in (1, 2, 4, 8, 16):
+        for c in (1024, 2048, 4096, 8192, 16384, 32768, 65536):
+            rows.append(Measurement("plain", b, c, 1, None, [true_ms("plain", b, c)] * 3))
+            for s in (0.03, 0.1):
+                rows.append(Measurement("draft:vegas", b, c, 1, s,
+                                        [true_ms("draft:vegas", b, c, 1, s)] * 3))
+                rows.append(Measurement("selection:vegas", b, c, 1, s, [0.1 + 3 * s] * 3))
+    cm = CalibratedCostModel(Calibration(provenance(), {}, rows), MODEL, HW)
+    for c in (3000, 20000, 50000):
+        got = cm.draft_step([c] * 4, 0.05, "vegas")
+        assert got.seconds * 1e3 == pytest.approx(true_ms("draft:vegas", 4, c, 1, 0.05), rel=0.02)
+        assert "calibrated" in got.notes[-1]
+    sel = cm.selection([20000] * 4, 0.05, "vegas", 4)
+    assert sel.seconds * 1e3 == pytest.approx(0.1 + 3 * 0.05, rel=1e-6)
+    assert "interpolated between measured s=0.03 and s=0.1" in sel.notes[-1]

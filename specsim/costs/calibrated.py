@@ -296,11 +296,14 @@ class CalibratedCostModel:
         self.fits: dict[tuple[str, int, float | None], TermFit] = {}
         groups: dict[tuple, list[Measurement]] = {}
         for m in calibration.measurements:
-            groups.setdefault((m.op, m.q, m.s), []).append(m)
+            # a draft step's cost depends on s only through the bytes it attends to: one fit
+            # over every measured s, so s between them is interpolated in bytes
+            draft = m.op.startswith("draft:")
+            groups.setdefault((m.op, m.q, None if draft else m.s), []).append(m)
         for key, rows in groups.items():
             op, q, s = key
             tokens = np.array([r.batch * q for r in rows], float)
-            kv = np.array([self._op_bytes(op, np.full(r.batch, r.context), s) for r in rows])
+            kv = np.array([self._op_bytes(op, np.full(r.batch, r.context), r.s) for r in rows])
             seconds = np.array([r.median_ms / 1e3 for r in rows])
             if np.unique(tokens).size * np.unique(kv).size < 2 or len(rows) < 2:
                 continue
@@ -325,9 +328,15 @@ class CalibratedCostModel:
                 roofline_cost: Cost) -> Cost:
         tokens = contexts.size * q
         kv = self._op_bytes(op, contexts, s)
-        key = (op, q, s)
+        key = (op, q, None if op.startswith("draft:") else s)
         fit = self.fits.get(key)
         note = None
+        if fit is None and op.startswith("selection:"):
+            between = self._between_s(op, q, s, tokens, kv)
+            if between is not None:
+                seconds, inside, note = between
+                return _relabel(roofline_cost, float(seconds), note if inside else
+                                note + "; outside the measured grid: fitted roofline")
         if fit is None and op == "verify":
             fit, note = self._verify_between_q(q, tokens, kv)
             if fit is not None:
@@ -363,6 +372,20 @@ class CalibratedCostModel:
         w = (q - lo) / (hi - lo)
         return ((1 - w) * t_lo + w * t_hi, bool(in_lo and in_hi)), \
             f"verify q={q} interpolated between measured q={lo} and q={hi}"
+
+    def _between_s(self, op, q, s, tokens, kv):
+        """A selection at an s between two calibrated ones: linear in s between their fits."""
+        ss = sorted(k[2] for k in self.fits if k[0] == op and k[1] == q and k[2] is not None)
+        below = [x for x in ss if s is not None and x < s]
+        above = [x for x in ss if s is not None and x > s]
+        if not below or not above:
+            return None
+        lo, hi = below[-1], above[0]
+        t_lo, in_lo = self.fits[(op, q, lo)].predict(tokens, kv)
+        t_hi, in_hi = self.fits[(op, q, hi)].predict(tokens, kv)
+        w = (s - lo) / (hi - lo)
+        return ((1 - w) * t_lo + w * t_hi, bool(in_lo and in_hi),
+                f"{op}: s={s} interpolated between measured s={lo} and s={hi}")
 
     def _nearest_s(self, op, q, s):
         candidates = [k for k in self.fits if k[0] == op and k[1] == q and k[2] is not None]
