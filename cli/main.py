@@ -481,6 +481,7 @@ def _register() -> None:
     from specsim.cli.calibrate_cmd import calibrate_cmd
     from specsim.cli.engine_cmds import fetch_cmd, run_cmd, trace_cmd
     from specsim.cli.review_cmd import review_cmd
+    from specsim.cli.validate_cmd import validate_cmd
     from specsim.cli.dashboard_cmd import dashboard_cmd
     from specsim.cli.simulate_cmds import simulate_cmd, tune_cmd
     cli.add_command(simulate_cmd)
@@ -491,6 +492,7 @@ def _register() -> None:
     cli.add_command(trace_cmd)
     models.add_command(fetch_cmd)
     cli.add_command(review_cmd)
+    cli.add_command(validate_cmd)
 
 
 _register()

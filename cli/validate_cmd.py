@@ -1,0 +1,134 @@
+"""`specsim validate`: predicted vs measured throughput on the GPU (plan → --gpu → report)."""
+from __future__ import annotations
+
+import click
+
+from specsim.errors import SpecsimError
+
+DEFAULT_PLAN = "benchmarks/validation-plan-h200.json"
+
+
+def _ints(text):
+    return sorted({int(x) for x in text.split(",") if x.strip()})
+
+
+def _floats(text):
+    return sorted({float(x) for x in text.split(",") if x.strip()})
+
+
+def default_setups(policies, ks_forced, ks_free, ss, batch_free, context, weights, tokenizer_dir):
+    """Qwen3-8B shapes forced (random weights, batch 4, context 32K) and SmolLM2-135M free
+    (real weights, batch ``batch_free``, the trace recording's prompts)."""
+    from specsim.validate import Setup
+
+    out = [Setup("qwen3-8b", "qwen3-8b", "forced", 4, policies, ks_forced, ss,
+                 context=context)]
+    if tokenizer_dir:
+        from specsim.engine.prompts import Tokenizer, default_specs, prompt_tokens
+        tok = Tokenizer(tokenizer_dir)
+        ids = [prompt_tokens(spec, tok, 7000) for spec in default_specs()]
+        prompts = (ids * (batch_free // len(ids) + 1))[:batch_free]
+        out.append(Setup("smollm2", "smollm2-135m", "free", batch_free, policies, ks_free, ss,
+                         prompts=prompts, weights=weights))
+    return out
+
+
+@click.group("validate", invoke_without_command=True)
+@click.option("--gpu", is_flag=True, help="Measure every configuration of --plan on this GPU.")
+@click.option("--plan", "plan_path", default=DEFAULT_PLAN, show_default=True,
+              type=click.Path(dir_okay=False), help="Plan file (from `specsim validate plan`).")
+@click.option("--out", default="validation-measured.json", show_default=True,
+              type=click.Path(dir_okay=False), help="Measurements to write (with --gpu).")
+@click.option("--repeats", type=click.IntRange(min=1), default=2, show_default=True,
+              help="Timed runs per configuration (median), after one warm-up run.")
+@click.pass_context
+def validate_cmd(ctx, gpu, plan_path, out, repeats):
+    """Does specsim predict what the GPU then measures, and pick the right k and s?
+
+    \b
+    1. specsim validate plan            predictions first (any machine)
+    2. specsim validate --gpu           measure the plan's grid on the GPU
+    3. specsim validate report          MAPE, worst case, Pearson r, k*/s* regret
+
+    The GPU step needs only torch (no simpy); without the CLI installed run it as
+    `python -m specsim.validate PLAN OUT`.
+    """
+    if ctx.invoked_subcommand is not None:
+        return
+    if not gpu:
+        click.echo(ctx.get_help())
+        return
+    import torch
+    if not torch.cuda.is_available():
+        raise SpecsimError("--gpu needs a CUDA GPU; none is visible")
+    from specsim.validate import FORMAT_KEY, measure, read_json, write_json
+    got = measure(read_json(plan_path, FORMAT_KEY), repeats=repeats)
+    write_json(out, got)
+    click.echo(f"wrote {out}")
+
+
+@validate_cmd.command("plan")
+@click.option("--trace", "trace_path", default=None, type=click.Path(exists=True, dir_okay=False),
+              help="Acceptance trace (default: the shipped SmolLM2 trace).")
+@click.option("--hardware", default="h200", show_default=True,
+              help="Its shipped calibrations cost the predictions.")
+@click.option("--policies", default="vegas,sparsespec,streamingllm,quest,last-token",
+              show_default=True)
+@click.option("--k-forced", default="2,4,8,12", show_default=True,
+              help="Draft lengths of the Qwen3-8B forced-acceptance setup.")
+@click.option("--k-free", default="2,4,8,12,16", show_default=True,
+              help="Draft lengths of the SmolLM2 free-running setup (> the trace's k_rec: the "
+                   "fitted extrapolation is checked too).")
+@click.option("--s", "ss", default="0.03,0.1", show_default=True)
+@click.option("--context", type=click.IntRange(min=256), default=32768, show_default=True,
+              help="Prompt length of the forced setup.")
+@click.option("--batch-free", type=click.IntRange(min=1), default=32, show_default=True)
+@click.option("--weights", default="/root/smollm2", show_default=True,
+              help="Where the SmolLM2 safetensors will be on the GPU machine.")
+@click.option("--no-free", is_flag=True, help="Only the forced-acceptance setup.")
+@click.option("--out", default=DEFAULT_PLAN, show_default=True, type=click.Path(dir_okay=False))
+def plan_cmd(trace_path, hardware, policies, k_forced, k_free, ss, context, batch_free, weights,
+             no_free, out):
+    """Predict every configuration before the GPU runs it (needs the fetched SmolLM2 for its
+    tokenizer unless --no-free)."""
+    from specsim.cli.main import DEFAULT_TRACE
+    from specsim.validate import build_plan, write_json
+    tokenizer_dir = None
+    if not no_free:
+        from specsim.engine.fetch import model_dir, verify
+        folder = model_dir("smollm2")
+        if not verify(folder):
+            raise SpecsimError("the free-running setup needs SmolLM2's tokenizer: run "
+                               "`specsim models fetch smollm2` (or pass --no-free)")
+        tokenizer_dir = str(folder)
+    setups = default_setups([p.strip() for p in policies.split(",") if p.strip()],
+                            _ints(k_forced), _ints(k_free), _floats(ss), batch_free, context,
+                            weights, tokenizer_dir)
+    plan = build_plan(setups, trace_path or str(DEFAULT_TRACE), hardware)
+    write_json(out, plan)
+    n = sum(len(s["configs"]) for s in plan["setups"])
+    click.echo(f"wrote {out}: {n} configurations in {len(plan['setups'])} setups")
+
+
+@validate_cmd.command("report")
+@click.option("--plan", "plan_path", default=DEFAULT_PLAN, show_default=True,
+              type=click.Path(exists=True, dir_okay=False))
+@click.option("--measured", default="validation-measured.json", show_default=True,
+              type=click.Path(exists=True, dir_okay=False))
+@click.option("--markdown", "md_out", default=None, type=click.Path(dir_okay=False),
+              help="Also write the tables as Markdown (for VALIDATION.md).")
+@click.option("--json", "as_json", is_flag=True)
+def report_cmd(plan_path, measured, md_out, as_json):
+    """Compare the plan's predictions with the measurements."""
+    import json
+
+    from specsim.atomic import write_text_atomic
+    from specsim.validate import FORMAT_KEY, MEASURED_KEY, markdown, read_json, report
+    plan, got = read_json(plan_path, FORMAT_KEY), read_json(measured, MEASURED_KEY)
+    rep = report(plan, got)
+    if md_out:
+        write_text_atomic(md_out, markdown(rep, got))
+    if as_json:
+        click.echo(json.dumps(rep, indent=1))
+    else:
+        click.echo(markdown(rep, got))

@@ -1,0 +1,433 @@
+"""`specsim validate`: does specsim predict the throughput it will measure, and pick the right
+k and s? Three steps, so that the predictions exist before the GPU runs:
+
+1. ``plan`` (any machine; needs simpy): for each *setup* — a model, a batch and a mode — and
+   each configuration (policy, k, s) of its grid, the predictions of ``specsim predict`` (the
+   analytical model: expected tokens per iteration from the trace × the cost model's iteration
+   time) and of ``specsim simulate`` (the SimPy simulator, replaying the same acceptance) from
+   the shipped calibration and traces. Written to a plan file with everything the GPU needs
+   (prompt token ids, forced k/m per sequence).
+2. ``measure`` (the GPU; torch only): runs every configuration of the plan with the engine —
+   ``forced`` setups replay the plan's per-iteration k and m with random weights of the real
+   shapes; ``free`` setups decode freely with real weights (greedy) — and records measured
+   decode throughput: new tokens over the decode loop's wall time (prefill excluded), the
+   median of ``repeats`` runs after a warm-up run, and the tokens per iteration.
+3. ``report``: per setup and policy, MAPE / worst error of each predictor, Pearson r, and the
+   regret of the predicted optimum (measured throughput at the predicted best (k, s) over the
+   best measured); for free-running setups also the acceptance-side error — counterfactual
+   replay (k ≤ the trace's k_rec) and the fitted extrapolation (k > k_rec) against the
+   measured tokens per iteration.
+
+Measured throughput is per decode loop: tokens / (wall − prefill). Predicted throughput is
+tokens / Σ iteration times of the cost model, which includes the calibrated loop overhead.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from specsim.atomic import write_text_atomic
+from specsim.errors import SpecsimError
+
+FORMAT_KEY = "specsim_validation_plan"
+MEASURED_KEY = "specsim_validation_measured"
+
+
+@dataclass
+class Setup:
+    """One model, batch and mode, with its (policy, k, s) grid."""
+
+    name: str
+    model: str                       # catalogue name
+    mode: str                        # "forced" (random weights) or "free" (real weights)
+    batch: int
+    policies: list[str]
+    ks: list[int]
+    ss: list[float]
+    context: int | None = None       # forced: every prompt's length
+    iterations: int = 24             # forced: iterations replayed per sequence
+    max_new_tokens: int = 128        # free
+    prompts: list[list[int]] = field(default_factory=list)   # free: token ids per sequence
+    weights: str = "random"          # free: a model folder (safetensors) on the GPU machine
+
+
+def _sha(path: str) -> str:
+    with open(path, "rb") as fh:
+        return hashlib.sha256(fh.read()).hexdigest()[:16]
+
+
+def _pick_requests(group, batch: int, k: int, iterations: int):
+    """``batch`` requests of a (policy, s) group, ordered by prompt, truncated to k (the
+    counterfactual replay the prediction uses too) and to ``iterations`` iterations each, so
+    that every sequence runs to the end of the run."""
+    from specsim.engine.decode import truncate_trace
+    requests = sorted(group.requests, key=lambda r: (r.prompt_id or r.id))
+    if not requests:
+        raise SpecsimError("forced validation needs per-request trace records")
+    out = []
+    for b in range(batch):
+        r = truncate_trace(requests[b % len(requests)], k)
+        n = min(iterations, r.iterations)
+        out.append(dataclasses.replace(r, context=r.context[:n], k=r.k[:n], m=r.m[:n]))
+    n = min(r.iterations for r in out)
+    return [dataclasses.replace(r, context=r.context[:n], k=r.k[:n], m=r.m[:n]) for r in out]
+
+
+def _predict_forced(costs, requests, context: int, k: int, s: float, policy: str) -> float:
+    """Tokens / Σ T: each iteration costed at the sequences' contexts at that point."""
+    ctx = np.full(len(requests), context, dtype=np.int64)
+    tokens = seconds = 0.0
+    for i in range(requests[0].iterations):
+        seconds += costs.iteration(ctx, k, s, policy).seconds
+        emitted = np.array([int(r.m[i]) + 1 for r in requests])
+        tokens += emitted.sum()
+        ctx = ctx + emitted
+    return tokens / seconds
+
+
+def _predict_forced_plain(costs, batch: int, context: int, tokens: int) -> float:
+    steps = max(1, tokens // batch)
+    seconds = sum(costs.plain_step(np.full(batch, context + i)).seconds for i in range(steps))
+    return steps * batch / seconds
+
+
+def _simulate(trace_path: str, model: str, hardware: str, batch: int, prompt, output,
+              policy: str, s: float | None, k: int) -> dict:
+    from specsim.simulator.tuning import SweepSpec, run_one
+    prompt = tuple(int(x) for x in np.atleast_1d(prompt))    # hashable: the spec is a key
+    spec = SweepSpec(trace_path=trace_path, model=model, hardware=hardware, tp=1,
+                     arrivals=("all", batch, prompt, output), max_batch=batch)
+    return run_one(spec, policy, s, k)
+
+
+def build_plan(setups: list[Setup], trace_path: str, hardware: str = "h200",
+               progress: bool = True) -> dict:
+    """Predictions for every configuration, before anything runs on the GPU."""
+    from specsim.costs import make_cost_model
+    from specsim.specs import load_hardware, load_model
+    from specsim.traces.acceptance import estimate_acceptance
+    from specsim.traces.importers import load_trace
+
+    trace = load_trace(trace_path)
+    groups = trace.groups()
+    hw = load_hardware(hardware)
+    out = {FORMAT_KEY: 1, "trace": trace_path, "trace_sha256": _sha(trace_path),
+           "hardware": hardware, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+           "setups": []}
+    for setup in setups:
+        spec = load_model(setup.model)
+        costs, note = make_cost_model(spec, hw, 1, "auto")
+        entry = {"setup": dataclasses.asdict(setup), "costs": note,
+                 "calibration": getattr(getattr(costs, "calibration", None), "path", None),
+                 "configs": []}
+        if setup.mode == "forced":
+            first = next(iter(groups.values()))
+            reqs = _pick_requests(first, setup.batch, 1, setup.iterations)
+            plain_tokens = setup.batch * setup.iterations * 4
+            entry["plain"] = {"predict": _predict_forced_plain(costs, setup.batch,
+                                                               setup.context, plain_tokens),
+                              "tokens": plain_tokens}
+        else:
+            prompt = np.array([len(p) for p in setup.prompts])
+            sim = _simulate(trace_path, setup.model, hardware, setup.batch, prompt,
+                            setup.max_new_tokens, "plain", None, 1)
+            ctx = prompt + setup.max_new_tokens // 2
+            entry["plain"] = {"predict": setup.batch / costs.plain_step(ctx).seconds,
+                              "simulate": sim["decode_throughput"]}
+        grid = [(p, s, k) for p in setup.policies for s in setup.ss for k in setup.ks]
+        for n, (policy, s, k) in enumerate(grid):
+            if progress:
+                print(f"\r[{setup.name}] predicting {n + 1}/{len(grid)}", end="",
+                      file=sys.stderr, flush=True)
+            group = groups.get((policy, s))
+            if group is None:
+                raise SpecsimError(f"the trace has no {policy} s={s} group")
+            cfg = {"policy": policy, "s": s, "k": k}
+            if setup.mode == "forced":
+                reqs = _pick_requests(group, setup.batch, k, setup.iterations)
+                cfg["forced"] = [{"id": r.id, "k": r.k.tolist(), "m": r.m.tolist()}
+                                 for r in reqs]
+                cfg["predict"] = _predict_forced(costs, reqs, setup.context, k, s, policy)
+                cfg["tokens_per_iteration_predicted"] = float(np.mean(
+                    [np.mean(r.m + 1) for r in reqs]))
+            else:
+                est = estimate_acceptance(group, k_max=max(k, 1))
+                e_tokens = float(est.expected_tokens[k - 1])
+                ctx = np.array([len(p) for p in setup.prompts]) + setup.max_new_tokens // 2
+                cfg["predict"] = setup.batch * e_tokens / costs.iteration(ctx, k, s,
+                                                                          policy).seconds
+                cfg["tokens_per_iteration_predicted"] = e_tokens
+                cfg["acceptance_mode"] = "fitted" if bool(est.extrapolated[k - 1]) \
+                    else "replay"
+                sim = _simulate(trace_path, setup.model, hardware, setup.batch,
+                                np.array([len(p) for p in setup.prompts]),
+                                setup.max_new_tokens, policy, s, k)
+                cfg["simulate"] = sim["decode_throughput"]
+            entry["configs"].append(cfg)
+        if progress:
+            print(file=sys.stderr)
+        out["setups"].append(entry)
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# measure (GPU)
+# --------------------------------------------------------------------------------------------
+
+
+def _throughput(gen) -> float:
+    loop = gen.wall_seconds - gen.timing.get("prefill", 0.0)
+    return gen.new_tokens / loop
+
+
+def measure(plan: dict, repeats: int = 2, progress: bool = True, device: str = "cuda") -> dict:
+    """Run every configuration of ``plan`` on this machine's GPU."""
+    import torch
+
+    from specsim.engine import Engine, build_model
+    from specsim.specs import catalog_dir
+    from specsim.traces.format import RequestTrace
+
+    out = {MEASURED_KEY: 1, "plan_created": plan["created"], "setups": []}
+    try:
+        out["gpu"] = torch.cuda.get_device_name(0)
+    except (RuntimeError, AssertionError):
+        out["gpu"] = None
+    out["torch"] = torch.__version__
+    for entry in plan["setups"]:
+        setup = Setup(**entry["setup"])
+        config = json.loads((catalog_dir() / setup.model / "config.json").read_text())
+        weights = setup.weights if setup.mode == "free" else "random"
+        if setup.mode == "free" and weights == "random":
+            raise SpecsimError(f"setup {setup.name}: free-running validation needs real weights "
+                               f"(a folder of safetensors)")
+        dtype = torch.bfloat16 if device == "cuda" else torch.float32
+        model = build_model(config, weights=weights, dtype=dtype, device=device)
+        if device == "cuda":
+            model.fuse_projections()
+            model.compile_layers()
+        rows = []
+        started = time.perf_counter()
+        if setup.mode == "forced":
+            prompts = [[1] * setup.context] * setup.batch
+            room = max(setup.ks) * (setup.iterations + 4) + 16
+            state = "random"
+        else:
+            prompts = setup.prompts
+            room = setup.max_new_tokens + max(setup.ks) + 8
+            state = None
+        max_len = max(len(p) for p in prompts) + room
+        with torch.inference_mode():
+            plain = Engine(model, batch=setup.batch, max_len=max_len, policy="full", k_max=1,
+                           beyond_max_position=True)
+            new = (entry["plain"].get("tokens", 0) // setup.batch + 1) if setup.mode == \
+                "forced" else setup.max_new_tokens
+            first = plain.generate(prompts, 4, speculative=False, prefill=state,
+                                   keep_prefill=setup.mode == "free")
+            if setup.mode == "free":
+                state = first.prefill
+            runs = [plain.generate(prompts, new, speculative=False, prefill=state)
+                    for _ in range(repeats)]
+            plain_tps = float(np.median([_throughput(g) for g in runs]))
+            del plain
+            for n, cfg in enumerate(entry["configs"]):
+                if progress:
+                    el = time.perf_counter() - started
+                    print(f"[{setup.name}] {n + 1}/{len(entry['configs'])} {cfg['policy']} "
+                          f"s={cfg['s']} k={cfg['k']} (elapsed {el:.0f} s)", file=sys.stderr,
+                          flush=True)
+                engine = Engine(model, batch=setup.batch, max_len=max_len, policy=cfg["policy"],
+                                s=cfg["s"], k_max=cfg["k"], beyond_max_position=True)
+                forced = None
+                if setup.mode == "forced":
+                    forced = [RequestTrace(f["id"], cfg["policy"], cfg["s"],
+                                           np.full(len(f["k"]), setup.context),
+                                           np.array(f["k"]), np.array(f["m"]))
+                              for f in cfg["forced"]]
+                    warm = [dataclasses.replace(t, context=t.context[:2], k=t.k[:2],
+                                                m=t.m[:2]) for t in forced]
+                    engine.generate(prompts, 1, k=cfg["k"], forced=warm, prefill=state)
+                else:
+                    engine.generate(prompts, 2 * cfg["k"] + 4, k=cfg["k"], prefill=state)
+                gens = [engine.generate(prompts, setup.max_new_tokens, k=cfg["k"],
+                                        forced=forced, prefill=state) for _ in range(repeats)]
+                tps = [_throughput(g) for g in gens]
+                rows.append({**{k: cfg[k] for k in ("policy", "s", "k")},
+                             "tokens_per_second": float(np.median(tps)),
+                             "tokens_per_second_runs": tps,
+                             "tokens_per_iteration": gens[0].tokens_per_iteration,
+                             "split_s": gens[0].timing,
+                             "wall_s": gens[0].wall_seconds})
+                del engine
+                torch.cuda.empty_cache() if device == "cuda" else None
+        out["setups"].append({"name": setup.name, "plain_tokens_per_second": plain_tps,
+                              "configs": rows})
+        del model
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# report
+# --------------------------------------------------------------------------------------------
+
+
+def _errors(pred: np.ndarray, meas: np.ndarray) -> dict:
+    err = pred / meas - 1.0
+    r = float(np.corrcoef(pred, meas)[0, 1]) if pred.size > 2 and np.std(pred) > 0 \
+        and np.std(meas) > 0 else float("nan")
+    return {"mape": float(np.mean(np.abs(err))), "worst": float(np.max(np.abs(err))),
+            "bias": float(np.mean(err)), "pearson_r": r}
+
+
+def _regret(pred: np.ndarray, meas: np.ndarray) -> float:
+    return float(meas[int(np.argmax(pred))] / np.max(meas))
+
+
+def report(plan: dict, measured: dict) -> dict:
+    """Errors and regrets per setup and policy (and over each setup's whole grid)."""
+    by_name = {s["name"]: s for s in measured["setups"]}
+    out = []
+    for entry in plan["setups"]:
+        name = entry["setup"]["name"]
+        got = by_name.get(name)
+        if got is None:
+            continue
+        meas_by = {(c["policy"], c["s"], c["k"]): c for c in got["configs"]}
+        rows = []
+        for cfg in entry["configs"]:
+            m = meas_by.get((cfg["policy"], cfg["s"], cfg["k"]))
+            if m is None:
+                continue
+            rows.append({**{k: cfg[k] for k in ("policy", "s", "k")},
+                         "measured": m["tokens_per_second"], "predict": cfg["predict"],
+                         "simulate": cfg.get("simulate"),
+                         "tokens_per_iteration": m["tokens_per_iteration"],
+                         "tokens_per_iteration_predicted": cfg["tokens_per_iteration_predicted"],
+                         "acceptance_mode": cfg.get("acceptance_mode", "forced")})
+        predictors = ["predict"] + (["simulate"] if rows and rows[0]["simulate"] is not None
+                                    else [])
+
+        def summary(sel):
+            meas = np.array([r["measured"] for r in sel])
+            res = {"configs": len(sel), "best_measured": max(
+                sel, key=lambda r: r["measured"])}
+            for p in predictors:
+                pred = np.array([r[p] for r in sel])
+                best = sel[int(np.argmax(pred))]
+                res[p] = {**_errors(pred, meas), "regret": _regret(pred, meas),
+                          "predicted_best": {k: best[k] for k in ("policy", "s", "k")}}
+            return res
+
+        policies = sorted({r["policy"] for r in rows})
+        item = {"name": name, "setup": {k: v for k, v in entry["setup"].items()
+                                        if k != "prompts"},
+                "costs": entry["costs"], "rows": rows,
+                "plain": {"measured": got["plain_tokens_per_second"], **entry["plain"]},
+                "per_policy": {p: summary([r for r in rows if r["policy"] == p])
+                               for p in policies},
+                "all": summary(rows) if rows else None}
+        if entry["setup"]["mode"] == "free":
+            acc = {}
+            for mode in ("replay", "fitted"):
+                sel = [r for r in rows if r["acceptance_mode"] == mode]
+                if sel:
+                    e = np.array([r["tokens_per_iteration_predicted"] / r["tokens_per_iteration"]
+                                  - 1 for r in sel])
+                    acc[mode] = {"configs": len(sel), "mape": float(np.mean(np.abs(e))),
+                                 "worst": float(np.max(np.abs(e))), "bias": float(np.mean(e))}
+            item["acceptance"] = acc
+        out.append(item)
+    return {"setups": out}
+
+
+def markdown(rep: dict, measured: dict) -> str:
+    """The tables of VALIDATION.md."""
+    lines = [f"GPU: {measured.get('gpu')}, torch {measured.get('torch')}.", ""]
+    for item in rep["setups"]:
+        st = item["setup"]
+        what = (f"{st['model']}, batch {st['batch']}, "
+                + (f"context {st['context']}, forced acceptance ({st['iterations']} iterations, "
+                   f"random weights)" if st["mode"] == "forced" else
+                   f"real weights, free-running greedy, {st['max_new_tokens']} new tokens"))
+        lines += [f"### {item['name']}: {what}", "",
+                  f"Costs: {item['costs']}. Plain decoding: measured "
+                  f"{item['plain']['measured']:.0f} tokens/s, predicted "
+                  f"{item['plain']['predict']:.0f}"
+                  + (f", simulated {item['plain']['simulate']:.0f}"
+                     if item["plain"].get("simulate") else "") + ".", ""]
+        preds = [p for p in ("predict", "simulate") if item["all"] and p in item["all"]]
+        head = "| policy | configs | " + " | ".join(
+            f"{p} MAPE | {p} worst | {p} r | {p} regret" for p in preds) + " |"
+        lines += [head, "|" + "---|" * (2 + 4 * len(preds))]
+        for name, sm in [*item["per_policy"].items(), ("all", item["all"])]:
+            cells = [name, str(sm["configs"])]
+            for p in preds:
+                e = sm[p]
+                cells += [f"{e['mape'] * 100:.1f}%", f"{e['worst'] * 100:.1f}%",
+                          f"{e['pearson_r']:.3f}", f"{e['regret']:.3f}"]
+            lines.append("| " + " | ".join(cells) + " |")
+        lines.append("")
+        if item.get("acceptance"):
+            lines.append("Acceptance side (tokens per iteration, predicted vs measured): "
+                         + "; ".join(f"{m}: MAPE {v['mape'] * 100:.1f}%, worst "
+                                     f"{v['worst'] * 100:.1f}%, bias {v['bias'] * 100:+.1f}% "
+                                     f"({v['configs']} configs)"
+                                     for m, v in item["acceptance"].items()) + ".")
+            lines.append("")
+        lines += ["<details><summary>every configuration</summary>", "",
+                  "| policy | s | k | measured tok/s | predict | simulate | tok/iter measured "
+                  "| tok/iter predicted |", "|---|---|---|---|---|---|---|---|"]
+        for r in item["rows"]:
+            sim = f"{r['simulate']:.0f}" if r["simulate"] is not None else ""
+            lines.append(f"| {r['policy']} | {r['s']} | {r['k']} | {r['measured']:.0f} | "
+                         f"{r['predict']:.0f} | {sim} | {r['tokens_per_iteration']:.2f} | "
+                         f"{r['tokens_per_iteration_predicted']:.2f} |")
+        lines += ["", "</details>", ""]
+    return "\n".join(lines)
+
+
+def read_json(path: str, key: str) -> dict:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            doc = json.load(fh)
+    except FileNotFoundError:
+        raise SpecsimError(f"{path}: no such file") from None
+    except json.JSONDecodeError as exc:
+        raise SpecsimError(f"{path}: not JSON (truncated?) at line {exc.lineno}") from None
+    if not isinstance(doc, dict) or doc.get(key) != 1:
+        raise SpecsimError(f"{path}: not a specsim validation file (expected \"{key}\": 1)")
+    return doc
+
+
+def write_json(path: str, doc: dict) -> None:
+    write_text_atomic(path, json.dumps(doc, indent=1))
+
+
+def main(argv=None) -> None:
+    """GPU side without the CLI installed:
+    ``python -m specsim.validate PLAN OUT [REPEATS [SETUP,SETUP…]]``."""
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) < 2:
+        raise SystemExit("usage: python -m specsim.validate PLAN MEASURED_OUT [REPEATS [SETUPS]]")
+    plan = read_json(argv[0], FORMAT_KEY)
+    if len(argv) > 3:
+        names = set(argv[3].split(","))
+        plan = dict(plan, setups=[s for s in plan["setups"] if s["setup"]["name"] in names])
+    got = measure(plan, repeats=int(argv[2]) if len(argv) > 2 else 2)
+    write_json(argv[1], got)
+    rep = report(plan, got)
+    for item in rep["setups"]:
+        for p, sm in [*item["per_policy"].items(), ("all", item["all"])]:
+            e = sm["predict"]
+            print(f"{item['name']:>10} {p:>12}: predict MAPE {e['mape'] * 100:5.1f}% worst "
+                  f"{e['worst'] * 100:5.1f}% r {e['pearson_r']:.3f} regret {e['regret']:.3f}")
+
+
+if __name__ == "__main__":
+    main()
