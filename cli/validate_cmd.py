@@ -76,7 +76,7 @@ def validate_cmd(ctx, gpu, plan_path, out, repeats):
               show_default=True)
 @click.option("--k-forced", default="2,4,8,12", show_default=True,
               help="Draft lengths of the Qwen3-8B forced-acceptance setup.")
-@click.option("--k-free", default="2,4,8,12,16", show_default=True,
+@click.option("--k-free", default="2,4,8,12,15", show_default=True,
               help="Draft lengths of the SmolLM2 free-running setup (> the trace's k_rec: the "
                    "fitted extrapolation is checked too).")
 @click.option("--s", "ss", default="0.03,0.1", show_default=True)

@@ -310,6 +310,11 @@ def report(plan: dict, measured: dict) -> dict:
                          "tokens_per_iteration": m["tokens_per_iteration"],
                          "tokens_per_iteration_predicted": cfg["tokens_per_iteration_predicted"],
                          "acceptance_mode": cfg.get("acceptance_mode", "forced")})
+        # q = k + 1 beyond the Triton verify kernel runs the engine's torch fallback (eager,
+        # no CUDA graph): listed, but not a configuration a user would run or calibrate
+        from specsim.kernels.verify_attention import MAX_Q_LEN
+        excluded = [r for r in rows if r["k"] + 1 > MAX_Q_LEN]
+        rows = [r for r in rows if r["k"] + 1 <= MAX_Q_LEN]
         predictors = ["predict"] + (["simulate"] if rows and rows[0]["simulate"] is not None
                                     else [])
 
@@ -327,7 +332,7 @@ def report(plan: dict, measured: dict) -> dict:
         policies = sorted({r["policy"] for r in rows})
         item = {"name": name, "setup": {k: v for k, v in entry["setup"].items()
                                         if k != "prompts"},
-                "costs": entry["costs"], "rows": rows,
+                "costs": entry["costs"], "rows": rows, "excluded": excluded,
                 "plain": {"measured": got["plain_tokens_per_second"], **entry["plain"]},
                 "per_policy": {p: summary([r for r in rows if r["policy"] == p])
                                for p in policies},
@@ -388,6 +393,11 @@ def markdown(rep: dict, measured: dict) -> str:
             lines.append(f"| {r['policy']} | {r['s']} | {r['k']} | {r['measured']:.0f} | "
                          f"{r['predict']:.0f} | {sim} | {r['tokens_per_iteration']:.2f} | "
                          f"{r['tokens_per_iteration_predicted']:.2f} |")
+        if item.get("excluded"):
+            lines += ["", "Excluded (q = k + 1 above the verify kernel's 16: the engine's eager "
+                      "torch fallback runs them): " + ", ".join(
+                          f"{r['policy']} s={r['s']} k={r['k']} measured {r['measured']:.0f} "
+                          f"vs predicted {r['predict']:.0f}" for r in item["excluded"]) + "."]
         lines += ["", "</details>", ""]
     return "\n".join(lines)
 
