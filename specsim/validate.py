@@ -339,8 +339,8 @@ def report(plan: dict, measured: dict) -> dict:
                 "all": summary(rows) if rows else None}
         if entry["setup"]["mode"] == "free":
             acc = {}
-            for mode in ("replay", "fitted"):
-                sel = [r for r in rows if r["acceptance_mode"] == mode]
+            for mode in ("replay", "fitted"):   # tokens/iteration: the fallback runs count
+                sel = [r for r in rows + excluded if r["acceptance_mode"] == mode]
                 if sel:
                     e = np.array([r["tokens_per_iteration_predicted"] / r["tokens_per_iteration"]
                                   - 1 for r in sel])

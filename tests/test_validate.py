@@ -1,0 +1,104 @@
+"""specsim validate: the plan's predictions, the CPU run of its measurement loop, the report's
+metrics (MAPE, worst, Pearson r, regret) against hand-computed values, bad files rejected."""
+import json
+
+import numpy as np
+import pytest
+
+from specsim import validate as V
+from specsim.errors import SpecsimError
+
+TRACE = "traces/smollm2-135m-greedy.jsonl"
+
+
+def fake(rows_pred, rows_meas, mode="forced", plain=(100.0, 90.0)):
+    cfgs = [{"policy": p, "s": s, "k": k, "predict": v, "tokens_per_iteration_predicted": 2.0}
+            for (p, s, k), v in rows_pred.items()]
+    setup = {"name": "x", "model": "smollm2-135m", "mode": mode, "batch": 2,
+             "policies": [], "ks": [], "ss": [], "context": 1024, "iterations": 8,
+             "max_new_tokens": 64}
+    plan = {V.FORMAT_KEY: 1, "created": "t", "setups": [
+        {"setup": setup, "costs": "c", "plain": {"predict": plain[0]}, "configs": cfgs}]}
+    got = {V.MEASURED_KEY: 1, "setups": [{"name": "x", "plain_tokens_per_second": plain[1],
+                                          "configs": [{"policy": p, "s": s, "k": k,
+                                                       "tokens_per_second": v,
+                                                       "tokens_per_iteration": 2.5}
+                                                      for (p, s, k), v in rows_meas.items()]}]}
+    return plan, got
+
+
+def test_report_metrics_by_hand():
+    pred = {("vegas", 0.1, 2): 110.0, ("vegas", 0.1, 4): 90.0, ("vegas", 0.1, 8): 60.0,
+            ("quest", 0.1, 2): 50.0, ("vegas", 0.1, 16): 999.0}
+    meas = {("vegas", 0.1, 2): 100.0, ("vegas", 0.1, 4): 120.0, ("vegas", 0.1, 8): 60.0,
+            ("quest", 0.1, 2): 40.0, ("vegas", 0.1, 16): 10.0}
+    rep = V.report(*fake(pred, meas))
+    item = rep["setups"][0]
+    vegas = item["per_policy"]["vegas"]["predict"]
+    err = np.array([0.1, -0.25, 0.0])
+    assert vegas["mape"] == pytest.approx(np.abs(err).mean())
+    assert vegas["worst"] == pytest.approx(0.25) and vegas["bias"] == pytest.approx(err.mean())
+    assert vegas["pearson_r"] == pytest.approx(np.corrcoef([110, 90, 60], [100, 120, 60])[0, 1])
+    # predicted best k=2 measured 100, the best measured is 120
+    assert vegas["regret"] == pytest.approx(100 / 120)
+    assert vegas["predicted_best"] == {"policy": "vegas", "s": 0.1, "k": 2}
+    # k = 16 (q = 17) runs the eager fallback: listed apart, not in the metrics
+    assert [r["k"] for r in item["excluded"]] == [16] and item["all"]["configs"] == 4
+    assert "Excluded" in V.markdown(rep, {"gpu": "G", "torch": "T"})
+
+
+def test_acceptance_side_errors_for_free_running():
+    pred = {("vegas", 0.1, 2): 100.0, ("vegas", 0.1, 4): 100.0}
+    plan, got = fake(pred, pred, mode="free")
+    for cfg, mode in zip(plan["setups"][0]["configs"], ("replay", "fitted")):
+        cfg["acceptance_mode"], cfg["simulate"] = mode, 100.0
+    acc = V.report(plan, got)["setups"][0]["acceptance"]
+    assert acc["replay"]["mape"] == pytest.approx(abs(2.0 / 2.5 - 1))
+    assert acc["fitted"]["bias"] == pytest.approx(2.0 / 2.5 - 1)
+
+
+def test_plan_then_cpu_measurement_round_trip(tmp_path):
+    """Forced setup on the CPU (random SmolLM2 shapes, tiny context): the plan's forced k/m is
+    what the engine replays, so measured tokens per iteration equal the predicted ones."""
+    setups = [V.Setup("t", "smollm2-135m", "forced", 2, ["streamingllm"], [2], [0.1],
+                      context=256, iterations=3)]
+    plan = V.build_plan(setups, TRACE, progress=False)
+    cfg = plan["setups"][0]["configs"][0]
+    assert cfg["predict"] > 0 and len(cfg["forced"]) == 2
+    assert all(max(f["m"]) <= 2 and len(f["m"]) == len(cfg["forced"][0]["m"])
+               for f in cfg["forced"])
+    path = tmp_path / "plan.json"
+    V.write_json(str(path), plan)
+    got = V.measure(V.read_json(str(path), V.FORMAT_KEY), repeats=1, progress=False,
+                    device="cpu")
+    row = got["setups"][0]["configs"][0]
+    assert row["tokens_per_iteration"] == pytest.approx(cfg["tokens_per_iteration_predicted"])
+    assert row["tokens_per_second"] > 0 and got["setups"][0]["plain_tokens_per_second"] > 0
+
+
+def test_bad_files_are_rejected(tmp_path):
+    (tmp_path / "p.json").write_text('{"x": 1}')
+    with pytest.raises(SpecsimError, match="not a specsim validation file"):
+        V.read_json(str(tmp_path / "p.json"), V.FORMAT_KEY)
+    (tmp_path / "t.json").write_text('{"specsim_validation_plan": 1, "setu')
+    with pytest.raises(SpecsimError, match="truncated"):
+        V.read_json(str(tmp_path / "t.json"), V.FORMAT_KEY)
+    with pytest.raises(SpecsimError, match="no such file"):
+        V.read_json(str(tmp_path / "none.json"), V.FORMAT_KEY)
+
+
+def test_validate_report_command(tmp_path):
+    from click.testing import CliRunner
+
+    from specsim.cli.main import cli
+    plan, got = fake({("vegas", 0.1, 2): 110.0, ("vegas", 0.1, 4): 90.0},
+                     {("vegas", 0.1, 2): 100.0, ("vegas", 0.1, 4): 120.0})
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    (tmp_path / "m.json").write_text(json.dumps(got))
+    r = CliRunner().invoke(cli, ["validate", "report", "--plan", str(tmp_path / "plan.json"),
+                                 "--measured", str(tmp_path / "m.json"), "--markdown",
+                                 str(tmp_path / "v.md")])
+    assert r.exit_code == 0, r.output
+    assert "predict MAPE" in r.output and (tmp_path / "v.md").read_text().startswith("GPU")
+    r = CliRunner().invoke(cli, ["validate"])
+    assert r.exit_code == 0 and "specsim validate plan" in r.output
