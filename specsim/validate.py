@@ -127,8 +127,6 @@ def build_plan(setups: list[Setup], trace_path: str, hardware: str = "h200",
                  "calibration": getattr(getattr(costs, "calibration", None), "path", None),
                  "configs": []}
         if setup.mode == "forced":
-            first = next(iter(groups.values()))
-            reqs = _pick_requests(first, setup.batch, 1, setup.iterations)
             plain_tokens = setup.batch * setup.iterations * 4
             entry["plain"] = {"predict": _predict_forced_plain(costs, setup.batch,
                                                                setup.context, plain_tokens),
