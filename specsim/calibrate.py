@@ -160,8 +160,7 @@ def _measure_shape(torch, Engine, model, grid: CalibrationGrid, batch: int, cont
                          grid.warmup, lambda: plain.cache.rollback(1))
         record("plain", plain_ms)
         if grid.overheads:
-            record("overhead:plain", _loop_overhead(torch, plain, prompts, 1e3 * float(
-                np.median(plain_ms)), speculative=False))
+            record("overhead:plain", _loop_overhead(torch, plain, prompts, speculative=False))
         del plain
         for policy in grid.policies:
             for s in grid.sparsities:
@@ -205,35 +204,24 @@ def _measure_policy(torch, Engine, model, grid: CalibrationGrid, batch: int, con
                 counts.copy_(saved)
 
         first = policy == grid.policies[0] and s == grid.sparsities[0]
-        verify_ms = {}
         if first:
             for q in grid.qs:
-                verify_ms[q] = _time(torch, lambda: engine.verify(q), grid.repeats,
-                                     grid.warmup, lambda: engine.cache.rollback(q))
-                record("verify", verify_ms[q], q=q)
+                record("verify", _time(torch, lambda: engine.verify(q), grid.repeats,
+                                       grid.warmup, lambda: engine.cache.rollback(q)), q=q)
             refresh()
-        draft_ms = _time(torch, engine.draft, grid.repeats, grid.warmup, undo_draft)
-        record(f"draft:{policy}", draft_ms, s=s)
-        selection_ms = [0.0]
+        record(f"draft:{policy}", _time(torch, engine.draft, grid.repeats, grid.warmup,
+                                        undo_draft), s=s)
         if policy != "streamingllm":
-            selection_ms = _time(torch, refresh, grid.repeats, grid.warmup)
-            record(f"selection:{policy}", selection_ms, s=s)
+            record(f"selection:{policy}", _time(torch, refresh, grid.repeats, grid.warmup), s=s)
         if first and grid.overheads:
-            q = OVERHEAD_K + 1
-            verify_q = verify_ms.get(q) or _time(
-                torch, lambda: engine.verify(q), grid.repeats, grid.warmup,
-                lambda: engine.cache.rollback(q))
-            parts = 1e3 * (OVERHEAD_K * float(np.median(draft_ms)) + float(np.median(verify_q))
-                           + float(np.median(selection_ms)))      # _time gives seconds
-            record("overhead:speculative", _loop_overhead(
-                torch, engine, prompts, parts, speculative=True,
-                extra_ms=1e3 * float(np.median(selection_ms))), q=q)
+            record("overhead:speculative", _loop_overhead(torch, engine, prompts,
+                                                          speculative=True), q=OVERHEAD_K + 1)
         del engine
     return out
 
 
-def _loop_overhead(torch, engine, prompts, parts_ms: float, *, speculative: bool,
-                   extra_ms: float = 0.0, repeats: int = 3) -> list[float]:
+def _loop_overhead(torch, engine, prompts, *, speculative: bool, repeats: int = 3
+                   ) -> list[float]:
     """Per step (plain) or per iteration (speculative, forced k = ``OVERHEAD_K``, m = k // 2)
     of a real decoding loop: what it spends beyond its own timed steps, in seconds (like
     ``_time``).
@@ -242,8 +230,7 @@ def _loop_overhead(torch, engine, prompts, parts_ms: float, *, speculative: bool
     the engine's own CUDA-event totals of the prefill and of the steps the cost model prices
     separately (draft, verify, selection) are subtracted, so what remains — the ``other`` phase
     (accept/reject, rollback) and the host's gaps — is measured in the same run rather than as
-    the small difference of separately measured medians (``parts_ms`` and ``extra_ms`` are kept
-    in the provenance for comparison only)."""
+    the small difference of separately measured medians (which over-estimated it)."""
     from specsim.traces.format import RequestTrace
 
     n = OVERHEAD_STEPS
