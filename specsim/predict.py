@@ -372,14 +372,24 @@ def holdout_report(trace: Trace, costs: CostModel, opts: PredictOptions, fractio
         own = own_by_policy[picked["policy"]]
         k, s = picked["k_star"], picked["s_star"]
         on_eval = curve[(picked["policy"], s)][k - 1]
-        rows.append({"policy": picked["policy"], "tuned": {"k": k, "s": s},
-                     "speedup_on_tuning_part": picked["speedup"],
-                     "speedup_on_evaluation_part": on_eval["speedup"],
-                     "speedup_ci": on_eval["speedup_ci"],
-                     "tuned_on_evaluation": {"k": own["k_star"], "s": own["s_star"],
-                                             "speedup": own["speedup"]},
-                     "optimism": own["speedup"] - on_eval["speedup"]})
+        rows.append(holdout_row(picked["policy"], (k, s), picked["speedup"], on_eval["speedup"],
+                                (own["k_star"], own["s_star"], own["speedup"]),
+                                speedup_ci=on_eval["speedup_ci"]))
     rows.sort(key=lambda r: -r["speedup_on_evaluation_part"])
     return {"holdout_fraction": fraction, "seed": seed,
             "tuning_requests": len(tune.requests), "evaluation_requests": len(evaluate.requests),
             "policies": rows, "best": rows[0]}
+
+
+def holdout_row(policy: str, tuned: tuple, on_tuning: float, on_evaluation: float,
+                own: tuple, **extra) -> dict:
+    """One policy's held-out result, the same for the analytical and the simulated tuning:
+    ``tuned`` = (k, s) picked on the tuning part, its speedup there and on the evaluation
+    part, and ``own`` = (k, s, speedup) picked on the evaluation part itself; ``optimism`` is
+    how much tuning on the test set would have flattered the result."""
+    k, s = tuned
+    own_k, own_s, own_speedup = own
+    return {"policy": policy, "tuned": {"k": k, "s": s},
+            "speedup_on_tuning_part": on_tuning, "speedup_on_evaluation_part": on_evaluation,
+            **extra, "tuned_on_evaluation": {"k": own_k, "s": own_s, "speedup": own_speedup},
+            "optimism": own_speedup - on_evaluation}

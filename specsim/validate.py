@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from specsim import atomic
 from specsim.atomic import write_text_atomic
 from specsim.errors import SpecsimError
 
@@ -263,7 +264,8 @@ def measure(plan: dict, repeats: int = 2, progress: bool = True, device: str = "
                              "split_s": gens[0].timing,
                              "wall_s": gens[0].wall_seconds})
                 del engine
-                torch.cuda.empty_cache() if device == "cuda" else None
+                if device == "cuda":
+                    torch.cuda.empty_cache()
         out["setups"].append({"name": setup.name, "plain_tokens_per_second": plain_tps,
                               "configs": rows})
         del model
@@ -401,13 +403,8 @@ def markdown(rep: dict, measured: dict) -> str:
 
 
 def read_json(path: str, key: str) -> dict:
-    try:
-        with open(path, encoding="utf-8") as fh:
-            doc = json.load(fh)
-    except FileNotFoundError:
-        raise SpecsimError(f"{path}: no such file") from None
-    except json.JSONDecodeError as exc:
-        raise SpecsimError(f"{path}: not JSON (truncated?) at line {exc.lineno}") from None
+    """A plan (``key`` = ``FORMAT_KEY``) or measurement file (``MEASURED_KEY``), checked."""
+    doc = atomic.read_json(path, "validation file")
     if not isinstance(doc, dict) or doc.get(key) != 1:
         raise SpecsimError(f"{path}: not a specsim validation file (expected \"{key}\": 1)")
     return doc

@@ -83,7 +83,7 @@ def test_bad_files_are_rejected(tmp_path):
     (tmp_path / "t.json").write_text('{"specsim_validation_plan": 1, "setu')
     with pytest.raises(SpecsimError, match="truncated"):
         V.read_json(str(tmp_path / "t.json"), V.FORMAT_KEY)
-    with pytest.raises(SpecsimError, match="no such file"):
+    with pytest.raises(SpecsimError, match="no such validation file"):
         V.read_json(str(tmp_path / "none.json"), V.FORMAT_KEY)
 
 

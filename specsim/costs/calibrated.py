@@ -30,7 +30,7 @@ from typing import Sequence
 
 import numpy as np
 
-from specsim.atomic import atomic_writer
+from specsim.atomic import atomic_writer, read_json
 from specsim.costs.base import Cost, IterationCost, as_contexts, compose_iteration
 from specsim.costs.roofline import RooflineCostModel
 from specsim.errors import SpecsimError
@@ -187,13 +187,7 @@ def _bad(path, message) -> SpecsimError:
 
 def read_calibration(path: str) -> Calibration:
     """Read and validate; truncated or malformed files are rejected with a clear message."""
-    try:
-        with open(path, encoding="utf-8") as fh:
-            doc = json.load(fh)
-    except FileNotFoundError:
-        raise SpecsimError(f"{path}: no such calibration file") from None
-    except json.JSONDecodeError as exc:
-        raise _bad(path, f"not JSON (truncated?) at line {exc.lineno}: {exc.msg}") from None
+    doc = read_json(path, "calibration file")
     if not isinstance(doc, dict) or doc.get(FORMAT_KEY) != VERSION:
         raise _bad(path, f"expected \"{FORMAT_KEY}\": {VERSION}")
     prov = doc.get("provenance")

@@ -175,6 +175,7 @@ def summarise(swept: dict, analytical_by_group: dict | None = None) -> dict:
 def holdout_summary(tuned: dict, tested: dict) -> dict:
     """Per policy: (k*, s*) picked on the tuning part's simulations, the evaluation part's
     throughput there, and the optimism of picking on the evaluation part itself."""
+    from specsim.predict import holdout_row
     rows = []
     eval_rows = {(r["policy"], r["s"], r["k"]): r for r in tested["rows"]}
     for policy in sorted({r["policy"] for r in tuned["rows"]}):
@@ -183,12 +184,8 @@ def holdout_summary(tuned: dict, tested: dict) -> dict:
         own = max((r for r in tested["rows"] if r["policy"] == policy),
                   key=lambda r: r["throughput"])
         there = eval_rows[(policy, pick["s"], pick["k"])]
-        rows.append({"policy": policy, "tuned": {"k": pick["k"], "s": pick["s"]},
-                     "speedup_on_tuning_part": pick["speedup"],
-                     "speedup_on_evaluation_part": there["speedup"],
-                     "tuned_on_evaluation": {"k": own["k"], "s": own["s"],
-                                             "speedup": own["speedup"]},
-                     "optimism": own["speedup"] - there["speedup"]})
+        rows.append(holdout_row(policy, (pick["k"], pick["s"]), pick["speedup"],
+                                there["speedup"], (own["k"], own["s"], own["speedup"])))
     rows.sort(key=lambda r: -r["speedup_on_evaluation_part"])
     return {"policies": rows, "best": rows[0]}
 
