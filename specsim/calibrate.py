@@ -11,11 +11,12 @@ Triton kernels):
 - ``selection:<policy>``: one refresh of every layer's index lists after a verify, replayed
   as the engine's CUDA graph (Quest's page scoring runs inside each of its draft steps, so it
   is part of ``draft:quest``);
-- ``overhead:plain`` and ``overhead:speculative``: what a real decoding loop spends beyond
-  those steps — accept/reject, rollback, the host's bookkeeping and the GPU's idle gaps
-  between launches — per plain step, and per speculative iteration (forced acceptance, k =
-  ``OVERHEAD_K``, policy the grid's first): the loop's wall time minus its own CUDA-event
-  totals of the priced phases, per step.
+- ``overhead:plain`` and ``overhead:speculative:<policy>``: what a real decoding loop spends
+  beyond those steps — accept/reject, rollback (Quest's page bounds included), the host's
+  bookkeeping and the GPU's idle gaps between launches — per plain step, and per speculative
+  iteration of each policy (forced acceptance, k = ``OVERHEAD_K``, the grid's first
+  sparsity): the loop's wall time minus its own CUDA-event totals of the priced phases, per
+  step.
 
 The model is prepared as real runs use it (``fuse_projections``, ``compile_layers``; both
 recorded in the provenance).
@@ -176,8 +177,9 @@ def _measure_shape(torch, Engine, model, grid: CalibrationGrid, batch: int, cont
 
 def _measure_policy(torch, Engine, model, grid: CalibrationGrid, batch: int, context: int,
                     prompts, room: int, policy: str, s: float) -> list[Measurement]:
-    """One policy at one sparsity and shape: draft step, selection refresh (and, for the
-    grid's first policy and sparsity, the verify passes and the speculative loop's overhead)."""
+    """One policy at one sparsity and shape: draft step, selection refresh, at the grid's
+    first sparsity the policy's speculative-loop overhead, and for the grid's first policy and
+    sparsity the verify passes."""
     q_max = max(grid.qs)
     out: list[Measurement] = []
 
@@ -213,14 +215,14 @@ def _measure_policy(torch, Engine, model, grid: CalibrationGrid, batch: int, con
                                         undo_draft), s=s)
         if policy != "streamingllm":
             record(f"selection:{policy}", _time(torch, refresh, grid.repeats, grid.warmup), s=s)
-        if first and grid.overheads:
-            record("overhead:speculative", _loop_overhead(torch, engine, prompts,
-                                                          speculative=True), q=OVERHEAD_K + 1)
+        if s == grid.sparsities[0] and grid.overheads:   # per policy: Quest's rollback differs
+            record(f"overhead:speculative:{policy}",
+                   _loop_overhead(torch, engine, prompts, speculative=True), q=OVERHEAD_K + 1)
         del engine
     return out
 
 
-def _loop_overhead(torch, engine, prompts, *, speculative: bool, repeats: int = 3
+def _loop_overhead(torch, engine, prompts, *, speculative: bool, repeats: int = 2
                    ) -> list[float]:
     """Per step (plain) or per iteration (speculative, forced k = ``OVERHEAD_K``, m = k // 2)
     of a real decoding loop: what it spends beyond its own timed steps, in seconds (like

@@ -10,16 +10,22 @@ k and s? Three steps, so that the predictions exist before the GPU runs:
 2. ``measure`` (the GPU; torch only): runs every configuration of the plan with the engine —
    ``forced`` setups replay the plan's per-iteration k and m with random weights of the real
    shapes; ``free`` setups decode freely with real weights (greedy) — and records measured
-   decode throughput: new tokens over the decode loop's wall time (prefill excluded), the
-   median of ``repeats`` runs after a warm-up run, and the tokens per iteration.
+   decode throughput two ways, each the median of ``repeats`` runs after a warm-up run: over
+   the *steady window* (the iterations that start with every sequence active: tokens over
+   their wall time) and over the *whole run* (new tokens over the loop's wall time, prefill
+   excluded). ``Engine.generate`` is a static batch, so the whole run has a tail where
+   finished sequences still hold their slots.
 3. ``report``: per setup and policy, MAPE / worst error of each predictor, Pearson r, and the
    regret of the predicted optimum (measured throughput at the predicted best (k, s) over the
    best measured); for free-running setups also the acceptance-side error — counterfactual
    replay (k ≤ the trace's k_rec) and the fitted extrapolation (k > k_rec) against the
    measured tokens per iteration.
 
-Measured throughput is per decode loop: tokens / (wall − prefill). Predicted throughput is
-tokens / Σ iteration times of the cost model, which includes the calibrated loop overhead.
+``predict`` prices a full batch in steady state (tokens / Σ iteration times of the cost model,
+which includes the calibrated loop overhead) and is compared with the steady window;
+``simulate`` replays the run's static batch (finished sequences priced until the last is done)
+and is compared with the whole run. Forced setups truncate every sequence to the same number
+of iterations, so there the two windows coincide but for the first iteration's launch.
 """
 from __future__ import annotations
 
@@ -100,10 +106,13 @@ def _predict_forced_plain(costs, batch: int, context: int, tokens: int) -> float
 
 def _simulate(trace_path: str, model: str, hardware: str, batch: int, prompt, output,
               policy: str, s: float | None, k: int) -> dict:
+    """The simulator on the run's own shape: one static batch (as ``Engine.generate``), so
+    its prediction covers the whole run, tail included."""
     from specsim.simulator.tuning import SweepSpec, run_one
     prompt = tuple(int(x) for x in np.atleast_1d(prompt))    # hashable: the spec is a key
     spec = SweepSpec(trace_path=trace_path, model=model, hardware=hardware, tp=1,
-                     arrivals=("all", batch, prompt, output), max_batch=batch)
+                     arrivals=("all", batch, prompt, output), max_batch=batch,
+                     static_batch=True)
     return run_one(spec, policy, s, k)
 
 
@@ -181,8 +190,16 @@ def build_plan(setups: list[Setup], trace_path: str, hardware: str = "h200",
 
 
 def _throughput(gen) -> float:
+    """Whole decode loop: new tokens over wall time minus the prefill (static batch, tail
+    included)."""
     loop = gen.wall_seconds - gen.timing.get("prefill", 0.0)
     return gen.new_tokens / loop
+
+
+def _steady(gen) -> float:
+    """Tokens over wall time of the iterations that start with the whole batch active — what
+    the predictions price (a full batch in steady state)."""
+    return gen.steady_tokens_per_second
 
 
 def measure(plan: dict, repeats: int = 2, progress: bool = True, device: str = "cuda") -> dict:
@@ -233,7 +250,8 @@ def measure(plan: dict, repeats: int = 2, progress: bool = True, device: str = "
                 state = first.prefill
             runs = [plain.generate(prompts, new, speculative=False, prefill=state)
                     for _ in range(repeats)]
-            plain_tps = float(np.median([_throughput(g) for g in runs]))
+            plain_tps = float(np.median([_steady(g) for g in runs]))
+            plain_whole = float(np.median([_throughput(g) for g in runs]))
             del plain
             for n, cfg in enumerate(entry["configs"]):
                 if progress:
@@ -256,17 +274,26 @@ def measure(plan: dict, repeats: int = 2, progress: bool = True, device: str = "
                     engine.generate(prompts, 2 * cfg["k"] + 4, k=cfg["k"], prefill=state)
                 gens = [engine.generate(prompts, setup.max_new_tokens, k=cfg["k"],
                                         forced=forced, prefill=state) for _ in range(repeats)]
-                tps = [_throughput(g) for g in gens]
+                tps = [_steady(g) for g in gens]
+                full = [(sec, n) for sec, active, n in gens[0].steps if active == setup.batch]
                 rows.append({**{k: cfg[k] for k in ("policy", "s", "k")},
                              "tokens_per_second": float(np.median(tps)),
                              "tokens_per_second_runs": tps,
-                             "tokens_per_iteration": gens[0].tokens_per_iteration,
+                             "tokens_per_second_whole_run": float(np.median(
+                                 [_throughput(g) for g in gens])),
+                             "steady_iterations": len(full),
+                             "iterations": gens[0].iterations,
+                             # the window's own: the late, slow-accepting tail is not in it
+                             "tokens_per_iteration": sum(n for _, n in full) / (
+                                 len(full) * setup.batch) if full else float("nan"),
+                             "tokens_per_iteration_whole_run": gens[0].tokens_per_iteration,
                              "split_s": gens[0].timing,
                              "wall_s": gens[0].wall_seconds})
                 del engine
                 if device == "cuda":
                     torch.cuda.empty_cache()
         out["setups"].append({"name": setup.name, "plain_tokens_per_second": plain_tps,
+                              "plain_tokens_per_second_whole_run": plain_whole,
                               "configs": rows})
         del model
     return out
@@ -289,6 +316,12 @@ def _regret(pred: np.ndarray, meas: np.ndarray) -> float:
     return float(meas[int(np.argmax(pred))] / np.max(meas))
 
 
+#: What each predictor is compared with: ``predict`` prices a full batch in steady state (the
+#: iterations with every sequence active); ``simulate`` replays the run's static batch, tail
+#: included (the whole decode loop).
+TARGET = {"predict": "measured", "simulate": "measured_whole_run"}
+
+
 def report(plan: dict, measured: dict) -> dict:
     """Errors and regrets per setup and policy (and over each setup's whole grid)."""
     by_name = {s["name"]: s for s in measured["setups"]}
@@ -305,7 +338,10 @@ def report(plan: dict, measured: dict) -> dict:
             if m is None:
                 continue
             rows.append({**{k: cfg[k] for k in ("policy", "s", "k")},
-                         "measured": m["tokens_per_second"], "predict": cfg["predict"],
+                         "measured": m["tokens_per_second"],
+                         "measured_whole_run": m.get("tokens_per_second_whole_run",
+                                                     m["tokens_per_second"]),
+                         "predict": cfg["predict"],
                          "simulate": cfg.get("simulate"),
                          "tokens_per_iteration": m["tokens_per_iteration"],
                          "tokens_per_iteration_predicted": cfg["tokens_per_iteration_predicted"],
@@ -319,10 +355,10 @@ def report(plan: dict, measured: dict) -> dict:
                                     else [])
 
         def summary(sel):
-            meas = np.array([r["measured"] for r in sel])
             res = {"configs": len(sel), "best_measured": max(
                 sel, key=lambda r: r["measured"])}
             for p in predictors:
+                meas = np.array([r[TARGET[p]] for r in sel])
                 pred = np.array([r[p] for r in sel])
                 best = sel[int(np.argmax(pred))]
                 res[p] = {**_errors(pred, meas), "regret": _regret(pred, meas),
@@ -333,7 +369,10 @@ def report(plan: dict, measured: dict) -> dict:
         item = {"name": name, "setup": {k: v for k, v in entry["setup"].items()
                                         if k != "prompts"},
                 "costs": entry["costs"], "rows": rows, "excluded": excluded,
-                "plain": {"measured": got["plain_tokens_per_second"], **entry["plain"]},
+                "plain": {"measured": got["plain_tokens_per_second"],
+                          "measured_whole_run": got.get("plain_tokens_per_second_whole_run",
+                                                        got["plain_tokens_per_second"]),
+                          **entry["plain"]},
                 "per_policy": {p: summary([r for r in rows if r["policy"] == p])
                                for p in policies},
                 "all": summary(rows) if rows else None}
@@ -362,7 +401,8 @@ def markdown(rep: dict, measured: dict) -> str:
                    f"real weights, free-running greedy, {st['max_new_tokens']} new tokens"))
         lines += [f"### {item['name']}: {what}", "",
                   f"Costs: {item['costs']}. Plain decoding: measured "
-                  f"{item['plain']['measured']:.0f} tokens/s, predicted "
+                  f"{item['plain']['measured']:.0f} tokens/s (steady window; whole run "
+                  f"{item['plain']['measured_whole_run']:.0f}), predicted "
                   f"{item['plain']['predict']:.0f}"
                   + (f", simulated {item['plain']['simulate']:.0f}"
                      if item["plain"].get("simulate") else "") + ".", ""]
@@ -386,12 +426,14 @@ def markdown(rep: dict, measured: dict) -> str:
                                      for m, v in item["acceptance"].items()) + ".")
             lines.append("")
         lines += ["<details><summary>every configuration</summary>", "",
-                  "| policy | s | k | measured tok/s | predict | simulate | tok/iter measured "
-                  "| tok/iter predicted |", "|---|---|---|---|---|---|---|---|"]
+                  "| policy | s | k | measured tok/s (steady) | predict | measured tok/s (whole "
+                  "run) | simulate | tok/iter measured | tok/iter predicted |",
+                  "|---|---|---|---|---|---|---|---|---|"]
         for r in item["rows"]:
             sim = f"{r['simulate']:.0f}" if r["simulate"] is not None else ""
             lines.append(f"| {r['policy']} | {r['s']} | {r['k']} | {r['measured']:.0f} | "
-                         f"{r['predict']:.0f} | {sim} | {r['tokens_per_iteration']:.2f} | "
+                         f"{r['predict']:.0f} | {r['measured_whole_run']:.0f} | {sim} | "
+                         f"{r['tokens_per_iteration']:.2f} | "
                          f"{r['tokens_per_iteration_predicted']:.2f} |")
         if item.get("excluded"):
             lines += ["", "Excluded (q = k + 1 above the verify kernel's 16: the engine's eager "

@@ -246,6 +246,28 @@ def test_measured_loop_overheads_enter_plain_steps_and_iterations():
     assert neg.plain_step(ctx).seconds == pytest.approx(bare.plain_step(ctx).seconds)
 
 
+def test_per_policy_loop_overhead_wins_over_the_generic_one(tmp_path):
+    """Quest's rollback refreshes page bounds: its measured overhead is its own; a policy
+    without one falls back to the policy-agnostic overhead of older files."""
+    cal = with_overheads(synthetic())
+    rows = list(cal.measurements)
+    for b in sorted({m.batch for m in rows}):
+        for c in sorted({m.context for m in rows}):
+            rows.append(Measurement("overhead:speculative:quest", b, c, 5, None, [0.5] * 3))
+    model = CalibratedCostModel(Calibration(cal.provenance, cal.ceilings, rows), MODEL, HW)
+    ctx = [8192] * 4
+    assert model.iteration(ctx, 6, 0.05, "quest").overhead_s == pytest.approx(0.5e-3, rel=1e-3)
+    assert model.iteration(ctx, 6, 0.05, "vegas").overhead_s == pytest.approx(110e-6, rel=1e-3)
+    path = tmp_path / "cal.json"
+    Calibration(cal.provenance, cal.ceilings, rows).write(str(path))
+    assert read_calibration(str(path)).measurements[-1].op == "overhead:speculative:quest"
+    d = json.loads(path.read_text())
+    d["measurements"][-1]["op"] = "overhead:speculative:nonsense"
+    path.write_text(json.dumps(d))
+    with pytest.raises(SpecsimError, match="nonsense"):
+        read_calibration(str(path))
+
+
 def test_overheads_in_files_and_the_held_out_check(tmp_path):
     cal = with_overheads(synthetic(noise=0.01, seed=2), noise=0.002)
     cal.measurements[-1] = Measurement("overhead:speculative", 1, 1024, 5, None, [-0.004, 0.01])

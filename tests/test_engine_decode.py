@@ -10,6 +10,7 @@
   chi-square; the same test rejects a sampler that skips the correction.
 - Traces, forced acceptance, adaptive k, EOS, prefill reuse, errors.
 """
+import dataclasses
 import itertools
 
 import numpy as np
@@ -285,6 +286,32 @@ def test_timing_and_bytes(tiny, ragged):
     assert result.forwards["verify"] == result.iterations
     assert result.bytes_moved["draft"] > 0 and result.bandwidth() > 0
     assert result.tokens_per_second > 0
+
+
+def test_iteration_log_and_steady_window(tiny, ragged):
+    """One log row per iteration: its wall time, the sequences active at its start, the tokens
+    it emitted; the steady window is the iterations where the whole (static) batch decodes."""
+    recorded = speculative_decode(tiny, ragged, 30, policy=SMALL["vegas"], k=5, s=0.1).traces
+    # sequences of 4, 6 and 9 iterations: a tail of 5 iterations with fewer than 3 active
+    forced = [dataclasses.replace(t, context=t.context[:n], k=t.k[:n], m=t.m[:n])
+              for t, n in zip(recorded, (4, 6, 9))]
+    prompts = forced_prompts(forced, TINY["vocab_size"], seed=1)
+    engine = Engine(tiny, batch=3, max_len=800, policy="vegas", s=0.1, k_max=5)
+    gen = engine.generate(prompts, 1, forced=forced)
+    assert len(gen.steps) == gen.iterations == 9
+    assert [a for _, a, _ in gen.steps] == [3] * 4 + [2] * 2 + [1] * 3
+    assert sum(n for _, _, n in gen.steps) == gen.new_tokens - 3   # + the prefill's token each
+    want = [sum(int(t.m[i]) + 1 for t in forced if i < t.iterations) for i in range(9)]
+    assert [n for _, _, n in gen.steps] == want
+    assert all(sec > 0 for sec, _, _ in gen.steps)
+    head = gen.steps[:4]
+    assert gen.steady_tokens_per_second == pytest.approx(
+        sum(n for _, _, n in head) / sum(sec for sec, _, _ in head))
+    assert sum(sec for sec, _, _ in gen.steps) <= gen.wall_seconds
+    plain = Engine(tiny, batch=3, max_len=800, policy="full", k_max=1).generate(
+        prompts, 5, speculative=False)
+    assert [(a, n) for _, a, n in plain.steps] == [(3, 3)] * 4
+    assert plain.steady_tokens_per_second > 0
 
 
 def test_engine_errors(tiny):

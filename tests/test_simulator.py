@@ -105,6 +105,38 @@ def test_conservation_of_tokens():
     assert st["batch"].max() <= 8
 
 
+class CountingCosts(FlatCosts):
+    """Flat costs that remember how many sequences each iteration was priced for."""
+
+    def __init__(self):
+        super().__init__()
+        self.sizes = []
+
+    def iteration(self, contexts, k, s, policy):
+        self.sizes.append(len(contexts))
+        return super().iteration(contexts, k, s, policy)
+
+
+def test_static_batch_waits_for_the_slowest_and_prices_finished_slots():
+    # m = 3 at k = 4: 4 tokens per iteration; outputs 1 + 4·n → n iterations
+    arrivals = all_at_once(4, 1000, np.array([1 + 4 * 3, 1 + 4 * 6, 1 + 4 * 2, 1 + 4 * 2]))
+    trace = const_trace(m=3, k=4, requests=4)
+    static_costs, cont_costs = CountingCosts(), CountingCosts()
+    static = simulate(arrivals, static_costs, ReplaySource(trace, 4), k=4, max_batch=2,
+                      static_batch=True)
+    cont = simulate(arrivals, cont_costs, ReplaySource(trace, 4), k=4, max_batch=2)
+    # static: batch {0, 1} runs 6 iterations (all priced for 2), then {2, 3} runs 2
+    assert static_costs.sizes == [2] * 6 + [2] * 2
+    assert list(static.steps["batch"][static.steps["is_iteration"]]) == [2] * 3 + [1] * 3 + [2] * 2
+    admit = static.requests["admit"]
+    assert admit[2] == admit[3] >= static.requests["finish"][1]
+    # continuous: request 2 takes request 0's slot as soon as it is done
+    assert cont.requests["admit"][2] < cont.requests["finish"][1]
+    assert static.summary["makespan_s"] > cont.summary["makespan_s"]
+    assert int(static.steps["emitted"].sum()) == int(cont.steps["emitted"].sum()) == sum(
+        a.output_tokens for a in arrivals)
+
+
 def test_memory_budget_is_never_exceeded_and_admission_waits():
     per_request = MODEL.kv_bytes_resident(4000 + 200)
     arrivals = all_at_once(30, 4000, 200)

@@ -57,6 +57,27 @@ def test_acceptance_side_errors_for_free_running():
     assert acc["fitted"]["bias"] == pytest.approx(2.0 / 2.5 - 1)
 
 
+def test_predict_meets_the_steady_window_and_simulate_the_whole_run():
+    """predict prices a full batch in steady state, simulate the static batch with its tail:
+    each is scored against its own measured window."""
+    pred = {("vegas", 0.1, 2): 100.0, ("vegas", 0.1, 4): 120.0, ("vegas", 0.1, 8): 90.0}
+    plan, got = fake(pred, {key: 110.0 for key in pred}, mode="free")
+    whole = {("vegas", 0.1, 2): 80.0, ("vegas", 0.1, 4): 70.0, ("vegas", 0.1, 8): 50.0}
+    sims = {("vegas", 0.1, 2): 88.0, ("vegas", 0.1, 4): 63.0, ("vegas", 0.1, 8): 50.0}
+    for cfg, row in zip(plan["setups"][0]["configs"], got["setups"][0]["configs"]):
+        key = (cfg["policy"], cfg["s"], cfg["k"])
+        cfg["simulate"], cfg["acceptance_mode"] = sims[key], "replay"
+        row["tokens_per_second_whole_run"] = whole[key]
+    item = V.report(plan, got)["setups"][0]
+    sm = item["per_policy"]["vegas"]
+    assert sm["predict"]["mape"] == pytest.approx(np.mean([10 / 110, 10 / 110, 20 / 110]))
+    assert sm["simulate"]["mape"] == pytest.approx(np.mean([0.1, 0.1, 0.0]))
+    assert sm["simulate"]["regret"] == pytest.approx(1.0)          # k = 2 best of the whole run
+    assert sm["predict"]["regret"] == pytest.approx(1.0)           # steady window: all tie
+    assert item["plain"]["measured_whole_run"] == item["plain"]["measured"]   # old files
+    assert "whole run" in V.markdown(V.report(plan, got), {"gpu": "G", "torch": "T"})
+
+
 def test_plan_then_cpu_measurement_round_trip(tmp_path):
     """Forced setup on the CPU (random SmolLM2 shapes, tiny context): the plan's forced k/m is
     what the engine replays, so measured tokens per iteration equal the predicted ones."""
@@ -74,6 +95,9 @@ def test_plan_then_cpu_measurement_round_trip(tmp_path):
     row = got["setups"][0]["configs"][0]
     assert row["tokens_per_iteration"] == pytest.approx(cfg["tokens_per_iteration_predicted"])
     assert row["tokens_per_second"] > 0 and got["setups"][0]["plain_tokens_per_second"] > 0
+    # forced sequences all run the same iterations: the steady window is the whole loop
+    assert row["steady_iterations"] == row["iterations"] == len(cfg["forced"][0]["m"])
+    assert row["tokens_per_second_whole_run"] > 0
 
 
 def test_bad_files_are_rejected(tmp_path):

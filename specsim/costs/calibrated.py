@@ -217,9 +217,11 @@ def read_calibration(path: str) -> Calibration:
         if kind not in ("plain", "verify", "draft", "selection", "overhead"):
             raise _bad(path, f"{where}: unknown op '{op}'")
         if kind == "overhead":   # a residual: wall time minus the parts, noise may be < 0
-            if op not in OVERHEAD_OPS:
+            if op not in OVERHEAD_OPS and not op.startswith("overhead:speculative:"):
                 raise _bad(path, f"{where}: unknown op '{op}' (overheads: "
-                                 f"{', '.join(OVERHEAD_OPS)})")
+                                 f"{', '.join(OVERHEAD_OPS)}, overhead:speculative:<policy>)")
+            if op.startswith("overhead:speculative:"):
+                get_policy(op.split(":", 2)[2])
             if not all(np.isfinite(samples)):
                 raise _bad(path, f"{where}: samples must be finite milliseconds")
         elif not all(np.isfinite(samples)) or min(samples) <= 0:
@@ -436,9 +438,12 @@ class CalibratedCostModel:
     def iteration(self, contexts: Sequence[int], k: int, s: float, policy: str) -> IterationCost:
         """``compose_iteration``, with the measured per-iteration loop overhead (accept,
         rollback, host bookkeeping, launch gaps) in place of the roofline's constant when the
-        calibration has it."""
+        calibration has it: the policy's own (``overhead:speculative:<policy>``), else the
+        policy-agnostic one of older files (``overhead:speculative``)."""
         cost = compose_iteration(self, contexts, k, s, policy)
-        extra = self._overhead("overhead:speculative", as_contexts(contexts))
+        ctx = as_contexts(contexts)
+        extra = self._overhead(f"overhead:speculative:{get_policy(policy).name}", ctx) \
+            or self._overhead("overhead:speculative", ctx)
         return cost if extra is None else dataclasses.replace(cost, overhead_s=extra[0])
 
 

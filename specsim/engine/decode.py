@@ -87,6 +87,8 @@ class Generation:
     bytes_moved: dict[str, float] = field(default_factory=dict)  # weights + KV, per phase
     prefill: "PrefillState | None" = None   # with keep_prefill=True
     proxy: ProxyRecords | None = None       # with Engine(proxy_check=True)
+    #: per iteration (plain step): wall seconds, sequences active at its start, tokens emitted
+    steps: list[tuple[float, int, int]] = field(default_factory=list)
 
     @property
     def new_tokens(self) -> int:
@@ -105,6 +107,17 @@ class Generation:
         """Mean m + 1 over all (sequence, iteration) pairs (1.0 for plain decoding)."""
         n = sum(t.iterations for t in self.traces)
         return sum(t.tokens for t in self.traces) / n if n else 1.0
+
+    @property
+    def steady_tokens_per_second(self) -> float:
+        """Throughput while the whole batch decodes: tokens over wall time of the iterations
+        that start with every sequence active. ``generate`` is a static batch — finished
+        sequences keep their slot until the last one is done — so the whole-run figure mixes
+        in a tail where few sequences emit; this window is what a continuously refilled batch
+        sustains. NaN when no iteration had the whole batch active."""
+        full = [(sec, n) for sec, active, n in self.steps if active == len(self.tokens)]
+        seconds = sum(sec for sec, _ in full)
+        return sum(n for _, n in full) / seconds if seconds > 0 else float("nan")
 
     def bandwidth(self, phase: str | None = None) -> float:
         """Achieved bytes/s, all decode phases or one."""
@@ -451,10 +464,12 @@ class Engine:
                           if speculative else [], timing=timing,
                           wall_seconds=time.perf_counter() - t0, iterations=run.iterations,
                           forwards=dict(run.forwards), bytes_moved=dict(run.bytes),
-                          prefill=state if keep_prefill else None, proxy=run.proxy)
+                          prefill=state if keep_prefill else None, proxy=run.proxy,
+                          steps=run.steps)
 
     def _plain(self, run: "_Run", sampling, generator, timer: PhaseTimer) -> None:
         x0 = run.x0
+        run.mark()
         while run.any_active():
             with timer.phase("verify"):
                 self.verify_input(1)[:, 0] = x0
@@ -484,6 +499,7 @@ class Engine:
         draft_probs = None if sampling.greedy else torch.zeros(batch, k, vocab, device=device)
         centres = [adaptive.start if adaptive else None] * batch
         x0 = run.x0
+        run.mark()
         while run.any_active():
             k_seq = [k] * batch
             if forced is not None:
@@ -594,6 +610,21 @@ class _Run:
         self.forwards: dict[str, int] = {"draft": 0, "verify": 0}
         self.bytes: dict[str, float] = {"draft": 0.0, "verify": 0.0}
         self.proxy: ProxyRecords | None = None
+        self.steps: list[tuple[float, int, int]] = []
+        self._mark = time.perf_counter()   # the decode loop's start (mark() resets it)
+
+    def mark(self) -> None:
+        """The loop starts now, once the prefill and the first selection refresh are done."""
+        if self.x0.is_cuda:
+            torch.cuda.synchronize(self.x0.device)
+        self._mark = time.perf_counter()
+
+    def _log_step(self, active_before: int, emitted: int) -> None:
+        # each step's host read waits for the iteration's GPU work: end − previous end is the
+        # iteration's wall time
+        now = time.perf_counter()
+        self.steps.append((now - self._mark, active_before, emitted))
+        self._mark = now
 
     def any_active(self) -> bool:
         return any(self.active)
@@ -611,14 +642,20 @@ class _Run:
 
     def step_plain(self, tokens: list[int]) -> None:
         self.iterations += 1
+        before, emitted = sum(self.active), self.new_tokens()
         for b, t in enumerate(tokens):
             if self.active[b]:
                 self.lengths[b] += 1
                 self._emit(b, [t])
         self.active_t.copy_(torch.tensor(self.active))
+        self._log_step(before, self.new_tokens() - emitted)
+
+    def new_tokens(self) -> int:
+        return sum(len(t) for t in self.tokens)
 
     def step_speculative(self, k_seq, m, drafts, token, entropies, accept, forced) -> None:
         self.iterations += 1
+        before, emitted = sum(self.active), self.new_tokens()
         for b in range(len(m)):
             if not self.active[b]:
                 continue
@@ -634,6 +671,7 @@ class _Run:
             if forced is not None and self.iteration_of[b] >= forced[b].iterations:
                 self.active[b] = False
         self.active_t.copy_(torch.tensor(self.active))
+        self._log_step(before, self.new_tokens() - emitted)
 
     def traces(self, policy: str, s: float) -> list[RequestTrace]:
         out = []

@@ -116,24 +116,28 @@ class KVCache:
         """Drop the last ``rejected`` positions of each sequence (int or int32 tensor [batch])."""
         self.lengths -= rejected
         if self.page_size:
-            for layer in range(self.num_layers):
-                self._refresh_pages(layer, self.lengths.long() // self.page_size, 1)
+            self._refresh_pages(slice(None), self.lengths.long() // self.page_size, 1)
 
-    def _refresh_pages(self, layer: int, first_page: torch.Tensor, pages: int) -> None:
-        """Recompute the bounds of ``pages`` pages from ``first_page[b]`` over valid positions."""
+    def _refresh_pages(self, layers: int | slice, first_page: torch.Tensor, pages: int) -> None:
+        """Recompute the bounds of ``pages`` pages from ``first_page[b]`` over valid positions,
+        for one layer or a slice of layers at once (a rollback refreshes every layer with one
+        set of launches, not one per layer)."""
+        layers = slice(layers, layers + 1) if isinstance(layers, int) else layers
         size = self.page_size
         page = first_page[:, None] + torch.arange(pages, device=first_page.device)[None, :]
         position = page[:, :, None] * size + torch.arange(size, device=page.device)  # [b, p, s]
         valid = position < self.lengths.long()[:, None, None]
         batch_index = torch.arange(self.batch, device=page.device)
-        rows = self._k[layer][batch_index[:, None, None], :, position.clamp(max=self.max_len - 1)]
-        keep = valid[..., None, None]                                               # [b,p,s,h,d]
+        # advanced indices around a slice go first: [b, p, s, layers, h, d]
+        rows = self._k[layers][:, batch_index[:, None, None], :,
+                               position.clamp(max=self.max_len - 1)]
+        keep = valid[..., None, None, None]
         # masked_fill with a Python scalar: no host tensor (CUDA-graph capturable)
-        low = rows.masked_fill(~keep, float("inf")).amin(dim=2)                      # [b, p, h, d]
+        low = rows.masked_fill(~keep, float("inf")).amin(dim=2)              # [b, p, L, h, d]
         high = rows.masked_fill(~keep, float("-inf")).amax(dim=2)
         page = torch.where(valid[:, :, 0], page, self.num_pages)  # empty pages: scratch slot
-        self.page_min[layer][batch_index[:, None], :, page] = low
-        self.page_max[layer][batch_index[:, None], :, page] = high
+        self.page_min[layers][:, batch_index[:, None], :, page] = low
+        self.page_max[layers][:, batch_index[:, None], :, page] = high
 
 
 def page_bounds_reference(k: torch.Tensor, lengths: torch.Tensor, page_size: int

@@ -49,6 +49,10 @@ class SimConfig:
     seed: int = 0
     entropy_beta: float = 0.9        # SparseSpec-L's EMA smoothing
     record_events: bool = False      # keep per-request spans for a Chrome trace
+    #: a static batch (HF ``generate``, specsim's own engine): a batch is admitted only when
+    #: the previous one is done, and every iteration computes all its slots — finished
+    #: sequences keep theirs (priced at their last context) until the last one finishes
+    static_batch: bool = False
     label: str = ""
     extra: dict = field(default_factory=dict)
 
@@ -112,6 +116,7 @@ class Simulation:
         recorded = np.zeros(B, dtype=np.int64)
         step = np.zeros(B, dtype=np.int64)
         active = np.zeros(B, dtype=bool)
+        member = np.zeros(B, dtype=bool)   # static batch: the slots of the running batch
         req = {name: np.full(n, np.nan) for name in ("admit", "first_token", "finish")}
         iterations = np.zeros(n, dtype=np.int64)
         log = StepLog()
@@ -132,6 +137,10 @@ class Simulation:
 
         def admit() -> list[int]:
             admitted = []
+            if cfg.static_batch:
+                if active.any():
+                    return admitted
+                member[:] = False
             free = np.flatnonzero(~active)
             while waiting and free.size > len(admitted):
                 i = waiting[0]
@@ -147,6 +156,7 @@ class Simulation:
                 recorded[slot] = self.source.start(a.request_id)
                 step[slot] = 0
                 active[slot] = True
+                member[slot] = True
                 req["admit"][i] = env.now
                 admitted.append(slot)
             return admitted
@@ -183,8 +193,10 @@ class Simulation:
                         yield state["wake"]
                     continue
                 ks = np.full(idx.size, cfg.k)
+                # what the step computes: the active sequences, or the whole static batch
+                computed = np.flatnonzero(member) if cfg.static_batch else idx
                 if cfg.k_policy == "plain":   # the baseline: one token per step, no drafts
-                    contexts = ctx[idx]
+                    contexts = ctx[computed]
                     plain = self.costs.plain_step(contexts)
                     start = env.now
                     yield env.timeout(plain.seconds)
@@ -207,7 +219,7 @@ class Simulation:
                 if cfg.k_policy == "oracle":
                     # knowing every m in advance, run the batch-wide k that maximises
                     # emitted tokens per second this iteration (drafts run in lockstep)
-                    contexts = ctx[idx]
+                    contexts = ctx[computed]
                     rates = [np.sum(np.minimum(np.minimum(m, kk), remaining[idx] - 1) + 1)
                              / self.costs.iteration(contexts, kk, cfg.s, cfg.policy).seconds
                              for kk in range(1, cfg.k + 1)]
@@ -222,7 +234,7 @@ class Simulation:
                     centres = analytical.update_entropy_centres(centres, acc, H_rows[rej_mask],
                                                                 cfg.entropy_beta)
                 k_batch = int(ks.max())
-                contexts = ctx[idx]
+                contexts = ctx[computed]
                 if k_batch == 0:
                     plain = self.costs.verify(contexts, 1)
                     split = {"draft": 0.0, "verify": plain.seconds, "selection": 0.0,

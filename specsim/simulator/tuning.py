@@ -34,6 +34,7 @@ class SweepSpec:
     holdout: float = 0.0
     holdout_seed: int = 0
     costs: str = "auto"         # as make_cost_model takes it
+    static_batch: bool = False  # SimConfig.static_batch
 
 
 _CACHE: dict = {}
@@ -85,10 +86,11 @@ def run_one(spec: SweepSpec, policy: str, s: float | None, k: int, k_policy: str
     if policy == "plain":
         group = next(iter(groups.values()))
         cfg = SimConfig("full", 1.0, k=1, k_policy="plain", max_batch=spec.max_batch,
-                        seed=spec.seed)
+                        seed=spec.seed, static_batch=spec.static_batch)
     else:
         group = groups[(policy, s)]
-        cfg = SimConfig(policy, s, k=k, k_policy=kp, max_batch=spec.max_batch, seed=spec.seed)
+        cfg = SimConfig(policy, s, k=k, k_policy=kp, max_batch=spec.max_batch, seed=spec.seed,
+                        static_batch=spec.static_batch)
     source = make_source(spec.acceptance, group, k)
     result = Simulation(arrivals, costs, model, source, cfg, hw.memory_bytes, spec.tp).run()
     summary = result.summary
