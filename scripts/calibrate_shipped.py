@@ -3,7 +3,7 @@
 Equivalent to `specsim calibrate --gpu` per model, without needing the package installed:
 
     PYTHONPATH=. python scripts/calibrate_shipped.py --hardware h200 --out-dir models/calibrations/h200 \\
-        --models qwen3-8b,smollm2-135m --budget-s 230
+        --models qwen3-8b,smollm2-135m --budget-s 230,150
 """
 from __future__ import annotations
 
@@ -32,16 +32,22 @@ def main():
     parser.add_argument("--sparsities", default="0.03,0.1",
                         help="draft costs between them are interpolated by selected bytes")
     parser.add_argument("--repeats", type=int, default=10)
-    parser.add_argument("--budget-s", type=float, default=200.0, help="per model")
+    parser.add_argument("--budget-s", default="200",
+                        help="seconds per model: one for all, or one per model (comma-separated)")
     args = parser.parse_args()
     os.makedirs(args.out_dir, exist_ok=True)
-    for name in args.models.split(","):
+    names = args.models.split(",")
+    budgets = [float(b) for b in args.budget_s.split(",")]
+    if len(budgets) not in (1, len(names)):
+        parser.error("--budget-s: one value, or one per model")
+    budgets = budgets * len(names) if len(budgets) == 1 else budgets
+    for name, budget in zip(names, budgets):
         spec = load_model(name)
         size = "small" if spec.param_count() < 1e9 else "large"
         grid = CalibrationGrid(**GRIDS[size], sparsities=[float(s) for s in
                                                           args.sparsities.split(",")],
                                policies=args.policies.split(","), repeats=args.repeats,
-                               time_budget_s=args.budget_s)
+                               time_budget_s=budget)
         t0 = time.perf_counter()
         cal = measure(spec, grid)
         path = os.path.join(args.out_dir, f"{name}.json")

@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # One device call: the engine's GPU tests, a tiny calibration smoke run (fails fast), then the
-# shipped calibrations of the models given ($1, comma-separated) with a per-model budget ($2 s).
+# shipped calibrations of the models given ($1, comma-separated) with per-model budgets ($2 s:
+# one for all, or one per model, comma-separated).
 set -u
 export PYTHONPATH=.
 python3 -m pytest -q -x tests/test_engine_gpu.py 2>&1 | tail -4
+python3 -m pytest -q -x tests/test_kernels_selection.py -k kv_cache 2>&1 | tail -2
 python3 - <<'PY' || exit 1
 from specsim.calibrate import CalibrationGrid, measure
 from specsim.specs import load_model
 cal = measure(load_model("smollm2-135m"), CalibrationGrid(batches=[2], contexts=[1024, 2048],
-              qs=[1, 5], sparsities=[0.1], policies=["vegas", "last-token"], repeats=3),
+              qs=[1, 5], sparsities=[0.1], policies=["vegas", "quest"], repeats=3),
               progress=False)
 for m in cal.measurements:
     print("smoke", m.op, m.batch, m.context, m.q, m.s, round(m.median_ms, 3))
