@@ -202,6 +202,7 @@ def run_cmd(model, weights, dtype, device, sampling, temperature, top_p, top_k, 
     forward + the KV rows each pass attends to, over the measured time).
     """
     from specsim.engine import AdaptiveK, Engine, forced_prompts
+    from specsim.engine.decode import cache_positions
 
     log = (lambda m: click.echo(m, err=True))
     net, tokenizer, name = load_engine_model(model, weights, dtype, device, seed, log)
@@ -225,7 +226,7 @@ def run_cmd(model, weights, dtype, device, sampling, temperature, top_p, top_k, 
                                   max_tokens=max_prompt_tokens, seed=seed)
     eos = () if tokenizer is None or forced else net.args.eos_token_ids
     speculative = policy != "plain"
-    max_len = max(len(p) for p in ids) + max_new_tokens + k + 2
+    max_len = cache_positions(max(len(p) for p in ids), max_new_tokens, k)
     engine = Engine(net, batch=batch, max_len=max_len,
                     policy=policy if speculative else "full", s=s, k_max=k)
     result = engine.generate(ids, max_new_tokens, speculative=speculative, k=k,
@@ -332,6 +333,7 @@ def trace_cmd(model, weights, dtype, device, sampling, temperature, top_p, top_k
     batch in flight and a rerun with the same settings continues where it stopped.
     """
     from specsim.engine import Engine, prompts as P
+    from specsim.engine.decode import cache_positions
     from specsim.policies import get_policy
     from specsim.traces.format import make_header, read_trace, write_trace
 
@@ -394,7 +396,7 @@ def trace_cmd(model, weights, dtype, device, sampling, temperature, top_p, top_k
     if not units:
         click.echo(f"{out}: complete ({len(records)} records)")
         return
-    max_len = max(len(p) for p in prompt_ids) + max_new_tokens + max(ks) + 2
+    max_len = cache_positions(max(len(p) for p in prompt_ids), max_new_tokens, max(ks))
     prefilled: tuple = (None, None)
     with click.progressbar(units, label=f"recording {len(units)} batches") as bar:
         for c, policy, k, s, todo in bar:

@@ -20,7 +20,7 @@ import time
 import torch
 
 from specsim.engine import Engine, build_model
-from specsim.engine.decode import forced_prompts, truncate_trace
+from specsim.engine.decode import cache_positions, forced_prompts, truncate_trace
 from specsim.specs import catalog_dir
 from specsim.traces.format import read_trace
 
@@ -97,7 +97,7 @@ def main(argv=None) -> None:
                 chosen = [truncate_trace(requests[b % len(requests)], k)
                           for b in range(args.batch)]
                 ids = forced_prompts(chosen, model.args.vocab_size, length=context)
-                need = context + max(t.tokens for t in chosen) + k + 3
+                need = cache_positions(context, max(t.tokens for t in chosen) + 1, k)
                 spec_engine = Engine(model, batch=args.batch, max_len=need,
                                      policy=args.policy, s=s, k_max=k, beyond_max_position=True)
                 warm = [truncate_trace(t, k) for t in chosen]

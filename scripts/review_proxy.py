@@ -25,6 +25,7 @@ import torch
 
 from specsim.engine import Engine, build_model
 from specsim.engine import prompts as P
+from specsim.engine.decode import cache_positions
 from specsim.engine.fetch import fetch_model
 from specsim.engine.selection import DISTANCE_BANDS
 from specsim.policies import get_policy
@@ -57,7 +58,7 @@ def main(argv=None) -> None:
     prompts = [P.prompt_tokens(spec, tokenizer, args.max_prompt_tokens) for spec in specs]
     names = [spec.id for spec in specs]
     eos = net.args.eos_token_ids
-    max_len = max(len(p) for p in prompts) + args.max_new_tokens + max(ks) + 2
+    max_len = cache_positions(max(len(p) for p in prompts), args.max_new_tokens, max(ks))
     print(f"{len(prompts)} prompts, {min(map(len, prompts))}–{max(map(len, prompts))} tokens",
           file=sys.stderr)
 

@@ -207,6 +207,7 @@ def measure(plan: dict, repeats: int = 2, progress: bool = True, device: str = "
     import torch
 
     from specsim.engine import Engine, build_model
+    from specsim.engine.decode import cache_positions
     from specsim.specs import catalog_dir
     from specsim.traces.format import RequestTrace
 
@@ -236,7 +237,7 @@ def measure(plan: dict, repeats: int = 2, progress: bool = True, device: str = "
             state = "random"
         else:
             prompts = setup.prompts
-            room = setup.max_new_tokens + max(setup.ks) + 8
+            room = cache_positions(0, setup.max_new_tokens, max(setup.ks))
             state = None
         max_len = max(len(p) for p in prompts) + room
         with torch.inference_mode():

@@ -326,6 +326,42 @@ def test_engine_errors(tiny):
         Engine(tiny, batch=1, max_len=100, policy="magic")
 
 
+def test_a_finished_sequence_never_writes_past_the_cache(tiny, monkeypatch):
+    """Sequence 0 (the longest prompt) accepts all k every iteration and finishes with k + 1
+    tokens past its output; sequence 1 accepts none and goes on, so sequence 0 keeps drafting
+    and verifying on its grown cache. An engine sized by ``cache_positions`` holds it (an index
+    past max_len raised here, and was a device-side assert on the GPU)."""
+    k, max_new = 5, 8
+    real = decode.accept_greedy
+
+    def skewed(drafts, logits, k_t):
+        _, _, accept = real(drafts, logits, k_t)
+        m = torch.stack([k_t[0], torch.zeros_like(k_t[1])])
+        return m, logits.argmax(-1).gather(1, m[:, None]).squeeze(1), accept
+
+    monkeypatch.setattr(decode, "accept_greedy", skewed)
+    prompts = prompts_of([30, 12])
+    need = decode.cache_positions(30, max_new, k)            # 49: one past a whole page
+    engine = Engine(tiny, batch=2, max_len=need, policy=SMALL["vegas"], s=0.1, k_max=k)
+    peak = [0]
+    extend = engine.cache.extend
+
+    def tracked(n):
+        extend(n)
+        peak[0] = max(peak[0], int(engine.cache.lengths.max()))
+
+    engine.cache.extend = tracked
+    gen = engine.generate(prompts, max_new, k=k)
+    assert [len(t) for t in gen.tokens] == [max_new, max_new]
+    assert gen.iterations == max_new - 1                      # sequence 1: one token each
+    assert int(engine.cache.lengths[0]) == 30 + 2 * (k + 1)
+    # the old bound (prompt + max_new + k + 2) was too small; the new one holds the peak
+    assert 30 + max_new + k + 2 < peak[0] <= need
+    with pytest.raises(SpecsimError, match="cache positions"):
+        Engine(tiny, batch=2, max_len=need - 1, policy=SMALL["vegas"], s=0.1,
+               k_max=k).generate(prompts, max_new, k=k)
+
+
 # --------------------------------------------------------------------------------------------
 # the real SmolLM2 (skipped when it cannot be fetched)
 # --------------------------------------------------------------------------------------------

@@ -440,7 +440,7 @@ class Engine:
             k = max(k, int(max(t.k.max() for t in forced)))
             if k > self.k_max:
                 raise SpecsimError(f"trace drafts k={k} > engine k_max={self.k_max}")
-        need = max(len(p) for p in prompts) + max_new_tokens + k + 2
+        need = cache_positions(max(len(p) for p in prompts), max_new_tokens, k)
         if need > self.max_len:
             raise SpecsimError(f"prompt + new tokens + k need {need} cache positions, the "
                                f"engine has {self.max_len}")
@@ -591,6 +591,14 @@ class Engine:
         run.bytes["verify"] += self.weight_bytes + verify * self.kv_bytes_per_token
 
 
+def cache_positions(prompt_len: int, max_new_tokens: int, k: int) -> int:
+    """Cache positions a sequence can reach in ``generate``: its last iteration may keep up to
+    k + 1 tokens past the one that completes it (the cache is not trimmed to the output), so
+    it ends at prompt + max_new − 1 + k; while other sequences go on, a finished one still
+    drafts k and verifies k + 1 positions each iteration (static shapes), so + 2k + 1."""
+    return prompt_len + max_new_tokens + 2 * k + 1
+
+
 class _Run:
     """Host-side bookkeeping of one generate call: outputs, lengths, activity, trace rows."""
 
@@ -693,7 +701,7 @@ class _Run:
 
 
 def _engine_for(model, prompts, max_new_tokens, k, policy, s, **kw) -> Engine:
-    max_len = max(len(p) for p in prompts) + max_new_tokens + k + 2
+    max_len = cache_positions(max(len(p) for p in prompts), max_new_tokens, k)
     return Engine(model, batch=len(prompts), max_len=max_len, policy=policy, s=s, k_max=k, **kw)
 
 
