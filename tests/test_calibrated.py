@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from specsim.costs.calibrated import (Calibration, CalibratedCostModel, Measurement, fit_terms,
-                                      held_out_check, isotonic, read_calibration)
+                                      held_out_check, isotonic, merge_calibrations,
+                                      read_calibration)
 from specsim.errors import SpecsimError
 from specsim.specs import load_hardware, load_model
 
@@ -266,6 +267,33 @@ def test_per_policy_loop_overhead_wins_over_the_generic_one(tmp_path):
     path.write_text(json.dumps(d))
     with pytest.raises(SpecsimError, match="nonsense"):
         read_calibration(str(path))
+
+
+def test_merging_a_cut_short_run_with_an_older_one():
+    """The newer run measured batch 1 and 2 only (its time budget ran out); the older run's
+    step timings fill in the other batches, its overheads are not taken, and the provenance
+    says which rows came from where."""
+    old = with_overheads(synthetic(noise=0.01, seed=3))
+    new = with_overheads(synthetic(noise=0.01, seed=4, batches=(1, 2)),
+                         spec_us=lambda b: 50 + 5 * b)
+    merged = merge_calibrations(new, old, "older run, same kernels")
+    new_rows = {(m.op, m.batch, m.context, m.q) for m in new.measurements}
+    assert merged.measurements[:len(new.measurements)] == new.measurements
+    extra = merged.measurements[len(new.measurements):]
+    assert {m.batch for m in extra} == {4, 8, 16, 32}
+    assert not any(m.op.startswith("overhead") for m in extra)
+    assert not {(m.op, m.batch, m.context, m.q) for m in extra} & new_rows
+    info = merged.provenance["merged"][-1]
+    assert info["rows"] == len(extra) and [4, 1024] in info["shapes"]
+    assert info["note"] == "older run, same kernels" and "overhead:plain" not in info["ops"]
+    # the merged grid prices batch 16 from measurements, not the fitted-roofline fallback
+    fitted = CalibratedCostModel(merged, MODEL, HW)
+    cost = fitted.verify([8192] * 16, 8)
+    assert cost.seconds * 1e3 == pytest.approx(true_ms("verify", 16, 8192, 8, None), rel=0.05)
+    assert not any("outside" in n for n in cost.notes)
+    other = Calibration(dict(old.provenance, gpu="NVIDIA H100"), old.ceilings, old.measurements)
+    with pytest.raises(SpecsimError, match="different gpu"):
+        merge_calibrations(new, other, "x")
 
 
 def test_overheads_in_files_and_the_held_out_check(tmp_path):

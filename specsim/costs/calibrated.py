@@ -181,6 +181,35 @@ class Calibration:
             json.dump(self.to_json(), fh, indent=1)
 
 
+#: Step timings (as opposed to loop overheads), which ``merge_calibrations`` may carry over.
+STEP_KINDS = ("plain", "verify", "draft", "selection")
+
+
+def merge_calibrations(primary: Calibration, extra: Calibration, note: str) -> Calibration:
+    """``primary``'s rows, plus ``extra``'s step timings (plain, verify, draft, selection) at
+    the (batch, context) shapes ``primary`` did not reach — e.g. when a time budget cut a
+    newer run short. Loop overheads come from ``primary`` alone (they depend on the loop's
+    host code, not only the kernels). Both must describe the same model on the same GPU; the
+    merge is recorded in the provenance (``merged``: the other run's date, kernel hash,
+    shapes, ``note``) so a reader can tell which rows came from which run."""
+    for key in ("model", "model_spec_hash", "gpu"):
+        a, b = primary.provenance.get(key), extra.provenance.get(key)
+        if a != b:
+            raise SpecsimError(f"cannot merge calibrations of different {key}: {a!r} vs {b!r}")
+    have = {(m.batch, m.context) for m in primary.measurements}
+    added = [m for m in extra.measurements
+             if (m.batch, m.context) not in have and m.op.split(":", 1)[0] in STEP_KINDS]
+    shapes = sorted({(m.batch, m.context) for m in added})
+    prov = dict(primary.provenance)
+    prov["merged"] = list(prov.get("merged", [])) + [{
+        "date": extra.provenance.get("date"),
+        "kernel_config_hash": extra.provenance.get("kernel_config_hash"),
+        "torch": extra.provenance.get("torch"), "triton": extra.provenance.get("triton"),
+        "shapes": [list(x) for x in shapes], "ops": sorted({m.op for m in added}),
+        "rows": len(added), "note": note}]
+    return Calibration(prov, dict(primary.ceilings), list(primary.measurements) + added)
+
+
 def _bad(path, message) -> SpecsimError:
     return SpecsimError(f"{path}: bad calibration file: {message}")
 
