@@ -61,6 +61,41 @@ class CalibrationGrid:
     overheads: bool = True               # measure overhead:plain / overhead:speculative
 
 
+def _bisection_ranks(values: list) -> dict:
+    """Rank of each value in coarse-to-fine order: the ends first, then the middle of each
+    gap (in index terms), recursively."""
+    values = sorted(values)
+    n = len(values)
+    ranks: dict = {}
+    if n == 0:
+        return ranks
+    ranks[values[0]] = 0
+    if n > 1:
+        ranks[values[-1]] = 1
+    gaps, rank = [(0, n - 1)], 2
+    while gaps:
+        nxt = []
+        for lo, hi in gaps:
+            if hi - lo < 2:
+                continue
+            mid = (lo + hi) // 2
+            ranks[values[mid]] = rank
+            rank += 1
+            nxt += [(lo, mid), (mid, hi)]
+        gaps = nxt
+    return ranks
+
+
+def shape_order(batches: list[int], contexts: list[int]) -> list[tuple[int, int]]:
+    """The order the calibration measures (batch, context) shapes in: coarse to fine over both
+    axes, so that a time budget that ends the run early leaves a grid that spans every batch
+    and context range sparsely rather than one batch densely (measured batch by batch, a cut
+    left only batch 1 of an 8B model)."""
+    rb, rc = _bisection_ranks(batches), _bisection_ranks(contexts)
+    return sorted(((b, c) for b in batches for c in contexts),
+                  key=lambda x: (max(rb[x[0]], rc[x[1]]), rb[x[0]] + rc[x[1]], rb[x[0]]))
+
+
 def kernel_config_hash() -> str:
     """Hash of the kernels' source: a calibration is tied to the kernels it timed."""
     from pathlib import Path
@@ -117,7 +152,7 @@ def measure(spec: ModelSpec, grid: CalibrationGrid, config: dict | None = None,
     free = torch.cuda.mem_get_info()[0]
     ceilings = _ceilings(torch)
     rows: list[Measurement] = []
-    shapes = [(b, c) for b in grid.batches for c in grid.contexts
+    shapes = [(b, c) for b, c in shape_order(grid.batches, grid.contexts)
               if b * (c + 64) * spec.kv_bytes_per_token < grid.memory_fraction * free]
     skipped = len(grid.batches) * len(grid.contexts) - len(shapes)
     started = time.perf_counter()

@@ -336,3 +336,17 @@ def test_sparsities_between_the_measured_ones_are_interpolated():
     sel = cm.selection([20000] * 4, 0.05, "vegas", 4)
     assert sel.seconds * 1e3 == pytest.approx(0.1 + 3 * 0.05, rel=1e-6)
     assert "interpolated between measured s=0.03 and s=0.1" in sel.notes[-1]
+
+
+def test_calibration_measures_shapes_coarse_to_fine():
+    """A time budget may end the run after any shape: every prefix of the order should span
+    the grid (both ends of both axes first), not finish one batch size before the next."""
+    from specsim.calibrate import shape_order
+    batches, contexts = [1, 4, 16], [4096, 16384, 32768, 65536, 131072]
+    order = shape_order(batches, contexts)
+    assert sorted(order) == sorted((b, c) for b in batches for c in contexts)
+    assert set(order[:4]) == {(1, 4096), (1, 131072), (16, 4096), (16, 131072)}
+    first = order[:len(order) // 2]
+    assert {b for b, _ in first} == set(batches)
+    assert {c for _, c in first} >= {4096, 32768, 131072}
+    assert shape_order([8], [1024]) == [(8, 1024)]
