@@ -355,9 +355,20 @@ def report(plan: dict, measured: dict) -> dict:
         predictors = ["predict"] + (["simulate"] if rows and rows[0]["simulate"] is not None
                                     else [])
 
+        batch = entry["setup"]["batch"]
+        for r in rows + excluded:   # the cost side alone: seconds per iteration, steady window
+            r["iteration_ms_predicted"] = 1e3 * batch * r["tokens_per_iteration_predicted"] \
+                / r["predict"]
+            r["iteration_ms_measured"] = 1e3 * batch * r["tokens_per_iteration"] / r["measured"]
+
         def summary(sel):
             res = {"configs": len(sel), "best_measured": max(
                 sel, key=lambda r: r["measured"])}
+            e = np.array([r["iteration_ms_predicted"] / r["iteration_ms_measured"] - 1
+                          for r in sel])
+            res["iteration_time"] = {"mape": float(np.mean(np.abs(e))),
+                                     "worst": float(np.max(np.abs(e))),
+                                     "bias": float(np.mean(e))}
             for p in predictors:
                 meas = np.array([r[TARGET[p]] for r in sel])
                 pred = np.array([r[p] for r in sel])
@@ -418,6 +429,12 @@ def markdown(rep: dict, measured: dict) -> str:
                 cells += [f"{e['mape'] * 100:.1f}%", f"{e['worst'] * 100:.1f}%",
                           f"{e['pearson_r']:.3f}", f"{e['regret']:.3f}"]
             lines.append("| " + " | ".join(cells) + " |")
+        lines.append("Cost side alone (seconds per iteration in the steady window, predicted vs "
+                     "measured): " + "; ".join(
+                         f"{name} MAPE {sm['iteration_time']['mape'] * 100:.1f}%, bias "
+                         f"{sm['iteration_time']['bias'] * 100:+.1f}%"
+                         for name, sm in [*item["per_policy"].items(), ("all", item["all"])])
+                     + ".")
         lines.append("")
         if item.get("acceptance"):
             lines.append("Acceptance side (tokens per iteration, predicted vs measured): "

@@ -1,5 +1,6 @@
 """The calibrated cost model against synthetic tables of known structure; the file schema."""
 import json
+import math
 
 import numpy as np
 import pytest
@@ -336,6 +337,30 @@ def test_sparsities_between_the_measured_ones_are_interpolated():
     sel = cm.selection([20000] * 4, 0.05, "vegas", 4)
     assert sel.seconds * 1e3 == pytest.approx(0.1 + 3 * 0.05, rel=1e-6)
     assert "interpolated between measured s=0.03 and s=0.1" in sel.notes[-1]
+
+
+def test_quest_drafts_are_priced_on_page_metadata_plus_selected_bytes():
+    """A Quest draft step reads every page's min/max key (bytes ∝ the context, whatever s) and
+    then the selected tokens (∝ s): with both in the known structure, drafts measured at
+    s = 0.03 and 0.1 predict s = 0.05 and the measured points themselves."""
+    from specsim.policies import get_policy
+    pol = get_policy("quest")
+    per = MODEL.kv_bytes_per_token_layer() * MODEL.num_layers
+
+    def quest_ms(b, c, s):
+        tokens = b * (pol.selected(c, s) + math.ceil(c / pol.page_size))
+        return 2.0 + 0.01 * b + tokens * per / 3e12 * 1e3
+
+    rows = []
+    for b in (1, 4, 16):
+        for c in (4096, 16384, 32768, 65536, 131072):
+            rows.append(Measurement("plain", b, c, 1, None, [true_ms("plain", b, c)] * 3))
+            for s in (0.03, 0.1):
+                rows.append(Measurement("draft:quest", b, c, 1, s, [quest_ms(b, c, s)] * 3))
+    cm = CalibratedCostModel(Calibration(provenance(), {}, rows), MODEL, HW)
+    for b, c, s in ((4, 32768, 0.1), (4, 32768, 0.03), (4, 50000, 0.05), (16, 20000, 0.07)):
+        got = cm.draft_step([c] * b, s, "quest").seconds * 1e3
+        assert got == pytest.approx(quest_ms(b, c, s), rel=0.03), (b, c, s)
 
 
 def test_calibration_measures_shapes_coarse_to_fine():

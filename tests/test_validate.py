@@ -42,6 +42,12 @@ def test_report_metrics_by_hand():
     # predicted best k=2 measured 100, the best measured is 120
     assert vegas["regret"] == pytest.approx(100 / 120)
     assert vegas["predicted_best"] == {"policy": "vegas", "s": 0.1, "k": 2}
+    # the cost side alone: batch · tokens/iteration / throughput, predicted (2.0 tokens) over
+    # measured (2.5 tokens)
+    it = [(2 * 2.0 / p) / (2 * 2.5 / m) - 1 for p, m in ((110, 100), (90, 120), (60, 60))]
+    assert item["per_policy"]["vegas"]["iteration_time"]["mape"] == pytest.approx(
+        np.mean(np.abs(it)))
+    assert item["per_policy"]["vegas"]["iteration_time"]["bias"] == pytest.approx(np.mean(it))
     # k = 16 (q = 17) runs the eager fallback: listed apart, not in the metrics
     assert [r["k"] for r in item["excluded"]] == [16] and item["all"]["configs"] == 4
     assert "Excluded" in V.markdown(rep, {"gpu": "G", "torch": "T"})
