@@ -196,12 +196,6 @@ def _throughput(gen) -> float:
     return gen.new_tokens / loop
 
 
-def _steady(gen) -> float:
-    """Tokens over wall time of the iterations that start with the whole batch active — what
-    the predictions price (a full batch in steady state)."""
-    return gen.steady_tokens_per_second
-
-
 def measure(plan: dict, repeats: int = 2, progress: bool = True, device: str = "cuda") -> dict:
     """Run every configuration of ``plan`` on this machine's GPU."""
     import torch
@@ -251,7 +245,7 @@ def measure(plan: dict, repeats: int = 2, progress: bool = True, device: str = "
                 state = first.prefill
             runs = [plain.generate(prompts, new, speculative=False, prefill=state)
                     for _ in range(repeats)]
-            plain_tps = float(np.median([_steady(g) for g in runs]))
+            plain_tps = float(np.median([g.steady_tokens_per_second for g in runs]))
             plain_whole = float(np.median([_throughput(g) for g in runs]))
             del plain
             for n, cfg in enumerate(entry["configs"]):
@@ -275,8 +269,8 @@ def measure(plan: dict, repeats: int = 2, progress: bool = True, device: str = "
                     engine.generate(prompts, 2 * cfg["k"] + 4, k=cfg["k"], prefill=state)
                 gens = [engine.generate(prompts, setup.max_new_tokens, k=cfg["k"],
                                         forced=forced, prefill=state) for _ in range(repeats)]
-                tps = [_steady(g) for g in gens]
-                full = [(sec, n) for sec, active, n in gens[0].steps if active == setup.batch]
+                tps = [g.steady_tokens_per_second for g in gens]
+                full = gens[0].steady_window
                 rows.append({**{k: cfg[k] for k in ("policy", "s", "k")},
                              "tokens_per_second": float(np.median(tps)),
                              "tokens_per_second_runs": tps,
@@ -284,7 +278,8 @@ def measure(plan: dict, repeats: int = 2, progress: bool = True, device: str = "
                                  [_throughput(g) for g in gens])),
                              "steady_iterations": len(full),
                              "iterations": gens[0].iterations,
-                             # the window's own: the late, slow-accepting tail is not in it
+                             # the window's own (the whole run's weights the sequences
+                             # that need more iterations more)
                              "tokens_per_iteration": sum(n for _, n in full) / (
                                  len(full) * setup.batch) if full else float("nan"),
                              "tokens_per_iteration_whole_run": gens[0].tokens_per_iteration,

@@ -109,15 +109,19 @@ class Generation:
         return sum(t.tokens for t in self.traces) / n if n else 1.0
 
     @property
+    def steady_window(self) -> list[tuple[float, int]]:
+        """(wall seconds, tokens emitted) of the iterations that start with every sequence
+        active. ``generate`` is a static batch — finished sequences keep their slot until the
+        last one is done — so the whole run mixes in a tail where few sequences emit; this
+        window is a full batch in steady state."""
+        return [(sec, n) for sec, active, n in self.steps if active == len(self.tokens)]
+
+    @property
     def steady_tokens_per_second(self) -> float:
-        """Throughput while the whole batch decodes: tokens over wall time of the iterations
-        that start with every sequence active. ``generate`` is a static batch — finished
-        sequences keep their slot until the last one is done — so the whole-run figure mixes
-        in a tail where few sequences emit; this window is what a continuously refilled batch
-        sustains. NaN when no iteration had the whole batch active."""
-        full = [(sec, n) for sec, active, n in self.steps if active == len(self.tokens)]
-        seconds = sum(sec for sec, _ in full)
-        return sum(n for _, n in full) / seconds if seconds > 0 else float("nan")
+        """Throughput over ``steady_window``; NaN when no iteration had the whole batch."""
+        window = self.steady_window
+        seconds = sum(sec for sec, _ in window)
+        return sum(n for _, n in window) / seconds if seconds > 0 else float("nan")
 
     def bandwidth(self, phase: str | None = None) -> float:
         """Achieved bytes/s, all decode phases or one."""
