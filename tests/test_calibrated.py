@@ -375,3 +375,74 @@ def test_calibration_measures_shapes_coarse_to_fine():
     assert {b for b, _ in first} == set(batches)
     assert {c for _, c in first} >= {4096, 32768, 131072}
     assert shape_order([8], [1024]) == [(8, 1024)]
+
+
+def test_policy_measurement_on_the_cpu_engine(monkeypatch):
+    """The GPU harness's per-policy block, run eagerly on the CPU engine with a wall-clock
+    timer in place of CUDA events: every op it records, drafts timed as a chain per step, the
+    cache and the selection lists left as they were after every timed call."""
+    import time
+
+    import torch
+
+    import specsim.calibrate as C
+    from specsim.engine import Engine, build_model
+
+    calls = []
+
+    def wall_time(torch_, fn, repeats, warmup, after=None):
+        out = []
+        for i in range(warmup + repeats):
+            before = (engine_ref[0].cache.lengths.clone(),
+                      None if engine_ref[0].selection.counts is None
+                      else engine_ref[0].selection.counts.clone())
+            t = time.perf_counter()
+            fn()
+            if i >= warmup:
+                out.append(time.perf_counter() - t)
+            if after:
+                after()
+            calls.append(before)
+        return out
+
+    engine_ref = []
+    real_engine = Engine
+
+    def recording_engine(*a, **kw):
+        engine_ref[:] = [real_engine(*a, **kw)]
+        return engine_ref[0]
+
+    monkeypatch.setattr(C, "_time", wall_time)
+    monkeypatch.setattr(C, "OVERHEAD_STEPS", 3)
+    tiny = dict(model_type="qwen3", vocab_size=128, hidden_size=64, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                intermediate_size=128, max_position_embeddings=4096, rope_theta=10000.0,
+                tie_word_embeddings=False)
+    model = build_model(tiny, weights="random", dtype=torch.float32, device="cpu")
+    grid = C.CalibrationGrid(batches=[2], contexts=[600], qs=[1, 3, 6], sparsities=[0.1],
+                             policies=["vegas", "quest"], repeats=2, warmup=1)
+    prompts = [[0] * 600] * 2
+    room = 6 * (C.OVERHEAD_STEPS + 2) + 8
+    rows = []
+    for policy in grid.policies:
+        rows += C._measure_policy(torch, recording_engine, model, grid, 2, 600, prompts, room,
+                                  policy, 0.1)
+        engine = engine_ref[0]
+        # the draft chain and its undo leave lengths and lists as the refresh made them
+        lengths = engine.cache.lengths.clone()
+        with torch.inference_mode():
+            engine.draft_chain(4)
+        assert torch.equal(engine.cache.lengths, lengths)
+    ops = {(m.op, m.q, m.s) for m in rows}
+    assert ops == {("verify", 1, None), ("verify", 3, None), ("verify", 6, None),
+                   ("draft:vegas", 1, 0.1), ("selection:vegas", 1, 0.1),
+                   ("overhead:speculative:vegas", C.OVERHEAD_K + 1, None),
+                   ("draft:quest", 1, 0.1), ("selection:quest", 1, 0.1),
+                   ("overhead:speculative:quest", C.OVERHEAD_K + 1, None)}
+    assert all(len(m.samples_ms) == 2 and m.median_ms > 0 for m in rows
+               if not m.op.startswith("overhead"))
+    # every timed call started from the same cache lengths and list counts
+    firsts = {(tuple(l.tolist()), None if c is None else tuple(c.flatten().tolist()))
+              for l, c in calls}
+    assert len({l for l, _ in firsts}) == 1
+    assert len({c for _, c in firsts if c is not None}) == 1     # Vegas' list lengths
