@@ -243,7 +243,7 @@ def read_calibration(path: str) -> Calibration:
         if batch < 1 or context < 1 or q < 1 or not samples:
             raise _bad(path, f"{where}: batch, context, q must be ≥ 1 and samples non-empty")
         kind = op.split(":", 1)[0]
-        if kind not in ("plain", "verify", "draft", "selection", "overhead"):
+        if kind not in (*STEP_KINDS, "overhead"):
             raise _bad(path, f"{where}: unknown op '{op}'")
         if kind == "overhead":   # a residual: wall time minus the parts, noise may be < 0
             if op not in OVERHEAD_OPS and not op.startswith("overhead:speculative:"):
