@@ -16,9 +16,11 @@ def _floats(text):
     return sorted({float(x) for x in text.split(",") if x.strip()})
 
 
-def default_setups(policies, ks_forced, ks_free, ss, batch_free, context, weights, tokenizer_dir):
+def default_setups(policies, ks_forced, ks_free, ss, batch_free, context, weights, tokenizer_dir,
+                   requests_free=None):
     """Qwen3-8B shapes forced (random weights, batch 4, context 32K) and SmolLM2-135M free
-    (real weights, batch ``batch_free``, the trace recording's prompts)."""
+    (real weights, ``batch_free`` slots, ``requests_free`` prompts — the trace recording's,
+    cycled — as a continuous batch)."""
     from specsim.validate import Setup
 
     out = [Setup("qwen3-8b", "qwen3-8b", "forced", 4, policies, ks_forced, ss,
@@ -27,7 +29,8 @@ def default_setups(policies, ks_forced, ks_free, ss, batch_free, context, weight
         from specsim.engine.prompts import Tokenizer, default_specs, prompt_tokens
         tok = Tokenizer(tokenizer_dir)
         ids = [prompt_tokens(spec, tok, 7000) for spec in default_specs()]
-        prompts = (ids * (batch_free // len(ids) + 1))[:batch_free]
+        n = max(requests_free or batch_free, batch_free)
+        prompts = (ids * (n // len(ids) + 1))[:n]
         out.append(Setup("smollm2", "smollm2-135m", "free", batch_free, policies, ks_free, ss,
                          prompts=prompts, weights=weights))
     return out
@@ -82,13 +85,18 @@ def validate_cmd(ctx, gpu, plan_path, out, repeats):
 @click.option("--s", "ss", default="0.03,0.1", show_default=True)
 @click.option("--context", type=click.IntRange(min=256), default=32768, show_default=True,
               help="Prompt length of the forced setup.")
-@click.option("--batch-free", type=click.IntRange(min=1), default=32, show_default=True)
+@click.option("--batch-free", type=click.IntRange(min=1), default=32, show_default=True,
+              help="Slots of the SmolLM2 free-running setup.")
+@click.option("--requests-free", type=click.IntRange(min=1), default=96, show_default=True,
+              help="Prompts through those slots: more than --batch-free run as a continuous "
+                   "batch (a finished answer's slot takes the next prompt), so the steady "
+                   "window spans whole answers; equal to it, one static batch.")
 @click.option("--weights", default="/root/smollm2", show_default=True,
               help="Where the SmolLM2 safetensors will be on the GPU machine.")
 @click.option("--no-free", is_flag=True, help="Only the forced-acceptance setup.")
 @click.option("--out", default=DEFAULT_PLAN, show_default=True, type=click.Path(dir_okay=False))
-def plan_cmd(trace_path, hardware, policies, k_forced, k_free, ss, context, batch_free, weights,
-             no_free, out):
+def plan_cmd(trace_path, hardware, policies, k_forced, k_free, ss, context, batch_free,
+             requests_free, weights, no_free, out):
     """Predict every configuration before the GPU runs it (needs the fetched SmolLM2 for its
     tokenizer unless --no-free)."""
     from specsim.cli.main import DEFAULT_TRACE
@@ -103,7 +111,7 @@ def plan_cmd(trace_path, hardware, policies, k_forced, k_free, ss, context, batc
         tokenizer_dir = str(folder)
     setups = default_setups([p.strip() for p in policies.split(",") if p.strip()],
                             _ints(k_forced), _ints(k_free), _floats(ss), batch_free, context,
-                            weights, tokenizer_dir)
+                            weights, tokenizer_dir, requests_free)
     plan = build_plan(setups, trace_path or str(DEFAULT_TRACE), hardware)
     write_json(out, plan)
     n = sum(len(s["configs"]) for s in plan["setups"])

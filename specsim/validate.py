@@ -11,10 +11,12 @@ k and s? Three steps, so that the predictions exist before the GPU runs:
    ``forced`` setups replay the plan's per-iteration k and m with random weights of the real
    shapes; ``free`` setups decode freely with real weights (greedy) — and records measured
    decode throughput two ways, each the median of ``repeats`` runs after a warm-up run: over
-   the *steady window* (the iterations that start with every sequence active: tokens over
-   their wall time) and over the *whole run* (new tokens over the loop's wall time, prefill
-   excluded). ``Engine.generate`` is a static batch, so the whole run has a tail where
-   finished sequences still hold their slots.
+   the *steady window* (the iterations that start with every slot busy: tokens over their
+   wall time) and over the *whole run* (new tokens over the loop's wall time, prefill
+   excluded). A free setup with more prompts than slots runs them as a continuous batch (a
+   finished sequence's slot takes the next prompt, as a server does), so its steady window
+   spans whole answers, start to end; once the queue is empty the run ends in a tail where
+   finished sequences hold their slots.
 3. ``report``: per setup and policy, MAPE / worst error of each predictor, Pearson r, and the
    regret of the predicted optimum (measured throughput at the predicted best (k, s) over the
    best measured); for free-running setups also the acceptance-side error — counterfactual
@@ -23,7 +25,7 @@ k and s? Three steps, so that the predictions exist before the GPU runs:
 
 ``predict`` prices a full batch in steady state (tokens / Σ iteration times of the cost model,
 which includes the calibrated loop overhead) and is compared with the steady window;
-``simulate`` replays the run's static batch (finished sequences priced until the last is done)
+``simulate`` replays the run itself — its prompts through its slots, continuous or static —
 and is compared with the whole run. Forced setups truncate every sequence to the same number
 of iterations, so there the two windows coincide but for the first iteration's launch.
 """
@@ -53,14 +55,15 @@ class Setup:
     name: str
     model: str                       # catalogue name
     mode: str                        # "forced" (random weights) or "free" (real weights)
-    batch: int
+    batch: int                       # slots
     policies: list[str]
     ks: list[int]
     ss: list[float]
     context: int | None = None       # forced: every prompt's length
     iterations: int = 24             # forced: iterations replayed per sequence
     max_new_tokens: int = 128        # free
-    prompts: list[list[int]] = field(default_factory=list)   # free: token ids per sequence
+    #: free: token ids per request; more than ``batch`` queue for freed slots
+    prompts: list[list[int]] = field(default_factory=list)
     weights: str = "random"          # free: a model folder (safetensors) on the GPU machine
 
 
@@ -106,14 +109,24 @@ def _predict_forced_plain(costs, batch: int, context: int, tokens: int) -> float
 
 def _simulate(trace_path: str, model: str, hardware: str, batch: int, prompt, output,
               policy: str, s: float | None, k: int) -> dict:
-    """The simulator on the run's own shape: one static batch (as ``Engine.generate``), so
-    its prediction covers the whole run, tail included."""
+    """The simulator on the run's own shape: every prompt (lengths ``prompt``) arriving at
+    once, ``batch`` slots — a continuous batch when there are more prompts than slots, one
+    static batch otherwise (as ``Engine.generate``) — so its prediction covers the whole run,
+    tail included."""
     from specsim.simulator.tuning import SweepSpec, run_one
     prompt = tuple(int(x) for x in np.atleast_1d(prompt))    # hashable: the spec is a key
     spec = SweepSpec(trace_path=trace_path, model=model, hardware=hardware, tp=1,
-                     arrivals=("all", batch, prompt, output), max_batch=batch,
-                     static_batch=True)
+                     arrivals=("all", len(prompt), prompt, output), max_batch=batch,
+                     static_batch=len(prompt) <= batch)
     return run_one(spec, policy, s, k)
+
+
+def _full_batches(setup: "Setup") -> list[np.ndarray]:
+    """Contexts of full batches in steady state: the prompts ``batch`` at a time (the order
+    they take slots, the last partial batch left out), each half-way through its answer."""
+    ctx = np.array([len(p) for p in setup.prompts], dtype=np.int64) + setup.max_new_tokens // 2
+    b = setup.batch
+    return [ctx[i:i + b] for i in range(0, len(ctx) - b + 1, b)] or [ctx]
 
 
 def build_plan(setups: list[Setup], trace_path: str, hardware: str = "h200",
@@ -145,8 +158,8 @@ def build_plan(setups: list[Setup], trace_path: str, hardware: str = "h200",
             prompt = np.array([len(p) for p in setup.prompts])
             sim = _simulate(trace_path, setup.model, hardware, setup.batch, prompt,
                             setup.max_new_tokens, "plain", None, 1)
-            ctx = prompt + setup.max_new_tokens // 2
-            entry["plain"] = {"predict": setup.batch / costs.plain_step(ctx).seconds,
+            step = np.mean([costs.plain_step(c).seconds for c in _full_batches(setup)])
+            entry["plain"] = {"predict": setup.batch / step,
                               "simulate": sim["decode_throughput"]}
         grid = [(p, s, k) for p in setup.policies for s in setup.ss for k in setup.ks]
         for n, (policy, s, k) in enumerate(grid):
@@ -167,9 +180,9 @@ def build_plan(setups: list[Setup], trace_path: str, hardware: str = "h200",
             else:
                 est = estimate_acceptance(group, k_max=max(k, 1))
                 e_tokens = float(est.expected_tokens[k - 1])
-                ctx = np.array([len(p) for p in setup.prompts]) + setup.max_new_tokens // 2
-                cfg["predict"] = setup.batch * e_tokens / costs.iteration(ctx, k, s,
-                                                                          policy).seconds
+                seconds = np.mean([costs.iteration(c, k, s, policy).seconds
+                                   for c in _full_batches(setup)])
+                cfg["predict"] = setup.batch * e_tokens / seconds
                 cfg["tokens_per_iteration_predicted"] = e_tokens
                 cfg["acceptance_mode"] = "fitted" if bool(est.extrapolated[k - 1]) \
                     else "replay"
@@ -215,6 +228,9 @@ def measure(plan: dict, repeats: int = 2, progress: bool = True, device: str = "
         setup = Setup(**entry["setup"])
         config = json.loads((catalog_dir() / setup.model / "config.json").read_text())
         weights = setup.weights if setup.mode == "free" else "random"
+        if setup.mode == "free" and len(setup.prompts) < setup.batch:
+            raise SpecsimError(f"setup {setup.name}: {len(setup.prompts)} prompts for "
+                               f"{setup.batch} slots")
         if setup.mode == "free" and weights == "random":
             raise SpecsimError(f"setup {setup.name}: free-running validation needs real weights "
                                f"(a folder of safetensors)")
@@ -313,8 +329,8 @@ def _regret(pred: np.ndarray, meas: np.ndarray) -> float:
 
 
 #: What each predictor is compared with: ``predict`` prices a full batch in steady state (the
-#: iterations with every sequence active); ``simulate`` replays the run's static batch, tail
-#: included (the whole decode loop).
+#: iterations with every slot busy); ``simulate`` replays the run — its prompts through its
+#: slots, tail included (the whole decode loop).
 TARGET = {"predict": "measured", "simulate": "measured_whole_run"}
 
 
@@ -373,8 +389,10 @@ def report(plan: dict, measured: dict) -> dict:
             return res
 
         policies = sorted({r["policy"] for r in rows})
-        item = {"name": name, "setup": {k: v for k, v in entry["setup"].items()
-                                        if k != "prompts"},
+        item = {"name": name, "setup": {**{k: v for k, v in entry["setup"].items()
+                                           if k != "prompts"},
+                                        "requests": len(entry["setup"].get("prompts", ()))
+                                        or entry["setup"]["batch"]},
                 "costs": entry["costs"], "rows": rows, "excluded": excluded,
                 "plain": {"measured": got["plain_tokens_per_second"],
                           "measured_whole_run": got.get("plain_tokens_per_second_whole_run",
@@ -402,10 +420,13 @@ def markdown(rep: dict, measured: dict) -> str:
     lines = [f"GPU: {measured.get('gpu')}, torch {measured.get('torch')}.", ""]
     for item in rep["setups"]:
         st = item["setup"]
+        requests = st.get("requests", st["batch"])
         what = (f"{st['model']}, batch {st['batch']}, "
                 + (f"context {st['context']}, forced acceptance ({st['iterations']} iterations, "
                    f"random weights)" if st["mode"] == "forced" else
-                   f"real weights, free-running greedy, {st['max_new_tokens']} new tokens"))
+                   f"real weights, free-running greedy, {st['max_new_tokens']} new tokens"
+                   + (f", {requests} prompts as a continuous batch" if requests > st["batch"]
+                      else "")))
         lines += [f"### {item['name']}: {what}", "",
                   f"Costs: {item['costs']}. Plain decoding: measured "
                   f"{item['plain']['measured']:.0f} tokens/s (steady window; whole run "

@@ -320,8 +320,12 @@ def test_engine_errors(tiny):
         engine.generate([[1, 2, 3]], 5, k=5)
     with pytest.raises(SpecsimError, match="cache positions"):
         engine.generate([[1] * 90], 20)
-    with pytest.raises(SpecsimError, match="batch 1"):
-        engine.generate([[1], [2]], 5)
+    with pytest.raises(SpecsimError, match="at least 2"):
+        Engine(tiny, batch=2, max_len=100, policy="vegas", k_max=4).generate([[1, 2]], 5)
+    with pytest.raises(SpecsimError, match="request ids"):
+        engine.generate([[1], [2]], 5, request_ids=["a"])
+    with pytest.raises(SpecsimError, match="one trace per prompt"):
+        engine.generate([[1], [2]], 5, forced=[])
     with pytest.raises(SpecsimError, match="unknown selection policy"):
         Engine(tiny, batch=1, max_len=100, policy="magic")
 
@@ -415,3 +419,86 @@ def test_counterfactual_truncation(tiny, ragged):
     engine = Engine(tiny, batch=1, max_len=800, policy="vegas", s=0.2, k_max=2)
     replay = engine.generate(ragged[:1], 1, forced=[short])
     assert replay.traces[0].m.tolist() == short.m.tolist()
+
+
+# --------------------------------------------------------------------------------------------
+# continuous batching: queued prompts take the slots of finished sequences
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def queued(ragged):
+    """Six prompts of six lengths, for two or three slots."""
+    return ragged + [p[:-37] for p in ragged]
+
+
+@pytest.fixture(scope="module")
+def static_queued(tiny, queued):
+    """Every prompt in its own slot (a static batch of six): the reference per prompt."""
+    runs = {name: speculative_decode(tiny, queued, 24, policy=SMALL[name], k=4, s=0.1)
+            for name in SMALL}
+    return plain_decode(tiny, queued, 24).tokens, runs
+
+
+@pytest.mark.parametrize("policy", sorted(SMALL))
+def test_queued_prompts_decode_as_if_alone(tiny, queued, static_queued, policy):
+    """Six prompts through two slots: each output equals plain decoding, and each prompt's
+    acceptance (m per iteration) equals its run in a slot of its own — so a refilled slot
+    drafts from a selection built from its own prompt rows, and the slot beside it keeps the
+    lists its last verify gave it (last-token and SparseSpec-L rebuild them differently from
+    prompt rows)."""
+    expected, static = static_queued
+    ids = [f"q{i}" for i in range(len(queued))]
+    engine = Engine(tiny, batch=2, max_len=760, policy=SMALL[policy], s=0.1, k_max=4)
+    gen = engine.generate(queued, 24, k=4, request_ids=ids)
+    assert gen.tokens == expected
+    assert [t.id for t in gen.traces] == ids
+    check_traces(gen, queued, 4)
+    assert [t.m.tolist() for t in gen.traces] == [t.m.tolist() for t in static[policy].traces]
+    assert [t.context.tolist() for t in gen.traces] == [
+        t.context.tolist() for t in static[policy].traces]
+    assert gen.timing["prefill"] > 0
+
+
+def test_queued_prompts_plain_and_reused_prefill(tiny, queued, static_queued):
+    expected, static = static_queued
+    plain = Engine(tiny, batch=3, max_len=760, policy="full", k_max=1)
+    assert plain.generate(queued, 24, speculative=False).tokens == expected
+    # every prompt's prefill is kept (queued ones as their slot is filled) and reloads
+    first = Engine(tiny, batch=2, max_len=760, policy=SMALL["sparsespec"], s=0.1, k_max=4)
+    kept = first.generate(queued, 24, k=4, keep_prefill=True).prefill
+    assert kept.lengths == [len(p) for p in queued] and kept.logits.shape[0] == len(queued)
+    other = Engine(tiny, batch=3, max_len=760, policy=SMALL["last-token"], s=0.1, k_max=4)
+    again = other.generate(queued, 24, k=4, prefill=kept)
+    assert again.tokens == expected
+    assert [t.m.tolist() for t in again.traces] == [
+        t.m.tolist() for t in static["last-token"].traces]
+    with pytest.raises(SpecsimError, match="other prompts"):
+        other.generate(queued[:5], 24, k=4, prefill=kept)
+
+
+def test_queued_forced_run_keeps_every_slot_busy(tiny, ragged):
+    """Forced replay of four traces of 3, 5, 2 and 4 iterations through two slots: slot 0 runs
+    prompt 0 (iterations 1–3), then prompt 2 (4–5), then prompt 3 (6–9); slot 1 runs prompt 1
+    (1–5) and then idles — so five iterations with both slots busy (the steady window), then
+    four with one. Refill prefills are timed apart from the iterations."""
+    recorded = speculative_decode(tiny, ragged, 30, policy=SMALL["vegas"], k=5, s=0.1).traces
+    forced = [dataclasses.replace(t, id=f"f{i}", context=t.context[:n], k=t.k[:n], m=t.m[:n])
+              for i, (t, n) in enumerate(zip(recorded + recorded[:1], (3, 5, 2, 4)))]
+    prompts = forced_prompts(forced, TINY["vocab_size"], seed=1)
+    for prefill in (None, "random"):
+        engine = Engine(tiny, batch=2, max_len=800, policy="quest", s=0.1, k_max=5)
+        gen = engine.generate(prompts, 1, forced=forced, prefill=prefill)
+        assert gen.batch == 2 and gen.iterations == 9
+        assert [a for _, a, _ in gen.steps] == [2] * 5 + [1] * 4
+        slot0 = [forced[0]] * 3 + [forced[2]] * 2 + [forced[3]] * 4
+        start0 = [0, 0, 0, 3, 3, 5, 5, 5, 5]
+        want = [int(slot0[i].m[i - start0[i]]) + 1 + (int(forced[1].m[i]) + 1 if i < 5 else 0)
+                for i in range(9)]
+        assert [n for _, _, n in gen.steps] == want
+        assert [t.m.tolist() for t in gen.traces] == [t.m.tolist() for t in forced]
+        assert [len(t) for t in gen.tokens] == [t.tokens + 1 for t in forced]
+        window = gen.steady_window
+        assert len(window) == 5 and gen.steady_tokens_per_second == pytest.approx(
+            sum(n for _, n in window) / sum(sec for sec, _ in window))
+        assert sum(sec for sec, _, _ in gen.steps) + gen.timing["prefill"] <= gen.wall_seconds

@@ -132,3 +132,44 @@ def test_validate_report_command(tmp_path):
     assert "predict MAPE" in r.output and (tmp_path / "v.md").read_text().startswith("GPU")
     r = CliRunner().invoke(cli, ["validate"])
     assert r.exit_code == 0 and "specsim validate plan" in r.output
+
+
+def test_free_setup_runs_its_prompts_as_a_continuous_batch(tmp_path):
+    """A free setup with five prompts for two slots: the plan simulates that continuous batch
+    (not one static batch) and prices full batches of the prompts in slot order; the CPU run
+    (random SmolLM2 weights from a safetensors folder) queues the prompts, so the steady
+    window lasts until the queue is empty."""
+    import torch
+    from safetensors.torch import save_file
+
+    from specsim.engine import build_model
+    from specsim.specs import catalog_dir
+    config = json.loads((catalog_dir() / "smollm2-135m" / "config.json").read_text())
+    model = build_model(config, weights="random", seed=3)
+    state = model.state_dict()
+    state.pop("lm_head.weight")       # tied to the embedding
+    save_file({k: v.contiguous() for k, v in state.items()}, str(tmp_path / "model.safetensors"))
+    del model
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(0, 1000, n).tolist() for n in (300, 260, 330, 280, 310)]
+    setup = V.Setup("f", "smollm2-135m", "free", 2, ["streamingllm"], [2], [0.1],
+                    max_new_tokens=8, prompts=prompts, weights=str(tmp_path))
+    plan = V.build_plan([setup], TRACE, progress=False)
+    entry = plan["setups"][0]
+    cfg = entry["configs"][0]
+    static = V._simulate(TRACE, "smollm2-135m", "h200", 5, [len(p) for p in prompts], 8,
+                         "streamingllm", 0.1, 2)
+    continuous = V._simulate(TRACE, "smollm2-135m", "h200", 2, [len(p) for p in prompts], 8,
+                             "streamingllm", 0.1, 2)
+    assert cfg["simulate"] == pytest.approx(continuous["decode_throughput"])
+    assert continuous["mean_batch"] < static["mean_batch"] == pytest.approx(5.0)
+    assert [list(c) for c in V._full_batches(setup)] == [[304, 264], [334, 284]]
+    got = V.measure(plan, repeats=1, progress=False, device="cpu")
+    row = got["setups"][0]["configs"][0]
+    assert 0 < row["steady_iterations"] < row["iterations"]
+    assert row["tokens_per_second"] > 0 and row["tokens_per_second_whole_run"] > 0
+    assert 1.0 <= row["tokens_per_iteration"] <= 3.0
+    with torch.inference_mode():
+        rep = V.report(plan, got)
+    assert rep["setups"][0]["setup"]["requests"] == 5
+    assert "5 prompts as a continuous batch" in V.markdown(rep, got)

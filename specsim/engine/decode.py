@@ -89,6 +89,7 @@ class Generation:
     proxy: ProxyRecords | None = None       # with Engine(proxy_check=True)
     #: per iteration (plain step): wall seconds, sequences active at its start, tokens emitted
     steps: list[tuple[float, int, int]] = field(default_factory=list)
+    batch: int = 0                          # slots (0: one per prompt, as a static batch)
 
     @property
     def new_tokens(self) -> int:
@@ -110,11 +111,13 @@ class Generation:
 
     @property
     def steady_window(self) -> list[tuple[float, int]]:
-        """(wall seconds, tokens emitted) of the iterations that start with every sequence
-        active. ``generate`` is a static batch — finished sequences keep their slot until the
-        last one is done — so the whole run mixes in a tail where few sequences emit; this
-        window is a full batch in steady state."""
-        return [(sec, n) for sec, active, n in self.steps if active == len(self.tokens)]
+        """(wall seconds, tokens emitted) of the iterations that start with every slot busy.
+        A finished sequence keeps its slot until a queued prompt takes it (continuous
+        batching) or, once none is left, until the last sequence is done; so the whole run
+        ends in a tail where few sequences emit (with as many prompts as slots, a static batch,
+        that tail can be most of it). This window is a full batch in steady state."""
+        slots = self.batch or len(self.tokens)
+        return [(sec, n) for sec, active, n in self.steps if active == slots]
 
     @property
     def steady_tokens_per_second(self) -> float:
@@ -131,9 +134,10 @@ class Generation:
 
 
 class PrefillState:
-    """A batch's prefill, kept to be loaded into other engines (same prompts; another
-    policy, k or s): per sequence and layer the prompt's K/V [T, G, D], the pre-softmax
-    logits [H, R, T] and lse [H, R] of its last R ≤ 16 rows, and the last logits [B, V]."""
+    """The prefill of a generate call's prompts (all of them, queued ones included), kept to
+    be loaded into other engines (same prompts; another policy, k or s): per prompt and layer
+    the prompt's K/V [T, G, D], the pre-softmax logits [H, R, T] and lse [H, R] of its last
+    R ≤ 16 rows, and the last logits [N, V]."""
 
     def __init__(self, lengths: list[int]):
         self.lengths = list(lengths)
@@ -143,6 +147,12 @@ class PrefillState:
         self.row_logits: list[list] = [[] for _ in range(batch)]
         self.row_lse: list[list] = [[] for _ in range(batch)]
         self.logits: torch.Tensor | None = None
+        self._last: dict[int, torch.Tensor] = {}
+
+    def set_logits(self, r: int, logits: torch.Tensor) -> None:
+        self._last[r] = logits.clone()
+        if len(self._last) == len(self.lengths):
+            self.logits = torch.stack([self._last[i] for i in range(len(self.lengths))])
 
     @staticmethod
     def rows(length: int) -> int:
@@ -212,7 +222,9 @@ class Engine:
                                         * self.cache.k(0).element_size())
 
     # ---- attention callables for the model ----------------------------------------------------
-    def _prefill_attend(self, b: int, length: int, rows: int, keep: "PrefillState | None"):
+    def _prefill_attend(self, b: int, length: int, rows: int, keep: "PrefillState | None",
+                        r: int):
+        """Prefill of one prompt into slot ``b`` (recorded as prompt ``r`` of ``keep``)."""
         cache = self.cache
 
         def attend(layer, q, k, v):
@@ -223,7 +235,7 @@ class Engine:
                 if rows:
                     self._store_prefill_rows(layer, b, logits, lse)
                 if keep is not None:
-                    keep.add(b, layer, k[0], v[0], logits, lse)
+                    keep.add(r, layer, k[0], v[0], logits, lse)
             return attention.prefill_attention(q, k, v)
         return attend
 
@@ -355,46 +367,63 @@ class Engine:
                          self.backend.capturable(q_len))
 
     # ---- prefill ---------------------------------------------------------------------------
-    def prefill(self, prompts: list[list[int]], state: "PrefillState | None" = None,
+    def prefill(self, prompts: list[list[int]], state: "PrefillState | str | None" = None,
                 keep: bool = False) -> tuple[torch.Tensor, "PrefillState | None"]:
-        """Prompts one at a time into the cache → (last-position logits [B, V], state).
+        """Prompts one at a time into the cache, prompt b into slot b → (last-position logits
+        [B, V], state).
 
         The last prompt rows' logits feed the first selection. With ``keep`` the cache rows,
         logits and collected rows are also returned as a ``PrefillState``; passing one as
-        ``state`` loads it instead of recomputing (same prompts: another policy, k or s)."""
-        self.cache.lengths.zero_()
-        self._prefill_rows = self.selection.prefill_rows(min(len(p) for p in prompts))
-        if isinstance(state, str) and state == "random":
-            return self._random_prefill(prompts), None
-        if state is not None:
-            assert state.lengths == [len(p) for p in prompts], "prefill state of other prompts"
-            for b in range(len(prompts)):
-                self.cache.lengths[b] = state.lengths[b]
-                for layer in range(self.args.num_layers):
-                    attention.write_prefill(self.cache, layer, b, state.k[b][layer],
-                                            state.v[b][layer])
-                    if self._prefill_rows:
-                        self._store_prefill_rows(layer, b, state.row_logits[b][layer],
-                                                 state.row_lse[b][layer])
-            return state.logits.to(self.device), state
+        ``state`` loads it instead of recomputing (same prompts: another policy, k or s);
+        ``state="random"`` fills the cache with random numbers instead (timing only)."""
         keep_state = PrefillState([len(p) for p in prompts]) if keep else None
-        out = []
-        for b, prompt in enumerate(prompts):
-            tokens = torch.tensor(prompt, dtype=torch.long, device=self.device)[None]
-            self.cache.lengths[b] = len(prompt)
-            positions = torch.arange(len(prompt), device=self.device)[None]
-            attend = self._prefill_attend(b, len(prompt), self._prefill_rows, keep_state)
-            out.append(self.model(tokens, positions, attend, last_only=True)[0, -1])
-        logits = torch.stack(out)
-        if keep_state is not None:
-            keep_state.logits = logits.clone()
+        logits = self._prefill_batch(prompts, state, keep_state, min(len(p) for p in prompts))
         return logits, keep_state
+
+    def _prefill_batch(self, prompts, source, keep_state, min_prompt: int) -> torch.Tensor:
+        """The first ``batch`` prompts into their slots; the selection collects the last
+        ``prefill_rows(min_prompt)`` prompt rows (the shortest prompt of the call, queued
+        ones included, so that a refilled slot has as many)."""
+        self.cache.lengths.zero_()
+        self._prefill_rows = self.selection.prefill_rows(min_prompt)
+        if isinstance(source, str):
+            if source != "random":
+                raise SpecsimError(f"prefill: a PrefillState or 'random', not {source!r}")
+            return self._random_prefill(prompts)
+        return torch.stack([self._prefill_slot(b, b, prompt, source, keep_state)
+                            for b, prompt in enumerate(prompts)])
+
+    def _prefill_slot(self, b: int, r: int, prompt: list[int], source, keep_state
+                      ) -> torch.Tensor:
+        """Prompt ``r`` into slot ``b`` (computed, loaded from the ``PrefillState`` ``source``,
+        or random numbers) → its last-position logits [V]."""
+        n = len(prompt)
+        self.cache.lengths[b] = n
+        if isinstance(source, str):
+            return self._random_slot(b, n)
+        if source is not None:
+            if source.lengths[r] != n:
+                raise SpecsimError("prefill state of other prompts")
+            for layer in range(self.args.num_layers):
+                attention.write_prefill(self.cache, layer, b, source.k[r][layer],
+                                        source.v[r][layer])
+                if self._prefill_rows:
+                    self._store_prefill_rows(layer, b, source.row_logits[r][layer],
+                                             source.row_lse[r][layer])
+            return source.logits[r].to(self.device)
+        tokens = torch.tensor(prompt, dtype=torch.long, device=self.device)[None]
+        positions = torch.arange(n, device=self.device)[None]
+        attend = self._prefill_attend(b, n, self._prefill_rows, keep_state, r)
+        logits = self.model(tokens, positions, attend, last_only=True)[0, -1]
+        if keep_state is not None:
+            keep_state.set_logits(r, logits)
+        return logits
 
     def _random_prefill(self, prompts: list[list[int]]) -> torch.Tensor:
         """Timing only: fill the cache (and the collected rows) with random numbers instead of
         running the prompts — at real scale a prefill of random weights costs minutes and its
         KV values do not change a decode step's cost."""
-        generator = torch.Generator(device=self.device).manual_seed(0)
+        generator = self._random_generator = torch.Generator(device=self.device).manual_seed(0)
         lengths = [len(p) for p in prompts]
         self.cache.lengths.copy_(torch.tensor(lengths, dtype=torch.int32))
         for layer in range(self.args.num_layers):
@@ -412,6 +441,63 @@ class Engine:
         return torch.randn(len(prompts), self.args.vocab_size, generator=generator,
                            device=self.device)
 
+    def _random_slot(self, b: int, n: int) -> torch.Tensor:
+        """``_random_prefill`` for one slot (a queued prompt taking a freed slot)."""
+        generator = getattr(self, "_random_generator", None)
+        if generator is None:
+            generator = self._random_generator = torch.Generator(
+                device=self.device).manual_seed(0)
+        for layer in range(self.args.num_layers):
+            self.cache.k(layer)[b, :, :n].normal_(generator=generator)
+            self.cache.v(layer)[b, :, :n].normal_(generator=generator)
+            if self.cache.page_size:
+                attention.write_prefill(self.cache, layer, b,
+                                        self.cache.k(layer)[b, :, :n].transpose(0, 1),
+                                        self.cache.v(layer)[b, :, :n].transpose(0, 1))
+            if self.selection.logits is not None:
+                logits = self.selection.logits[layer, b].normal_(generator=generator)
+                if self.selection.lse is not None:
+                    self.selection.lse[layer, b] = torch.logsumexp(logits.float(), -1)[..., :1]
+        return torch.randn(self.args.vocab_size, generator=generator, device=self.device)
+
+    def _refresh_slots(self, slots: list[int]) -> None:
+        """First selection of refilled ``slots`` from their prompt rows; the other slots keep
+        the lists their last verify gave them (the refresh runs batched, then they are put
+        back)."""
+        selection = self.selection
+        if selection.indices is None:
+            return
+        saved = selection.indices.clone(), selection.counts.clone()
+        rows = self._prefill_rows
+        self.refresh(rows, torch.zeros(self.batch, dtype=torch.long, device=self.device),
+                     slice(0, rows))
+        others = torch.ones(self.batch, dtype=torch.bool)
+        others[slots] = False
+        others = others.to(self.device)
+        selection.indices[:, others] = saved[0][:, others]
+        selection.counts[:, others] = saved[1][:, others]
+
+    def _refill(self, run: "_Run", x0: torch.Tensor, sampling, generator,
+                timer: PhaseTimer) -> list[int]:
+        """Continuous batching: queued prompts into the slots whose sequence finished (their
+        first token into ``x0``), timed as prefill; the iteration clock restarts after it."""
+        refilled: list[int] = []
+        with timer.phase("prefill"):
+            while slots := run.free_slots():
+                for b in slots:
+                    r = run.next_request()
+                    logits = self._prefill_slot(b, r, run.prompts[r], run.source, run.keep)
+                    token, _ = choose(logits[None], sampling, generator)
+                    x0[b] = token[0]
+                    run.start(b, r, int(token[0]))
+                    refilled.append(b)
+            if refilled:
+                self._refresh_slots(sorted(set(refilled)))
+        if refilled:
+            run.active_t.copy_(torch.tensor(run.active))
+            run.mark()
+        return refilled
+
     # ---- decoding --------------------------------------------------------------------------
     def generate(self, prompts: list[list[int]], max_new_tokens: int, *,
                  speculative: bool = True, k: int | None = None,
@@ -420,26 +506,38 @@ class Engine:
                  request_ids: list[str] | None = None,
                  prefill: "PrefillState | str | None" = None,
                  keep_prefill: bool = False) -> Generation:
-        """Decode ``max_new_tokens`` per prompt (token ids; len(prompts) == batch).
+        """Decode ``max_new_tokens`` per prompt (token ids; at least ``batch`` prompts).
+
+        The first ``batch`` prompts fill the slots; with more, the rest queue and each takes
+        the slot of a sequence that finished, prefilled there while the others wait
+        (continuous batching; the prefill is timed apart from the decode phases). With exactly
+        ``batch`` prompts it is a static batch.
 
         ``speculative=False``: plain decoding. ``k``: drafts per iteration (≤ k_max; the
-        maximum with ``adaptive``). ``forced``: one trace per sequence whose k and m each
+        maximum with ``adaptive``). ``forced``: one trace per prompt whose k and m each
         iteration replays (``max_new_tokens`` is then ignored). Generation stops at a token in
         ``eos_token_ids`` (kept in the output) or after ``max_new_tokens``. ``keep_prefill``
-        returns the prompts' ``PrefillState`` in the result; ``prefill=`` reuses one, or
+        returns every prompt's ``PrefillState`` in the result; ``prefill=`` reuses one, or
         ``prefill="random"`` fills the cache with random numbers (timing with random weights).
         """
-        if len(prompts) != self.batch:
+        if len(prompts) < self.batch:
             raise SpecsimError(f"engine planned for batch {self.batch}, got {len(prompts)} "
-                               f"prompts")
+                               f"prompts (at least {self.batch}: more queue for freed slots)")
         if any(len(p) == 0 for p in prompts):
             raise SpecsimError("empty prompt")
+        if request_ids is not None and len(request_ids) != len(prompts):
+            raise SpecsimError(f"{len(request_ids)} request ids for {len(prompts)} prompts")
+        if isinstance(prefill, PrefillState) and prefill.lengths != [len(p) for p in prompts]:
+            raise SpecsimError("the prefill state was made for other prompts")
+        if len(prompts) > self.batch and self.selection.proxy is not None:
+            raise SpecsimError("the proxy check records by slot: give exactly one prompt per "
+                               "slot (no queue)")
         k = self.k_max if k is None else int(k)
         if speculative and not 1 <= k <= self.k_max:
             raise SpecsimError(f"k must lie in 1..{self.k_max} (the engine's k_max), got {k}")
         if forced is not None:
-            if len(forced) != self.batch:
-                raise SpecsimError("forced acceptance needs one trace per sequence")
+            if len(forced) != len(prompts):
+                raise SpecsimError("forced acceptance needs one trace per prompt")
             max_new_tokens = max(t.tokens for t in forced) + 1  # + the prefill's token
             k = max(k, int(max(t.k.max() for t in forced)))
             if k > self.k_max:
@@ -450,13 +548,17 @@ class Engine:
                                f"engine has {self.max_len}")
         generator = torch.Generator(device=self.device).manual_seed(seed)
         timer = PhaseTimer(self.device)
+        # a computed prefill is recorded for every prompt as its slot is filled
+        keep = PrefillState([len(p) for p in prompts]) if keep_prefill and prefill is None \
+            else None
         t0 = time.perf_counter()
         with torch.inference_mode():
             with timer.phase("prefill"):
-                logits, state = self.prefill(prompts, prefill, keep_prefill)
+                logits = self._prefill_batch(prompts[:self.batch], prefill, keep,
+                                             min(len(p) for p in prompts))
                 x0, _ = choose(logits, sampling, generator)
             run = _Run(self, prompts, max_new_tokens, x0, set(int(t) for t in eos_token_ids),
-                       request_ids)
+                       request_ids, source=prefill, keep=keep, forced=forced)
             if speculative and self.selection.proxy is not None:
                 run.proxy = ProxyRecords(recent=self.policy.recent)
             if speculative:
@@ -468,11 +570,13 @@ class Engine:
                           if speculative else [], timing=timing,
                           wall_seconds=time.perf_counter() - t0, iterations=run.iterations,
                           forwards=dict(run.forwards), bytes_moved=dict(run.bytes),
-                          prefill=state if keep_prefill else None, proxy=run.proxy,
-                          steps=run.steps)
+                          prefill=(prefill if isinstance(prefill, PrefillState) else keep)
+                          if keep_prefill else None, proxy=run.proxy,
+                          steps=run.steps, batch=self.batch)
 
     def _plain(self, run: "_Run", sampling, generator, timer: PhaseTimer) -> None:
         x0 = run.x0
+        self._refill(run, x0, sampling, generator, timer)
         run.mark()
         while run.any_active():
             with timer.phase("verify"):
@@ -486,6 +590,7 @@ class Engine:
                     n + 1 for n in run.lengths)
                 run.forwards["verify"] += 1
                 run.step_plain(token.tolist())
+            self._refill(run, x0, sampling, generator, timer)
 
     def _speculative(self, run: "_Run", k: int, sampling: SamplingParams, generator,
                      timer: PhaseTimer, adaptive: AdaptiveK | None,
@@ -503,11 +608,13 @@ class Engine:
         draft_probs = None if sampling.greedy else torch.zeros(batch, k, vocab, device=device)
         centres = [adaptive.start if adaptive else None] * batch
         x0 = run.x0
+        self._refill(run, x0, sampling, generator, timer)
         run.mark()
         while run.any_active():
             k_seq = [k] * batch
             if forced is not None:
-                k_seq = [int(forced[b].k[min(run.iteration_of[b], forced[b].iterations - 1)])
+                k_seq = [int(run.forced_of(b).k[min(run.iteration_of[b],
+                                                     run.forced_of(b).iterations - 1)])
                          for b in range(batch)]
             k_iter = max(k_seq[b] for b in range(batch) if run.active[b])
             with timer.phase("draft"):
@@ -549,9 +656,9 @@ class Engine:
                         drafts[:, :k_iter], draft_probs[:, :k_iter],
                         probabilities(logits, sampling), generator, k_t)
                 if forced is not None:
-                    m = torch.tensor([min(int(forced[b].m[min(run.iteration_of[b],
-                                                                forced[b].iterations - 1)]),
-                                          k_seq[b]) for b in range(batch)], device=device)
+                    m = torch.tensor([min(int(run.forced_of(b).m[min(
+                        run.iteration_of[b], run.forced_of(b).iterations - 1)]), k_seq[b])
+                        for b in range(batch)], device=device)
                     token = logits.argmax(-1).gather(1, m[:, None]).squeeze(1)
                 kept = torch.where(run.active_t, m + 1, 0)
                 self.cache.rollback((q_len - kept).int())
@@ -580,6 +687,8 @@ class Engine:
                 with timer.phase("selection"):
                     rows = self.selection.ranked_rows(q_len)
                     self.refresh(rows, m, slice(q_len - rows, q_len))
+            for b in self._refill(run, x0, sampling, generator, timer):
+                centres[b] = adaptive.start if adaptive else None
 
     def _count_bytes(self, run: "_Run", k_seq: list[int], k_iter: int) -> None:
         """Weights once per forward; KV rows each pass attends to (drafts: the policy's
@@ -604,29 +713,61 @@ def cache_positions(prompt_len: int, max_new_tokens: int, k: int) -> int:
 
 
 class _Run:
-    """Host-side bookkeeping of one generate call: outputs, lengths, activity, trace rows."""
+    """Host-side bookkeeping of one generate call: which prompt each slot holds, the queue,
+    outputs and trace rows per prompt, lengths and activity per slot."""
 
     def __init__(self, engine: Engine, prompts, max_new: int, x0: torch.Tensor, eos: set[int],
-                 request_ids):
+                 request_ids, source=None, keep: "PrefillState | None" = None,
+                 forced: list[RequestTrace] | None = None):
         self.engine, self.max_new, self.eos, self.x0 = engine, max_new, eos, x0
-        batch = len(prompts)
-        self.ids = request_ids or [str(b) for b in range(batch)]
-        self.lengths = [len(p) for p in prompts]
-        self.tokens: list[list[int]] = [[t] for t in x0.tolist()]
-        self.active = [max_new > 1 and t not in eos for t in x0.tolist()]
+        self.prompts, self.source, self.keep, self.forced = prompts, source, keep, forced
+        batch = engine.batch
+        self.ids = request_ids or [str(r) for r in range(len(prompts))]
+        self.slot_request = list(range(batch))   # the prompt each slot holds
+        self._queue_head = batch                 # the next prompt to take a freed slot
+        self.lengths = [len(p) for p in prompts[:batch]]
+        first = x0.tolist()
+        self.tokens: list[list[int]] = [[t] for t in first] + [[] for _ in prompts[batch:]]
+        self.active = [self._live(t) for t in first]
         self.active_t = torch.tensor(self.active, device=x0.device)
         self.iterations = 0
         self.iteration_of = [0] * batch
         self.rows: list[dict[str, list]] = [{"context": [], "k": [], "m": [], "entropy": [],
-                                             "accept_prob": []} for _ in range(batch)]
+                                             "accept_prob": []} for _ in prompts]
         self.forwards: dict[str, int] = {"draft": 0, "verify": 0}
         self.bytes: dict[str, float] = {"draft": 0.0, "verify": 0.0}
         self.proxy: ProxyRecords | None = None
         self.steps: list[tuple[float, int, int]] = []
         self._mark = time.perf_counter()   # the decode loop's start (mark() resets it)
 
+    def _live(self, first_token: int) -> bool:
+        return self.max_new > 1 and first_token not in self.eos
+
+    # ---- the queue (continuous batching) ------------------------------------------------------
+    def free_slots(self) -> list[int]:
+        """Slots whose sequence is done, as many as there are prompts still queued."""
+        free = [b for b, a in enumerate(self.active) if not a]
+        return free[:len(self.prompts) - self._queue_head]
+
+    def next_request(self) -> int:
+        r = self._queue_head
+        self._queue_head += 1
+        return r
+
+    def start(self, b: int, r: int, first_token: int) -> None:
+        """Prompt ``r`` now holds slot ``b`` (prefilled; ``first_token`` from its logits)."""
+        self.slot_request[b] = r
+        self.lengths[b] = len(self.prompts[r])
+        self.tokens[r] = [first_token]
+        self.iteration_of[b] = 0
+        self.active[b] = self._live(first_token)
+
+    def forced_of(self, b: int) -> RequestTrace:
+        return self.forced[self.slot_request[b]]
+
+    # ---- per iteration ------------------------------------------------------------------------
     def mark(self) -> None:
-        """The loop starts now, once the prefill and the first selection refresh are done."""
+        """The loop starts (or resumes after a refill) now: the next iteration's clock."""
         if self.x0.is_cuda:
             torch.cuda.synchronize(self.x0.device)
         self._mark = time.perf_counter()
@@ -647,9 +788,9 @@ class _Run:
                 new = new[:i + 1]
                 self.active[b] = False
                 break
-        room = self.max_new - len(self.tokens[b])
-        self.tokens[b].extend(new[:room])
-        if len(self.tokens[b]) >= self.max_new:
+        out = self.tokens[self.slot_request[b]]
+        out.extend(new[:self.max_new - len(out)])
+        if len(out) >= self.max_new:
             self.active[b] = False
 
     def step_plain(self, tokens: list[int]) -> None:
@@ -671,7 +812,7 @@ class _Run:
         for b in range(len(m)):
             if not self.active[b]:
                 continue
-            k_b, m_b, rows = k_seq[b], m[b], self.rows[b]
+            k_b, m_b, rows = k_seq[b], m[b], self.rows[self.slot_request[b]]
             rows["context"].append(self.lengths[b])
             rows["k"].append(k_b)
             rows["m"].append(m_b)
@@ -680,18 +821,18 @@ class _Run:
             self.lengths[b] += m_b + 1
             self.iteration_of[b] += 1
             self._emit(b, drafts[b][:m_b] + [token[b]])
-            if forced is not None and self.iteration_of[b] >= forced[b].iterations:
+            if forced is not None and self.iteration_of[b] >= self.forced_of(b).iterations:
                 self.active[b] = False
         self.active_t.copy_(torch.tensor(self.active))
         self._log_step(before, self.new_tokens() - emitted)
 
     def traces(self, policy: str, s: float) -> list[RequestTrace]:
         out = []
-        for b, rows in enumerate(self.rows):
+        for r, rows in enumerate(self.rows):
             if not rows["k"]:
                 continue
             out.append(RequestTrace(
-                self.ids[b], policy, None if policy == "full" else float(s),
+                self.ids[r], policy, None if policy == "full" else float(s),
                 np.asarray(rows["context"], dtype=np.int64), np.asarray(rows["k"], np.int64),
                 np.asarray(rows["m"], np.int64),
                 entropy=[np.asarray(e, float) for e in rows["entropy"]],
