@@ -80,6 +80,20 @@ def test_greedy_self_speculation_matches_plain_on_gpu(model):
         assert speculative_decode(model, batch, 32, policy=policy, k=8, s=0.1).tokens == plain
 
 
+@pytest.mark.parametrize("policy", ["vegas", "sparsespec", "quest", "last-token"])
+def test_queued_prompts_through_graphed_slots(model, policy):
+    """Continuous batching on the GPU: five prompts through two slots reproduce plain greedy
+    decoding, and the graphed run replays the eager one (refills write into the slots the
+    graphs read from)."""
+    queue = prompts((1500, 2100, 1800, 1600, 1900))
+    plain = plain_decode(model, queue, 40).tokens
+    runs = [Engine(model, batch=2, max_len=2200, policy=policy, s=0.1, k_max=6,
+                   cuda_graphs=graphs).generate(queue, 40, k=6) for graphs in (False, True)]
+    assert runs[0].tokens == runs[1].tokens == plain
+    assert [t.m.tolist() for t in runs[0].traces] == [t.m.tolist() for t in runs[1].traces]
+    assert len(runs[1].traces) == 5 and runs[1].batch == 2
+
+
 def test_bf16_real_scale_shapes_run():
     """Qwen3-8B-like layer shapes (a few layers) in bf16: plans, graphs and timing work."""
     config = dict(SMALL_QWEN3, hidden_size=4096, num_attention_heads=32, num_key_value_heads=8,
