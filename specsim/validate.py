@@ -490,16 +490,57 @@ def write_json(path: str, doc: dict) -> None:
     write_text_atomic(path, json.dumps(doc, indent=1))
 
 
+def select(plan: dict, setups: str | None = None, policies: str | None = None) -> dict:
+    """The plan restricted to some setups and policies (comma-separated names): a part of the
+    grid per process — a CUDA device-side assert ends the process that hits it."""
+    out = []
+    for entry in plan["setups"]:
+        if setups and entry["setup"]["name"] not in setups.split(","):
+            continue
+        if policies:
+            keep = policies.split(",")
+            entry = dict(entry, configs=[c for c in entry["configs"] if c["policy"] in keep])
+        out.append(entry)
+    return dict(plan, setups=out)
+
+
+def merge_measured(docs: list[dict]) -> dict:
+    """Measurements of parts of one plan (``select``) as one file: per setup, every part's
+    configurations (a configuration measured twice keeps its first); plain decoding from the
+    first part that has the setup."""
+    if not docs:
+        raise SpecsimError("nothing to merge")
+    created = {d["plan_created"] for d in docs}
+    if len(created) > 1:
+        raise SpecsimError(f"measurements of different plans: {sorted(created)}")
+    out = {k: v for k, v in docs[0].items() if k != "setups"}
+    setups: dict[str, dict] = {}
+    for doc in docs:
+        for part in doc["setups"]:
+            have = setups.setdefault(part["name"], dict(part, configs=[]))
+            seen = {(c["policy"], c["s"], c["k"]) for c in have["configs"]}
+            have["configs"] += [c for c in part["configs"]
+                                if (c["policy"], c["s"], c["k"]) not in seen]
+    out["setups"] = list(setups.values())
+    return out
+
+
 def main(argv=None) -> None:
     """GPU side without the CLI installed:
-    ``python -m specsim.validate PLAN OUT [REPEATS [SETUP,SETUP…]]``."""
+    ``python -m specsim.validate PLAN OUT [REPEATS [SETUP,…|all [POLICY,…]]]``, and
+    ``python -m specsim.validate merge OUT PART.json PART.json …``."""
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["merge"]:
+        if len(argv) < 3:
+            raise SystemExit("usage: python -m specsim.validate merge OUT PART.json …")
+        write_json(argv[1], merge_measured([read_json(p, MEASURED_KEY) for p in argv[2:]]))
+        return
     if len(argv) < 2:
-        raise SystemExit("usage: python -m specsim.validate PLAN MEASURED_OUT [REPEATS [SETUPS]]")
-    plan = read_json(argv[0], FORMAT_KEY)
-    if len(argv) > 3:
-        names = set(argv[3].split(","))
-        plan = dict(plan, setups=[s for s in plan["setups"] if s["setup"]["name"] in names])
+        raise SystemExit("usage: python -m specsim.validate PLAN MEASURED_OUT [REPEATS "
+                         "[SETUPS|all [POLICIES]]]")
+    plan = select(read_json(argv[0], FORMAT_KEY),
+                  argv[3] if len(argv) > 3 and argv[3] != "all" else None,
+                  argv[4] if len(argv) > 4 else None)
     got = measure(plan, repeats=int(argv[2]) if len(argv) > 2 else 2)
     write_json(argv[1], got)
     rep = report(plan, got)

@@ -173,3 +173,19 @@ def test_free_setup_runs_its_prompts_as_a_continuous_batch(tmp_path):
         rep = V.report(plan, got)
     assert rep["setups"][0]["setup"]["requests"] == 5
     assert "5 prompts as a continuous batch" in V.markdown(rep, got)
+
+
+def test_plan_parts_and_merged_measurements():
+    pred = {("vegas", 0.1, 2): 110.0, ("quest", 0.1, 2): 90.0, ("quest", 0.1, 4): 80.0}
+    plan, got = fake(pred, pred)
+    part = V.select(plan, "x", "quest")
+    assert [c["policy"] for c in part["setups"][0]["configs"]] == ["quest", "quest"]
+    assert V.select(plan, "other")["setups"] == []
+    got["plan_created"] = "t"
+    a = dict(got, setups=[dict(got["setups"][0], configs=got["setups"][0]["configs"][:1])])
+    b = dict(got, setups=[dict(got["setups"][0], configs=got["setups"][0]["configs"][1:])])
+    merged = V.merge_measured([a, b, b])
+    assert merged["setups"][0]["configs"] == got["setups"][0]["configs"]
+    assert V.report(plan, merged)["setups"][0]["all"]["configs"] == 3
+    with pytest.raises(SpecsimError, match="different plans"):
+        V.merge_measured([a, dict(b, plan_created="u")])
