@@ -292,9 +292,18 @@ def test_merging_a_cut_short_run_with_an_older_one():
     cost = fitted.verify([8192] * 16, 8)
     assert cost.seconds * 1e3 == pytest.approx(true_ms("verify", 16, 8192, 8, None), rel=0.05)
     assert not any("outside" in n for n in cost.notes)
+    assert any(m.op.startswith("draft:") for m in extra) and info["draft_steps"] == "taken"
     other = Calibration(dict(old.provenance, gpu="NVIDIA H100"), old.ceilings, old.measurements)
     with pytest.raises(SpecsimError, match="different gpu"):
         merge_calibrations(new, other, "x")
+    # drafts timed one step at a time there, as chains of 4 here: not mixed
+    chained = Calibration(dict(new.provenance, engine={"draft_timed_as_chain_of": 4}),
+                          new.ceilings, new.measurements)
+    merged = merge_calibrations(chained, old, "older run, single-step drafts")
+    extra = merged.measurements[len(new.measurements):]
+    assert extra and not any(m.op.startswith("draft:") for m in extra)
+    assert any(m.op == "verify" for m in extra)
+    assert merged.provenance["merged"][-1]["draft_steps"].startswith("skipped")
 
 
 def test_overheads_in_files_and_the_held_out_check(tmp_path):

@@ -191,14 +191,21 @@ def merge_calibrations(primary: Calibration, extra: Calibration, note: str) -> C
     newer run short. Loop overheads come from ``primary`` alone (they depend on the loop's
     host code, not only the kernels). Both must describe the same model on the same GPU; the
     merge is recorded in the provenance (``merged``: the other run's date, kernel hash,
-    shapes, ``note``) so a reader can tell which rows came from which run."""
+    shapes, ``note``) so a reader can tell which rows came from which run. Draft steps are
+    taken only when both runs timed them the same way (``provenance.engine``'s
+    ``draft_timed_as_chain_of``: single steps and chained steps differ by up to ~12%)."""
     for key in ("model", "model_spec_hash", "gpu"):
         a, b = primary.provenance.get(key), extra.provenance.get(key)
         if a != b:
             raise SpecsimError(f"cannot merge calibrations of different {key}: {a!r} vs {b!r}")
+    kinds = set(STEP_KINDS)
+    chain = [c.provenance.get("engine", {}).get("draft_timed_as_chain_of") for c in
+             (primary, extra)]
+    if chain[0] != chain[1]:
+        kinds.discard("draft")
     have = {(m.batch, m.context) for m in primary.measurements}
     added = [m for m in extra.measurements
-             if (m.batch, m.context) not in have and m.op.split(":", 1)[0] in STEP_KINDS]
+             if (m.batch, m.context) not in have and m.op.split(":", 1)[0] in kinds]
     shapes = sorted({(m.batch, m.context) for m in added})
     prov = dict(primary.provenance)
     prov["merged"] = list(prov.get("merged", [])) + [{
@@ -206,7 +213,9 @@ def merge_calibrations(primary: Calibration, extra: Calibration, note: str) -> C
         "kernel_config_hash": extra.provenance.get("kernel_config_hash"),
         "torch": extra.provenance.get("torch"), "triton": extra.provenance.get("triton"),
         "shapes": [list(x) for x in shapes], "ops": sorted({m.op for m in added}),
-        "rows": len(added), "note": note}]
+        "rows": len(added), "note": note,
+        "draft_steps": "taken" if "draft" in kinds else
+                       f"skipped: timed as chains of {chain[1]} there, {chain[0]} here"}]
     return Calibration(prov, dict(primary.ceilings), list(primary.measurements) + added)
 
 
