@@ -319,7 +319,7 @@ def test_engine_errors(tiny):
     with pytest.raises(SpecsimError, match="k must lie"):
         engine.generate([[1, 2, 3]], 5, k=5)
     with pytest.raises(SpecsimError, match="cache positions"):
-        engine.generate([[1] * 90], 20)
+        engine.generate([[1] * 110], 20)
     with pytest.raises(SpecsimError, match="at least 2"):
         Engine(tiny, batch=2, max_len=100, policy="vegas", k_max=4).generate([[1, 2]], 5)
     with pytest.raises(SpecsimError, match="request ids"):
@@ -346,7 +346,10 @@ def test_a_finished_sequence_never_writes_past_the_cache(tiny, monkeypatch):
     monkeypatch.setattr(decode, "accept_greedy", skewed)
     prompts = prompts_of([30, 12])
     need = decode.cache_positions(30, max_new, k)            # 49: one past a whole page
+    # 64 positions: the cache is padded to whole pages only (not to 128), as tight as it gets
+    tiny = build_model(dict(TINY, max_position_embeddings=64), seed=1, std=0.1)
     engine = Engine(tiny, batch=2, max_len=need, policy=SMALL["vegas"], s=0.1, k_max=k)
+    assert engine.max_len == 64
     peak = [0]
     extend = engine.cache.extend
 
@@ -502,3 +505,14 @@ def test_queued_forced_run_keeps_every_slot_busy(tiny, ragged):
         assert len(window) == 5 and gen.steady_tokens_per_second == pytest.approx(
             sum(n for _, n in window) / sum(sec for sec, _ in window))
         assert sum(sec for sec, _, _ in gen.steps) + gen.timing["prefill"] <= gen.wall_seconds
+
+
+def test_cache_length_is_aligned_within_the_models_positions(tiny):
+    """Caches are padded to 128 positions (Quest page counts a multiple of 8), but never past
+    the model's positions when 16-position pages fit."""
+    assert Engine(tiny, batch=1, max_len=1000, policy="quest").max_len == 1024
+    assert Engine(tiny, batch=1, max_len=2000, policy="vegas").max_len == 2048
+    small = build_model(dict(TINY, max_position_embeddings=2000), seed=1)
+    assert Engine(small, batch=1, max_len=1930, policy="quest").max_len == 1936   # 16s fit
+    with pytest.raises(SpecsimError, match="exceeds"):
+        Engine(tiny, batch=1, max_len=2049, policy="vegas")
