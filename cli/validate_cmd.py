@@ -17,10 +17,10 @@ def _floats(text):
 
 
 def default_setups(policies, ks_forced, ks_free, ss, batch_free, context, weights, tokenizer_dir,
-                   requests_free=None):
+                   requests_free=None, prompt_ids=None):
     """Qwen3-8B shapes forced (random weights, batch 4, context 32K) and SmolLM2-135M free
-    (real weights, ``batch_free`` slots, ``requests_free`` prompts — the trace recording's,
-    cycled — as a continuous batch)."""
+    (real weights, ``batch_free`` slots, ``requests_free`` prompts as a continuous batch: the
+    built-in prompts the trace recorded, ``prompt_ids`` (all when None), cycled)."""
     from specsim.validate import Setup
 
     out = [Setup("qwen3-8b", "qwen3-8b", "forced", 4, policies, ks_forced, ss,
@@ -28,7 +28,10 @@ def default_setups(policies, ks_forced, ks_free, ss, batch_free, context, weight
     if tokenizer_dir:
         from specsim.engine.prompts import Tokenizer, default_specs, prompt_tokens
         tok = Tokenizer(tokenizer_dir)
-        ids = [prompt_tokens(spec, tok, 7000) for spec in default_specs()]
+        specs = [spec for spec in default_specs() if prompt_ids is None or spec.id in prompt_ids]
+        if not specs:
+            raise SpecsimError("none of the built-in prompts is in the trace")
+        ids = [prompt_tokens(spec, tok, 7000) for spec in specs]
         n = max(requests_free or batch_free, batch_free)
         prompts = (ids * (n // len(ids) + 1))[:n]
         out.append(Setup("smollm2", "smollm2-135m", "free", batch_free, policies, ks_free, ss,
@@ -109,10 +112,18 @@ def plan_cmd(trace_path, hardware, policies, k_forced, k_free, ss, context, batc
             raise SpecsimError("the free-running setup needs SmolLM2's tokenizer: run "
                                "`specsim models fetch smollm2` (or pass --no-free)")
         tokenizer_dir = str(folder)
-    setups = default_setups([p.strip() for p in policies.split(",") if p.strip()],
-                            _ints(k_forced), _ints(k_free), _floats(ss), batch_free, context,
-                            weights, tokenizer_dir, requests_free)
-    plan = build_plan(setups, trace_path or str(DEFAULT_TRACE), hardware)
+    from specsim.traces.importers import load_trace
+    trace_path = trace_path or str(DEFAULT_TRACE)
+    names = [p.strip() for p in policies.split(",") if p.strip()]
+    # the free run decodes the prompts the trace recorded (for the grid's groups), so that
+    # the acceptance it is predicted from is that of its own workload
+    groups = load_trace(trace_path).groups()
+    recorded = {r.prompt_id for (p, s), g in groups.items() if p in names and s in _floats(ss)
+                for r in g.requests if r.prompt_id}
+    setups = default_setups(names, _ints(k_forced), _ints(k_free), _floats(ss), batch_free,
+                            context, weights, tokenizer_dir, requests_free,
+                            recorded or None)
+    plan = build_plan(setups, trace_path, hardware)
     write_json(out, plan)
     n = sum(len(s["configs"]) for s in plan["setups"])
     click.echo(f"wrote {out}: {n} configurations in {len(plan['setups'])} setups")

@@ -189,3 +189,42 @@ def test_plan_parts_and_merged_measurements():
     assert V.report(plan, merged)["setups"][0]["all"]["configs"] == 3
     with pytest.raises(SpecsimError, match="different plans"):
         V.merge_measured([a, dict(b, plan_created="u")])
+
+
+def test_steady_state_uses_every_answers_tokens_per_iteration():
+    """The steady window of a finite queue over-weights answers' beginnings: predict is scored
+    on the window's iteration time with the tokens per iteration of all answers; the cost
+    side on the window alone; the acceptance side on all answers."""
+    pred = {("vegas", 0.1, 2): 100.0, ("vegas", 0.1, 4): 130.0}
+    plan, got = fake(pred, {("vegas", 0.1, 2): 100.0, ("vegas", 0.1, 4): 110.0}, mode="free")
+    for cfg in plan["setups"][0]["configs"]:
+        cfg["acceptance_mode"], cfg["simulate"] = "replay", 90.0
+    rows = got["setups"][0]["configs"]
+    rows[1]["tokens_per_iteration_whole_run"] = 3.0          # window 2.5
+    item = V.report(plan, got)["setups"][0]
+    r = {row["k"]: row for row in item["rows"]}
+    assert r[4]["measured"] == pytest.approx(110.0 * 3.0 / 2.5) and r[4]["measured_window"] == 110
+    assert r[2]["measured"] == pytest.approx(100.0)          # no whole-run figure: the window
+    sm = item["per_policy"]["vegas"]
+    assert sm["predict"]["mape"] == pytest.approx(np.mean([0.0, abs(130 / 132 - 1)]))
+    # cost side: 2 · 2.0 / 130 predicted vs 2 · 2.5 / 110 measured (the window's)
+    assert r[4]["iteration_ms_measured"] == pytest.approx(1e3 * 2 * 2.5 / 110)
+    assert item["acceptance"]["replay"]["worst"] == pytest.approx(abs(2.0 / 3.0 - 1))
+
+
+def test_free_setup_decodes_the_prompts_the_trace_recorded(monkeypatch):
+    """The free-running setup cycles only the built-in prompts whose acceptance the trace
+    holds (its predictions come from those records), over as many requests as asked."""
+    import specsim.engine.prompts as P
+    from specsim.cli.validate_cmd import default_setups
+
+    monkeypatch.setattr(P, "Tokenizer", lambda folder: None)
+    monkeypatch.setattr(P, "prompt_tokens", lambda spec, tok, n: [len(spec.id)] * 3)
+    specs = P.default_specs()
+    keep = {specs[1].id, specs[3].id}
+    setups = default_setups(["vegas"], [2], [2], [0.1], 4, 1024, "/w", "tok", 10, keep)
+    free = setups[1]
+    assert free.batch == 4 and len(free.prompts) == 10
+    assert {p[0] for p in free.prompts} == {len(i) for i in keep}
+    with pytest.raises(SpecsimError, match="none of the built-in prompts"):
+        default_setups(["vegas"], [2], [2], [0.1], 4, 1024, "/w", "tok", 10, {"nope"})
