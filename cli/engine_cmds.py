@@ -178,7 +178,12 @@ def _model_options(f):
               help="Draft length (the maximum with --adaptive-k).")
 @click.option("--s", "s", type=click.FloatRange(0, 1, min_open=True), default=0.05,
               show_default=True, help="Sparsity: selected KV / context.")
-@click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Slots: sequences decoded together.")
+@click.option("--requests", type=click.IntRange(min=1), default=None,
+              help="Prompts to run through the slots (default: one per slot). More than "
+                   "--batch run as a continuous batch: a finished sequence's slot takes the "
+                   "next prompt.")
 @click.option("--prompt", "prompts", multiple=True, help="A prompt (chat-formatted); repeat.")
 @click.option("--prompt-file", type=click.Path(exists=True, dir_okay=False), default=None,
               help="A text file (one prompt) or a prompt-set JSONL (scripts/engine_prompts.py).")
@@ -193,8 +198,8 @@ def _model_options(f):
 @click.option("--show-text", is_flag=True, help="Print the generated text.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def run_cmd(model, weights, dtype, device, sampling, temperature, top_p, top_k, max_new_tokens,
-            max_prompt_tokens, seed, policy, k, s, batch, prompts, prompt_file, context,
-            adaptive_k, forced_trace, compare_plain, show_text, as_json):
+            max_prompt_tokens, seed, policy, k, s, batch, requests, prompts, prompt_file,
+            context, adaptive_k, forced_trace, compare_plain, show_text, as_json):
     """Run one configuration of plain or self-speculative decoding and time it.
 
     Prints tokens/s, tokens per iteration (E[m+1]), the time split (draft / verify /
@@ -215,14 +220,15 @@ def run_cmd(model, weights, dtype, device, sampling, temperature, top_p, top_k, 
         records = [r for r in read_trace(forced_trace).requests if r.policy == policy]
         if not records:
             raise SpecsimError(f"{forced_trace}: no request records for policy {policy}")
-        forced = [records[b % len(records)] for b in range(batch)]
+        forced = [records[b % len(records)] for b in range(max(requests or batch, batch))]
         ids = forced_prompts(forced, net.args.vocab_size, seed)
         names = [r.id for r in forced]
         k = max(k, max(int(r.k.max()) for r in forced))
         max_new_tokens = max(r.tokens for r in forced) + 1
     else:
         ids, names = make_prompts(tokenizer, prompts=prompts, prompt_file=prompt_file,
-                                  batch=batch, context=context, vocab=net.args.vocab_size,
+                                  batch=max(requests or batch, batch), context=context,
+                                  vocab=net.args.vocab_size,
                                   max_tokens=max_prompt_tokens, seed=seed)
     eos = () if tokenizer is None or forced else net.args.eos_token_ids
     speculative = policy != "plain"
@@ -253,7 +259,8 @@ def _report(result, name, weights, policy, k, s, batch, ids, net) -> dict:
         "model": name, "weights": weights, "device": str(net.lm_head.weight.device),
         "dtype": str(net.lm_head.weight.dtype).replace("torch.", ""),
         "policy": policy, "k": k, "s": s if policy not in ("plain", "full") else None,
-        "batch": batch, "prompt_tokens": [len(p) for p in ids],
+        "batch": batch, "requests": len(ids), "prompt_tokens": [len(p) for p in ids],
+        "steady_tokens_per_second": result.steady_tokens_per_second,
         "new_tokens": result.new_tokens, "iterations": result.iterations,
         "tokens_per_second": result.tokens_per_second,
         "tokens_per_iteration": result.tokens_per_iteration,
@@ -274,15 +281,17 @@ def _histogram(result) -> list[int]:
 
 
 def _print_run(r: dict) -> None:
+    queue = f" ({r['requests']} prompts, continuous)" if r["requests"] > r["batch"] else ""
     click.echo(f"{r['model']} ({r['weights']} weights, {r['dtype']}, {r['device']}), "
-               f"batch {r['batch']}, prompts {min(r['prompt_tokens'])}–"
+               f"batch {r['batch']}{queue}, prompts {min(r['prompt_tokens'])}–"
                f"{max(r['prompt_tokens'])} tokens")
     what = "plain decoding" if r["policy"] == "plain" else \
         f"self-speculative: policy {r['policy']}, k={r['k']}, s={r['s']}"
     click.echo(what)
     click.echo(f"  {r['new_tokens']} tokens in {r['iterations']} iterations: "
                f"{r['tokens_per_second']:.1f} tokens/s, "
-               f"{r['tokens_per_iteration']:.2f} tokens/iteration")
+               f"{r['tokens_per_iteration']:.2f} tokens/iteration; every slot busy: "
+               f"{r['steady_tokens_per_second']:.1f} tokens/s")
     decode = sum(v for p, v in r["seconds"].items() if p != "prefill") or 1e-12
     rows = [[phase, f"{1e3 * sec:.1f}", f"{100 * sec / decode:.0f}%" if phase != "prefill"
              else "", f"{r['bandwidth_GBps'][phase]:.1f}" if phase in r["bandwidth_GBps"] else ""]

@@ -43,6 +43,19 @@ def test_run_speculative_json(tiny_config):
     assert sum(report["accepted_histogram"]) >= report["iterations"]  # one per (seq, iter)
 
 
+def test_run_queued_requests(tiny_config):
+    """--requests beyond --batch: a continuous batch through the slots (every prompt's tokens,
+    the queue named in the human output)."""
+    args = ["--model", tiny_config, "--weights", "random", "--policy", "vegas", "--k", "3",
+            "--s", "0.3", "--batch", "2", "--requests", "5", "--context", "300",
+            "--max-new-tokens", "10"]
+    report = json.loads(invoke(run_cmd, args + ["--json"]).stdout)
+    assert report["batch"] == 2 and report["requests"] == 5
+    assert report["new_tokens"] == 50 and len(report["prompt_tokens"]) == 5
+    assert report["steady_tokens_per_second"] > 0
+    assert "(5 prompts, continuous)" in invoke(run_cmd, args).output
+
+
 def test_run_plain_and_human_output(tiny_config):
     out = invoke(run_cmd, ["--model", tiny_config, "--weights", "random", "--policy", "plain",
                            "--context", "64", "--max-new-tokens", "8", "--sampling", "qwen3"])
