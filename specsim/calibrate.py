@@ -7,6 +7,8 @@ Triton kernels):
 
 - ``plain``: one plain decoding step (q = 1, full attention, no collection);
 - ``verify``: one verify pass of q tokens (with the Vegas Collect-2-Query rows, as in a run);
+  ``verify:quest`` the same pass on Quest's engine (its cache updates page bounds on every K
+  write), at q = ``OVERHEAD_K`` + 1;
 - ``draft:<policy>``: one sparse draft step at sparsity s, after a real selection — timed as
   runs draft, a chain of ``DRAFT_CHAIN`` greedy steps in one CUDA graph, divided by its length;
 - ``selection:<policy>``: one refresh of every layer's index lists after a verify, replayed
@@ -256,6 +258,12 @@ def _measure_policy(torch, Engine, model, grid: CalibrationGrid, batch: int, con
             s=s)
         if policy != "streamingllm":
             record(f"selection:{policy}", _time(torch, refresh, grid.repeats, grid.warmup), s=s)
+        if engine.cache.page_size and s == grid.sparsities[0]:
+            # Quest's cache updates its page bounds on every K write: its own verify, at one q
+            q0 = min(OVERHEAD_K + 1, q_max)
+            record(f"verify:{policy}", _time(torch, lambda: engine.verify(q0), grid.repeats,
+                                             grid.warmup, lambda: engine.cache.rollback(q0)),
+                   q=q0)
         if s == grid.sparsities[0] and grid.overheads:   # per policy: Quest's rollback differs
             record(f"overhead:speculative:{policy}",
                    _loop_overhead(torch, engine, prompts, speculative=True), q=OVERHEAD_K + 1)

@@ -447,6 +447,7 @@ def test_policy_measurement_on_the_cpu_engine(monkeypatch):
                    ("draft:vegas", 1, 0.1), ("selection:vegas", 1, 0.1),
                    ("overhead:speculative:vegas", C.OVERHEAD_K + 1, None),
                    ("draft:quest", 1, 0.1), ("selection:quest", 1, 0.1),
+                   ("verify:quest", C.OVERHEAD_K + 1, None),
                    ("overhead:speculative:quest", C.OVERHEAD_K + 1, None)}
     assert all(len(m.samples_ms) == 2 and m.median_ms > 0 for m in rows
                if not m.op.startswith("overhead"))
@@ -455,3 +456,36 @@ def test_policy_measurement_on_the_cpu_engine(monkeypatch):
               for l, c in calls}
     assert len({l for l, _ in firsts}) == 1
     assert len({c for _, c in firsts if c is not None}) == 1     # Vegas' list lengths
+
+
+def test_a_policys_own_verify_adds_its_measured_difference(tmp_path):
+    """Quest's verify (page bounds updated on every K write) measured at q = 5, 1.5 ms above
+    the shared verify: Quest's iterations pay it at every k, other policies do not; the
+    held-out check scores it as its own term; an unknown policy in the op is rejected."""
+    cal = synthetic()
+    rows = list(cal.measurements)
+    for b in sorted({m.batch for m in rows}):
+        for c in sorted({m.context for m in rows}):
+            t = true_ms("verify", b, c, 5) + 1.5
+            rows.append(Measurement("verify:quest", b, c, 5, None, [t] * 3))
+            rows.append(Measurement("draft:quest", b, c, 1, 0.05,
+                                    [true_ms("draft", b, c, 1, 0.05)] * 3))
+    both = Calibration(cal.provenance, cal.ceilings, rows)
+    model, bare = CalibratedCostModel(both, MODEL, HW), CalibratedCostModel(cal, MODEL, HW)
+    ctx = [8192] * 4
+    for k in (2, 7, 15):
+        quest = model.iteration(ctx, k, 0.05, "quest").verify.seconds
+        shared = bare.verify(ctx, k + 1).seconds
+        assert quest - shared == pytest.approx(1.5e-3, rel=0.05), k
+        assert model.iteration(ctx, k, 0.05, "vegas").verify.seconds == pytest.approx(shared)
+    assert "verify:quest measured" in model.iteration(ctx, 4, 0.05, "quest").verify.notes[-1]
+    report = held_out_check(both, MODEL, HW)
+    assert report["per_op"]["verify:quest"]["mape"] < 0.02
+    path = tmp_path / "cal.json"
+    both.write(str(path))
+    assert any(m.op == "verify:quest" for m in read_calibration(str(path)).measurements)
+    doc = json.loads(path.read_text())
+    doc["measurements"][-2]["op"] = "verify:nonsense"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(SpecsimError, match="nonsense"):
+        read_calibration(str(path))
