@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
 
 import click
@@ -329,23 +328,28 @@ def _print_run(r: dict) -> None:
               help="Comma-separated sparsity ratios.")
 @click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True,
               help="Prompts decoded together.")
-@click.option("--out", "out", type=click.Path(dir_okay=False), required=True,
+@click.option("--out", "out", type=click.Path(dir_okay=False), default=None,
               help="Trace file (specsim JSONL), written atomically after every unit; an "
                    "existing file with the same settings is resumed.")
+@click.option("--export-prompts", type=click.Path(dir_okay=False), default=None,
+              help="Only write the prompt set's token ids to this JSON file, for "
+                   "`python -m specsim.engine.record` on a machine without the CLI (e.g. "
+                   "the GPU), so both record the same tokens.")
 def trace_cmd(model, weights, dtype, device, sampling, temperature, top_p, top_k,
               max_new_tokens, max_prompt_tokens, seed, prompt_file, num_prompts, context,
-              policies, ks, ss, batch, out):
+              policies, ks, ss, batch, out, export_prompts):
     """Record acceptance traces over a prompt set and a grid of policies, k and s.
 
     One request record per (prompt, policy, k, s), id ``PROMPT|POLICY|kK|sS``. The file is
     rewritten atomically after each finished batch, so an interrupted run loses at most the
     batch in flight and a rerun with the same settings continues where it stopped.
     """
-    from specsim.engine import Engine, prompts as P
-    from specsim.engine.decode import cache_positions
+    from specsim.engine import prompts as P
+    from specsim.engine.record import record_traces, trace_header
     from specsim.policies import get_policy
-    from specsim.traces.format import make_header, read_trace, write_trace
 
+    if not out and not export_prompts:
+        raise click.UsageError("give --out (record) or --export-prompts (token ids only)")
     policies = [p for p in policies.replace(" ", "").split(",") if p]
     for p in policies:
         get_policy(p)
@@ -373,59 +377,24 @@ def trace_cmd(model, weights, dtype, device, sampling, temperature, top_p, top_k
         prompt_ids = [P.prompt_tokens(spec, tokenizer, max_prompt_tokens) for spec in specs]
         prompt_names = [spec.id for spec in specs]
         prompt_source = prompt_file or "specsim.engine.prompts.DEFAULT_SET"
+    if export_prompts:
+        from specsim.engine.record import write_prompt_ids
+        write_prompt_ids(export_prompts, prompt_names, prompt_ids, prompt_source)
+        click.echo(f"wrote {export_prompts}: {len(prompt_ids)} prompts ({prompt_source})")
+        return
     settings = {"model": name, "weights": weights, "sampling": params.__dict__,
                 "max_new_tokens": max_new_tokens, "max_prompt_tokens": max_prompt_tokens,
                 "seed": seed, "prompts": prompt_source}
-    header = make_header(
-        source="specsim trace (specsim.engine, real execution)", model=name,
-        synthetic=weights == "random",
-        description=(f"Recorded by the engine: {name} with {weights} weights, "
-                     f"{'greedy' if params.greedy else 'sampled'} decoding, "
-                     f"{max_new_tokens} new tokens per prompt, prompts: {prompt_source}. "
-                     f"context = KV entries at iteration start; accept_prob = "
-                     f"{'1/0 (draft == argmax p)' if params.greedy else 'min(1, p/q)'}."),
-        engine=settings)
-    records = []
-    if os.path.exists(out):
-        existing = read_trace(out)
-        if existing.header.get("engine") != json.loads(json.dumps(settings)):
-            raise SpecsimError(f"{out} was recorded with other settings; choose another --out "
-                               f"or delete it")
-        records = existing.requests
-    done = {r.id for r in records}
-    configs = [(policy, k, s) for policy in policies for k in ks for s in ss]
-    chunks = [list(range(i, min(i + batch, len(prompt_ids))))
-              for i in range(0, len(prompt_ids), batch)]
-    units = []  # prompt chunks outermost: each chunk is prefilled once for every config
-    for c, chunk in enumerate(chunks):
-        for policy, k, s in configs:
-            todo = [i for i in chunk if f"{prompt_names[i]}|{policy}|k{k}|s{s:g}" not in done]
-            if todo:
-                units.append((c, policy, k, s, todo))
-    if not units:
-        click.echo(f"{out}: complete ({len(records)} records)")
-        return
-    max_len = cache_positions(max(len(p) for p in prompt_ids), max_new_tokens, max(ks))
-    prefilled: tuple = (None, None)
-    with click.progressbar(units, label=f"recording {len(units)} batches") as bar:
-        for c, policy, k, s, todo in bar:
-            if prefilled[0] != c:
-                prefilled = (c, None)
-            engine = Engine(net, batch=len(todo), max_len=max_len, policy=policy, s=s, k_max=k)
-            chunk = chunks[c]
-            state = None if prefilled[1] is None else prefilled[1].subset(
-                [chunk.index(i) for i in todo])
-            result = engine.generate(
-                [prompt_ids[i] for i in todo], max_new_tokens, k=k, sampling=params, seed=seed,
-                request_ids=[f"{prompt_names[i]}|{policy}|k{k}|s{s:g}" for i in todo],
-                prefill=state, keep_prefill=state is None and len(todo) == len(chunk))
-            if result.prefill is not None:
-                prefilled = (c, result.prefill)
-            for i, rec in zip(todo, result.traces):   # same prompt under every configuration
-                rec.prompt_id = rec.prompt_id or prompt_names[i]
-            records.extend(result.traces)
-            write_trace(out, header, records)
-    click.echo(f"{out}: {len(records)} records")
+    header = trace_header(name, weights, params.greedy, max_new_tokens, prompt_source, settings)
+
+    def bar(units, label):
+        with click.progressbar(units, label=label) as units_bar:
+            yield from units_bar
+
+    n, added = record_traces(net, prompt_ids, prompt_names, header=header, sampling=params,
+                             max_new_tokens=max_new_tokens, policies=policies, ks=ks, ss=ss,
+                             batch=batch, out=out, seed=seed, progress=bar)
+    click.echo(f"{out}: complete ({n} records)" if not added else f"{out}: {n} records")
 
 
 # --------------------------------------------------------------------------------------------

@@ -179,3 +179,47 @@ def test_fetch_command(fake_release):
     report = json.loads(out.stdout)
     assert report["folder"].endswith("fake-model") and report["model"] == "fake"
     assert "2 files verified" in invoke(fetch_cmd, ["fake"]).output
+
+
+def test_export_prompts_then_record_without_the_cli(tmp_path):
+    """`specsim trace --export-prompts` writes the prompt set's token ids; the CLI-free
+    recorder (python -m specsim.engine.record, what the GPU machine runs) records the same
+    acceptance from them as `specsim trace` does, resumes, and rejects a bad prompt file."""
+    import torch
+    from safetensors.torch import save_file
+
+    from specsim.engine import build_model
+    from specsim.engine.record import main as record_main
+
+    folder = tmp_path / "tinymodel"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(TINY))
+    state = build_model(TINY, weights="random", seed=5).state_dict()
+    state.pop("lm_head.weight")                     # tied
+    save_file({k: v.contiguous() for k, v in state.items()}, str(folder / "model.safetensors"))
+    common = ["--model", str(folder), "--weights", "real", "--context", "120",
+              "--num-prompts", "3", "--dtype", "float32"]
+    ids_path = tmp_path / "prompts.json"
+    out = invoke(trace_cmd, common + ["--export-prompts", str(ids_path)])
+    assert "3 prompts" in out.output
+    exported = json.loads(ids_path.read_text())["prompts"]
+    assert [len(p["tokens"]) for p in exported] == [120] * 3
+    grid = ["--policies", "vegas,quest", "--k", "3", "--s", "0.3", "--max-new-tokens", "8",
+            "--batch", "2"]
+    invoke(trace_cmd, common + grid + ["--out", str(tmp_path / "cli.jsonl")])
+    record_main([str(ids_path), str(tmp_path / "bare.jsonl"), "--weights", str(folder),
+                 "--device", "cpu", "--dtype", "float32", "--policies", "vegas,quest",
+                 "--k", "3", "--s", "0.3", "--max-new-tokens", "8", "--batch", "2"])
+    cli = {r.id: r.m.tolist() for r in read_trace(tmp_path / "cli.jsonl").requests}
+    bare = read_trace(tmp_path / "bare.jsonl")
+    assert {r.id: r.m.tolist() for r in bare.requests} == cli and len(cli) == 6
+    assert bare.header["engine"]["dtype"] == "float32"
+    before = (tmp_path / "bare.jsonl").read_text()
+    record_main([str(ids_path), str(tmp_path / "bare.jsonl"), "--weights", str(folder),
+                 "--device", "cpu", "--dtype", "float32", "--policies", "vegas,quest",
+                 "--k", "3", "--s", "0.3", "--max-new-tokens", "8", "--batch", "2"])
+    assert (tmp_path / "bare.jsonl").read_text() == before          # nothing left to record
+    (tmp_path / "bad.json").write_text('{"prompts": []}')
+    with pytest.raises(SpecsimError, match="not a prompt-id file"):
+        record_main([str(tmp_path / "bad.json"), str(tmp_path / "x.jsonl"), "--weights",
+                     str(folder)])
