@@ -299,6 +299,10 @@ def measure(plan: dict, repeats: int = 2, progress: bool = True, device: str = "
                              "tokens_per_iteration": sum(n for _, n in full) / (
                                  len(full) * setup.batch) if full else float("nan"),
                              "tokens_per_iteration_whole_run": gens[0].tokens_per_iteration,
+                             # per request (prompt order): what the tail is made of
+                             "request_iterations": [t.iterations for t in gens[0].traces],
+                             "request_tokens_per_iteration": [
+                                 float(np.mean(t.m + 1)) for t in gens[0].traces],
                              "split_s": gens[0].timing,
                              "wall_s": gens[0].wall_seconds})
                 del engine

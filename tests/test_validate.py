@@ -167,6 +167,8 @@ def test_free_setup_runs_its_prompts_as_a_continuous_batch(tmp_path):
     got = V.measure(plan, repeats=1, progress=False, device="cpu")
     row = got["setups"][0]["configs"][0]
     assert 0 < row["steady_iterations"] < row["iterations"]
+    assert len(row["request_iterations"]) == 5 == len(row["request_tokens_per_iteration"])
+    assert max(row["request_iterations"]) <= row["iterations"]
     assert row["tokens_per_second"] > 0 and row["tokens_per_second_whole_run"] > 0
     assert 1.0 <= row["tokens_per_iteration"] <= 3.0
     with torch.inference_mode():
