@@ -34,8 +34,9 @@ def default_setups(policies, ks_forced, ks_free, ss, batch_free, context, weight
         ids = [prompt_tokens(spec, tok, 7000) for spec in specs]
         n = max(requests_free or batch_free, batch_free)
         prompts = (ids * (n // len(ids) + 1))[:n]
+        names = [specs[i % len(specs)].id for i in range(n)]
         out.append(Setup("smollm2", "smollm2-135m", "free", batch_free, policies, ks_free, ss,
-                         prompts=prompts, weights=weights))
+                         prompts=prompts, prompt_ids=names, weights=weights))
     return out
 
 

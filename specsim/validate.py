@@ -64,6 +64,8 @@ class Setup:
     max_new_tokens: int = 128        # free
     #: free: token ids per request; more than ``batch`` queue for freed slots
     prompts: list[list[int]] = field(default_factory=list)
+    #: free: the trace's prompt id of each request (the simulator replays that prompt's record)
+    prompt_ids: list[str] = field(default_factory=list)
     weights: str = "random"          # free: a model folder (safetensors) on the GPU machine
 
 
@@ -108,7 +110,7 @@ def _predict_forced_plain(costs, batch: int, context: int, tokens: int) -> float
 
 
 def _simulate(trace_path: str, model: str, hardware: str, batch: int, prompt, output,
-              policy: str, s: float | None, k: int) -> dict:
+              policy: str, s: float | None, k: int, prompt_ids=None) -> dict:
     """The simulator on the run's own shape: every prompt (lengths ``prompt``) arriving at
     once, ``batch`` slots — a continuous batch when there are more prompts than slots, one
     static batch otherwise (as ``Engine.generate``) — so its prediction covers the whole run,
@@ -117,7 +119,8 @@ def _simulate(trace_path: str, model: str, hardware: str, batch: int, prompt, ou
     prompt = tuple(int(x) for x in np.atleast_1d(prompt))    # hashable: the spec is a key
     spec = SweepSpec(trace_path=trace_path, model=model, hardware=hardware, tp=1,
                      arrivals=("all", len(prompt), prompt, output), max_batch=batch,
-                     static_batch=len(prompt) <= batch)
+                     static_batch=len(prompt) <= batch,
+                     prompt_ids=tuple(prompt_ids) if prompt_ids else None)
     return run_one(spec, policy, s, k)
 
 
@@ -157,7 +160,7 @@ def build_plan(setups: list[Setup], trace_path: str, hardware: str = "h200",
         else:
             prompt = np.array([len(p) for p in setup.prompts])
             sim = _simulate(trace_path, setup.model, hardware, setup.batch, prompt,
-                            setup.max_new_tokens, "plain", None, 1)
+                            setup.max_new_tokens, "plain", None, 1, setup.prompt_ids)
             step = np.mean([costs.plain_step(c).seconds for c in _full_batches(setup)])
             entry["plain"] = {"predict": setup.batch / step,
                               "simulate": sim["decode_throughput"]}
@@ -188,7 +191,7 @@ def build_plan(setups: list[Setup], trace_path: str, hardware: str = "h200",
                     else "replay"
                 sim = _simulate(trace_path, setup.model, hardware, setup.batch,
                                 np.array([len(p) for p in setup.prompts]),
-                                setup.max_new_tokens, policy, s, k)
+                                setup.max_new_tokens, policy, s, k, setup.prompt_ids)
                 cfg["simulate"] = sim["decode_throughput"]
             entry["configs"].append(cfg)
         if progress:

@@ -137,6 +137,25 @@ def test_static_batch_waits_for_the_slowest_and_prices_finished_slots():
         a.output_tokens for a in arrivals)
 
 
+def test_replay_follows_each_requests_own_prompt():
+    """Arrivals that name their prompt replay that prompt's record (a slow prompt stays slow
+    wherever it lands in the queue); without names request j follows record j mod R."""
+    fast = const_trace(m=4, k=4, requests=1).requests[0]
+    slow = const_trace(m=0, k=4, requests=1).requests[0]
+    fast.prompt_id, slow.prompt_id = "fast", "slow"
+    trace = Trace(make_header(source="test"), [fast, slow])
+    names = ["slow", "slow", "fast", "slow", "fast"]
+    arrivals = all_at_once(5, 1000, 21, prompt_ids=names)
+    res = simulate(arrivals, FlatCosts(), ReplaySource(trace, 4), k=4, max_batch=2)
+    # 21 tokens: 1 from the prefill, then 20 at 1 per iteration (slow) or 5 (fast)
+    assert res.requests["iterations"].tolist() == [20 if n == "slow" else 4 for n in names]
+    plain = simulate(all_at_once(5, 1000, 21), FlatCosts(), ReplaySource(trace, 4), k=4,
+                     max_batch=2)
+    assert plain.requests["iterations"].tolist() == [4, 20, 4, 20, 4]
+    with pytest.raises(SpecsimError, match="prompt ids"):
+        all_at_once(3, 1000, 21, prompt_ids=["a"])
+
+
 def test_memory_budget_is_never_exceeded_and_admission_waits():
     per_request = MODEL.kv_bytes_resident(4000 + 200)
     arrivals = all_at_once(30, 4000, 200)

@@ -228,5 +228,7 @@ def test_free_setup_decodes_the_prompts_the_trace_recorded(monkeypatch):
     free = setups[1]
     assert free.batch == 4 and len(free.prompts) == 10
     assert {p[0] for p in free.prompts} == {len(i) for i in keep}
+    assert len(free.prompt_ids) == 10 and set(free.prompt_ids) == keep
+    assert all(p[0] == len(i) for p, i in zip(free.prompts, free.prompt_ids))
     with pytest.raises(SpecsimError, match="none of the built-in prompts"):
         default_setups(["vegas"], [2], [2], [0.1], 4, 1024, "/w", "tok", 10, {"nope"})

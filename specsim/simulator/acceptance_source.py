@@ -1,7 +1,8 @@
 """Where a simulated sequence's accepted-draft counts m come from.
 
 - :class:`ReplaySource` replays recorded requests of one (policy, s) trace group: simulated
-  request j follows recorded request ``j mod R`` iteration by iteration (wrapping around when
+  request j follows the record of its own prompt when its arrival names one the group
+  recorded, else recorded request ``j mod R``, iteration by iteration (wrapping around when
   the recording is shorter than the simulated output), with the counterfactual
   ``m' = min(m, k)`` for k ≤ k_rec. For k > k_rec, an iteration that accepted all k_rec drafts
   continues with the fitted per-position model (counted as extrapolated).
@@ -73,7 +74,7 @@ class FittedSource:
                                          observed))
         return edges, np.array(curves)
 
-    def start(self, request_index: int) -> int:
+    def start(self, request_index: int, prompt_id: str | None = None) -> int:
         return 0
 
     def draw(self, recorded, step, ks, contexts, rng) -> tuple[np.ndarray, np.ndarray]:
@@ -101,6 +102,10 @@ class ReplaySource:
         self.m = np.concatenate([r.m for r in reqs])
         self.k_rec = np.concatenate([r.k for r in reqs])
         self.k_recorded = int(self.k_rec.max())
+        self.by_prompt: dict[str, list[int]] = {}
+        for i, r in enumerate(reqs):
+            if r.prompt_id:
+                self.by_prompt.setdefault(r.prompt_id, []).append(i)
         self.entropy_available = all(r.entropy is not None for r in reqs)
         if self.entropy_available:
             width = self.k_recorded
@@ -113,8 +118,13 @@ class ReplaySource:
         est = estimate_acceptance(trace, k_max=max(k_max, self.k_recorded))
         self.conditional = analytical.conditional_from_survival(est.survival)
 
-    def start(self, request_index: int) -> int:
-        """Assign recorded request ``request_index mod R``; returns its index."""
+    def start(self, request_index: int, prompt_id: str | None = None) -> int:
+        """The recorded request a simulated one follows: its own prompt's record when the
+        arrival names a prompt the group recorded (several records of it: taken in turn),
+        else recorded request ``request_index mod R``."""
+        mine = self.by_prompt.get(prompt_id) if prompt_id is not None else None
+        if mine:
+            return mine[request_index % len(mine)]
         return int(request_index % self.lengths.size)
 
     def _rows(self, recorded: np.ndarray, step: np.ndarray) -> np.ndarray:

@@ -24,13 +24,18 @@ class Arrival:
     time: float             # seconds since the start
     prompt_tokens: int
     output_tokens: int
+    prompt_id: str | None = None   # the trace's prompt this request decodes (replay: its record)
 
 
-def all_at_once(n: int, prompt_tokens, output_tokens) -> list[Arrival]:
-    """n requests at t = 0; prompt/output lengths are ints or arrays of n."""
+def all_at_once(n: int, prompt_tokens, output_tokens, prompt_ids=None) -> list[Arrival]:
+    """n requests at t = 0; prompt/output lengths are ints or arrays of n; ``prompt_ids``
+    (n names, optional) says which recorded prompt each request is."""
     prompts = np.broadcast_to(np.asarray(prompt_tokens), (n,))
     outputs = np.broadcast_to(np.asarray(output_tokens), (n,))
-    return [Arrival(i, 0.0, int(prompts[i]), int(outputs[i])) for i in range(n)]
+    if prompt_ids is not None and len(prompt_ids) != n:
+        raise SpecsimError(f"{len(prompt_ids)} prompt ids for {n} requests")
+    return [Arrival(i, 0.0, int(prompts[i]), int(outputs[i]),
+                    None if prompt_ids is None else str(prompt_ids[i])) for i in range(n)]
 
 
 def poisson(n: int, rate: float, prompt_tokens, output_tokens, seed: int = 0) -> list[Arrival]:

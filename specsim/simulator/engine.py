@@ -153,7 +153,7 @@ class Simulation:
                 slot_req[slot] = i
                 ctx[slot] = a.prompt_tokens
                 remaining[slot] = a.output_tokens
-                recorded[slot] = self.source.start(a.request_id)
+                recorded[slot] = self.source.start(a.request_id, a.prompt_id)
                 step[slot] = 0
                 active[slot] = True
                 member[slot] = True

@@ -35,6 +35,7 @@ class SweepSpec:
     holdout_seed: int = 0
     costs: str = "auto"         # as make_cost_model takes it
     static_batch: bool = False  # SimConfig.static_batch
+    prompt_ids: tuple | None = None  # "all" arrivals: the recorded prompt of each request
 
 
 _CACHE: dict = {}
@@ -55,11 +56,11 @@ def _setup(spec: SweepSpec):
         _CACHE.clear()
         _CACHE[key] = (model, hw, make_cost_model(model, hw, spec.tp, spec.costs)[0],
                        trace.groups(),
-                       make_arrivals(spec.arrivals, trace))
+                       make_arrivals(spec.arrivals, trace, spec.prompt_ids))
     return _CACHE[key]
 
 
-def make_arrivals(arrivals: tuple, trace=None):
+def make_arrivals(arrivals: tuple, trace=None, prompt_ids=None):
     from specsim.simulator.arrivals import all_at_once, from_file, poisson
     kind, *args = arrivals
     if kind == "file":
@@ -72,7 +73,7 @@ def make_arrivals(arrivals: tuple, trace=None):
     if prompt is None:
         prompt = 4096
     if kind == "all":
-        return all_at_once(n, prompt, output)
+        return all_at_once(n, prompt, output, prompt_ids)
     return poisson(n, args[1], prompt, output, seed=args[2] if len(args) > 4 else 0)
 
 
