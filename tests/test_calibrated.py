@@ -489,3 +489,29 @@ def test_a_policys_own_verify_adds_its_measured_difference(tmp_path):
     path.write_text(json.dumps(doc))
     with pytest.raises(SpecsimError, match="nonsense"):
         read_calibration(str(path))
+
+
+def test_selection_and_quest_pages_are_priced_on_the_longest_sequence():
+    """Vegas' refresh sums every slot's buffer to the length it was sized for (the longest
+    sequence), and Quest scores the pages of that whole buffer: in a ragged batch a short
+    sequence costs as much as the longest there; SparseSpec-L's selection and a draft's
+    selected bytes stay per sequence."""
+    cal = synthetic()
+    rows = list(cal.measurements) + [
+        Measurement("draft:quest", b, c, 1, 0.05, [true_ms("draft", b, c, 1, 0.05)] * 3)
+        for b in (1, 2, 4, 8, 16, 32) for c in (1024, 2048, 4096, 8192, 16384, 32768, 65536)]
+    model = CalibratedCostModel(Calibration(cal.provenance, cal.ceilings, rows), MODEL, HW)
+    ragged, longest = [2048, 16384, 4096, 16384], [16384] * 4
+    assert model.selection(ragged, 0.05, "vegas", 4).seconds == pytest.approx(
+        model.selection(longest, 0.05, "vegas", 4).seconds)
+    assert model._op_bytes("selection:sparsespec", np.array(ragged), 0.05) < model._op_bytes(
+        "selection:sparsespec", np.array(longest), 0.05)
+    from specsim.policies import get_policy
+    per, layers = MODEL.kv_bytes_per_token_layer(), MODEL.num_layers
+    quest = get_policy("quest")
+    pages = model._op_bytes("draft:quest", np.array(ragged), 0.05) / (per * layers) \
+        - quest.selected_array(np.array(ragged), 0.05).sum()
+    assert pages == pytest.approx(4 * 16384 / quest.page_size)       # not Σ ceil(L_b / 16)
+    # the selected part is per sequence: a ragged batch reads less than four longest ones
+    assert model._op_bytes("draft:vegas", np.array(ragged), 0.05) < model._op_bytes(
+        "draft:vegas", np.array(longest), 0.05)

@@ -361,10 +361,18 @@ class CalibratedCostModel:
             if pol.rescore_every_draft:
                 # Quest reads every page's min and max key at each draft step: 2 key rows per
                 # page = one token's K+V bytes, a driver that does not shrink with s (fitted
-                # on selected bytes alone, s = 0.03 and 0.1 disagreed by up to 23%)
-                selected = selected + np.ceil(contexts / pol.page_size)
+                # on selected bytes alone, s = 0.03 and 0.1 disagreed by up to 23%); it scores
+                # the pages of the whole cache buffer, sized for the longest sequence
+                selected = selected + np.ceil(contexts.max() / pol.page_size)
             return per * (n_full * float(selected.sum()) + sliding)
-        return per * n_full * float(contexts.sum())   # selection scales with the context
+        if policy in ("vegas", "vegas-all", "last-token"):
+            # their refresh sums every sequence's collected rows over the whole buffer, which
+            # the engine sizes for the longest sequence: a short one in a ragged batch costs
+            # as much as the longest (SmolLM2 batch 32, prompts 2K–6.5K: Vegas' refresh
+            # measured 0.62 ms where Σ contexts priced 0.48). SparseSpec-L's kernel skips
+            # the blocks past each sequence's length.
+            return per * n_full * float(contexts.max()) * contexts.size
+        return per * n_full * float(contexts.sum())
 
     def _lookup(self, op: str, q: int, s: float | None, contexts: np.ndarray,
                 roofline_cost: Cost) -> Cost:
