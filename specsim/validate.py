@@ -206,10 +206,11 @@ def build_plan(setups: list[Setup], trace_path: str, hardware: str = "h200",
 
 
 def _throughput(gen) -> float:
-    """Whole decode loop: new tokens over wall time minus the prefill (static batch, tail
-    included)."""
+    """Whole decode loop: the tokens its iterations emitted (not each prompt's first token,
+    which the prefill gave, as the simulator counts) over wall time minus the prefills, tail
+    included."""
     loop = gen.wall_seconds - gen.timing.get("prefill", 0.0)
-    return gen.new_tokens / loop
+    return (gen.new_tokens - sum(1 for t in gen.tokens if t)) / loop
 
 
 def measure(plan: dict, repeats: int = 2, progress: bool = True, device: str = "cuda") -> dict:
@@ -289,6 +290,8 @@ def measure(plan: dict, repeats: int = 2, progress: bool = True, device: str = "
                 gens = [engine.generate(prompts, setup.max_new_tokens, k=cfg["k"],
                                         forced=forced, prefill=state) for _ in range(repeats)]
                 tps = [g.steady_tokens_per_second for g in gens]
+                traced = {t.id: t for t in gens[0].traces}
+                by_request = [traced.get(str(r)) for r in range(len(gens[0].tokens))]
                 full = gens[0].steady_window
                 rows.append({**{k: cfg[k] for k in ("policy", "s", "k")},
                              "tokens_per_second": float(np.median(tps)),
@@ -302,10 +305,12 @@ def measure(plan: dict, repeats: int = 2, progress: bool = True, device: str = "
                              "tokens_per_iteration": sum(n for _, n in full) / (
                                  len(full) * setup.batch) if full else float("nan"),
                              "tokens_per_iteration_whole_run": gens[0].tokens_per_iteration,
-                             # per request (prompt order): what the tail is made of
-                             "request_iterations": [t.iterations for t in gens[0].traces],
+                             # per request (prompt order; None: no iteration): what the
+                             # tail is made of
+                             "request_iterations": [
+                                 t.iterations if t else None for t in by_request],
                              "request_tokens_per_iteration": [
-                                 float(np.mean(t.m + 1)) for t in gens[0].traces],
+                                 float(np.mean(t.m + 1)) if t else None for t in by_request],
                              "split_s": gens[0].timing,
                              "wall_s": gens[0].wall_seconds})
                 del engine

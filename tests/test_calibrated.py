@@ -442,6 +442,13 @@ def test_policy_measurement_on_the_cpu_engine(monkeypatch):
         with torch.inference_mode():
             engine.draft_chain(4)
         assert torch.equal(engine.cache.lengths, lengths)
+    # Quest first in the grid: the shared verify still comes from a page-free engine
+    quest_first = C.CalibrationGrid(batches=[2], contexts=[600], qs=[1, 3, 6],
+                                    sparsities=[0.1], policies=["quest", "vegas"], repeats=1,
+                                    warmup=0)
+    got = C._measure_policy(torch, recording_engine, model, quest_first, 2, 600, prompts, room,
+                            "quest", 0.1)
+    assert not any(m.op == "verify" for m in got) and any(m.op == "verify:quest" for m in got)
     ops = {(m.op, m.q, m.s) for m in rows}
     assert ops == {("verify", 1, None), ("verify", 3, None), ("verify", 6, None),
                    ("draft:vegas", 1, 0.1), ("selection:vegas", 1, 0.1),

@@ -385,6 +385,9 @@ class Engine:
         logits and collected rows are also returned as a ``PrefillState``; passing one as
         ``state`` loads it instead of recomputing (same prompts: another policy, k or s);
         ``state="random"`` fills the cache with random numbers instead (timing only)."""
+        if len(prompts) > self.batch:
+            raise SpecsimError(f"prefill: {len(prompts)} prompts for {self.batch} slots (queue "
+                               f"more prompts through generate)")
         keep_state = PrefillState([len(p) for p in prompts]) if keep else None
         logits = self._prefill_batch(prompts, state, keep_state, min(len(p) for p in prompts))
         return logits, keep_state
@@ -491,6 +494,8 @@ class Engine:
         """Continuous batching: queued prompts into the slots whose sequence finished (their
         first token into ``x0``), timed as prefill; the iteration clock restarts after it."""
         refilled: list[int] = []
+        if not run.free_slots():      # nothing queued or nothing finished: no timed phase
+            return refilled
         with timer.phase("prefill"):
             while slots := run.free_slots():
                 for b in slots:

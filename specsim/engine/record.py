@@ -84,8 +84,9 @@ def record_traces(net, prompt_ids: list[list[int]], prompt_names: list[str], *, 
             prefill=state, keep_prefill=state is None and len(todo) == len(chunk))
         if result.prefill is not None:
             prefilled = (c, result.prefill)
-        for i, rec in zip(todo, result.traces):   # same prompt under every configuration
-            rec.prompt_id = rec.prompt_id or prompt_names[i]
+        names = {f"{prompt_names[i]}|{policy}|k{k}|s{s:g}": prompt_names[i] for i in todo}
+        for rec in result.traces:   # same prompt under every configuration (by id: a prompt
+            rec.prompt_id = rec.prompt_id or names[rec.id]   # with no iteration has no record)
         records.extend(result.traces)
         write_trace(out, header, records)
         del engine
