@@ -135,6 +135,7 @@ def _full_batches(setup: "Setup") -> list[np.ndarray]:
 def build_plan(setups: list[Setup], trace_path: str, hardware: str = "h200",
                progress: bool = True) -> dict:
     """Predictions for every configuration, before anything runs on the GPU."""
+    from specsim.analytical import emitted_tokens_per_iteration
     from specsim.costs import make_cost_model
     from specsim.specs import load_hardware, load_model
     from specsim.traces.acceptance import estimate_acceptance
@@ -183,10 +184,15 @@ def build_plan(setups: list[Setup], trace_path: str, hardware: str = "h200",
             else:
                 est = estimate_acceptance(group, k_max=max(k, 1))
                 e_tokens = float(est.expected_tokens[k - 1])
+                # each answer stops after max_new − 1 iteration tokens: its last iteration's
+                # drafts past that are accepted but not emitted
+                emitted = emitted_tokens_per_iteration(est.survival, k,
+                                                       max(1, setup.max_new_tokens - 1))
                 seconds = np.mean([costs.iteration(c, k, s, policy).seconds
                                    for c in _full_batches(setup)])
-                cfg["predict"] = setup.batch * e_tokens / seconds
+                cfg["predict"] = setup.batch * emitted / seconds
                 cfg["tokens_per_iteration_predicted"] = e_tokens
+                cfg["emitted_per_iteration_predicted"] = emitted
                 cfg["acceptance_mode"] = "fitted" if bool(est.extrapolated[k - 1]) \
                     else "replay"
                 sim = _simulate(trace_path, setup.model, hardware, setup.batch,
@@ -305,6 +311,8 @@ def measure(plan: dict, repeats: int = 2, progress: bool = True, device: str = "
                              "tokens_per_iteration": sum(n for _, n in full) / (
                                  len(full) * setup.batch) if full else float("nan"),
                              "tokens_per_iteration_whole_run": gens[0].tokens_per_iteration,
+                             "emitted_per_iteration_whole_run":
+                                 gens[0].emitted_tokens_per_iteration,
                              # per request (prompt order; None: no iteration): what the
                              # tail is made of
                              "request_iterations": [
@@ -363,14 +371,15 @@ def report(plan: dict, measured: dict) -> dict:
             m = meas_by.get((cfg["policy"], cfg["s"], cfg["k"]))
             if m is None:
                 continue
-            tpi_window = m["tokens_per_iteration"]
+            tpi_window = m["tokens_per_iteration"]          # emitted, in the window
             tpi_all = m.get("tokens_per_iteration_whole_run", tpi_window)
+            emitted_all = m.get("emitted_per_iteration_whole_run", tpi_all)
             rows.append({**{k: cfg[k] for k in ("policy", "s", "k")},
                          "measured_window": m["tokens_per_second"],
                          # steady state: the window's full-batch iteration time with the
-                         # tokens per iteration of every answer, start to end (the window of
-                         # a finite queue over-weights answers' beginnings)
-                         "measured": m["tokens_per_second"] * tpi_all / tpi_window,
+                         # emitted tokens per iteration of every answer, start to end (the
+                         # window of a finite queue over-weights answers' beginnings)
+                         "measured": m["tokens_per_second"] * emitted_all / tpi_window,
                          "measured_whole_run": m.get("tokens_per_second_whole_run",
                                                      m["tokens_per_second"]),
                          "predict": cfg["predict"],
@@ -378,6 +387,9 @@ def report(plan: dict, measured: dict) -> dict:
                          "tokens_per_iteration": tpi_all,
                          "tokens_per_iteration_window": tpi_window,
                          "tokens_per_iteration_predicted": cfg["tokens_per_iteration_predicted"],
+                         "emitted_per_iteration_predicted": cfg.get(
+                             "emitted_per_iteration_predicted",
+                             cfg["tokens_per_iteration_predicted"]),
                          "acceptance_mode": cfg.get("acceptance_mode", "forced")})
         # q = k + 1 beyond the Triton verify kernel runs the engine's torch fallback (eager,
         # no CUDA graph): listed, but not a configuration a user would run or calibrate
@@ -389,7 +401,7 @@ def report(plan: dict, measured: dict) -> dict:
 
         batch = entry["setup"]["batch"]
         for r in rows + excluded:   # the cost side alone: seconds per iteration, steady window
-            r["iteration_ms_predicted"] = 1e3 * batch * r["tokens_per_iteration_predicted"] \
+            r["iteration_ms_predicted"] = 1e3 * batch * r["emitted_per_iteration_predicted"] \
                 / r["predict"]
             r["iteration_ms_measured"] = 1e3 * batch * r["tokens_per_iteration_window"] \
                 / r["measured_window"]

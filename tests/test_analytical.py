@@ -165,3 +165,27 @@ def test_adaptive_k_batched_rows_match_single_calls():
     assert batched.shape == (50,)
     assert batched.tolist() == [A.adaptive_k(h, centres, 0.15, 1.0, [1, 2, 4, 6, 8]) for h in H]
     assert len(set(batched.tolist())) > 1
+
+
+def test_emitted_tokens_per_iteration_of_a_finite_answer():
+    """Deterministic acceptance (m + 1 = 5 every iteration): 127 tokens take ceil(127/5) = 26
+    iterations; a random one matches a simulation; long answers tend to E[m+1]."""
+    from specsim.analytical import emitted_tokens_per_iteration, expected_tokens_from_survival
+    assert emitted_tokens_per_iteration([1, 1, 1, 1], 4, 127) == pytest.approx(127 / 26)
+    assert emitted_tokens_per_iteration([1, 1, 1, 1], 4, 125) == pytest.approx(5.0)
+    P = np.array([0.9, 0.75, 0.6, 0.45, 0.3, 0.2])
+    rng = np.random.default_rng(0)
+    u = rng.random((200000, 1))
+    m = (u < P[None, :]).sum(1)            # P(m ≥ i) = P_i, nested as draw_from_survival
+    steps, total, n = [], 0, 0
+    for x in m:
+        total += x + 1
+        n += 1
+        if total >= 40:
+            steps.append(n)
+            total, n = 0, 0
+    assert emitted_tokens_per_iteration(P, 6, 40) == pytest.approx(40 / np.mean(steps),
+                                                                   rel=0.01)
+    assert emitted_tokens_per_iteration(P, 6, 20000) == pytest.approx(
+        expected_tokens_from_survival(P, 6), rel=1e-3)
+    assert emitted_tokens_per_iteration(P, 3, 40) < emitted_tokens_per_iteration(P, 6, 40)

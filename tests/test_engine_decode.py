@@ -457,6 +457,12 @@ def test_queued_prompts_decode_as_if_alone(tiny, queued, static_queued, policy):
     assert gen.tokens == expected
     assert [t.id for t in gen.traces] == ids
     check_traces(gen, queued, 4)
+    # every answer's 23 iteration tokens, over its iterations: the last iteration's tokens past
+    # max_new_tokens are not counted (tokens_per_iteration counts them)
+    assert gen.request_iterations == [t.iterations for t in gen.traces]
+    assert gen.emitted_tokens_per_iteration == pytest.approx(
+        23 * len(queued) / sum(t.iterations for t in gen.traces))
+    assert gen.emitted_tokens_per_iteration <= gen.tokens_per_iteration
     assert [t.m.tolist() for t in gen.traces] == [t.m.tolist() for t in static[policy].traces]
     assert [t.context.tolist() for t in gen.traces] == [
         t.context.tolist() for t in static[policy].traces]

@@ -157,6 +157,8 @@ def test_free_setup_runs_its_prompts_as_a_continuous_batch(tmp_path):
     plan = V.build_plan([setup], TRACE, progress=False)
     entry = plan["setups"][0]
     cfg = entry["configs"][0]
+    # 7 iteration tokens per answer: the last iteration's surplus drafts are not emitted
+    assert 1.0 < cfg["emitted_per_iteration_predicted"] < cfg["tokens_per_iteration_predicted"]
     static = V._simulate(TRACE, "smollm2-135m", "h200", 5, [len(p) for p in prompts], 8,
                          "streamingllm", 0.1, 2)
     continuous = V._simulate(TRACE, "smollm2-135m", "h200", 2, [len(p) for p in prompts], 8,
@@ -171,6 +173,7 @@ def test_free_setup_runs_its_prompts_as_a_continuous_batch(tmp_path):
     assert max(row["request_iterations"]) <= row["iterations"]
     assert row["tokens_per_second"] > 0 and row["tokens_per_second_whole_run"] > 0
     assert 1.0 <= row["tokens_per_iteration"] <= 3.0
+    assert row["emitted_per_iteration_whole_run"] <= row["tokens_per_iteration_whole_run"]
     with torch.inference_mode():
         rep = V.report(plan, got)
     assert rep["setups"][0]["setup"]["requests"] == 5
@@ -206,6 +209,14 @@ def test_steady_state_uses_every_answers_tokens_per_iteration():
     item = V.report(plan, got)["setups"][0]
     r = {row["k"]: row for row in item["rows"]}
     assert r[4]["measured"] == pytest.approx(110.0 * 3.0 / 2.5) and r[4]["measured_window"] == 110
+    # with the emitted figure (last iterations cut at the answer's length) that one counts
+    rows[1]["emitted_per_iteration_whole_run"] = 2.8
+    plan["setups"][0]["configs"][1]["emitted_per_iteration_predicted"] = 1.9
+    again = {row["k"]: row for row in V.report(plan, got)["setups"][0]["rows"]}
+    assert again[4]["measured"] == pytest.approx(110.0 * 2.8 / 2.5)
+    assert again[4]["iteration_ms_predicted"] == pytest.approx(1e3 * 2 * 1.9 / 130)
+    del rows[1]["emitted_per_iteration_whole_run"]
+    del plan["setups"][0]["configs"][1]["emitted_per_iteration_predicted"]
     assert r[2]["measured"] == pytest.approx(100.0)          # no whole-run figure: the window
     sm = item["per_policy"]["vegas"]
     assert sm["predict"]["mape"] == pytest.approx(np.mean([0.0, abs(130 / 132 - 1)]))

@@ -96,6 +96,7 @@ class Generation:
     #: per iteration (plain step): wall seconds, sequences active at its start, tokens emitted
     steps: list[tuple[float, int, int]] = field(default_factory=list)
     batch: int = 0                          # slots (0: one per prompt, as a static batch)
+    request_iterations: list[int] = field(default_factory=list)   # per prompt (speculative)
 
     @property
     def new_tokens(self) -> int:
@@ -114,6 +115,15 @@ class Generation:
         """Mean m + 1 over all (sequence, iteration) pairs (1.0 for plain decoding)."""
         n = sum(t.iterations for t in self.traces)
         return sum(t.tokens for t in self.traces) / n if n else 1.0
+
+    @property
+    def emitted_tokens_per_iteration(self) -> float:
+        """Tokens that reached the outputs per (sequence, iteration): unlike
+        ``tokens_per_iteration`` it leaves out what a last iteration accepted past
+        ``max_new_tokens`` (and each prompt's first token, which the prefill gave)."""
+        pairs = [(len(t) - 1, n) for t, n in zip(self.tokens, self.request_iterations) if n]
+        n = sum(i for _, i in pairs)
+        return sum(e for e, _ in pairs) / n if n else 1.0
 
     @property
     def steady_window(self) -> list[tuple[float, int]]:
@@ -586,7 +596,8 @@ class Engine:
                           forwards=dict(run.forwards), bytes_moved=dict(run.bytes),
                           prefill=(prefill if isinstance(prefill, PrefillState) else keep)
                           if keep_prefill else None, proxy=run.proxy,
-                          steps=run.steps, batch=self.batch)
+                          steps=run.steps, batch=self.batch,
+                          request_iterations=[len(r["k"]) for r in run.rows])
 
     def _plain(self, run: "_Run", sampling, generator, timer: PhaseTimer) -> None:
         x0 = run.x0
