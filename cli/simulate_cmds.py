@@ -97,9 +97,12 @@ def _trace_path(trace_path):
               help="A static batch (HF generate, specsim's engine) instead of continuous "
                    "batching: a new batch starts only when the last one is done, and finished "
                    "sequences keep costing their slot until then.")
+@click.option("--fixed-slots", is_flag=True,
+              help="Continuous batching with fixed slots (specsim's engine, CUDA graphs): a "
+                   "finished sequence keeps costing its slot until a new request takes it.")
 def simulate_cmd(trace_path, fmt, arrivals, prompt_tokens, output_tokens, model, hardware, tp,
                  max_batch, acceptance, seed, costs_choice, as_json, policy, sparsity, k, k_policy, memory_gb,
-                 chrome_trace, compare_plain, static_batch):
+                 chrome_trace, compare_plain, static_batch, fixed_slots):
     """Simulate a serving engine doing sparse self-speculative decoding (SimPy): continuous
     batching under a memory budget, per-iteration time from the roofline cost model for the
     batch's actual ragged contexts, acceptance from the trace.
@@ -145,13 +148,14 @@ def simulate_cmd(trace_path, fmt, arrivals, prompt_tokens, output_tokens, model,
         raise SpecsimError(str(exc)) from None
     cfg = SimConfig(cfg_policy, cfg_s, k=k, k_policy=k_policy, max_batch=max_batch, seed=seed,
                     memory_budget=memory_gb * 1e9 if memory_gb else None,
-                    static_batch=static_batch)
+                    static_batch=static_batch, fixed_slots=fixed_slots)
     result = Simulation(arrival_list, costs, spec, source, cfg, hw.memory_bytes, tp).run()
     report = result.to_json()
     report["costs"] = costs_note
     if compare_plain and k_policy != "plain":
         base_cfg = SimConfig("full", 1.0, k=1, k_policy="plain", max_batch=max_batch, seed=seed,
-                             memory_budget=cfg.memory_budget, static_batch=static_batch)
+                             memory_budget=cfg.memory_budget, static_batch=static_batch,
+                             fixed_slots=fixed_slots)
         base = Simulation(arrival_list, costs, spec, source, base_cfg, hw.memory_bytes, tp).run()
         report["plain"] = base.summary
         report["speedup"] = (result.summary["throughput_tokens_per_s"]

@@ -113,13 +113,13 @@ def _simulate(trace_path: str, model: str, hardware: str, batch: int, prompt, ou
               policy: str, s: float | None, k: int, prompt_ids=None) -> dict:
     """The simulator on the run's own shape: every prompt (lengths ``prompt``) arriving at
     once, ``batch`` slots — a continuous batch when there are more prompts than slots, one
-    static batch otherwise (as ``Engine.generate``) — so its prediction covers the whole run,
-    tail included."""
+    static batch otherwise, and as ``Engine.generate`` a finished sequence's slot computes
+    until a queued prompt takes it — so its prediction covers the whole run, tail included."""
     from specsim.simulator.tuning import SweepSpec, run_one
     prompt = tuple(int(x) for x in np.atleast_1d(prompt))    # hashable: the spec is a key
     spec = SweepSpec(trace_path=trace_path, model=model, hardware=hardware, tp=1,
                      arrivals=("all", len(prompt), prompt, output), max_batch=batch,
-                     static_batch=len(prompt) <= batch,
+                     static_batch=len(prompt) <= batch, fixed_slots=True,
                      prompt_ids=tuple(prompt_ids) if prompt_ids else None)
     return run_one(spec, policy, s, k)
 

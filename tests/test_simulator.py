@@ -137,6 +137,24 @@ def test_static_batch_waits_for_the_slowest_and_prices_finished_slots():
         a.output_tokens for a in arrivals)
 
 
+def test_fixed_slots_price_finished_sequences_until_their_slot_is_taken():
+    """Continuous admission with fixed slots (specsim's engine): request 2 takes request 0's
+    slot as soon as it is done, and once the queue is empty a finished sequence's slot is still
+    computed until the last one finishes; without fixed slots the batch shrinks."""
+    arrivals = all_at_once(3, 1000, np.array([1 + 4 * 3, 1 + 4 * 7, 1 + 4 * 2]))
+    trace = const_trace(m=3, k=4, requests=3)
+    fixed_costs, free_costs = CountingCosts(), CountingCosts()
+    fixed = simulate(arrivals, fixed_costs, ReplaySource(trace, 4), k=4, max_batch=2,
+                     fixed_slots=True)
+    free = simulate(arrivals, free_costs, ReplaySource(trace, 4), k=4, max_batch=2)
+    # request 0: iterations 1-3, request 2: 4-5 in its slot; request 1: 1-7
+    assert fixed_costs.sizes == [2] * 7
+    assert free_costs.sizes == [2] * 5 + [1] * 2
+    assert fixed.requests["admit"][2] < fixed.requests["finish"][1]
+    assert list(fixed.steps["batch"][fixed.steps["is_iteration"]]) == [2] * 5 + [1] * 2
+    assert fixed.summary["makespan_s"] == pytest.approx(free.summary["makespan_s"])  # flat
+
+
 def test_replay_follows_each_requests_own_prompt():
     """Arrivals that name their prompt replay that prompt's record (a slow prompt stays slow
     wherever it lands in the queue); without names request j follows record j mod R."""

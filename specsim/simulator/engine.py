@@ -53,6 +53,10 @@ class SimConfig:
     #: the previous one is done, and every iteration computes all its slots — finished
     #: sequences keep theirs (priced at their last context) until the last one finishes
     static_batch: bool = False
+    #: slots keep computing after their sequence finishes, until a new request takes the slot
+    #: (static shapes / CUDA graphs, as specsim's engine runs a continuous batch); by default a
+    #: finished sequence leaves the batch at once (vLLM-style)
+    fixed_slots: bool = False
     label: str = ""
     extra: dict = field(default_factory=dict)
 
@@ -116,7 +120,7 @@ class Simulation:
         recorded = np.zeros(B, dtype=np.int64)
         step = np.zeros(B, dtype=np.int64)
         active = np.zeros(B, dtype=bool)
-        member = np.zeros(B, dtype=bool)   # static batch: the slots of the running batch
+        member = np.zeros(B, dtype=bool)   # slots in use (static batch: the running batch's)
         req = {name: np.full(n, np.nan) for name in ("admit", "first_token", "finish")}
         iterations = np.zeros(n, dtype=np.int64)
         log = StepLog()
@@ -193,8 +197,10 @@ class Simulation:
                         yield state["wake"]
                     continue
                 ks = np.full(idx.size, cfg.k)
-                # what the step computes: the active sequences, or the whole static batch
-                computed = np.flatnonzero(member) if cfg.static_batch else idx
+                # what the step computes: the active sequences, or every slot in use (a
+                # static batch; fixed slots: a finished sequence's until it is replaced)
+                computed = np.flatnonzero(member) if cfg.static_batch or cfg.fixed_slots \
+                    else idx
                 if cfg.k_policy == "plain":   # the baseline: one token per step, no drafts
                     contexts = ctx[computed]
                     plain = self.costs.plain_step(contexts)

@@ -36,6 +36,7 @@ class SweepSpec:
     costs: str = "auto"         # as make_cost_model takes it
     static_batch: bool = False  # SimConfig.static_batch
     prompt_ids: tuple | None = None  # "all" arrivals: the recorded prompt of each request
+    fixed_slots: bool = False   # SimConfig.fixed_slots
 
 
 _CACHE: dict = {}
@@ -87,11 +88,12 @@ def run_one(spec: SweepSpec, policy: str, s: float | None, k: int, k_policy: str
     if policy == "plain":
         group = next(iter(groups.values()))
         cfg = SimConfig("full", 1.0, k=1, k_policy="plain", max_batch=spec.max_batch,
-                        seed=spec.seed, static_batch=spec.static_batch)
+                        seed=spec.seed, static_batch=spec.static_batch,
+                        fixed_slots=spec.fixed_slots)
     else:
         group = groups[(policy, s)]
         cfg = SimConfig(policy, s, k=k, k_policy=kp, max_batch=spec.max_batch, seed=spec.seed,
-                        static_batch=spec.static_batch)
+                        static_batch=spec.static_batch, fixed_slots=spec.fixed_slots)
     source = make_source(spec.acceptance, group, k)
     result = Simulation(arrivals, costs, model, source, cfg, hw.memory_bytes, spec.tp).run()
     summary = result.summary
