@@ -265,10 +265,19 @@ def measure(plan: dict, repeats: int = 2, progress: bool = True, device: str = "
                            beyond_max_position=True)
             new = (entry["plain"].get("tokens", 0) // setup.batch + 1) if setup.mode == \
                 "forced" else setup.max_new_tokens
-            first = plain.generate(prompts, 4, speculative=False, prefill=state,
-                                   keep_prefill=setup.mode == "free")
             if setup.mode == "free":
-                state = first.prefill
+                # one prefill per distinct prompt (the requests cycle a few prompts), shared by
+                # reference: the first batch's prompts, plus any later first occurrence
+                first_of: dict = {}
+                for r, p in enumerate(prompts):
+                    first_of.setdefault(tuple(p), r)
+                head = sorted(set(range(setup.batch)) | set(first_of.values()))
+                kept = plain.generate([prompts[i] for i in head], 4, speculative=False,
+                                      keep_prefill=True).prefill
+                where = {i: j for j, i in enumerate(head)}
+                state = kept.subset([where[first_of[tuple(p)]] for p in prompts])
+            else:
+                plain.generate(prompts, 4, speculative=False, prefill=state)
             runs = [plain.generate(prompts, new, speculative=False, prefill=state)
                     for _ in range(repeats)]
             plain_tps = float(np.median([g.steady_tokens_per_second for g in runs]))
