@@ -522,3 +522,31 @@ def test_cache_length_is_aligned_within_the_models_positions(tiny):
     assert Engine(small, batch=1, max_len=1930, policy="quest").max_len == 1936   # 16s fit
     with pytest.raises(SpecsimError, match="exceeds"):
         Engine(tiny, batch=1, max_len=2049, policy="vegas")
+
+
+def test_queued_prompts_with_adaptive_k_sampling_and_page_bounds(tiny, queued, static_queued):
+    """Continuous batching with SparseSpec-L's adaptive k stays lossless (its entropy centres
+    restart with each prompt); sampled decoding through a queue is reproducible by seed and
+    emits every prompt's tokens; Quest's page bounds of every slot match a recomputation
+    after refills, computed or random."""
+    from specsim.kernels.kv_cache import page_bounds_reference
+    expected, _ = static_queued
+    engine = Engine(tiny, batch=2, max_len=760, policy=SMALL["sparsespec"], s=0.1, k_max=6)
+    assert engine.generate(queued, 24, k=6, adaptive=AdaptiveK()).tokens == expected
+    params = SamplingParams(temperature=0.8, top_p=0.9)
+    sampled = [Engine(tiny, batch=2, max_len=760, policy=SMALL["vegas"], s=0.1,
+                      k_max=4).generate(queued, 24, k=4, sampling=params, seed=3)
+               for _ in range(2)]
+    assert sampled[0].tokens == sampled[1].tokens
+    assert [len(t) for t in sampled[0].tokens] == [24] * len(queued)
+    for prefill in (None, "random"):
+        quest = Engine(tiny, batch=2, max_len=760, policy=SMALL["quest"], s=0.1, k_max=4)
+        quest.generate(queued, 24, k=4, prefill=prefill)
+        lengths = quest.cache.lengths
+        for layer in range(TINY["num_hidden_layers"]):
+            low, high = quest.cache.pages(layer)
+            ref_low, ref_high = page_bounds_reference(quest.cache.k(layer), lengths, 16)
+            for b in range(2):
+                pages = (int(lengths[b]) + 15) // 16
+                assert torch.equal(low[b, :, :pages], ref_low[b, :, :pages]), (prefill, b)
+                assert torch.equal(high[b, :, :pages], ref_high[b, :, :pages]), (prefill, b)
