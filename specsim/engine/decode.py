@@ -445,26 +445,14 @@ class Engine:
         """Timing only: fill the cache (and the collected rows) with random numbers instead of
         running the prompts — at real scale a prefill of random weights costs minutes and its
         KV values do not change a decode step's cost."""
-        generator = self._random_generator = torch.Generator(device=self.device).manual_seed(0)
-        lengths = [len(p) for p in prompts]
-        self.cache.lengths.copy_(torch.tensor(lengths, dtype=torch.int32))
-        for layer in range(self.args.num_layers):
-            self.cache.k(layer).normal_(generator=generator)
-            self.cache.v(layer).normal_(generator=generator)
-            if self.cache.page_size:
-                for b, n in enumerate(lengths):  # Quest page bounds of the random keys
-                    attention.write_prefill(self.cache, layer, b,
-                                            self.cache.k(layer)[b, :, :n].transpose(0, 1),
-                                            self.cache.v(layer)[b, :, :n].transpose(0, 1))
-            if self.selection.logits is not None:
-                logits = self.selection.logits[layer].normal_(generator=generator)
-                if self.selection.lse is not None:
-                    self.selection.lse[layer] = torch.logsumexp(logits.float(), -1)[..., :1]
-        return torch.randn(len(prompts), self.args.vocab_size, generator=generator,
-                           device=self.device)
+        self._random_generator = torch.Generator(device=self.device).manual_seed(0)
+        for b, prompt in enumerate(prompts):
+            self.cache.lengths[b] = len(prompt)
+        return torch.stack([self._random_slot(b, len(p)) for b, p in enumerate(prompts)])
 
     def _random_slot(self, b: int, n: int) -> torch.Tensor:
-        """``_random_prefill`` for one slot (a queued prompt taking a freed slot)."""
+        """Random K/V for the first ``n`` positions of slot ``b`` (and its Quest page bounds
+        and collected rows) → random last-position logits [V]."""
         generator = getattr(self, "_random_generator", None)
         if generator is None:
             generator = self._random_generator = torch.Generator(
