@@ -48,8 +48,13 @@ def default_setups(policies, ks_forced, ks_free, ss, batch_free, context, weight
               type=click.Path(dir_okay=False), help="Measurements to write (with --gpu).")
 @click.option("--repeats", type=click.IntRange(min=1), default=2, show_default=True,
               help="Timed runs per configuration (median), after one warm-up run.")
+@click.option("--setups", default=None,
+              help="Only these setups of the plan (comma-separated names, e.g. qwen3-8b).")
+@click.option("--policies", default=None,
+              help="Only these policies (comma-separated): a part of the grid per process; "
+                   "join the parts with `specsim validate merge`.")
 @click.pass_context
-def validate_cmd(ctx, gpu, plan_path, out, repeats):
+def validate_cmd(ctx, gpu, plan_path, out, repeats, setups, policies):
     """Does specsim predict what the GPU then measures, and pick the right k and s?
 
     \b
@@ -68,8 +73,8 @@ def validate_cmd(ctx, gpu, plan_path, out, repeats):
     import torch
     if not torch.cuda.is_available():
         raise SpecsimError("--gpu needs a CUDA GPU; none is visible")
-    from specsim.validate import FORMAT_KEY, measure, read_json, write_json
-    got = measure(read_json(plan_path, FORMAT_KEY), repeats=repeats)
+    from specsim.validate import FORMAT_KEY, measure, read_json, select, write_json
+    got = measure(select(read_json(plan_path, FORMAT_KEY), setups, policies), repeats=repeats)
     write_json(out, got)
     click.echo(f"wrote {out}")
 
@@ -152,3 +157,15 @@ def report_cmd(plan_path, measured, md_out, as_json):
         click.echo(json.dumps(rep, indent=1))
     else:
         click.echo(markdown(rep, got))
+
+
+@validate_cmd.command("merge")
+@click.argument("parts", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
+@click.option("--out", required=True, type=click.Path(dir_okay=False))
+def merge_cmd(parts, out):
+    """Join measurements of parts of one plan (--setups/--policies runs) into one file."""
+    from specsim.validate import MEASURED_KEY, merge_measured, read_json, write_json
+    merged = merge_measured([read_json(p, MEASURED_KEY) for p in parts])
+    write_json(out, merged)
+    n = sum(len(s["configs"]) for s in merged["setups"])
+    click.echo(f"wrote {out}: {n} configurations in {len(merged['setups'])} setups")

@@ -132,6 +132,15 @@ def test_validate_report_command(tmp_path):
     assert "predict MAPE" in r.output and (tmp_path / "v.md").read_text().startswith("GPU")
     r = CliRunner().invoke(cli, ["validate"])
     assert r.exit_code == 0 and "specsim validate plan" in r.output
+    got["plan_created"] = "t"
+    for i, cfg in enumerate(got["setups"][0]["configs"]):
+        part = dict(got, setups=[dict(got["setups"][0], configs=[cfg])])
+        (tmp_path / f"part{i}.json").write_text(json.dumps(part))
+    r = CliRunner().invoke(cli, ["validate", "merge", str(tmp_path / "part0.json"),
+                                 str(tmp_path / "part1.json"), "--out", str(tmp_path / "m2.json")])
+    assert r.exit_code == 0 and "2 configurations" in r.output, r.output
+    merged = json.loads((tmp_path / "m2.json").read_text())
+    assert merged["setups"][0]["configs"] == got["setups"][0]["configs"]
 
 
 def test_free_setup_runs_its_prompts_as_a_continuous_batch(tmp_path):
