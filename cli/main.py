@@ -130,9 +130,15 @@ def cli():
                    "prompts (seeded by --seed) is held out for evaluation; reports the speedup "
                    "there at the (k*, s*) picked on the tuning part, and the optimism of "
                    "tuning on the evaluation part itself.")
+@click.option("--output-tokens", type=click.IntRange(min=2), default=None,
+              help="Answers of N tokens: an answer's last iteration accepts drafts past its "
+                   "end that are never emitted, so short answers gain less from long drafts "
+                   "(expected iterations of a finite answer from the trace's acceptance). "
+                   "Default: unbounded answers.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def predict(trace_path, fmt, model, hardware, batch, context, tp, k_max, policy, sparsity,
-            n_boot, seed, alpha, accept_rates, gamma, costs_choice, holdout, as_json):
+            n_boot, seed, alpha, accept_rates, gamma, costs_choice, holdout, output_tokens,
+            as_json):
     """Predict the speedup of sparse self-speculative decoding over plain decoding.
 
     \b
@@ -182,7 +188,7 @@ def predict(trace_path, fmt, model, hardware, batch, context, tp, k_max, policy,
     except ValueError as exc:
         raise SpecsimError(str(exc)) from None
     opts = P.PredictOptions(batch=batch, context=context, k_max=k_max, n_boot=n_boot, seed=seed,
-                            policy=policy, sparsity=sparsity)
+                            policy=policy, sparsity=sparsity, output_tokens=output_tokens)
     report = P.predict_trace(trace, costs, opts)
     if holdout is not None:
         try:

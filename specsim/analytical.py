@@ -76,24 +76,30 @@ def conditional_from_survival(P) -> np.ndarray:
         return np.where(prev > 0, P / np.where(prev > 0, prev, 1.0), 0.0)
 
 
-def emitted_tokens_per_iteration(P, k: int, tokens: int) -> float:
+def emitted_tokens_per_iteration(P, k: int, tokens: int):
     """Tokens a request emits per iteration when it stops after ``tokens`` of them.
 
     ``E[m+1]`` counts every accepted draft, but a request's last iteration is cut at its
     output length, so over a finite answer fewer tokens per iteration reach the user:
     ``tokens / E[iterations]``, where with i.i.d. iterations (``P_i = P(m ≥ i)``, i ≤ k) the
     expected iterations to emit n tokens satisfy ``I(n) = 1 + Σ_j P(m+1 = j) I(n − j)``,
-    ``I(n ≤ 0) = 0``. Tends to ``E[m+1]`` as ``tokens`` grows."""
-    P = np.asarray(P, float)[:k]
+    ``I(n ≤ 0) = 0``. Tends to ``E[m+1]`` as ``tokens`` grows. ``P`` is [K] (→ a float) or
+    one survival curve per row, e.g. bootstrap replicates [R, K] (→ [R])."""
+    P = np.asarray(P, float)
     if tokens < 1:
         raise ValueError("tokens must be ≥ 1")
-    survival = np.concatenate([[1.0], P, [0.0]])                 # P(m ≥ i), i = 0..k+1
-    pmf = survival[:-1] - survival[1:]                            # P(m + 1 = j), j = 1..k+1
-    iters = np.zeros(tokens + 1)
+    if not 0 <= k <= P.shape[-1]:
+        raise ValueError(f"k must lie in 0..{P.shape[-1]}")
+    rows = np.atleast_2d(P)[:, :k]
+    ones, zeros = np.ones((rows.shape[0], 1)), np.zeros((rows.shape[0], 1))
+    survival = np.concatenate([ones, rows, zeros], axis=1)        # P(m ≥ i), i = 0..k+1
+    pmf = survival[:, :-1] - survival[:, 1:]                      # P(m + 1 = j), j = 1..k+1
+    iters = np.zeros((rows.shape[0], tokens + 1))
     for n in range(1, tokens + 1):
-        j = np.arange(1, min(n, k + 1) + 1)
-        iters[n] = 1.0 + float(pmf[j - 1] @ iters[n - j])
-    return tokens / iters[tokens]
+        width = min(n, k + 1)
+        iters[:, n] = 1.0 + np.sum(pmf[:, :width] * iters[:, n - 1::-1][:, :width], axis=1)
+    out = tokens / iters[:, tokens]
+    return float(out[0]) if P.ndim == 1 else out
 
 
 def expected_tokens_from_survival(P, k=None):

@@ -103,6 +103,9 @@ class PredictOptions:
     level: float = 0.95
     policy: str | None = None         # for trace groups whose policy specsim does not model
     sparsity: float | None = None     # for trace groups recorded without s
+    #: answers of this many tokens: a last iteration's drafts past the answer are accepted
+    #: but not emitted (``analytical.emitted_tokens_per_iteration``); None: unbounded answers
+    output_tokens: int | None = None
 
 
 def _group_costs(costs: CostModel, contexts, ks, s, policy) -> list[IterationCost]:
@@ -166,7 +169,14 @@ def predict_group(trace: Trace, costs: CostModel, opts: PredictOptions, notes: l
     iters = _group_costs(costs, contexts, ks, model_s, model_policy)
     t_iter = np.array([c.seconds for c in iters])
     tokens = est.expected_tokens
-    speedups = analytical.speedup(tokens, plain.seconds, t_iter)
+    emitted = tokens
+    if opts.output_tokens is not None:
+        if opts.output_tokens < 2:
+            raise ValueError("output tokens must be ≥ 2 (the first comes from the prefill)")
+        n = opts.output_tokens - 1       # tokens the iterations emit (plain: that many steps)
+        emitted = np.array([analytical.emitted_tokens_per_iteration(est.survival, int(k), n)
+                            for k in ks])
+    speedups = analytical.speedup(emitted, plain.seconds, t_iter)
 
     rng = np.random.default_rng(opts.seed)
     weights = None
@@ -174,7 +184,10 @@ def predict_group(trace: Trace, costs: CostModel, opts: PredictOptions, notes: l
         weights = np.stack([paired[r.prompt_id] for r in trace.requests], axis=1)
     boot_P = est.bootstrap_survival(opts.n_boot, rng, weights)
     boot_tokens = 1.0 + np.cumsum(boot_P, axis=1)
-    boot_speedups = boot_tokens * plain.seconds / t_iter[None, :]
+    boot_emitted = boot_tokens if opts.output_tokens is None else np.stack(
+        [analytical.emitted_tokens_per_iteration(boot_P, int(k), opts.output_tokens - 1)
+         for k in ks], axis=1)
+    boot_speedups = boot_emitted * plain.seconds / t_iter[None, :]
     boot_kstar = ks[np.argmax(boot_speedups, axis=1)]
     k_star, s_at = analytical.best_k(speedups, ks)
     ci = lambda x: analytical.percentile_interval(x, opts.level)  # noqa: E731
@@ -190,6 +203,7 @@ def predict_group(trace: Trace, costs: CostModel, opts: PredictOptions, notes: l
         curve.append({
             "k": int(k), "expected_tokens": float(tokens[j]),
             "expected_tokens_ci": _pair(e_ci),
+            "emitted_tokens": float(emitted[j]),
             "speedup": float(speedups[j]), "speedup_ci": _pair(s_ci),
             "iteration_ms": _ms(t_iter[j]),
             "split_ms": {name: _ms(v) for name, v in iters[j].split().items()},
@@ -237,6 +251,10 @@ def predict_trace(trace: Trace, costs: CostModel, opts: PredictOptions | None = 
         notes.append("this trace is SYNTHETIC (generated, not recorded on a real model): "
                      "its acceptance numbers illustrate the tool, they describe no model")
     contexts, context_source = workload_contexts(trace, opts, notes)
+    if opts.output_tokens is not None:
+        notes.append(f"answers of {opts.output_tokens} tokens: speedups count the tokens an "
+                     f"answer emits per iteration (its last iteration's surplus drafts are not "
+                     f"output), not E[m+1]")
     paired = prompt_weights(trace, opts.n_boot, opts.seed)
     groups = [predict_group(g, costs, opts, notes, contexts, context_source, paired)
               for g in trace.groups().values()]

@@ -89,3 +89,22 @@ def test_policy_comparison_counts_exact_ties_as_half_a_win():
     better = dict(same[1], policy="c", speedup_at_k_star=1.3, _boot_speedups=boot + 0.05)
     (pair,) = P.compare_policies([same[0], better])
     assert (pair["a"], pair["share_a_wins"]) == ("c", 1.0) and pair["distinguishable"]
+
+
+def test_finite_answers_emit_fewer_tokens_per_iteration():
+    """--output-tokens N: the speedup uses the tokens a finite answer emits per iteration
+    (its last iteration's surplus drafts are not output); long answers tend to unbounded."""
+    data = trace({("vegas", 0.05): 0.8}, prompts=8, iterations=40)
+    base = P.predict_trace(data, COSTS, P.PredictOptions(batch=4, n_boot=50))
+    short = P.predict_trace(data, COSTS, P.PredictOptions(batch=4, n_boot=50, output_tokens=32))
+    long = P.predict_trace(data, COSTS, P.PredictOptions(batch=4, n_boot=50,
+                                                         output_tokens=20000))
+    for b, sh, lo in zip(base["groups"][0]["curve"], short["groups"][0]["curve"],
+                         long["groups"][0]["curve"]):
+        assert sh["emitted_tokens"] <= b["expected_tokens"] + 1e-12
+        assert sh["speedup"] <= b["speedup"] + 1e-12
+        assert lo["speedup"] == pytest.approx(b["speedup"], rel=2e-3)
+    assert short["groups"][0]["curve"][-1]["emitted_tokens"] < base["groups"][0]["curve"][-1][
+        "expected_tokens"]
+    with pytest.raises(ValueError, match="output tokens"):
+        P.predict_trace(data, COSTS, P.PredictOptions(output_tokens=1))
