@@ -146,6 +146,7 @@ def measure(spec: ModelSpec, grid: CalibrationGrid, config: dict | None = None,
     import torch
 
     from specsim.engine import Engine, build_model
+    from specsim.engine.decode import CACHE_ALIGN
 
     if config is None:
         config = json.loads((catalog_dir() / spec.name / "config.json").read_text())
@@ -179,7 +180,8 @@ def measure(spec: ModelSpec, grid: CalibrationGrid, config: dict | None = None,
                     "repeats": grid.repeats, "shapes_skipped_for_memory": skipped,
                     "overhead_k": OVERHEAD_K if grid.overheads else None}
     prov["engine"] = {"fuse_projections": fuse, "compile_layers": compile, "cuda_graphs": True,
-                      "draft_chain": True, "draft_timed_as_chain_of": DRAFT_CHAIN}
+                      "draft_chain": True, "draft_timed_as_chain_of": DRAFT_CHAIN,
+                      "cache_align": CACHE_ALIGN}
     return Calibration(prov, ceilings, rows)
 
 

@@ -304,6 +304,19 @@ def test_merging_a_cut_short_run_with_an_older_one():
     assert extra and not any(m.op.startswith("draft:") for m in extra)
     assert any(m.op == "verify" for m in extra)
     assert merged.provenance["merged"][-1]["draft_steps"].startswith("skipped")
+    # caches padded to 128 positions here, not there: Quest's steps (its page count) not mixed
+    aligned = Calibration(dict(new.provenance, engine={"cache_align": 128}),
+                          new.ceilings, new.measurements)
+    quest_old = Calibration(old.provenance, old.ceilings, old.measurements + [
+        Measurement(op, 16, 1024, q, s, [1.0]) for op, q, s in
+        (("draft:quest", 1, 0.1), ("verify:quest", 5, None), ("selection:quest", 1, 0.1))])
+    merged = merge_calibrations(aligned, quest_old, "older run, unpadded caches")
+    extra = merged.measurements[len(new.measurements):]
+    assert any(m.op == "draft:vegas" for m in extra)
+    assert not any(m.op.endswith(":quest") for m in extra)
+    assert merged.provenance["merged"][-1]["quest_steps"].startswith("skipped")
+    merged = merge_calibrations(new, quest_old, "both unpadded")
+    assert sum(m.op.endswith(":quest") for m in merged.measurements) == 3
 
 
 def test_overheads_in_files_and_the_held_out_check(tmp_path):

@@ -193,19 +193,24 @@ def merge_calibrations(primary: Calibration, extra: Calibration, note: str) -> C
     merge is recorded in the provenance (``merged``: the other run's date, kernel hash,
     shapes, ``note``) so a reader can tell which rows came from which run. Draft steps are
     taken only when both runs timed them the same way (``provenance.engine``'s
-    ``draft_timed_as_chain_of``: single steps and chained steps differ by up to ~12%)."""
+    ``draft_timed_as_chain_of``: single steps and chained steps differ by up to ~12%), and
+    Quest's steps only when both runs padded their caches alike (``cache_align``; absent in
+    runs before the padding: an odd number of Quest pages made its draft step 14% slower)."""
     for key in ("model", "model_spec_hash", "gpu"):
         a, b = primary.provenance.get(key), extra.provenance.get(key)
         if a != b:
             raise SpecsimError(f"cannot merge calibrations of different {key}: {a!r} vs {b!r}")
     kinds = set(STEP_KINDS)
-    chain = [c.provenance.get("engine", {}).get("draft_timed_as_chain_of") for c in
-             (primary, extra)]
+    engines = [c.provenance.get("engine", {}) for c in (primary, extra)]
+    chain = [e.get("draft_timed_as_chain_of") for e in engines]
     if chain[0] != chain[1]:
         kinds.discard("draft")
+    align = [e.get("cache_align") for e in engines]
+    same_pages = align[0] == align[1]
     have = {(m.batch, m.context) for m in primary.measurements}
     added = [m for m in extra.measurements
-             if (m.batch, m.context) not in have and m.op.split(":", 1)[0] in kinds]
+             if (m.batch, m.context) not in have and m.op.split(":", 1)[0] in kinds
+             and (same_pages or not m.op.endswith(":quest"))]
     shapes = sorted({(m.batch, m.context) for m in added})
     prov = dict(primary.provenance)
     prov["merged"] = list(prov.get("merged", [])) + [{
@@ -215,7 +220,9 @@ def merge_calibrations(primary: Calibration, extra: Calibration, note: str) -> C
         "shapes": [list(x) for x in shapes], "ops": sorted({m.op for m in added}),
         "rows": len(added), "note": note,
         "draft_steps": "taken" if "draft" in kinds else
-                       f"skipped: timed as chains of {chain[1]} there, {chain[0]} here"}]
+                       f"skipped: timed as chains of {chain[1]} there, {chain[0]} here",
+        "quest_steps": "taken" if same_pages else
+                       f"skipped: caches padded to {align[1]} there, {align[0]} here"}]
     return Calibration(prov, dict(primary.ceilings), list(primary.measurements) + added)
 
 
