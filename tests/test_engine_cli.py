@@ -214,6 +214,11 @@ def test_export_prompts_then_record_without_the_cli(tmp_path):
     bare = read_trace(tmp_path / "bare.jsonl")
     assert {r.id: r.m.tolist() for r in bare.requests} == cli and len(cli) == 6
     assert bare.header["engine"]["dtype"] == "float32"
+    assert bare.header["model"] == "tinymodel"
+    # a fetched model's folder is named by the catalogue, which `specsim predict` knows
+    from specsim.engine.record import trace_model_name
+    from specsim.specs import load_model
+    assert load_model(trace_model_name("/root/smollm2/")).name == "smollm2-135m"
     before = (tmp_path / "bare.jsonl").read_text()
     record_main([str(ids_path), str(tmp_path / "bare.jsonl"), "--weights", str(folder),
                  "--device", "cpu", "--dtype", "float32", "--policies", "vegas,quest",

@@ -23,6 +23,17 @@ from typing import Callable, Iterable
 from specsim.errors import SpecsimError
 
 
+def trace_model_name(weights: str) -> str:
+    """The model name a trace records for a weights folder: the catalogue name when the folder
+    is a fetchable model's (``/root/smollm2`` → ``smollm2-135m``, which ``specsim predict``
+    costs the trace on), else the folder's name."""
+    from specsim.engine.fetch import MODELS
+
+    base = os.path.basename(os.path.normpath(weights))
+    release = MODELS.get(base.lower())
+    return release.folder if release else base
+
+
 def trace_header(name: str, weights: str, greedy: bool, max_new_tokens: int,
                  prompt_source: str, settings: dict) -> dict:
     from specsim.traces.format import make_header
@@ -133,7 +144,8 @@ def main(argv=None) -> None:
     parser.add_argument("out", help="trace file (specsim JSONL); resumed when it exists")
     parser.add_argument("--weights", required=True,
                         help="model folder: config.json + safetensors (real weights)")
-    parser.add_argument("--name", default=None, help="model name in the trace (folder name)")
+    parser.add_argument("--name", default=None, help="model name in the trace (default: the catalogue name of a fetchable model's "
+                             "folder, e.g. smollm2 -> smollm2-135m; else the folder name)")
     parser.add_argument("--dtype", default="auto",
                         choices=["auto", "bfloat16", "float16", "float32"],
                         help="auto: bfloat16 on a GPU, float32 on the CPU")
@@ -171,7 +183,7 @@ def main(argv=None) -> None:
     if prepared:
         net.fuse_projections()
         net.compile_layers()
-    name = args.name or os.path.basename(os.path.normpath(args.weights))
+    name = args.name or trace_model_name(args.weights)
     settings = {"model": name, "weights": "real", "sampling": GREEDY.__dict__,
                 "max_new_tokens": args.max_new_tokens, "seed": args.seed, "prompts": source,
                 "dtype": str(dtype).replace("torch.", ""), "device": device,
