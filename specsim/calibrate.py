@@ -17,9 +17,10 @@ Triton kernels):
 - ``overhead:plain`` and ``overhead:speculative:<policy>``: what a real decoding loop spends
   beyond those steps — accept/reject, rollback (Quest's page bounds included), the host's
   bookkeeping and the GPU's idle gaps between launches — per plain step, and per speculative
-  iteration of each policy (forced acceptance, k = ``OVERHEAD_K``, the grid's first
-  sparsity): the loop's wall time minus its own CUDA-event totals of the priced phases, per
-  step.
+  iteration of each policy (forced acceptance at each k of ``OVERHEAD_KS``, recorded as
+  q = k + 1: the host's per-iteration work grows with the drafts it reads back; the grid's
+  first sparsity): the loop's own per-iteration clock (what a run's steady window measures)
+  minus its CUDA-event totals of the priced phases, per step.
 
 The model is prepared as real runs use it (``fuse_projections``, ``compile_layers``; both
 recorded in the provenance).
@@ -42,8 +43,12 @@ from specsim.costs.calibrated import Calibration, Measurement, collect_provenanc
 from specsim.specs import ModelSpec, catalog_dir
 
 
-#: Draft length of the ``overhead:speculative`` measurement (recorded as q = k + 1).
+#: Draft length of Quest's own verify measurement (``verify:quest``, q = k + 1).
 OVERHEAD_K = 4
+#: Draft lengths of the ``overhead:speculative`` measurements (recorded as q = k + 1): the
+#: loop's host work grows with k (SmolLM2, batch 32, free-running on the H200: ~1.0 ms per
+#: iteration at k = 2, ~1.8 ms at k = 15), so two points give it a slope.
+OVERHEAD_KS = (2, 8)
 #: Draft steps per timed chain (``draft:<policy>`` is the chain's time over this).
 DRAFT_CHAIN = 4
 #: Plain steps / speculative iterations per overhead measurement.
@@ -178,7 +183,8 @@ def measure(spec: ModelSpec, grid: CalibrationGrid, config: dict | None = None,
     prov["grid"] = {"batches": grid.batches, "contexts": grid.contexts, "qs": grid.qs,
                     "sparsities": grid.sparsities, "policies": grid.policies,
                     "repeats": grid.repeats, "shapes_skipped_for_memory": skipped,
-                    "overhead_k": OVERHEAD_K if grid.overheads else None}
+                    "overhead_k": list(OVERHEAD_KS) if grid.overheads else None,
+                    "overhead_clock": "loop steps"}
     prov["engine"] = {"fuse_projections": fuse, "compile_layers": compile, "cuda_graphs": True,
                       "draft_chain": True, "draft_timed_as_chain_of": DRAFT_CHAIN,
                       "cache_align": CACHE_ALIGN}
@@ -194,7 +200,8 @@ def _measure_shape(torch, Engine, model, grid: CalibrationGrid, batch: int, cont
     def record(op, seconds, q=1, s=None):
         out.append(Measurement(op, batch, context, q, s, [t * 1e3 for t in seconds]))
 
-    room = max(q_max, OVERHEAD_K + 1) * (OVERHEAD_STEPS + 2) + 8 if grid.overheads else q_max + 8
+    room = max(q_max, max(OVERHEAD_KS) + 1) * (OVERHEAD_STEPS + 2) + 8 if grid.overheads \
+        else q_max + 8
     with torch.inference_mode():
         plain = Engine(model, batch=batch, max_len=context + room, policy="full",
                        k_max=1, beyond_max_position=True)
@@ -270,23 +277,28 @@ def _measure_policy(torch, Engine, model, grid: CalibrationGrid, batch: int, con
                                              grid.warmup, lambda: engine.cache.rollback(q0)),
                    q=q0)
         if s == grid.sparsities[0] and grid.overheads:   # per policy: Quest's rollback differs
-            record(f"overhead:speculative:{policy}",
-                   _loop_overhead(torch, engine, prompts, speculative=True), q=OVERHEAD_K + 1)
+            for k in sorted({min(k, engine.k_max) for k in OVERHEAD_KS}):
+                record(f"overhead:speculative:{policy}",
+                       _loop_overhead(torch, engine, prompts, speculative=True, k=k), q=k + 1)
         del engine
     return out
 
 
-def _loop_overhead(torch, engine, prompts, *, speculative: bool, repeats: int = 2
-                   ) -> list[float]:
-    """Per step (plain) or per iteration (speculative, forced k = ``OVERHEAD_K``, m = k // 2)
+def _loop_overhead(torch, engine, prompts, *, speculative: bool, k: int = OVERHEAD_K,
+                   repeats: int = 2) -> list[float]:
+    """Per step (plain) or per iteration (speculative, forced draft length ``k``, m = k // 2)
     of a real decoding loop: what it spends beyond its own timed steps, in seconds (like
     ``_time``).
 
-    The first run compiles and captures; then ``repeats`` timed runs. From each run's wall time
-    the engine's own CUDA-event totals of the prefill and of the steps the cost model prices
-    separately (draft, verify, selection) are subtracted, so what remains — the ``other`` phase
+    The first run compiles and captures; then ``repeats`` timed runs. Each run's loop is timed
+    by its own per-iteration clock (``Generation.steps``: from the loop's start to each
+    iteration's host read — what a validation run's steady window measures), and the engine's
+    CUDA-event totals of the steps the cost model prices separately (draft, verify, the
+    in-loop selection refreshes) are subtracted, so what remains — the ``other`` phase
     (accept/reject, rollback) and the host's gaps — is measured in the same run rather than as
-    the small difference of separately measured medians (which over-estimated it)."""
+    the small difference of separately measured medians (which over-estimated it). The call's
+    fixed costs outside the loop (prefill, the first selection, building the outputs and
+    traces) are not in that clock: an earlier version spread them over the loop's iterations."""
     from specsim.traces.format import RequestTrace
 
     n = OVERHEAD_STEPS
@@ -294,15 +306,15 @@ def _loop_overhead(torch, engine, prompts, *, speculative: bool, repeats: int = 
     if speculative:
         context = np.array([len(p) for p in prompts])
         forced = [RequestTrace(str(b), engine.policy.name, engine.s,
-                               context[b] + np.arange(n) * (OVERHEAD_K // 2 + 1),
-                               np.full(n, OVERHEAD_K), np.full(n, OVERHEAD_K // 2))
+                               context[b] + np.arange(n) * (k // 2 + 1),
+                               np.full(n, k), np.full(n, k // 2))
                   for b in range(len(prompts))]
     out = []
     for i in range(repeats + 1):
-        gen = engine.generate(prompts, n + 1, speculative=speculative, k=OVERHEAD_K
+        gen = engine.generate(prompts, n + 1, speculative=speculative, k=k
                               if speculative else None, forced=forced, prefill="random")
-        priced = sum(gen.timing.get(p, 0.0) for p in ("prefill", "draft", "verify",
-                                                      "selection"))
+        priced = sum(gen.timing.get(p, 0.0) for p in ("draft", "verify", "selection"))
+        loop = sum(step[0] for step in gen.steps)
         if i:
-            out.append((gen.wall_seconds - priced) / gen.iterations)
+            out.append((loop - priced) / len(gen.steps))
     return out

@@ -1,6 +1,7 @@
 """The calibrated cost model against synthetic tables of known structure; the file schema."""
 import json
 import math
+import time
 
 import numpy as np
 import pytest
@@ -248,6 +249,34 @@ def test_measured_loop_overheads_enter_plain_steps_and_iterations():
     assert neg.plain_step(ctx).seconds == pytest.approx(bare.plain_step(ctx).seconds)
 
 
+def test_loop_overhead_measured_at_two_draft_lengths_is_linear_in_k():
+    """overhead:speculative:vegas measured at k = 2 and 8 (q = 3, 9): iterations pay the line
+    through them at every k — between, at, and beyond (k = 15: extrapolated, noted); a file
+    with one k keeps a constant; the held-out check scores each k at its own k."""
+    cal = synthetic()
+    rows = list(cal.measurements)
+    line = lambda k: 0.8 + 0.06 * k                       # ms: the host's work grows with k
+    for b in sorted({m.batch for m in rows}):
+        for c in sorted({m.context for m in rows}):
+            for k in (2, 8):
+                rows.append(Measurement("overhead:speculative:vegas", b, c, k + 1, None,
+                                        [line(k)] * 3))
+    two = CalibratedCostModel(Calibration(cal.provenance, cal.ceilings, rows), MODEL, HW)
+    ctx = [8192] * 4
+    for k in (2, 5, 8, 15):
+        it = two.iteration(ctx, k, 0.05, "vegas")
+        assert it.overhead_s * 1e3 == pytest.approx(line(k), rel=1e-3), k
+    assert "interpolated" in two._overhead("overhead:speculative:vegas", np.asarray(ctx), 5)[1]
+    assert "extrapolated from k=2, 8" in two._overhead("overhead:speculative:vegas",
+                                                       np.asarray(ctx), 15)[1]
+    one = CalibratedCostModel(Calibration(cal.provenance, cal.ceilings, [
+        r for r in rows if not (r.op.startswith("overhead") and r.q == 9)]), MODEL, HW)
+    for k in (2, 15):
+        assert one.iteration(ctx, k, 0.05, "vegas").overhead_s * 1e3 == pytest.approx(line(2))
+    report = held_out_check(Calibration(cal.provenance, cal.ceilings, rows), MODEL, HW)
+    assert report["overheads"]["overhead:speculative:vegas"]["worst_abs_error_ms"] < 1e-3
+
+
 def test_per_policy_loop_overhead_wins_over_the_generic_one(tmp_path):
     """Quest's rollback refreshes page bounds: its measured overhead is its own; a policy
     without one falls back to the policy-agnostic overhead of older files."""
@@ -465,10 +494,12 @@ def test_policy_measurement_on_the_cpu_engine(monkeypatch):
     ops = {(m.op, m.q, m.s) for m in rows}
     assert ops == {("verify", 1, None), ("verify", 3, None), ("verify", 6, None),
                    ("draft:vegas", 1, 0.1), ("selection:vegas", 1, 0.1),
-                   ("overhead:speculative:vegas", C.OVERHEAD_K + 1, None),
+                   ("overhead:speculative:vegas", 3, None),     # k = 2 and 8 (> k_max 5)
+                   ("overhead:speculative:vegas", 6, None),
                    ("draft:quest", 1, 0.1), ("selection:quest", 1, 0.1),
                    ("verify:quest", C.OVERHEAD_K + 1, None),
-                   ("overhead:speculative:quest", C.OVERHEAD_K + 1, None)}
+                   ("overhead:speculative:quest", 3, None),
+                   ("overhead:speculative:quest", 6, None)}
     assert all(len(m.samples_ms) == 2 and m.median_ms > 0 for m in rows
                if not m.op.startswith("overhead"))
     # every timed call started from the same cache lengths and list counts
@@ -535,3 +566,33 @@ def test_selection_and_quest_pages_are_priced_on_the_longest_sequence():
     # the selected part is per sequence: a ragged batch reads less than four longest ones
     assert model._op_bytes("draft:vegas", np.array(ragged), 0.05) < model._op_bytes(
         "draft:vegas", np.array(longest), 0.05)
+
+
+def test_loop_overhead_is_timed_by_the_loops_own_clock(monkeypatch):
+    """The speculative-loop overhead is what the loop's iterations spend beyond their priced
+    steps: a call's fixed costs outside the loop (here building the traces is made to take
+    0.3 s) must not be spread over its iterations (0.1 s each over 3), as wall time did."""
+    import torch
+
+    import specsim.calibrate as C
+    from specsim.engine import Engine, build_model
+    from specsim.engine import decode
+
+    tiny = dict(model_type="llama", vocab_size=128, hidden_size=64, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, intermediate_size=96,
+                max_position_embeddings=4096, tie_word_embeddings=True)
+    model = build_model(tiny, weights="random", dtype=torch.float32, device="cpu")
+    monkeypatch.setattr(C, "OVERHEAD_STEPS", 3)
+    slow = decode._Run.traces
+
+    def slow_traces(self, *a, **kw):
+        time.sleep(0.3)
+        return slow(self, *a, **kw)
+
+    monkeypatch.setattr(decode._Run, "traces", slow_traces)
+    prompts = [[0] * 200] * 2
+    with torch.inference_mode():
+        engine = Engine(model, batch=2, max_len=400, policy="vegas", s=0.2, k_max=5)
+        engine.prefill(prompts, "random")
+        got = C._loop_overhead(torch, engine, prompts, speculative=True, k=2, repeats=1)
+    assert len(got) == 1 and got[0] < 0.03

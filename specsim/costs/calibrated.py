@@ -451,15 +451,37 @@ class CalibratedCostModel:
         return min(candidates, key=lambda k: abs(k[2] - s))
 
     # ---- the interface ------------------------------------------------------------------
-    def _overhead(self, op: str, contexts: np.ndarray) -> tuple[float, str] | None:
-        """A measured loop overhead (``overhead:plain`` / ``overhead:speculative``, any q) at
-        these contexts, seconds ≥ 0, or None when the calibration has none."""
-        keys = [key for key in self.fits if key[0] == op]
-        if not keys:
+    def _overhead(self, op: str, contexts: np.ndarray, k: int | None = None
+                  ) -> tuple[float, str] | None:
+        """A measured loop overhead (``overhead:plain`` / ``overhead:speculative``) at these
+        contexts, seconds ≥ 0, or None when the calibration has none. Speculative overheads
+        measured at several draft lengths (q = k + 1) are linear in k between and beyond them
+        (the host's per-iteration work grows with the drafts it reads back); one measured k
+        is used at every k."""
+        qs = sorted(key[1] for key in self.fits if key[0] == op)
+        if not qs:
             return None
-        seconds, inside = self.fits[keys[0]].predict(contexts.size * keys[0][1],
-                                                     self._op_bytes(op, contexts, None))
-        note = f"{op} measured" + ("" if inside else " (outside the grid: fitted roofline)")
+        kv = self._op_bytes(op, contexts, None)
+
+        def at(q):
+            return self.fits[(op, q, None)].predict(contexts.size * q, kv)
+
+        if k is None or len(qs) == 1:
+            seconds, inside = at(qs[0])
+            how = ""
+        else:
+            q = k + 1
+            lo = max([x for x in qs if x <= q] or [qs[0]])
+            hi = min([x for x in qs if x > lo] or [qs[-1]])
+            if lo == hi:                                # beyond the largest: the last two
+                lo = qs[-2]
+            (t_lo, in_lo), (t_hi, in_hi) = at(lo), at(hi)
+            seconds = t_lo + (t_hi - t_lo) * (q - lo) / (hi - lo)
+            inside = in_lo and in_hi
+            how = (f" at k={k}, " + ("interpolated" if qs[0] <= q <= qs[-1] else
+                                     "extrapolated") + f" from k={lo - 1}, {hi - 1}")
+        note = f"{op} measured{how}" + ("" if inside else
+                                        " (outside the grid: fitted roofline)")
         return max(float(seconds), 0.0), note
 
     def plain_step(self, contexts: Sequence[int]) -> Cost:
@@ -524,8 +546,8 @@ class CalibratedCostModel:
         ctx = as_contexts(contexts)
         if any(key[0] == f"verify:{get_policy(policy).name}" for key in self.fits):
             cost = dataclasses.replace(cost, verify=self.policy_verify(ctx, k + 1, policy))
-        extra = self._overhead(f"overhead:speculative:{get_policy(policy).name}", ctx) \
-            or self._overhead("overhead:speculative", ctx)
+        extra = self._overhead(f"overhead:speculative:{get_policy(policy).name}", ctx, k) \
+            or self._overhead("overhead:speculative", ctx, k)
         return cost if extra is None else dataclasses.replace(cost, overhead_s=extra[0])
 
 
@@ -586,7 +608,7 @@ def held_out_check(calibration: Calibration, model: ModelSpec, hardware: Hardwar
         ctx = [r.context] * r.batch
         kind, _, policy = r.op.partition(":")
         if kind == "overhead":   # a residual near 0: absolute error, not relative
-            got = fitted._overhead(r.op, np.asarray(ctx))
+            got = fitted._overhead(r.op, np.asarray(ctx), r.q - 1)
             if got is not None:
                 overheads.setdefault(r.op, []).append((r.median_ms, got[0] * 1e3))
             continue

@@ -609,7 +609,7 @@ class Engine:
                      timer: PhaseTimer, adaptive: AdaptiveK | None,
                      forced: list[RequestTrace] | None) -> None:
         batch, vocab, device = self.batch, self.args.vocab_size, self.device
-        with timer.phase("selection"):
+        with timer.phase("prefill"):   # the first lists, from the prompts: part of the prefill
             rows = self._prefill_rows
             self.refresh(rows, torch.zeros(batch, dtype=torch.long, device=device),
                          slice(0, rows))
