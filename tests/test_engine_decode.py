@@ -550,3 +550,38 @@ def test_queued_prompts_with_adaptive_k_sampling_and_page_bounds(tiny, queued, s
                 pages = (int(lengths[b]) + 15) // 16
                 assert torch.equal(low[b, :, :pages], ref_low[b, :, :pages]), (prefill, b)
                 assert torch.equal(high[b, :, :pages], ref_high[b, :, :pages]), (prefill, b)
+
+
+def test_the_collector_is_paused_while_decoding_and_restored(tiny, ragged, monkeypatch):
+    """generate pauses Python's cyclic collector for its loop (its pauses landed on random
+    iterations) and leaves it as it found it — enabled, disabled, or after an error."""
+    import gc
+
+    from specsim.engine import decode
+
+    seen = []
+    real = decode.Engine._speculative
+
+    def spy(self, *a, **kw):
+        seen.append(gc.isenabled())
+        return real(self, *a, **kw)
+
+    monkeypatch.setattr(decode.Engine, "_speculative", spy)
+    engine = Engine(tiny, batch=3, max_len=1024, policy="vegas", s=0.2, k_max=4)
+    assert gc.isenabled()
+    engine.generate(ragged, 6, k=3)
+    assert seen == [False] and gc.isenabled()
+    gc.disable()
+    try:
+        engine.generate(ragged, 6, k=3)
+        assert seen == [False, False] and not gc.isenabled()
+    finally:
+        gc.enable()
+
+    def broken(self, *a, **kw):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(decode.Engine, "_speculative", broken)
+    with pytest.raises(RuntimeError, match="boom"):
+        engine.generate(ragged, 6, k=3)
+    assert gc.isenabled()
