@@ -136,7 +136,9 @@ def test_predict_default_trace_table():
     result = CliRunner().invoke(cli, ["predict", "--bootstrap", "100"])
     assert result.exit_code == 0, result.output
     # the shipped default is the real SmolLM2 trace, costed on the model it was recorded on
-    assert "smollm2-135m-greedy.jsonl" in result.output and "SYNTHETIC" not in result.output
+    # (recorded in bf16 on the H200, as the default hardware serves it)
+    assert "smollm2-135m-greedy-bf16-h200.jsonl" in result.output
+    assert "SYNTHETIC" not in result.output
     assert "model     smollm2-135m" in result.output
     assert "k*" in result.output and "Best:" in result.output
 
