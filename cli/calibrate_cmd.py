@@ -54,7 +54,10 @@ def _parse_floats(text: str, name: str) -> list[float]:
 @click.option("--repeats", type=click.IntRange(min=3), default=20, show_default=True,
               help="Timed repetitions per grid point (after warm-up).")
 @click.option("--out", type=click.Path(dir_okay=False), default=None,
-              help="Calibration file to write (with --gpu).")
+              help="Calibration file to write (with --gpu). It is rewritten after every "
+                   "(batch, context) shape, so an interrupted run keeps what it measured; "
+                   "the same command again resumes it (measuring only the missing shapes). "
+                   "A file made with other settings is refused, not overwritten.")
 @click.option("--time-budget", type=click.FloatRange(min=1), default=None,
               help="Seconds after which no new (batch, context) shape is started.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
@@ -112,6 +115,8 @@ def calibrate_cmd(gpu, check_path, model, hardware, batches, contexts, qs, spars
                            sparsities=_parse_floats(sparsities, "--sparsity"),
                            policies=[p.strip() for p in policies.split(",") if p.strip()],
                            repeats=repeats, time_budget_s=time_budget)
-    cal = measure(spec, grid, progress=True)
-    cal.write(out)
-    click.echo(f"wrote {len(cal.measurements)} measurements to {out}")
+    cal = measure(spec, grid, progress=True, checkpoint=out)
+    left = cal.provenance.get("shapes_left", 0)
+    click.echo(f"wrote {len(cal.measurements)} measurements to {out}"
+               + (f" ({left} shapes not measured: run the same command to resume)"
+                  if left else ""))

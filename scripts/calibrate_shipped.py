@@ -49,9 +49,10 @@ def main():
                                policies=args.policies.split(","), repeats=args.repeats,
                                time_budget_s=budget)
         t0 = time.perf_counter()
-        cal = measure(spec, grid)
         path = os.path.join(args.out_dir, f"{name}.json")
-        cal.write(path)
+        # written after every shape: a call cut short keeps what it measured, and the same
+        # command resumes it
+        cal = measure(spec, grid, checkpoint=path)
         print(f"{name}: {len(cal.measurements)} measurements in {time.perf_counter() - t0:.0f} s"
               f" -> {path}; ceilings {cal.ceilings}")
 

@@ -147,7 +147,8 @@ def _time(torch, fn, repeats: int, warmup: int, after=None) -> list[float]:
 
 
 def measure(spec: ModelSpec, grid: CalibrationGrid, config: dict | None = None,
-            progress: bool = True, fuse: bool = True, compile: bool = True) -> Calibration:
+            progress: bool = True, fuse: bool = True, compile: bool = True,
+            checkpoint: str | None = None) -> Calibration:
     import torch
 
     from specsim.engine import Engine, build_model
@@ -162,33 +163,112 @@ def measure(spec: ModelSpec, grid: CalibrationGrid, config: dict | None = None,
         model.compile_layers()
     free = torch.cuda.mem_get_info()[0]
     ceilings = _ceilings(torch)
-    rows: list[Measurement] = []
     shapes = [(b, c) for b, c in shape_order(grid.batches, grid.contexts)
               if b * (c + 64) * spec.kv_bytes_per_token < grid.memory_fraction * free]
-    skipped = len(grid.batches) * len(grid.contexts) - len(shapes)
-    started = time.perf_counter()
-    for n, (batch, context) in enumerate(shapes):
-        if grid.time_budget_s and time.perf_counter() - started > grid.time_budget_s:
-            print(f"time budget reached: {len(shapes) - n} shapes left unmeasured",
-                  file=sys.stderr)
-            break
-        if progress:
-            done = time.perf_counter() - started
-            eta = done / n * (len(shapes) - n) if n else float("nan")
-            print(f"[{n + 1}/{len(shapes)}] batch {batch}, context {context} "
-                  f"(elapsed {done:.0f} s, ETA {eta:.0f} s)", file=sys.stderr, flush=True)
-        rows += _measure_shape(torch, Engine, model, grid, batch, context)
-        torch.cuda.empty_cache()
     prov = collect_provenance(spec, kernel_config_hash())
     prov["grid"] = {"batches": grid.batches, "contexts": grid.contexts, "qs": grid.qs,
                     "sparsities": grid.sparsities, "policies": grid.policies,
-                    "repeats": grid.repeats, "shapes_skipped_for_memory": skipped,
+                    "repeats": grid.repeats,
+                    "shapes_skipped_for_memory": len(grid.batches) * len(grid.contexts)
+                    - len(shapes),
                     "overhead_k": list(OVERHEAD_KS) if grid.overheads else None,
                     "overhead_clock": "loop steps"}
     prov["engine"] = {"fuse_projections": fuse, "compile_layers": compile, "cuda_graphs": True,
                       "draft_chain": True, "draft_timed_as_chain_of": DRAFT_CHAIN,
                       "cache_align": CACHE_ALIGN}
-    return Calibration(prov, ceilings, rows)
+
+    def measure_one(batch, context):
+        rows = _measure_shape(torch, Engine, model, grid, batch, context)
+        torch.cuda.empty_cache()
+        return rows
+
+    return measure_shapes(shapes, measure_one, prov, ceilings, grid.time_budget_s,
+                          checkpoint=checkpoint, progress=progress)
+
+
+#: Provenance that must match for a checkpoint to be resumed (besides the grid and engine).
+RESUME_FIELDS = ("gpu", "driver", "cuda", "torch", "triton", "kernel_config_hash",
+                 "model_spec_hash", "model")
+
+
+def resumable(path: str, prov: dict) -> Calibration | None:
+    """The calibration in ``path`` when it may be resumed by a run with provenance ``prov``
+    (same GPU, software, kernels, model, grid and engine settings), None when there is no file.
+    Anything else there is refused with the reason, not overwritten: it may be someone's
+    finished measurement."""
+    import os
+
+    from specsim.costs.calibrated import read_calibration
+    from specsim.errors import SpecsimError
+
+    if not os.path.exists(path):
+        return None
+    have = read_calibration(path)
+    old = have.provenance
+    differ = [f for f in RESUME_FIELDS if old.get(f) != prov.get(f)]
+    grid_old = {k: v for k, v in (old.get("grid") or {}).items()
+                if k != "shapes_skipped_for_memory"}
+    grid_new = {k: v for k, v in prov["grid"].items() if k != "shapes_skipped_for_memory"}
+    if grid_old != grid_new:
+        differ.append("grid")
+    if old.get("engine") != prov.get("engine"):
+        differ.append("engine")
+    if old.get("merged"):
+        differ.append("merged (a merged file)")
+    if differ:
+        raise SpecsimError(
+            f"{path} holds a calibration made with other settings ({', '.join(differ)}): "
+            f"not resuming it and not overwriting it; remove it or write to another file")
+    return have
+
+
+def measure_shapes(shapes: list[tuple[int, int]], measure_one, prov: dict, ceilings: dict,
+                   time_budget_s: float | None = None, *, checkpoint: str | None = None,
+                   progress: bool = True) -> Calibration:
+    """Measure each (batch, context) shape with ``measure_one(batch, context)`` → rows, in
+    order, until ``time_budget_s`` has passed. With ``checkpoint`` the calibration so far is
+    written there (atomically) after every shape, and a run that finds its own checkpoint
+    (``resumable``) measures only the shapes it lacks — a run cut short (a call's time limit,
+    Ctrl-C) loses at most the shape in flight. ``provenance.complete`` says whether every
+    shape was measured; ``shapes_left`` how many were not."""
+    rows: list[Measurement] = []
+    prior = resumable(checkpoint, prov) if checkpoint else None
+    if prior is not None:
+        rows = list(prior.measurements)
+        prov = dict(prov, resumed=list(prior.provenance.get("resumed", []))
+                    + [prior.provenance.get("date")])
+        done = {(m.batch, m.context) for m in rows}
+        if progress:
+            print(f"resuming {checkpoint}: {len(done)} shapes already measured",
+                  file=sys.stderr, flush=True)
+    else:
+        done = set()
+    todo = [x for x in shapes if x not in done]
+
+    def result(left: int) -> Calibration:
+        return Calibration(dict(prov, complete=left == 0, shapes_left=left), ceilings,
+                           list(rows))
+
+    started = time.perf_counter()
+    for n, (batch, context) in enumerate(todo):
+        if time_budget_s and time.perf_counter() - started > time_budget_s:
+            print(f"time budget reached: {len(todo) - n} shapes left unmeasured",
+                  file=sys.stderr)
+            break
+        if progress:
+            spent = time.perf_counter() - started
+            eta = spent / n * (len(todo) - n) if n else float("nan")
+            print(f"[{len(done) + n + 1}/{len(done) + len(todo)}] batch {batch}, context "
+                  f"{context} (elapsed {spent:.0f} s, ETA {eta:.0f} s)", file=sys.stderr,
+                  flush=True)
+        rows += measure_one(batch, context)
+        if checkpoint:
+            result(len(todo) - n - 1).write(checkpoint)
+    measured = {(m.batch, m.context) for m in rows}
+    cal = result(sum(1 for x in shapes if x not in measured))
+    if checkpoint:
+        cal.write(checkpoint)
+    return cal
 
 
 def _measure_shape(torch, Engine, model, grid: CalibrationGrid, batch: int, context: int

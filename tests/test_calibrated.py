@@ -596,3 +596,78 @@ def test_loop_overhead_is_timed_by_the_loops_own_clock(monkeypatch):
         engine.prefill(prompts, "random")
         got = C._loop_overhead(torch, engine, prompts, speculative=True, k=2, repeats=1)
     assert len(got) == 1 and got[0] < 0.03
+
+
+def _prov(**over):
+    prov = {"gpu": "NVIDIA H200", "gpu_memory_bytes": 1, "driver": "1", "cuda": "13.0",
+            "torch": "2.11", "triton": "3.6", "kernel_config_hash": "abc",
+            "model_spec_hash": "def", "model": "smollm2-135m", "date": "2026-11-29T00:00:00Z",
+            "grid": {"batches": [1, 2], "contexts": [1024, 2048], "repeats": 3,
+                     "shapes_skipped_for_memory": 0},
+            "engine": {"cache_align": 128}}
+    prov.update(over)
+    return prov
+
+
+def test_calibration_checkpoints_every_shape_and_resumes(tmp_path):
+    """A run cut short after two shapes leaves them in its file; the same run again measures
+    only the other two, and the file says it is complete; a file made with other settings is
+    refused (not overwritten), and so is a truncated one."""
+    import specsim.calibrate as C
+
+    shapes = C.shape_order([1, 2], [1024, 2048])
+    path = str(tmp_path / "cal.json")
+    calls = []
+
+    def one(batch, context):
+        if len(calls) == 2 and not resumed:
+            raise KeyboardInterrupt          # the call's time limit, mid-shape
+        calls.append((batch, context))
+        return [Measurement("plain", batch, context, 1, None, [batch + context / 1e3] * 3)]
+
+    resumed = False
+    with pytest.raises(KeyboardInterrupt):
+        C.measure_shapes(shapes, one, _prov(), {"copy_bandwidth_Bps": 1.0}, checkpoint=path,
+                         progress=False)
+    kept = read_calibration(path)
+    assert {(m.batch, m.context) for m in kept.measurements} == set(shapes[:2])
+    assert kept.provenance["complete"] is False and kept.provenance["shapes_left"] == 2
+    resumed = True
+    cal = C.measure_shapes(shapes, one, _prov(date="2026-11-30T00:00:00Z"),
+                           {"copy_bandwidth_Bps": 1.0}, checkpoint=path, progress=False)
+    assert calls == shapes                               # each shape measured exactly once
+    back = read_calibration(path)
+    assert back.provenance["complete"] is True and back.provenance["shapes_left"] == 0
+    assert back.provenance["resumed"] == ["2026-11-29T00:00:00Z"]
+    assert sorted((m.batch, m.context) for m in back.measurements) == sorted(shapes)
+    assert len(cal.measurements) == 4
+    # a finished file: nothing left to do
+    C.measure_shapes(shapes, one, _prov(), {}, checkpoint=path, progress=False)
+    assert calls == shapes
+    # other settings: refused with the reason, file untouched
+    before = open(path).read()
+    for other, reason in ((_prov(torch="2.12"), "torch"),
+                          (_prov(grid={"batches": [1], "contexts": [1024], "repeats": 3}),
+                           "grid"),
+                          (_prov(engine={"cache_align": None}), "engine")):
+        with pytest.raises(SpecsimError, match=f"other settings.*{reason}"):
+            C.measure_shapes(shapes, one, other, {}, checkpoint=path, progress=False)
+    assert open(path).read() == before
+    (tmp_path / "cut.json").write_text(before[: len(before) // 2])
+    with pytest.raises(SpecsimError, match="cut.json"):
+        C.measure_shapes(shapes, one, _prov(), {}, checkpoint=str(tmp_path / "cut.json"),
+                         progress=False)
+
+
+def test_measure_shapes_time_budget_says_what_is_left():
+    import specsim.calibrate as C
+
+    shapes = C.shape_order([1, 2], [1024, 2048])
+
+    def one(batch, context):
+        time.sleep(0.05)
+        return [Measurement("plain", batch, context, 1, None, [1.0] * 3)]
+
+    cal = C.measure_shapes(shapes, one, _prov(), {}, time_budget_s=0.01, progress=False)
+    assert len(cal.measurements) == 1
+    assert cal.provenance["complete"] is False and cal.provenance["shapes_left"] == 3
