@@ -70,6 +70,19 @@ class CalibrationGrid:
     time_budget_s: float | None = None   # stop starting new shapes after this long
     overheads: bool = True               # measure overhead:plain / overhead:speculative
 
+    def overhead_contexts(self) -> list[int]:
+        """Loop overheads are measured at the grid's shortest, middle and longest contexts
+        only (the middle one lets the held-out check score them): they are host work and
+        launch gaps, which change with the batch far more than with the context, and each
+        costs a few decoding loops per policy and k."""
+        if not self.overheads:
+            return []
+        ordered = sorted(self.contexts)
+        return sorted({ordered[0], ordered[len(ordered) // 2], ordered[-1]})
+
+    def overheads_at(self, context: int) -> bool:
+        return context in self.overhead_contexts()
+
 
 def _bisection_ranks(values: list) -> dict:
     """Rank of each value in coarse-to-fine order: the ends first, then the middle of each
@@ -172,6 +185,7 @@ def measure(spec: ModelSpec, grid: CalibrationGrid, config: dict | None = None,
                     "shapes_skipped_for_memory": len(grid.batches) * len(grid.contexts)
                     - len(shapes),
                     "overhead_k": list(OVERHEAD_KS) if grid.overheads else None,
+                    "overhead_contexts": grid.overhead_contexts() or None,
                     "overhead_clock": "loop steps"}
     prov["engine"] = {"fuse_projections": fuse, "compile_layers": compile, "cuda_graphs": True,
                       "draft_chain": True, "draft_timed_as_chain_of": DRAFT_CHAIN,
@@ -289,7 +303,7 @@ def _measure_shape(torch, Engine, model, grid: CalibrationGrid, batch: int, cont
         plain_ms = _time(torch, lambda: plain.verify(1, collect=False), grid.repeats,
                          grid.warmup, lambda: plain.cache.rollback(1))
         record("plain", plain_ms)
-        if grid.overheads:
+        if grid.overheads_at(context):
             record("overhead:plain", _loop_overhead(torch, plain, prompts, speculative=False))
         del plain
         for policy in grid.policies:
@@ -356,7 +370,7 @@ def _measure_policy(torch, Engine, model, grid: CalibrationGrid, batch: int, con
             record(f"verify:{policy}", _time(torch, lambda: engine.verify(q0), grid.repeats,
                                              grid.warmup, lambda: engine.cache.rollback(q0)),
                    q=q0)
-        if s == grid.sparsities[0] and grid.overheads:   # per policy: Quest's rollback differs
+        if s == grid.sparsities[0] and grid.overheads_at(context):  # per policy (Quest's rollback)
             for k in sorted({min(k, engine.k_max) for k in OVERHEAD_KS}):
                 record(f"overhead:speculative:{policy}",
                        _loop_overhead(torch, engine, prompts, speculative=True, k=k), q=k + 1)

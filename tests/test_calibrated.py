@@ -671,3 +671,13 @@ def test_measure_shapes_time_budget_says_what_is_left():
     cal = C.measure_shapes(shapes, one, _prov(), {}, time_budget_s=0.01, progress=False)
     assert len(cal.measurements) == 1
     assert cal.provenance["complete"] is False and cal.provenance["shapes_left"] == 3
+
+
+def test_overheads_are_measured_at_three_contexts():
+    import specsim.calibrate as C
+
+    grid = C.CalibrationGrid(contexts=[4096, 16384, 32768, 65536, 131072])
+    assert grid.overhead_contexts() == [4096, 32768, 131072]
+    assert grid.overheads_at(32768) and not grid.overheads_at(16384)
+    assert C.CalibrationGrid(contexts=[600]).overhead_contexts() == [600]
+    assert C.CalibrationGrid(contexts=[1024, 2048], overheads=False).overhead_contexts() == []
