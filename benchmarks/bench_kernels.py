@@ -319,8 +319,8 @@ def run_shape(args, head_dim, context, best, results, t0):
     page_min, page_max = pages.amin(3), pages.amax(3)
     selections = {"select streamingllm": lambda: streamingllm_select(lengths, args.sparsity,
                                                                      max_context=context)}
-    for ranking in ("topk", "sort"):
-        suffix = "" if ranking == "topk" else " (sort)"
+    for ranking in ("topk", "sort", "radix"):
+        suffix = "" if ranking == "topk" else f" ({ranking})"
         selections.update({
             f"select vegas{suffix}": lambda r=ranking: vegas_select(
                 logits2, lengths, args.sparsity, ranking=r),

@@ -36,9 +36,20 @@ from specsim.kernels._runtime import tl, triton
 from specsim.policies import Policy, get_policy
 
 
-#: How the top positions are found by default: "topk" or "sort" (same result; see
-#: ``_top_positions`` and BENCHMARKS.md for which is faster where).
+#: How the top positions are found by default: "topk", "sort" (torch, then ordered by
+#: ``_finish``) or "radix" (``topk_select.radix_top_positions``: one Triton kernel that selects
+#: and orders); the same sets up to ties. See BENCHMARKS.md for which is faster where.
 RANKING = "topk"
+
+
+def _ranked_lists(score, lengths, counts, capacity, keep_first, keep_last, ranking, span):
+    """Ascending top lists [..., capacity] and counts: torch ranking + ``_finish``, or the
+    radix kernel."""
+    if ranking == "radix":
+        from specsim.kernels.topk_select import radix_top_positions
+        return radix_top_positions(score, lengths, counts, capacity, keep_first, keep_last)
+    chosen = _top_positions(score, lengths, keep_first, keep_last, capacity, ranking)
+    return _finish(chosen, counts, span=span)
 
 
 def selected_counts(policy: Policy, lengths: torch.Tensor, s: float) -> torch.Tensor:
@@ -108,8 +119,8 @@ def vegas_select(logits: torch.Tensor, lengths: torch.Tensor, s: float, *,
     score = logits[..., :max_context].sum(dim=(1, 2), dtype=torch.float32)     # [batch, n]
     counts = selected_counts(policy, lengths, s)
     capacity = policy.selected(max_context, s)
-    chosen = _top_positions(score, lengths, 0, policy.recent, capacity, ranking)
-    return _finish(chosen, counts, span=max_context)
+    return _ranked_lists(score, lengths, counts, capacity, 0, policy.recent, ranking,
+                         max_context)
 
 
 @triton.jit
@@ -189,8 +200,8 @@ def sparsespec_select(logits: torch.Tensor, lengths: torch.Tensor, s: float, num
     mass = attention_mass(logits, lse, lengths, num_kv_heads, max_context)
     counts = selected_counts(policy, lengths, s)[:, None].expand(-1, num_kv_heads)
     capacity = policy.selected(max_context, s)
-    chosen = _top_positions(mass, lengths, policy.sink, policy.recent, capacity, ranking)
-    return _finish(chosen, counts, span=max_context)
+    return _ranked_lists(mass, lengths, counts, capacity, policy.sink, policy.recent, ranking,
+                         max_context)
 
 
 def streamingllm_select(lengths: torch.Tensor, s: float, *, max_context: int,
@@ -227,8 +238,8 @@ def quest_select(q: torch.Tensor, page_min: torch.Tensor, page_max: torch.Tensor
     counts = selected_counts(policy, lengths, s)
     chosen_pages = torch.minimum((counts + size - 1) // size, page_count)          # [batch]
     capacity_pages = math.ceil(policy.selected(max_context, s) / size)
-    top = _top_positions(score, page_count, 0, 1, capacity_pages, ranking)
-    top, _ = _finish(top, chosen_pages[:, None].expand(-1, kv_heads), span=pages)
+    top, _ = _ranked_lists(score, page_count, chosen_pages[:, None].expand(-1, kv_heads),
+                           capacity_pages, 0, 1, ranking, pages)
     # The newest page is the largest selected page, so it comes last; cut it at the length.
     position = (top.long()[..., None] * size + torch.arange(size, device=q.device)).flatten(-2)
     tokens = ((chosen_pages - 1).clamp(min=0) * size

@@ -1,0 +1,133 @@
+"""Top-K positions of score rows as sorted lists, in one kernel: radix select + ordered compaction.
+
+What the selection policies need from "top-K" is not a ranking but a *set*, delivered as the
+ascending position list the sparse draft kernel reads. ``torch.topk`` followed by ordering the
+winners (``selection._finish``: a mask, a prefix sum and two scatters over the whole row) makes
+several passes over every row and launches many kernels; ``torch.topk``'s time also jumps with
+the row length (it changes algorithm), which the calibration cannot interpolate. This kernel
+finds the K-th largest key of each row exactly by radix select — four passes, each a 256-bin
+histogram of one byte of the keys that still tie with the threshold — and then writes the
+positions above the threshold (and the first ones equal to it, to make K) in position order,
+so the list comes out sorted with no sort. One program per row.
+
+Keys: a score's fp32 bits as int32, with the low 31 bits of negative numbers flipped, order as
+the floats do (−0 just below +0). Positions that must be kept (the first ``keep_first`` and the
+last ``keep_last`` valid ones) get the largest key; positions at or past the row's length are
+not candidates. Ties at the threshold go to the lowest positions (``torch.topk`` picks any).
+NaN scores rank above +inf (below the kept positions).
+"""
+from __future__ import annotations
+
+import torch
+
+from specsim.kernels._runtime import tl, triton
+
+_FORCED_KEY = 0x7FFFFFFF        # INT32_MAX: above every float's key
+
+
+@triton.jit
+def _key_of(Score, row_off, pos, valid, length, keep_first, keep_last):
+    s = tl.load(Score + row_off + pos, mask=valid, other=0.0).to(tl.float32)
+    bits = s.to(tl.int32, bitcast=True)
+    key = bits ^ ((bits >> 31) & 0x7FFFFFFF)
+    forced = (pos < keep_first) | (pos >= length - keep_last)
+    return tl.where(forced, 0x7FFFFFFF, key)
+
+
+@triton.jit
+def _radix_select_kernel(Score, Lengths, Counts, Out, n, stride_row, stride_out, capacity,
+                         rows_per_seq, keep_first, keep_last,
+                         BLOCK: tl.constexpr, OUT_BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    row_off = row.to(tl.int64) * stride_row
+    length = tl.minimum(tl.load(Lengths + row // rows_per_seq), n)
+    want = tl.minimum(tl.load(Counts + row), length)
+    bins = tl.arange(0, 256)
+    # ---- radix select: the want-th largest key, one byte per pass, most significant first
+    remaining = want
+    prefix = tl.zeros([], tl.int32)           # the threshold's bytes chosen so far
+    for p in tl.static_range(4):
+        shift = 24 - 8 * p
+        hist = tl.zeros([256], tl.int32)
+        for start in range(0, length, BLOCK):
+            pos = start + tl.arange(0, BLOCK)
+            valid = pos < length
+            key = _key_of(Score, row_off, pos, valid, length, keep_first, keep_last)
+            if p == 0:
+                match = valid
+                digit = ((key >> 24) & 0xFF) ^ 0x80
+            else:
+                match = valid & ((key >> (shift + 8)) == (prefix >> (shift + 8)))
+                digit = (key >> shift) & 0xFF
+            hist += tl.histogram(digit, 256, mask=match)
+        # count of candidates with digit >= d, for every d; the threshold's digit is the
+        # largest d where that count reaches what is still wanted
+        total = tl.sum(hist, 0)
+        at_least = total - tl.cumsum(hist, 0) + hist
+        d = tl.max(tl.where(at_least >= remaining, bins, -1), 0)
+        above = tl.sum(tl.where(bins > d, hist, 0), 0)
+        remaining = remaining - above
+        if p == 0:
+            prefix = (d ^ 0x80) << 24
+        else:
+            prefix = prefix | (d << shift)
+    threshold = prefix
+    ties = remaining                           # keys equal to the threshold still to take
+    # ---- ordered compaction: winners in position order
+    taken = tl.zeros([], tl.int32)
+    tied = tl.zeros([], tl.int32)
+    out_off = row.to(tl.int64) * stride_out
+    for start in range(0, length, BLOCK):
+        pos = start + tl.arange(0, BLOCK)
+        valid = pos < length
+        key = _key_of(Score, row_off, pos, valid, length, keep_first, keep_last)
+        eq = valid & (key == threshold)
+        eq_rank = tied + tl.cumsum(eq.to(tl.int32), 0) - 1
+        take = (valid & (key > threshold)) | (eq & (eq_rank < ties))
+        take = take & (want > 0)
+        slot = taken + tl.cumsum(take.to(tl.int32), 0) - 1
+        tl.store(Out + out_off + slot, pos.to(tl.int32), mask=take)
+        taken += tl.sum(take.to(tl.int32), 0)
+        tied += tl.sum(eq.to(tl.int32), 0)
+    for start in range(0, capacity, OUT_BLOCK):
+        slot = start + tl.arange(0, OUT_BLOCK)
+        tl.store(Out + out_off + slot, tl.zeros([OUT_BLOCK], tl.int32),
+                 mask=(slot >= taken) & (slot < capacity))
+
+
+def radix_top_positions(score: torch.Tensor, lengths: torch.Tensor, counts: torch.Tensor,
+                        capacity: int, keep_first: int = 0, keep_last: int = 0, *,
+                        block: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's top ``counts`` positions of ``score`` [..., n] (fp32/fp16/bf16), ascending,
+    as int32 [..., capacity] padded with 0, and the counts (int32). ``lengths`` [batch]: the
+    leading dimension of ``score`` is the batch, rows past it share their sequence's length
+    (e.g. one row per KV head). The first ``keep_first`` and last ``keep_last`` valid positions
+    are always in; positions ≥ length never. ``counts`` [...] (or [batch]) are clamped to the
+    length and must not exceed ``capacity``.
+
+    The same sets as ``selection._finish(selection._top_positions(...), counts, span=n)`` up to
+    ties (here: the lowest positions), in one launch."""
+    n = score.shape[-1]
+    lead = score.shape[:-1]
+    batch = lengths.shape[0]
+    rows = score.numel() // n
+    if rows % batch:
+        raise ValueError(f"{rows} score rows are not a multiple of the batch {batch}")
+    counts = counts.to(torch.int32)
+    if counts.shape != lead:
+        counts = counts.reshape(batch, *([1] * (len(lead) - 1))).expand(lead)
+    counts = counts.contiguous().reshape(rows)
+    flat = score.reshape(rows, n)
+    if flat.stride(-1) != 1:
+        flat = flat.contiguous()
+    out = torch.empty(rows, capacity, dtype=torch.int32, device=score.device)
+    _radix_select_kernel[(rows,)](
+        flat, lengths.to(torch.int32).contiguous(), counts, out, n, flat.stride(0),
+        out.stride(0), capacity, rows // batch, keep_first, keep_last,
+        BLOCK=block, OUT_BLOCK=min(1024, triton.next_power_of_2(max(capacity, 16))),
+        num_warps=4)
+    row_lengths = lengths.to(torch.int32).clamp(max=n).repeat_interleave(rows // batch)
+    return out.view(*lead, capacity), torch.minimum(counts, row_lengths).view(lead)
+
+
+__all__ = ["radix_top_positions"]

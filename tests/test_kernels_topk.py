@@ -1,0 +1,128 @@
+"""Radix-select top-K (specsim.kernels.topk_select) against a float64 numpy reference: fresh
+random scores every run, outputs poisoned first, ragged lengths (1, not a multiple of the
+block, the whole row), lists of one position and of the whole context, ties, negative scores
+and ±0, kept first/last positions. Runs in Triton's interpreter on the CPU (fp32/fp16 inputs)."""
+import numpy as np
+import pytest
+import torch
+
+from specsim.kernels._runtime import INTERPRETED
+from specsim.kernels.topk_select import radix_top_positions
+
+DEVICE = "cpu" if INTERPRETED else "cuda"
+
+
+def reference(score, lengths, counts, capacity, keep_first, keep_last):
+    """Each row's winners by (kept first, score descending, position ascending), ascending; the
+    kept positions tie among themselves (the lowest win when there are more than the count)."""
+    score = score.double().cpu().numpy()
+    lead, n = score.shape[:-1], score.shape[-1]
+    rows = score.reshape(-1, n)
+    per = rows.shape[0] // lengths.shape[0]
+    counts = np.broadcast_to(counts.cpu().numpy().reshape(
+        counts.shape + (1,) * (len(lead) - counts.dim())), lead).reshape(-1)
+    out = np.zeros((rows.shape[0], capacity), np.int64)
+    got = np.zeros(rows.shape[0], np.int64)
+    for r, row in enumerate(rows):
+        length = min(int(lengths[r // per]), n)
+        pos = np.arange(length)
+        kept = (pos < keep_first) | (pos >= length - keep_last)
+        key = np.where(kept, np.inf, row[:length])
+        # last key is primary; +0 ranks above −0 (as their bits do)
+        order = np.lexsort((pos, np.signbit(key), -key))
+        k = min(int(counts[r]), length)
+        out[r, :k] = np.sort(order[:k])
+        got[r] = k
+    return out.reshape(*lead, capacity), got.reshape(lead)
+
+
+def poisoned(fn):
+    real = torch.empty
+
+    def empty(*a, **kw):
+        t = real(*a, **kw)
+        return t.fill_(-7) if t.dtype == torch.int32 else t
+    torch.empty = empty
+    try:
+        return fn()
+    finally:
+        torch.empty = real
+
+
+def check(score, lengths, counts, capacity, keep_first=0, keep_last=0, block=256):
+    idx, cnt = poisoned(lambda: radix_top_positions(score, lengths, counts, capacity,
+                                                    keep_first, keep_last, block=block))
+    ref, ref_cnt = reference(score, lengths, counts, capacity, keep_first, keep_last)
+    assert idx.dtype == torch.int32 and idx.shape == ref.shape
+    assert np.array_equal(cnt.cpu().numpy(), ref_cnt)
+    assert np.array_equal(idx.cpu().numpy(), ref), (idx, ref)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_ragged_rows_per_kv_head(dtype):
+    g = torch.Generator().manual_seed(int(np.random.SeedSequence().entropy % 2**31))
+    n = 700
+    score = torch.randn(3, 2, n, generator=g).to(dtype).to(DEVICE)
+    lengths = torch.tensor([1, 333, 700], device=DEVICE)           # 333: not a block multiple
+    counts = torch.tensor([[1, 1], [40, 17], [700, 64]], device=DEVICE)
+    check(score, lengths, counts, capacity=700, keep_first=4, keep_last=16)
+
+
+def test_one_list_per_sequence_and_whole_rows():
+    g = torch.Generator().manual_seed(int(np.random.SeedSequence().entropy % 2**31))
+    score = torch.randn(4, 520, generator=g, dtype=torch.float64).float().to(DEVICE)
+    lengths = torch.tensor([520, 519, 2, 257], device=DEVICE)
+    counts = torch.tensor([520, 30, 5, 1], device=DEVICE)             # 5 > length 2: clamped
+    check(score, lengths, counts, capacity=520, keep_last=3)
+    check(score, lengths, counts[:, None].expand(-1, 1)[:, 0], capacity=520, block=1024)
+
+
+def test_ties_signs_and_zero():
+    """Integer-valued scores (many ties at the threshold: the lowest positions win), all
+    negative rows, −0 and +0, and kept positions beyond the budget's share."""
+    g = torch.Generator().manual_seed(int(np.random.SeedSequence().entropy % 2**31))
+    n = 300
+    score = torch.randint(-3, 3, (2, 3, n), generator=g).float()
+    score[1] = -score[1].abs() - 1.0                                   # all negative
+    score[0, 0, :50] = -0.0
+    score[0, 0, 50:100] = 0.0
+    lengths = torch.tensor([300, 299])
+    counts = torch.tensor([[120, 7, 299], [20, 21, 8]])
+    check(score.to(DEVICE), lengths.to(DEVICE), counts.to(DEVICE), capacity=300,
+          keep_first=2, keep_last=6, block=128)
+
+
+def test_matches_the_torch_topk_path_of_vegas():
+    """Same sets as the torch path the engine runs today (random scores: no ties)."""
+    from specsim.kernels.selection import _finish, _top_positions
+    g = torch.Generator().manual_seed(int(np.random.SeedSequence().entropy % 2**31))
+    score = torch.randn(3, 900, generator=g).to(DEVICE)
+    lengths = torch.tensor([900, 455, 600], device=DEVICE)
+    counts = torch.tensor([300, 300, 256], device=DEVICE)
+    chosen = _top_positions(score, lengths, 0, 64, 300)
+    want, want_counts = _finish(chosen, counts, span=900)
+    got, got_counts = radix_top_positions(score, lengths, counts, 300, 0, 64)
+    assert torch.equal(got_counts, want_counts)
+    for r in range(3):
+        k = int(want_counts[r])
+        assert torch.equal(got[r, :k], want[r, :k]) and not got[r, k:].any()
+
+
+@pytest.mark.skipif(INTERPRETED, reason="realistic shapes: on a GPU")
+def test_realistic_shapes_on_the_gpu():
+    """SparseSpec-L on Qwen3-8B shapes (batch 4, 8 KV heads, 32K, s = 0.07) and Vegas on one
+    list per sequence at 128K: the same sets as the torch path."""
+    from specsim.kernels.selection import _finish, _top_positions
+    for lead, n, s in (((4, 8), 32768, 0.07), ((4,), 131072, 0.03)):
+        score = torch.randn(*lead, n, device=DEVICE)
+        lengths = torch.tensor([n, n - 1000, n // 2 + 3, 4097], device=DEVICE)
+        counts = torch.ceil(lengths.double() * s).long()
+        capacity = int(np.ceil(n * s))
+        chosen = _top_positions(score, lengths, 4, 64, capacity)
+        want, want_counts = _finish(chosen, counts.view(-1, *([1] * (len(lead) - 1)))
+                                    .expand(lead), span=n)
+        got, got_counts = radix_top_positions(score, lengths, counts, capacity, 4, 64)
+        assert torch.equal(got_counts, want_counts)
+        mask = torch.arange(capacity, device=DEVICE) < want_counts[..., None]
+        assert torch.equal(torch.where(mask, got, 0), torch.where(mask, want, 0))
+        assert not torch.where(mask, 0, got).any()
