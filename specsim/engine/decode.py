@@ -508,7 +508,7 @@ class Engine:
             if refilled:
                 self._refresh_slots(sorted(set(refilled)))
         if refilled:
-            run.active_t.copy_(torch.tensor(run.active))
+            run._sync_active()
             run.mark()
         return refilled
 
@@ -663,7 +663,7 @@ class Engine:
                 inputs[:, 1:] = drafts[:, :k_iter]
                 logits = self.verify(q_len)
             with timer.phase("other"):
-                k_t = torch.tensor(k_seq, device=device).clamp(max=k_iter)
+                k_t = self._k_tensor(k_seq, k_iter)
                 if sampling.greedy:
                     m, token, accept = accept_greedy(drafts[:, :k_iter], logits, k_t)
                 else:
@@ -684,9 +684,15 @@ class Engine:
                     self.refresh(rows, m, slice(q_len - rows, q_len))
             with timer.phase("other"):
                 self._count_bytes(run, k_seq, k_iter)
-                m_h, token_h = m.tolist(), token.tolist()
-                drafts_h = drafts[:, :k_iter].tolist()
-                entropy_h, accept_h = entropies[:, :k_iter].tolist(), accept.tolist()
+                # one device-to-host read of everything the host keeps (token ids are exact in
+                # float64): each separate read is a synchronising copy
+                packed = torch.cat([m[:, None].double(), token[:, None].double(),
+                                    drafts[:, :k_iter].double(), entropies[:, :k_iter].double(),
+                                    accept.double()], 1).cpu().numpy()
+                ids = packed[:, :2 + k_iter].astype(np.int64)
+                m_h, token_h, drafts_h = ids[:, 0].tolist(), ids[:, 1].tolist(), ids[:, 2:]
+                entropy_h = packed[:, 2 + k_iter:2 + 2 * k_iter]
+                accept_h = np.clip(packed[:, 2 + 2 * k_iter:], 0.0, 1.0)
                 for b in range(batch):
                     if run.active[b] and adaptive is not None:
                         centres[b] = adaptive.update(centres[b], entropy_h[b], m_h[b], k_seq[b])
@@ -704,6 +710,19 @@ class Engine:
                     self.refresh(rows, m, slice(q_len - rows, q_len))
             for b in self._refill(run, x0, sampling, generator, timer):
                 centres[b] = adaptive.start if adaptive else None
+
+    def _k_tensor(self, k_seq: list[int], k_iter: int) -> torch.Tensor:
+        """``k_seq`` clamped to ``k_iter`` on the device; the common case (every sequence at
+        one k) from a cache instead of a host-to-device copy per iteration."""
+        first = k_seq[0]
+        if all(k == first for k in k_seq):
+            key = min(first, k_iter)
+            cache = self.__dict__.setdefault("_k_tensors", {})
+            if key not in cache:
+                cache[key] = torch.full((self.batch,), key, dtype=torch.long,
+                                        device=self.device)
+            return cache[key]
+        return torch.tensor(k_seq, device=self.device).clamp(max=k_iter)
 
     def _count_bytes(self, run: "_Run", k_seq: list[int], k_iter: int) -> None:
         """Weights once per forward; KV rows each pass attends to (drafts: the policy's
@@ -764,6 +783,7 @@ class _Run:
         self.tokens: list[list[int]] = [[t] for t in first] + [[] for _ in prompts[batch:]]
         self.active = [self._live(t) for t in first]
         self.active_t = torch.tensor(self.active, device=x0.device)
+        self._active_sent = list(self.active)    # what active_t holds
         self.iterations = 0
         self.iteration_of = [0] * batch
         self.rows: list[dict[str, list]] = [{"context": [], "k": [], "m": [], "entropy": [],
@@ -834,7 +854,7 @@ class _Run:
             if self.active[b]:
                 self.lengths[b] += 1
                 self._emit(b, [t])
-        self.active_t.copy_(torch.tensor(self.active))
+        self._sync_active()
         self._log_step(before, self.new_tokens() - emitted)
 
     def new_tokens(self) -> int:
@@ -851,14 +871,20 @@ class _Run:
             rows["k"].append(k_b)
             rows["m"].append(m_b)
             rows["entropy"].append(entropies[b][:k_b])
-            rows["accept_prob"].append([min(1.0, max(0.0, a)) for a in accept[b][:k_b]])
+            rows["accept_prob"].append(accept[b][:k_b])
             self.lengths[b] += m_b + 1
             self.iteration_of[b] += 1
-            self._emit(b, drafts[b][:m_b] + [token[b]])
+            self._emit(b, [int(t) for t in drafts[b][:m_b]] + [token[b]])
             if forced is not None and self.iteration_of[b] >= self.forced_of(b).iterations:
                 self.active[b] = False
-        self.active_t.copy_(torch.tensor(self.active))
+        self._sync_active()
         self._log_step(before, self.new_tokens() - emitted)
+
+    def _sync_active(self) -> None:
+        """The device copy of which slots are active, copied only when it changed."""
+        if self.active != self._active_sent:
+            self.active_t.copy_(torch.tensor(self.active))
+            self._active_sent = list(self.active)
 
     def traces(self, policy: str, s: float) -> list[RequestTrace]:
         out = []
