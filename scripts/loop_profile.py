@@ -1,0 +1,85 @@
+"""Where a speculative iteration's time goes beyond its draft/verify/selection steps: the
+engine's loop under torch.profiler on the GPU (issue #5/#8: the loop overhead term).
+
+    PYTHONPATH=. python3 scripts/loop_profile.py [MODEL] [BATCH] [CONTEXT] [K] [POLICY] [OUT_DIR]
+
+Random weights, forced acceptance (m = k // 2), the model fused and compiled as the runs use
+it. Prints the per-iteration phase split (CUDA events), the loop's own clock, the CUDA kernels
+by total time, and the host-side ops by self CPU time; writes a Chrome trace to OUT_DIR (open
+it in chrome://tracing or Perfetto to see the idle gaps between launches). On the CPU it runs a
+tiny model of the same family (a smoke test of the script).
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import numpy as np
+import torch
+
+from specsim.engine import Engine, build_model
+from specsim.specs import catalog_dir
+from specsim.traces.format import RequestTrace
+
+
+def main():
+    args = sys.argv[1:]
+    name = args[0] if args else "smollm2-135m"
+    batch = int(args[1]) if len(args) > 1 else 32
+    context = int(args[2]) if len(args) > 2 else 4096
+    k = int(args[3]) if len(args) > 3 else 4
+    policy = args[4] if len(args) > 4 else "vegas"
+    out_dir = args[5] if len(args) > 5 else None
+    cuda = torch.cuda.is_available()
+    config = json.loads((catalog_dir() / name / "config.json").read_text())
+    if not cuda:
+        config.update(hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+    model = build_model(config, weights="random", dtype=torch.bfloat16 if cuda else
+                        torch.float32, device="cuda" if cuda else "cpu")
+    if cuda:
+        model.fuse_projections()
+        model.compile_layers()
+    n = 24
+    prompts = [[0] * context] * batch
+    engine = Engine(model, batch=batch, max_len=context + (k + 1) * (n + 2) + 8, policy=policy,
+                    s=0.05, k_max=max(k, 1), beyond_max_position=True)
+    forced = [RequestTrace(str(b), policy, 0.05, context + np.arange(n) * (k // 2 + 1),
+                           np.full(n, k), np.full(n, k // 2)) for b in range(batch)]
+
+    def run():
+        with torch.inference_mode():
+            return engine.generate(prompts, n + 1, speculative=True, k=k, forced=forced,
+                                   prefill="random")
+
+    run()
+    run()                                                    # warm: compiled and captured
+    gen = run()
+    it = gen.iterations
+    loop = sum(s[0] for s in gen.steps) / len(gen.steps)
+    split = {p: 1e3 * v / it for p, v in gen.timing.items() if p != "prefill"}
+    print(f"{name} batch {batch} context {context} k {k} {policy}: loop clock "
+          f"{1e3 * loop:.3f} ms/iteration; phases (ms/iteration) "
+          + ", ".join(f"{p} {v:.3f}" for p, v in split.items())
+          + f"; unpriced {1e3 * loop - sum(v for p, v in split.items() if p != 'other'):.3f}")
+    activities = [torch.profiler.ProfilerActivity.CPU] + (
+        [torch.profiler.ProfilerActivity.CUDA] if cuda else [])
+    with torch.profiler.profile(activities=activities) as prof:
+        run()
+    sort = "cuda_time_total" if cuda else "cpu_time_total"
+    print(prof.key_averages().table(sort_by=sort, row_limit=25))
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=20))
+    if out_dir:
+        import gzip
+        import shutil
+        os.makedirs(out_dir, exist_ok=True)
+        path = os.path.join(out_dir, f"loop-{name}-b{batch}-k{k}-{policy}.json")
+        prof.export_chrome_trace(path)
+        with open(path, "rb") as src, gzip.open(path + ".gz", "wb") as dst:
+            shutil.copyfileobj(src, dst)
+        os.remove(path)
+
+
+if __name__ == "__main__":
+    main()
