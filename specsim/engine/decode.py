@@ -202,6 +202,7 @@ class Engine:
         args = self.args = model.args
         self.model, self.batch, self.k_max, self.s = model, batch, k_max, s
         self.policy = get_policy(policy) if isinstance(policy, str) else policy
+        self._k_tensors: dict[int, torch.Tensor] = {}   # uniform k per iteration, on the device
         self.device = model.lm_head.weight.device
         self.dtype = model.lm_head.weight.dtype
         paged = math.ceil(max_len / PAGE) * PAGE
@@ -508,7 +509,7 @@ class Engine:
             if refilled:
                 self._refresh_slots(sorted(set(refilled)))
         if refilled:
-            run._sync_active()
+            run.sync_active()
             run.mark()
         return refilled
 
@@ -717,11 +718,10 @@ class Engine:
         first = k_seq[0]
         if all(k == first for k in k_seq):
             key = min(first, k_iter)
-            cache = self.__dict__.setdefault("_k_tensors", {})
-            if key not in cache:
-                cache[key] = torch.full((self.batch,), key, dtype=torch.long,
-                                        device=self.device)
-            return cache[key]
+            if key not in self._k_tensors:
+                self._k_tensors[key] = torch.full((self.batch,), key, dtype=torch.long,
+                                                  device=self.device)
+            return self._k_tensors[key]
         return torch.tensor(k_seq, device=self.device).clamp(max=k_iter)
 
     def _count_bytes(self, run: "_Run", k_seq: list[int], k_iter: int) -> None:
@@ -854,7 +854,7 @@ class _Run:
             if self.active[b]:
                 self.lengths[b] += 1
                 self._emit(b, [t])
-        self._sync_active()
+        self.sync_active()
         self._log_step(before, self.new_tokens() - emitted)
 
     def new_tokens(self) -> int:
@@ -874,13 +874,13 @@ class _Run:
             rows["accept_prob"].append(accept[b][:k_b])
             self.lengths[b] += m_b + 1
             self.iteration_of[b] += 1
-            self._emit(b, [int(t) for t in drafts[b][:m_b]] + [token[b]])
+            self._emit(b, drafts[b][:m_b].tolist() + [token[b]])
             if forced is not None and self.iteration_of[b] >= self.forced_of(b).iterations:
                 self.active[b] = False
-        self._sync_active()
+        self.sync_active()
         self._log_step(before, self.new_tokens() - emitted)
 
-    def _sync_active(self) -> None:
+    def sync_active(self) -> None:
         """The device copy of which slots are active, copied only when it changed."""
         if self.active != self._active_sent:
             self.active_t.copy_(torch.tensor(self.active))
