@@ -11,15 +11,14 @@ tiny model of the same family (a smoke test of the script).
 """
 from __future__ import annotations
 
-import json
 import os
 import sys
 
 import numpy as np
 import torch
 
-from specsim.engine import Engine, build_model
-from specsim.specs import catalog_dir
+from specsim.engine import Engine
+from specsim.engine.model import timing_model
 from specsim.traces.format import RequestTrace
 
 
@@ -32,15 +31,7 @@ def main():
     policy = args[4] if len(args) > 4 else "vegas"
     out_dir = args[5] if len(args) > 5 else None
     cuda = torch.cuda.is_available()
-    config = json.loads((catalog_dir() / name / "config.json").read_text())
-    if not cuda:
-        config.update(hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=16)
-    model = build_model(config, weights="random", dtype=torch.bfloat16 if cuda else
-                        torch.float32, device="cuda" if cuda else "cpu")
-    if cuda:
-        model.fuse_projections()
-        model.compile_layers()
+    model = timing_model(name)
     n = 24
     prompts = [[0] * context] * batch
     engine = Engine(model, batch=batch, max_len=context + (k + 1) * (n + 2) + 8, policy=policy,

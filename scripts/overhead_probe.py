@@ -21,8 +21,8 @@ import numpy as np
 import torch
 
 import specsim.calibrate as C
-from specsim.engine import Engine, build_model
-from specsim.specs import catalog_dir
+from specsim.engine import Engine
+from specsim.engine.model import timing_model
 from specsim.traces.format import RequestTrace
 
 
@@ -32,15 +32,7 @@ def main():
     context = int(sys.argv[3]) if len(sys.argv) > 3 else 4096
     out_path = sys.argv[4] if len(sys.argv) > 4 else None
     cuda = torch.cuda.is_available()
-    config = json.loads((catalog_dir() / name / "config.json").read_text())
-    if not cuda:    # a CPU smoke run: a tiny model of the same family
-        config.update(hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=16)
-    model = build_model(config, weights="random", dtype=torch.bfloat16 if cuda else
-                        torch.float32, device="cuda" if cuda else "cpu")
-    if cuda:
-        model.fuse_projections()
-        model.compile_layers()
+    model = timing_model(name)
     n = C.OVERHEAD_STEPS
     prompts = [[0] * context] * batch
     rows = []

@@ -181,3 +181,14 @@ def test_smollm2_logits_match_transformers(smollm2_folder):
     assert relative_error(verify, expected[-q:]) < 1e-4
     assert torch.equal(verify.argmax(-1), expected[-q:].argmax(-1))
     assert time.perf_counter() - t0 < 60
+
+
+def test_timing_model_on_the_cpu_is_a_tiny_model_of_the_family():
+    """The GPU timing scripts' model: on a CPU (their smoke test) the catalogue model's family
+    and vocabulary with tiny layers."""
+    from specsim.engine.model import TINY_SHAPES, timing_model
+
+    model = timing_model("smollm2-135m")
+    assert model.args.num_layers == TINY_SHAPES["num_hidden_layers"]
+    assert model.args.hidden_size == TINY_SHAPES["hidden_size"]
+    assert model.args.vocab_size == 49152

@@ -400,3 +400,23 @@ def build_model(config: dict | str | Path, *, weights: str | Path = "random", se
 
 __all__ = ["Attend", "ModelArgs", "SUPPORTED", "Transformer", "apply_rope", "build_model",
            "load_weights", "random_weights", "read_config", "rope_frequencies", "rope_table"]
+
+
+#: A model small enough to run a GPU script's loop on the CPU (its smoke test).
+TINY_SHAPES = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                   num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+
+
+def timing_model(name: str) -> Transformer:
+    """Random weights of catalogue model ``name``'s shapes, prepared as timed runs use it: on a
+    GPU in bf16 with fused projections and compiled layers; on a CPU a tiny model of the same
+    family in fp32 (for smoke-testing timing scripts)."""
+    from specsim.specs import catalog_dir
+
+    config = json.loads((catalog_dir() / name / "config.json").read_text())
+    if not torch.cuda.is_available():
+        return build_model({**config, **TINY_SHAPES}, weights="random")
+    model = build_model(config, weights="random", dtype=torch.bfloat16, device="cuda")
+    model.fuse_projections()
+    model.compile_layers()
+    return model
