@@ -316,6 +316,10 @@ def _print_run(r: dict) -> None:
 @click.option("--prompts", "prompt_file", type=click.Path(exists=True, dir_okay=False),
               default=None, help="Prompt-set JSONL (scripts/engine_prompts.py). Default: the "
                                  "built-in set of source-file excerpts.")
+@click.option("--prompt-set", type=click.Choice(["default", "extended"]), default="default",
+              show_default=True,
+              help="Built-in set (without --prompts): default = the 12 excerpts of the shipped "
+                   "traces; extended = those and 36 more (acceptance averaged over more texts).")
 @click.option("--num-prompts", type=click.IntRange(min=1), default=None,
               help="Use only the first N prompts.")
 @click.option("--context", type=click.IntRange(min=1), default=4096, show_default=True,
@@ -336,8 +340,8 @@ def _print_run(r: dict) -> None:
                    "`python -m specsim.engine.record` on a machine without the CLI (e.g. "
                    "the GPU), so both record the same tokens.")
 def trace_cmd(model, weights, dtype, device, sampling, temperature, top_p, top_k,
-              max_new_tokens, max_prompt_tokens, seed, prompt_file, num_prompts, context,
-              policies, ks, ss, batch, out, export_prompts):
+              max_new_tokens, max_prompt_tokens, seed, prompt_file, prompt_set, num_prompts,
+              context, policies, ks, ss, batch, out, export_prompts):
     """Record acceptance traces over a prompt set and a grid of policies, k and s.
 
     One request record per (prompt, policy, k, s), id ``PROMPT|POLICY|kK|sS``. The file is
@@ -368,7 +372,7 @@ def trace_cmd(model, weights, dtype, device, sampling, temperature, top_p, top_k
         prompt_names = [f"random{i}" for i in range(count)]
         prompt_source = f"random tokens, {context} per prompt, seed {seed}"
     else:
-        specs = P.read_prompt_file(prompt_file) if prompt_file else P.default_specs()
+        specs = P.read_prompt_file(prompt_file) if prompt_file else P.default_specs(prompt_set)
         specs = specs[:num_prompts] if num_prompts else specs
         for spec in specs:
             if P.changed(spec):
@@ -376,7 +380,9 @@ def trace_cmd(model, weights, dtype, device, sampling, temperature, top_p, top_k
                     f"excerpt (another version)")
         prompt_ids = [P.prompt_tokens(spec, tokenizer, max_prompt_tokens) for spec in specs]
         prompt_names = [spec.id for spec in specs]
-        prompt_source = prompt_file or "specsim.engine.prompts.DEFAULT_SET"
+        prompt_source = prompt_file or ("specsim.engine.prompts.DEFAULT_SET"
+                                        if prompt_set == "default"
+                                        else f"specsim.engine.prompts.PROMPT_SETS[{prompt_set!r}]")
     if export_prompts:
         from specsim.engine.record import write_prompt_ids
         write_prompt_ids(export_prompts, prompt_names, prompt_ids, prompt_source)

@@ -20,15 +20,17 @@ def default_setups(policies, ks_forced, ks_free, ss, batch_free, context, weight
                    requests_free=None, prompt_ids=None):
     """Qwen3-8B shapes forced (random weights, batch 4, context 32K) and SmolLM2-135M free
     (real weights, ``batch_free`` slots, ``requests_free`` prompts as a continuous batch: the
-    built-in prompts the trace recorded, ``prompt_ids`` (all when None), cycled)."""
+    built-in prompts the trace recorded — ``prompt_ids``, from the extended set; the default
+    12 when None — cycled)."""
     from specsim.validate import Setup
 
     out = [Setup("qwen3-8b", "qwen3-8b", "forced", 4, policies, ks_forced, ss,
                  context=context)]
     if tokenizer_dir:
-        from specsim.engine.prompts import Tokenizer, default_specs, prompt_tokens
+        from specsim.engine.prompts import DEFAULT_SET, Tokenizer, default_specs, prompt_tokens
         tok = Tokenizer(tokenizer_dir)
-        specs = [spec for spec in default_specs() if prompt_ids is None or spec.id in prompt_ids]
+        specs = [spec for spec in default_specs("extended")
+                 if spec.id in (prompt_ids or {p[0] for p in DEFAULT_SET})]
         if not specs:
             raise SpecsimError("none of the built-in prompts is in the trace")
         ids = [prompt_tokens(spec, tok, 7000) for spec in specs]

@@ -4,10 +4,10 @@ Each line names a module of the Python standard library or of an installed packa
 byte range of its source file (cut at line boundaries, ~2K–6K tokens for SmolLM2's tokenizer)
 with the excerpt's sha256, and a task: a question about the code (chat-formatted) or a plain
 continuation. No text is stored; ``specsim trace --prompts FILE`` reads the excerpts at run
-time. The set is ``specsim.engine.prompts.DEFAULT_SET``, deterministic for a given Python and
-numpy version.
+time. The set is ``specsim.engine.prompts.DEFAULT_SET`` (or ``--set extended``: 48 excerpts),
+deterministic for a given Python and numpy version.
 
-    python scripts/engine_prompts.py [--out prompts.jsonl] [--tokenizer MODEL_FOLDER]
+    python scripts/engine_prompts.py [--out prompts.jsonl] [--set extended] [--tokenizer MODEL_FOLDER]
 """
 from __future__ import annotations
 
@@ -19,11 +19,13 @@ from specsim.engine import prompts as P
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="prompts.jsonl")
+    parser.add_argument("--set", default="default", choices=sorted(P.PROMPT_SETS),
+                        help="default: the shipped traces' 12; extended: those and 36 more")
     parser.add_argument("--tokenizer", default=None,
                         help="Model folder whose tokenizer counts the prompt tokens "
                              "(e.g. ~/.cache/specsim/models/smollm2-135m).")
     args = parser.parse_args(argv)
-    specs = P.default_specs()
+    specs = P.default_specs(args.set)
     P.write_prompt_file(args.out, specs)
     tokenizer = P.Tokenizer(args.tokenizer) if args.tokenizer else None
     for spec in specs:

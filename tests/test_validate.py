@@ -253,3 +253,24 @@ def test_free_setup_decodes_the_prompts_the_trace_recorded(monkeypatch):
     assert all(p[0] == len(i) for p, i in zip(free.prompts, free.prompt_ids))
     with pytest.raises(SpecsimError, match="none of the built-in prompts"):
         default_setups(["vegas"], [2], [2], [0.1], 4, 1024, "/w", "tok", 10, {"nope"})
+
+
+def test_prompt_sets_and_a_trace_of_the_extended_set(monkeypatch):
+    """The extended set is the default 12 followed by 36 more, all distinct; a trace that
+    recorded extended prompts gets them in the free setup; no trace ids: the default 12."""
+    import specsim.engine.prompts as P
+    from specsim.cli.validate_cmd import default_setups
+
+    default, extended = P.default_specs(), P.default_specs("extended")
+    assert [s.id for s in extended[:12]] == [s.id for s in default] and len(default) == 12
+    assert len(extended) == 48 == len({s.id for s in extended})
+    assert all(s.end > s.start for s in extended)
+    with pytest.raises(SpecsimError, match="unknown prompt set"):
+        P.default_specs("nope")
+    monkeypatch.setattr(P, "Tokenizer", lambda folder: None)
+    monkeypatch.setattr(P, "prompt_tokens", lambda spec, tok, n: [len(spec.id)] * 3)
+    keep = {extended[0].id, extended[20].id, extended[47].id}
+    free = default_setups(["vegas"], [2], [2], [0.1], 4, 1024, "/w", "tok", 6, keep)[1]
+    assert set(free.prompt_ids) == keep
+    free = default_setups(["vegas"], [2], [2], [0.1], 4, 1024, "/w", "tok", 24, None)[1]
+    assert set(free.prompt_ids) == {s.id for s in default}
