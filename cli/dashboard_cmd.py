@@ -81,8 +81,9 @@ def _hardware_set(default: str, choices: str) -> dict:
 @click.option("--calibration", "calibration_path", type=click.Path(dir_okay=False),
               default=None, help="Measured times to set against predictions: a calibration "
                                  "file from `specsim calibrate` (compared with the roofline "
-                                 "model on --hardware), or a JSON list of "
-                                 '{"label", "measured_ms", "predicted_ms"}.')
+                                 "model on --hardware), a `specsim validate report --json` "
+                                 "output (GPU runs vs their pre-run predictions), or a JSON "
+                                 'list of {"label", "measured_ms", "predicted_ms"}.')
 @click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True,
               help="Tensor-parallel GPUs.")
 @click.option("--k-max", type=click.IntRange(min=1), default=None,

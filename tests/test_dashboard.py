@@ -338,7 +338,10 @@ def test_calibration_file_against_the_roofline(tmp_path, model, h200, costs):
     rows = [Measurement("plain", 8, 16384, 1, None, [12.0, 12.5, 13.0]),
             Measurement("verify", 8, 16384, 5, None, [13.0]),
             Measurement("draft:vegas", 8, 16384, 1, 0.05, [2.0, 2.2]),
-            Measurement("selection:quest", 4, 4096, 1, 0.05, [0.3])]
+            Measurement("selection:quest", 4, 4096, 1, 0.05, [0.3]),
+            # loop overheads are residuals, not steps: left out (they used to crash the page)
+            Measurement("overhead:plain", 8, 16384, 1, None, [0.2]),
+            Measurement("overhead:speculative:vegas", 8, 16384, 3, None, [0.9])]
     path = tmp_path / "calibration.json"
     Calibration(prov, {}, rows).write(str(path))
     with pytest.raises(SpecsimError, match="needs a model and hardware"):
@@ -352,6 +355,27 @@ def test_calibration_file_against_the_roofline(tmp_path, model, h200, costs):
                 costs.selection([4096] * 4, 0.05, "quest", 1)]
     assert [p.predicted_ms for p in points] == pytest.approx([c.seconds * 1e3 for c in expected])
     assert points[1].label == "verify b=8 ctx=16K q=5"
+
+
+def test_validate_report_points(tmp_path):
+    """`specsim validate report --json`: every configuration's iteration time measured vs
+    predicted, grouped by setup and policy; a report without those fields is refused."""
+    doc = {"setups": [{"name": "smollm2", "rows": [
+        {"policy": "vegas", "s": 0.03, "k": 2, "iteration_ms_measured": 8.03,
+         "iteration_ms_predicted": 8.64},
+        {"policy": "quest", "s": 0.1, "k": 8, "iteration_ms_measured": 75.5,
+         "iteration_ms_predicted": 77.1}], "excluded": []}]}
+    path = tmp_path / "report.json"
+    path.write_text(json.dumps(doc))
+    what, points = load_validation(path)
+    assert what.startswith("specsim validate")
+    assert [(p.label, p.measured_ms, p.predicted_ms, p.group) for p in points] == [
+        ("smollm2 vegas s=0.03 k=2", 8.03, 8.64, "smollm2 vegas"),
+        ("smollm2 quest s=0.1 k=8", 75.5, 77.1, "smollm2 quest")]
+    del doc["setups"][0]["rows"][1]["iteration_ms_predicted"]
+    path.write_text(json.dumps(doc))
+    with pytest.raises(SpecsimError, match="validate report --json"):
+        load_validation(path)
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """Measured vs predicted times for the dashboard's validation figures, from pluggable readers.
 
-Two formats are read:
+Three formats are read:
 
 - a JSON list of points (or ``{"points": [...]}``)::
 
@@ -9,8 +9,10 @@ Two formats are read:
        ...]
 
 - a calibration file written by ``specsim calibrate --gpu`` (``{"specsim_calibration": 1,
-  ...}``): every measured median against the roofline model's prediction for the same
-  operation and shape, on the dashboard's model and hardware.
+  ...}``): every measured step median against the roofline model's prediction for the same
+  operation and shape, on the dashboard's model and hardware;
+- ``specsim validate report --json``: each configuration's seconds per iteration measured on
+  the GPU against the plan's prediction.
 
 More formats plug in with :func:`register_reader`: a reader says whether it recognises a parsed
 JSON document and turns it into :class:`ValidationPoint` s, given a :class:`ReadContext`
@@ -145,8 +147,10 @@ def _accepts_calibration(doc) -> bool:
 
 
 def _read_calibration(doc, path: str, context: ReadContext) -> list[ValidationPoint]:
-    """Each measurement's median against :class:`RooflineCostModel` for the same operation,
-    batch, context, q and s (selection at k = 1, as the calibrated model looks it up)."""
+    """Each step measurement's median against :class:`RooflineCostModel` for the same
+    operation, batch, context, q and s (selection at k = 1, as the calibrated model looks it
+    up). Loop overheads (``overhead:…``: what a decoding loop spends beyond its steps, a
+    residual near 0) are not steps the roofline prices, and are left out."""
     from specsim.costs import RooflineCostModel
     from specsim.costs.calibrated import read_calibration
     from specsim.dashboards.figures import tokens_label
@@ -160,6 +164,8 @@ def _read_calibration(doc, path: str, context: ReadContext) -> list[ValidationPo
     for m in calibration.measurements:
         contexts = [m.context] * m.batch
         kind, _, policy = m.op.partition(":")
+        if kind == "overhead":
+            continue
         if kind == "plain":
             cost, what = roofline.plain_step(contexts), ""
         elif kind == "verify":
@@ -175,6 +181,43 @@ def _read_calibration(doc, path: str, context: ReadContext) -> list[ValidationPo
 
 register_reader("calibration", _accepts_calibration, _read_calibration,
                 "specsim calibration: measured medians vs the roofline model")
+
+
+# --------------------------------------------------------------------------------------------
+# specsim validate report --json: every configuration's iteration time, measured vs predicted
+# --------------------------------------------------------------------------------------------
+
+
+def _accepts_validate_report(doc) -> bool:
+    return isinstance(doc, dict) and isinstance(doc.get("setups"), list) and \
+        any(isinstance(st, dict) and "rows" in st for st in doc["setups"])
+
+
+def _read_validate_report(doc, path: str, context: ReadContext) -> list[ValidationPoint]:
+    """The seconds per iteration of every measured (policy, k, s) in each setup's steady
+    window against what the plan predicted (``specsim validate report --json``), grouped by
+    setup and policy."""
+    out = []
+    for n, st in enumerate(doc["setups"]):
+        name = st.get("name", f"setup {n}")
+        for row in st.get("rows", []) + st.get("excluded", []):
+            try:
+                measured = float(row["iteration_ms_measured"])
+                predicted = float(row["iteration_ms_predicted"])
+                label = f"{name} {row['policy']} s={row['s']:g} k={row['k']}"
+            except (KeyError, TypeError, ValueError):
+                raise SpecsimError(f"{path}: setup {name}: a row without policy, s, k and "
+                                   f"iteration_ms_measured/predicted (write it with "
+                                   f"`specsim validate report --json`)") from None
+            if measured > 0 and predicted > 0:
+                out.append(ValidationPoint(label, measured, predicted,
+                                           f"{name} {row['policy']}"))
+    return out
+
+
+register_reader("validate-report", _accepts_validate_report, _read_validate_report,
+                "specsim validate: iteration time per configuration, measured on the GPU vs "
+                "predicted before the run")
 
 
 # --------------------------------------------------------------------------------------------
