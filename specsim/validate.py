@@ -91,16 +91,29 @@ def _pick_requests(group, batch: int, k: int, iterations: int):
     return [dataclasses.replace(r, context=r.context[:n], k=r.k[:n], m=r.m[:n]) for r in out]
 
 
-def _predict_forced(costs, requests, context: int, k: int, s: float, policy: str) -> float:
-    """Tokens / Σ T: each iteration costed at the sequences' contexts at that point."""
+def _predict_forced(costs, requests, context: int, k: int, s: float, policy: str
+                    ) -> tuple[float, dict[str, float]]:
+    """Tokens / Σ T, each iteration costed at the sequences' contexts at that point; and the
+    mean iteration's split (ms by phase)."""
     ctx = np.full(len(requests), context, dtype=np.int64)
     tokens = seconds = 0.0
-    for i in range(requests[0].iterations):
-        seconds += costs.iteration(ctx, k, s, policy).seconds
+    split: dict[str, float] = {}
+    n = requests[0].iterations
+    for i in range(n):
+        it = costs.iteration(ctx, k, s, policy)
+        seconds += it.seconds
+        for phase, sec in it.split().items():
+            split[phase] = split.get(phase, 0.0) + 1e3 * sec / n
         emitted = np.array([int(r.m[i]) + 1 for r in requests])
         tokens += emitted.sum()
         ctx = ctx + emitted
-    return tokens / seconds
+    return tokens / seconds, split
+
+
+def _mean_split(iterations) -> dict[str, float]:
+    """ms by phase (draft, verify, selection, other) of the mean of some IterationCosts."""
+    splits = [it.split() for it in iterations]
+    return {phase: 1e3 * float(np.mean([sp[phase] for sp in splits])) for phase in splits[0]}
 
 
 def _predict_forced_plain(costs, batch: int, context: int, tokens: int) -> float:
@@ -178,7 +191,8 @@ def build_plan(setups: list[Setup], trace_path: str, hardware: str = "h200",
                 reqs = _pick_requests(group, setup.batch, k, setup.iterations)
                 cfg["forced"] = [{"id": r.id, "k": r.k.tolist(), "m": r.m.tolist()}
                                  for r in reqs]
-                cfg["predict"] = _predict_forced(costs, reqs, setup.context, k, s, policy)
+                cfg["predict"], cfg["split_predicted_ms"] = _predict_forced(
+                    costs, reqs, setup.context, k, s, policy)
                 cfg["tokens_per_iteration_predicted"] = float(np.mean(
                     [np.mean(r.m + 1) for r in reqs]))
             else:
@@ -188,9 +202,10 @@ def build_plan(setups: list[Setup], trace_path: str, hardware: str = "h200",
                 # drafts past that are accepted but not emitted
                 emitted = emitted_tokens_per_iteration(est.survival, k,
                                                        max(1, setup.max_new_tokens - 1))
-                seconds = np.mean([costs.iteration(c, k, s, policy).seconds
-                                   for c in _full_batches(setup)])
+                its = [costs.iteration(c, k, s, policy) for c in _full_batches(setup)]
+                seconds = np.mean([it.seconds for it in its])
                 cfg["predict"] = setup.batch * emitted / seconds
+                cfg["split_predicted_ms"] = _mean_split(its)
                 cfg["tokens_per_iteration_predicted"] = e_tokens
                 cfg["emitted_per_iteration_predicted"] = emitted
                 cfg["acceptance_mode"] = "fitted" if bool(est.extrapolated[k - 1]) \
@@ -399,7 +414,9 @@ def report(plan: dict, measured: dict) -> dict:
                          "emitted_per_iteration_predicted": cfg.get(
                              "emitted_per_iteration_predicted",
                              cfg["tokens_per_iteration_predicted"]),
-                         "acceptance_mode": cfg.get("acceptance_mode", "forced")})
+                         "acceptance_mode": cfg.get("acceptance_mode", "forced"),
+                         "split_predicted_ms": cfg.get("split_predicted_ms"),
+                         "split_measured_ms": _measured_split(m)})
         # q = k + 1 beyond the Triton verify kernel runs the engine's torch fallback (eager,
         # no CUDA graph): listed, but not a configuration a user would run or calibrate
         from specsim.kernels.verify_attention import MAX_Q_LEN
@@ -423,6 +440,7 @@ def report(plan: dict, measured: dict) -> dict:
             res["iteration_time"] = {"mape": float(np.mean(np.abs(e))),
                                      "worst": float(np.max(np.abs(e))),
                                      "bias": float(np.mean(e))}
+            res["phases"] = phase_summary(sel)
             for p in predictors:
                 meas = np.array([r[TARGET[p]] for r in sel])
                 pred = np.array([r[p] for r in sel])
@@ -456,6 +474,32 @@ def report(plan: dict, measured: dict) -> dict:
             item["acceptance"] = acc
         out.append(item)
     return {"setups": out}
+
+
+#: Phases of an iteration, as the cost model splits it and the engine times it.
+PHASES = ("draft", "verify", "selection", "other")
+
+
+def _measured_split(m: dict) -> dict[str, float] | None:
+    """ms per iteration by phase over the whole run (CUDA-event phase totals; ``other`` also
+    takes the host time no phase covered), or None for measurements without the split."""
+    split, iterations = m.get("split_s"), m.get("iterations")
+    if not split or not iterations:
+        return None
+    loop = m["wall_s"] - split.get("prefill", 0.0)
+    out = {p: 1e3 * split.get(p, 0.0) / iterations for p in PHASES[:3]}
+    out["other"] = 1e3 * loop / iterations - sum(out.values())
+    return out
+
+
+def phase_summary(rows: list[dict]) -> dict[str, dict[str, float]] | None:
+    """Mean ms per iteration by phase, measured and predicted, over rows having both."""
+    both = [r for r in rows if r.get("split_measured_ms") and r.get("split_predicted_ms")]
+    if not both:
+        return None
+    return {p: {"measured": float(np.mean([r["split_measured_ms"][p] for r in both])),
+                "predicted": float(np.mean([r["split_predicted_ms"][p] for r in both]))}
+            for p in PHASES}
 
 
 def markdown(rep: dict, measured: dict) -> str:
@@ -495,6 +539,18 @@ def markdown(rep: dict, measured: dict) -> str:
                          for name, sm in [*item["per_policy"].items(), ("all", item["all"])])
                      + ".")
         lines.append("")
+        phases = {name: sm.get("phases")
+                  for name, sm in [*item["per_policy"].items(), ("all", item["all"])]}
+        if any(phases.values()):
+            lines += ["Cost side by phase (ms per iteration over the whole run, mean over the "
+                      "configurations; measured / predicted):", "",
+                      "| policy | " + " | ".join(PHASES) + " |", "|---|" + "---|" * len(PHASES)]
+            for name, ph in phases.items():
+                if ph:
+                    lines.append(f"| {name} | " + " | ".join(
+                        f"{ph[p]['measured']:.2f} / {ph[p]['predicted']:.2f}" for p in PHASES)
+                        + " |")
+            lines.append("")
         if item.get("acceptance"):
             lines.append("Acceptance side (tokens per iteration, predicted vs measured): "
                          + "; ".join(f"{m}: MAPE {v['mape'] * 100:.1f}%, worst "

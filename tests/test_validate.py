@@ -104,6 +104,18 @@ def test_plan_then_cpu_measurement_round_trip(tmp_path):
     # forced sequences all run the same iterations: the steady window is the whole loop
     assert row["steady_iterations"] == row["iterations"] == len(cfg["forced"][0]["m"])
     assert row["tokens_per_second_whole_run"] > 0
+    # the plan's phase split adds up to its prediction; the report sets the measured one
+    # beside it, the measured phases adding up to the loop's time per iteration
+    split = cfg["split_predicted_ms"]
+    assert set(split) == set(V.PHASES)
+    tokens = sum(sum(m + 1 for m in f["m"]) for f in cfg["forced"])
+    assert tokens / (len(cfg["forced"][0]["m"]) * sum(split.values()) / 1e3) == \
+        pytest.approx(cfg["predict"])
+    rep_row = V.report(plan, got)["setups"][0]["rows"][0]
+    measured = rep_row["split_measured_ms"]
+    loop_ms = 1e3 * (row["wall_s"] - row["split_s"].get("prefill", 0.0)) / row["iterations"]
+    assert sum(measured.values()) == pytest.approx(loop_ms)
+    assert measured["draft"] == pytest.approx(1e3 * row["split_s"]["draft"] / row["iterations"])
 
 
 def test_bad_files_are_rejected(tmp_path):
@@ -274,3 +286,30 @@ def test_prompt_sets_and_a_trace_of_the_extended_set(monkeypatch):
     assert set(free.prompt_ids) == keep
     free = default_setups(["vegas"], [2], [2], [0.1], 4, 1024, "/w", "tok", 24, None)[1]
     assert set(free.prompt_ids) == {s.id for s in default}
+
+
+def test_cost_side_by_phase_in_the_report():
+    """Per policy, mean ms per iteration by phase, measured (phase totals over iterations;
+    'other' takes what no phase covered) vs predicted, in the JSON and the Markdown."""
+    pred = {("vegas", 0.1, 2): 100.0, ("vegas", 0.1, 4): 130.0}
+    plan, got = fake(pred, {("vegas", 0.1, 2): 100.0, ("vegas", 0.1, 4): 110.0}, mode="free")
+    for n, (cfg, row) in enumerate(zip(plan["setups"][0]["configs"],
+                                       got["setups"][0]["configs"])):
+        cfg["split_predicted_ms"] = {"draft": 4.0 + n, "verify": 3.0, "selection": 0.5,
+                                     "other": 1.8}
+        row["iterations"] = 10
+        row["split_s"] = {"prefill": 0.5, "draft": 0.04 + 0.01 * n, "verify": 0.03,
+                          "selection": 0.005, "other": 0.008}
+        row["wall_s"] = 0.5 + 0.04 + 0.01 * n + 0.03 + 0.005 + 0.010   # 2 ms not in a phase
+    item = V.report(plan, got)["setups"][0]
+    ph = item["per_policy"]["vegas"]["phases"]
+    assert ph["draft"]["measured"] == pytest.approx(4.5) and ph["draft"]["predicted"] == 4.5
+    assert ph["other"]["measured"] == pytest.approx(1.0) and ph["other"]["predicted"] == 1.8
+    assert ph["selection"]["measured"] == pytest.approx(0.5)
+    text = V.markdown(V.report(plan, got), got)
+    assert "Cost side by phase" in text and "| vegas | 4.50 / 4.50 | 3.00 / 3.00 |" in text
+    # older plans and measurements without the split: no phase table
+    for cfg in plan["setups"][0]["configs"]:
+        del cfg["split_predicted_ms"]
+    assert V.report(plan, got)["setups"][0]["per_policy"]["vegas"]["phases"] is None
+    assert "Cost side by phase" not in V.markdown(V.report(plan, got), got)
