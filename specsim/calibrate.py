@@ -7,13 +7,15 @@ Triton kernels):
 
 - ``plain``: one plain decoding step (q = 1, full attention, no collection);
 - ``verify``: one verify pass of q tokens (with the Vegas Collect-2-Query rows, as in a run);
-  ``verify:quest`` the same pass on Quest's engine (its cache updates page bounds on every K
-  write), at q = ``OVERHEAD_K`` + 1;
+  ``verify:<policy>`` the same pass on a policy's own engine where it differs
+  (``POLICY_VERIFY_QS``: Quest's page bounds, the all-row logits of last-token and
+  SparseSpec-L);
 - ``draft:<policy>``: one sparse draft step at sparsity s, after a real selection — timed as
   runs draft, a chain of ``DRAFT_CHAIN`` greedy steps in one CUDA graph, divided by its length;
 - ``selection:<policy>``: one refresh of every layer's index lists after a verify, replayed
   as the engine's CUDA graph (Quest's page scoring runs inside each of its draft steps, so it
-  is part of ``draft:quest``);
+  is part of ``draft:quest``); SparseSpec-L's at several numbers of ranked rows
+  (``SELECTION_ROWS``, recorded as q);
 - ``overhead:plain`` and ``overhead:speculative:<policy>``: what a real decoding loop spends
   beyond those steps — accept/reject, rollback (Quest's page bounds included), the host's
   bookkeeping and the GPU's idle gaps between launches — per plain step, and per speculative
@@ -49,6 +51,17 @@ OVERHEAD_K = 4
 #: loop's host work grows with k (SmolLM2, batch 32, free-running on the H200: ~1.0 ms per
 #: iteration at k = 2, ~1.8 ms at k = 15), so two points give it a slope.
 OVERHEAD_KS = (2, 8)
+#: Verify passes timed on a policy's own engine (``verify:<policy>``), at these q: Quest's cache
+#: updates page bounds on every K write (a constant extra), and last-token and SparseSpec-L
+#: collect every verify row's logits (an extra that grows with q; the shared ``verify`` is
+#: timed on Vegas' engine, which collects two rows). Measured on the H200 (Qwen3-8B, batch 4,
+#: 32K): +0.1 ms at q = 3, +0.3 at q = 9, +2.0 at q = 13 over Vegas' verify.
+POLICY_VERIFY_QS = {"quest": (OVERHEAD_K + 1,), "last-token": (3, 9, 13, 16),
+                    "sparsespec": (3, 9, 13, 16)}
+#: Rows a policy's selection refresh ranks by, timed at each (recorded as q): SparseSpec-L's
+#: attention mass is summed over the last min(k + 1, W) verify rows, so its refresh grows with
+#: k (Qwen3-8B, batch 4, 32K: 3.0 ms at k = 2, 5.1 ms at k = 12).
+SELECTION_ROWS = {"sparsespec": (3, 9, 16)}
 #: Draft steps per timed chain (``draft:<policy>`` is the chain's time over this).
 DRAFT_CHAIN = 4
 #: Plain steps / speculative iterations per overhead measurement.
@@ -362,14 +375,21 @@ def _measure_policy(torch, Engine, model, grid: CalibrationGrid, batch: int, con
         record(f"draft:{policy}", [t / chain for t in _time(
             torch, lambda: engine.draft_chain(chain), grid.repeats, grid.warmup, undo_chain)],
             s=s)
-        if policy != "streamingllm":
+        if policy in SELECTION_ROWS:        # the refresh ranks by r rows: timed at each
+            for r in sorted({min(r, rows) for r in SELECTION_ROWS[policy]}):
+                record(f"selection:{policy}", _time(
+                    torch, lambda r=r: engine.refresh(r, zeros, slice(0, r)), grid.repeats,
+                    grid.warmup), q=r, s=s)
+            refresh()
+        elif policy != "streamingllm":
             record(f"selection:{policy}", _time(torch, refresh, grid.repeats, grid.warmup), s=s)
-        if engine.cache.page_size and s == grid.sparsities[0]:
-            # Quest's cache updates its page bounds on every K write: its own verify, at one q
-            q0 = min(OVERHEAD_K + 1, q_max)
-            record(f"verify:{policy}", _time(torch, lambda: engine.verify(q0), grid.repeats,
-                                             grid.warmup, lambda: engine.cache.rollback(q0)),
-                   q=q0)
+        if s == grid.sparsities[0]:
+            # the policy's own verify where it differs from the shared one (module doc)
+            for q0 in sorted({min(q, q_max) for q in POLICY_VERIFY_QS.get(policy, ())}):
+                record(f"verify:{policy}", _time(torch, lambda q0=q0: engine.verify(q0),
+                                                 grid.repeats, grid.warmup,
+                                                 lambda q0=q0: engine.cache.rollback(q0)),
+                       q=q0)
         if s == grid.sparsities[0] and grid.overheads_at(context):  # per policy (Quest's rollback)
             for k in sorted({min(k, engine.k_max) for k in OVERHEAD_KS}):
                 record(f"overhead:speculative:{policy}",

@@ -471,7 +471,7 @@ def test_policy_measurement_on_the_cpu_engine(monkeypatch):
                 tie_word_embeddings=False)
     model = build_model(tiny, weights="random", dtype=torch.float32, device="cpu")
     grid = C.CalibrationGrid(batches=[2], contexts=[600], qs=[1, 3, 6], sparsities=[0.1],
-                             policies=["vegas", "quest"], repeats=2, warmup=1)
+                             policies=["vegas", "quest", "sparsespec"], repeats=2, warmup=1)
     prompts = [[0] * 600] * 2
     room = 6 * (C.OVERHEAD_STEPS + 2) + 8
     rows = []
@@ -499,14 +499,23 @@ def test_policy_measurement_on_the_cpu_engine(monkeypatch):
                    ("draft:quest", 1, 0.1), ("selection:quest", 1, 0.1),
                    ("verify:quest", C.OVERHEAD_K + 1, None),
                    ("overhead:speculative:quest", 3, None),
-                   ("overhead:speculative:quest", 6, None)}
+                   ("overhead:speculative:quest", 6, None),
+                   # SparseSpec-L: its refresh at 3, 9 and 16 ranked rows; its own verify (all
+                   # rows collected) at q = 3 and 9, 13, 16 cut to the grid's largest, 6
+                   ("draft:sparsespec", 1, 0.1), ("selection:sparsespec", 3, 0.1),
+                   ("selection:sparsespec", 9, 0.1), ("selection:sparsespec", 16, 0.1),
+                   ("verify:sparsespec", 3, None), ("verify:sparsespec", 6, None),
+                   ("overhead:speculative:sparsespec", 3, None),
+                   ("overhead:speculative:sparsespec", 6, None)}
     assert all(len(m.samples_ms) == 2 and m.median_ms > 0 for m in rows
                if not m.op.startswith("overhead"))
     # every timed call started from the same cache lengths and list counts
     firsts = {(tuple(l.tolist()), None if c is None else tuple(c.flatten().tolist()))
               for l, c in calls}
     assert len({l for l, _ in firsts}) == 1
-    assert len({c for _, c in firsts if c is not None}) == 1     # Vegas' list lengths
+    counts = {c for _, c in firsts if c is not None}
+    # one state per list layout: Vegas' per-sequence lists, SparseSpec-L's per-KV-head ones
+    assert len(counts) == len({len(c) for c in counts}) == 2
 
 
 def test_a_policys_own_verify_adds_its_measured_difference(tmp_path):
@@ -681,3 +690,34 @@ def test_overheads_are_measured_at_three_contexts():
     assert grid.overheads_at(32768) and not grid.overheads_at(16384)
     assert C.CalibrationGrid(contexts=[600]).overhead_contexts() == [600]
     assert C.CalibrationGrid(contexts=[1024, 2048], overheads=False).overhead_contexts() == []
+
+
+def test_all_row_collectors_verify_and_sparsespec_refresh_depend_on_k():
+    """last-token's verify measured on its own engine at q = 3, 9, 13 (+0.1, +0.3, +2.0 ms
+    over the shared verify): linear between, held beyond; SparseSpec-L's refresh measured at 3
+    and 16 ranked rows: min(k + 1, 16) rows, linear between; files with one figure keep it."""
+    cal = synthetic()
+    rows = list(cal.measurements)
+    extra = {3: 0.1, 9: 0.3, 13: 2.0}
+    refresh = {3: 3.0, 16: 5.6}
+    for b in sorted({m.batch for m in rows}):
+        for c in sorted({m.context for m in rows}):
+            for q, e in extra.items():
+                t = true_ms("verify", b, c, q) + e
+                rows.append(Measurement("verify:last-token", b, c, q, None, [t] * 3))
+            for r, t in refresh.items():
+                rows.append(Measurement("selection:sparsespec", b, c, r, 0.05, [t] * 3))
+    model = CalibratedCostModel(Calibration(cal.provenance, cal.ceilings, rows), MODEL, HW)
+    bare = CalibratedCostModel(cal, MODEL, HW)
+    ctx = [8192] * 4
+    for k, want in ((2, 0.1), (5, 0.2), (10, 0.3 + 1.7 * 2 / 4), (12, 2.0), (15, 2.0), (1, 0.1)):
+        got = model.iteration(ctx, k, 0.05, "last-token").verify.seconds
+        assert (got - bare.verify(ctx, k + 1).seconds) * 1e3 == pytest.approx(want, abs=0.02), k
+    assert model.iteration(ctx, 8, 0.05, "vegas").verify.seconds == \
+        pytest.approx(bare.verify(ctx, 9).seconds)
+    for k, want in ((2, 3.0), (8, 3.0 + 2.6 * 6 / 13), (15, 5.6), (30, 5.6)):
+        got = model.iteration(ctx, k, 0.05, "sparsespec").selection.seconds * 1e3
+        assert got == pytest.approx(want, rel=0.03), k
+    report = held_out_check(Calibration(cal.provenance, cal.ceilings, rows), MODEL, HW)
+    assert report["per_op"]["selection:sparsespec"]["mape"] < 0.05
+    assert report["per_op"]["verify:last-token"]["mape"] < 0.05

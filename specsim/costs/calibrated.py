@@ -34,7 +34,7 @@ from specsim.atomic import atomic_writer, read_json
 from specsim.costs.base import Cost, IterationCost, as_contexts, compose_iteration
 from specsim.costs.roofline import RooflineCostModel
 from specsim.errors import SpecsimError
-from specsim.policies import get_policy
+from specsim.policies import SPARSESPEC_WINDOW, get_policy
 from specsim.specs import FULL_ATTENTION, HardwareSpec, ModelSpec
 
 FORMAT_KEY = "specsim_calibration"
@@ -501,23 +501,31 @@ class CalibratedCostModel:
         return self._lookup("verify", q, None, ctx, self.roofline.verify(ctx, q))
 
     def policy_verify(self, contexts: Sequence[int], q: int, policy: str) -> Cost:
-        """A verify pass as ``policy``'s engine runs it. Quest keeps per-page key bounds, which
-        every K write updates, so its verify costs more than the shared ``verify`` (timed on a
-        Vegas engine): where the calibration has ``verify:<policy>`` at some q0, the
-        difference at q0 (≥ 0) is added at every q (the page update depends on the pages a
-        pass touches, not on q)."""
+        """A verify pass as ``policy``'s engine runs it, where the calibration timed it there
+        (``verify:<policy>``): the shared ``verify`` (timed on a Vegas engine) plus the
+        measured difference (≥ 0). Quest's page-bound updates are measured at one q and added
+        at every q (they depend on the pages a pass touches, not on q); last-token's and
+        SparseSpec-L's all-row logits are measured at several q, the difference interpolated
+        linearly in q between them and held at the nearest beyond."""
         ctx = as_contexts(contexts)
         base = self.verify(ctx, q)
         op = f"verify:{get_policy(policy).name}"
         qs = sorted(key[1] for key in self.fits if key[0] == op)
         if not qs:
             return base
-        q0 = min(qs, key=lambda x: abs(x - q))
-        own = self._lookup(op, q0, None, ctx, self.roofline.verify(ctx, q0))
-        extra = max(0.0, own.seconds - self.verify(ctx, q0).seconds)
+
+        def extra_at(q0):
+            own = self._lookup(op, q0, None, ctx, self.roofline.verify(ctx, q0))
+            return max(0.0, own.seconds - self.verify(ctx, q0).seconds)
+
+        lo = max([x for x in qs if x <= q] or [qs[0]])
+        hi = min([x for x in qs if x >= q] or [qs[-1]])
+        extra = extra_at(lo) if lo == hi else \
+            extra_at(lo) + (extra_at(hi) - extra_at(lo)) * (q - lo) / (hi - lo)
+        where = f"q={lo}" if lo == hi else f"q={lo}..{hi}"
         return _relabel(base, base.seconds + extra,
                         f"{op} measured: +{extra * 1e6:.0f} µs over the shared verify at "
-                        f"q={q0}")
+                        f"{where}")
 
     def draft_step(self, contexts: Sequence[int], s: float, policy: str) -> Cost:
         ctx = as_contexts(contexts)
@@ -531,7 +539,22 @@ class CalibratedCostModel:
             return base
         # Quest's per-step page scoring runs inside its measured draft step; what remains here
         # is the refresh after each verify, once per iteration like every other policy
-        return self._lookup(f"selection:{policy}", 1, s, ctx, base)
+        op = f"selection:{policy}"
+        rows = sorted(key[1] for key in self.fits if key[0] == op and key[1] != 1)
+        if not rows:
+            return self._lookup(op, 1, s, ctx, base)
+        # measured at several numbers of ranked rows (SparseSpec-L: the last min(k + 1, W)
+        # verify rows): linear between them, the nearest beyond
+        want = min(k + 1, SPARSESPEC_WINDOW)
+        lo = max([x for x in rows if x <= want] or [rows[0]])
+        hi = min([x for x in rows if x >= want] or [rows[-1]])
+        t_lo = self._lookup(op, lo, s, ctx, base)
+        if lo == hi:
+            return t_lo
+        t_hi = self._lookup(op, hi, s, ctx, base)
+        seconds = t_lo.seconds + (t_hi.seconds - t_lo.seconds) * (want - lo) / (hi - lo)
+        return _relabel(t_lo, seconds, f"{op}: {want} rows interpolated between measured "
+                                       f"{lo} and {hi}")
 
     def prefill(self, prompt_lengths: Sequence[int]) -> Cost:
         cost = self.roofline.prefill(prompt_lengths)
@@ -620,7 +643,7 @@ def held_out_check(calibration: Calibration, model: ModelSpec, hardware: Hardwar
         elif kind == "draft":
             cost = fitted.draft_step(ctx, r.s, policy)
         else:
-            cost = fitted._lookup(r.op, 1, r.s, np.asarray(ctx),
+            cost = fitted._lookup(r.op, r.q, r.s, np.asarray(ctx),
                                   fitted.roofline.selection(ctx, r.s, policy, 1))
         err = cost.seconds * 1e3 / r.median_ms - 1.0
         key = r.op if kind != "verify" or policy else "verify"
