@@ -186,3 +186,34 @@ def test_proxy_check_through_triton_kernels():
     assert kernels.tokens == torch_path.tokens == expected
     assert np.allclose(np.array(kernels.proxy.overlap), np.array(torch_path.proxy.overlap),
                        atol=0.05)
+
+
+def test_last_token_refresh_ranks_each_sequences_own_row():
+    """last-token's refresh takes, per sequence, the collected row of its last accepted token
+    (``last_row``) in every layer: the lists equal Vegas' selection over that row alone."""
+    import torch
+
+    from specsim.engine import attention
+    from specsim.engine.selection import DraftSelection
+    from specsim.kernels.selection import vegas_select
+    from specsim.policies import get_policy
+
+    layers, batch, heads, kv, n, rows = 3, 4, 4, 2, 700, 5
+    backend = attention.AttentionBackend(torch.device("cpu"), num_heads=heads, num_kv_heads=kv,
+                                         head_dim=16, batch=batch, max_len=n, use_triton=False)
+    sel = DraftSelection("last-token", 0.1, num_layers=layers, batch=batch, num_heads=heads,
+                         num_kv_heads=kv, max_len=n, k_max=rows - 1, backend=backend,
+                         logits_dtype=torch.float32, device=torch.device("cpu"))
+    g = torch.Generator().manual_seed(int(torch.randint(0, 2**30, (1,))))
+    sel.logits.copy_(torch.randn(sel.logits.shape, generator=g))
+    lengths = torch.tensor([700, 650, 400, 699])
+    last = torch.tensor([0, 4, 2, 3])
+    sel.refresh(lengths, rows, last)
+    policy = get_policy("last-token")
+    for layer in range(layers):
+        for b in range(batch):
+            row = sel.logits[layer, b:b + 1, :, last[b]:last[b] + 1]          # [1, H, 1, n]
+            want, count = vegas_select(row, lengths[b:b + 1], 0.1, max_context=n, policy=policy)
+            got = sel.indices[layer, b]
+            assert int(sel.counts[layer, b]) == int(count[0])
+            assert torch.equal(got[:int(count[0])], want[0, :int(count[0])])

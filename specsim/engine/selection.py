@@ -148,10 +148,13 @@ class DraftSelection:
         elif self.kind in ("vegas", "vegas-all", "last-token"):
             logits = self.logits[:, :, :, :rows]
             if self.kind == "last-token":
+                # each sequence's row of its last accepted token, gathered in one pass into a
+                # contiguous [L, B, H, 1, n] (indexing a permuted view, then reshaping it,
+                # copied the rows twice)
                 pick = last_row.long().clamp(0, rows - 1)
-                picked = logits.permute(1, 3, 0, 2, 4)[torch.arange(batch, device=pick.device),
-                                                       pick]                    # [B, L, H, n]
-                logits = picked.transpose(0, 1)[:, :, :, None]               # [L, B, H, 1, n]
+                index = pick.view(1, batch, 1, 1, 1).expand(layers, batch, logits.shape[2], 1,
+                                                            logits.shape[-1])
+                logits = torch.gather(logits, 3, index)
             chosen, counts = attention.vegas_select(
                 logits.reshape(layers * batch, *logits.shape[2:]), folded_lengths, self.s,
                 max_context=n, policy=self.policy)
