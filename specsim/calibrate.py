@@ -179,6 +179,7 @@ def measure(spec: ModelSpec, grid: CalibrationGrid, config: dict | None = None,
 
     from specsim.engine import Engine, build_model
     from specsim.engine.decode import CACHE_ALIGN
+    from specsim.kernels.selection import RANKING
 
     if config is None:
         config = json.loads((catalog_dir() / spec.name / "config.json").read_text())
@@ -202,7 +203,7 @@ def measure(spec: ModelSpec, grid: CalibrationGrid, config: dict | None = None,
                     "overhead_clock": "loop steps"}
     prov["engine"] = {"fuse_projections": fuse, "compile_layers": compile, "cuda_graphs": True,
                       "draft_chain": True, "draft_timed_as_chain_of": DRAFT_CHAIN,
-                      "cache_align": CACHE_ALIGN}
+                      "cache_align": CACHE_ALIGN, "ranking": RANKING}
 
     def measure_one(batch, context):
         rows = _measure_shape(torch, Engine, model, grid, batch, context)

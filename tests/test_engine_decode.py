@@ -585,3 +585,19 @@ def test_the_collector_is_paused_while_decoding_and_restored(tiny, ragged, monke
     with pytest.raises(RuntimeError, match="boom"):
         engine.generate(ragged, 6, k=3)
     assert gc.isenabled()
+
+
+@pytest.mark.parametrize("policy", sorted(SMALL))
+def test_radix_ranking_in_the_engine_gives_the_same_run(tiny, ragged, plain_ragged, policy,
+                                                        monkeypatch):
+    """SPECSIM_RANKING=radix (the Triton top-K, and Quest's fused selection) drafts from the
+    same lists as torch.topk: the run is lossless and accepts exactly as the topk run does."""
+    from specsim.kernels import selection as S
+
+    runs = {}
+    for ranking in ("topk", "radix"):
+        monkeypatch.setattr(S, "RANKING", ranking)
+        runs[ranking] = speculative_decode(tiny, ragged, 24, policy=SMALL[policy], k=4, s=0.1)
+        assert all(a == b[:len(a)] for a, b in zip(runs[ranking].tokens, plain_ragged.tokens))
+    assert [t.m.tolist() for t in runs["radix"].traces] == \
+        [t.m.tolist() for t in runs["topk"].traces]

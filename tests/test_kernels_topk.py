@@ -126,3 +126,33 @@ def test_realistic_shapes_on_the_gpu():
         mask = torch.arange(capacity, device=DEVICE) < want_counts[..., None]
         assert torch.equal(torch.where(mask, got, 0), torch.where(mask, want, 0))
         assert not torch.where(mask, 0, got).any()
+
+
+@pytest.mark.parametrize("dtype,group,head_dim", [(torch.float32, 2, 16), (torch.float16, 4, 64),
+                                                  (torch.float32, 1, 8)])
+def test_fused_quest_selection_matches_the_torch_path(dtype, group, head_dim):
+    """Quest in one kernel (page scores, top pages with the newest kept, their positions cut
+    at the length) gives the torch path's lists and counts: ragged lengths (1, a page, a page
+    + 1, not a page multiple, the whole buffer), s from one page to every page."""
+    from specsim.kernels.selection import quest_select
+    from specsim.kernels.topk_select import quest_select_fused
+    g = torch.Generator().manual_seed(int(np.random.SeedSequence().entropy % 2**31))
+    kv, page, max_context = 2, 16, 1003
+    pages = -(-max_context // page)
+    lengths = torch.tensor([1, 16, 17, 300, 1003], dtype=torch.int32)
+    low = torch.randn(len(lengths), kv, pages + 1, head_dim, generator=g)
+    high = low + torch.rand(low.shape, generator=g)
+    q = torch.randn(len(lengths), kv * group, head_dim, generator=g)
+    low, high, q = (x.to(dtype).to(DEVICE) for x in (low, high, q))
+    for s in (0.01, 0.1, 0.37, 1.0):
+        # the kernel scores in fp32 from the stored values: so does the reference (the torch
+        # path on fp16 inputs rounds its scores to fp16, which reorders near-ties)
+        want, want_counts = quest_select(q.float(), low.float(), high.float(),
+                                         lengths.to(DEVICE), s, max_context=max_context,
+                                         ranking="topk")
+        capacity = want.shape[-1]
+        got, got_counts = poisoned(lambda: quest_select_fused(
+            q, low, high, lengths.to(DEVICE), s, max_context=max_context, page_size=page,
+            capacity=capacity))
+        assert torch.equal(got_counts, want_counts.to(torch.int32)), s
+        assert torch.equal(got, want), s

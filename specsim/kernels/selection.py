@@ -29,6 +29,7 @@ in every policy's recent window (keep ``recent ≥ q − 1``).
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 
@@ -39,12 +40,15 @@ from specsim.policies import Policy, get_policy
 #: How the top positions are found by default: "topk", "sort" (torch, then ordered by
 #: ``_finish``) or "radix" (``topk_select.radix_top_positions``: one Triton kernel that selects
 #: and orders); the same sets up to ties. See BENCHMARKS.md for which is faster where.
-RANKING = "topk"
+RANKING = os.environ.get("SPECSIM_RANKING", "topk")
+if RANKING not in ("topk", "sort", "radix"):
+    raise ValueError(f"SPECSIM_RANKING={RANKING!r}: expected topk, sort or radix")
 
 
 def _ranked_lists(score, lengths, counts, capacity, keep_first, keep_last, ranking, span):
     """Ascending top lists [..., capacity] and counts: torch ranking + ``_finish``, or the
-    radix kernel."""
+    radix kernel (``ranking`` None: the module's ``RANKING``, read at each call)."""
+    ranking = ranking or RANKING
     if ranking == "radix":
         from specsim.kernels.topk_select import radix_top_positions
         return radix_top_positions(score, lengths, counts, capacity, keep_first, keep_last)
@@ -112,7 +116,7 @@ def _top_positions(score: torch.Tensor, lengths: torch.Tensor, keep_first: int,
 
 def vegas_select(logits: torch.Tensor, lengths: torch.Tensor, s: float, *,
                  max_context: int | None = None, policy: Policy | None = None,
-                 ranking: str = RANKING) -> tuple[torch.Tensor, torch.Tensor]:
+                 ranking: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Vegas: one list per sequence from the collected logits [batch, heads, rows, ≥ max len]."""
     policy = policy or get_policy("vegas")
     max_context = max_context or logits.shape[-1]
@@ -185,7 +189,7 @@ def attention_mass_reference(logits: torch.Tensor, lengths: torch.Tensor, num_kv
 
 def sparsespec_select(logits: torch.Tensor, lengths: torch.Tensor, s: float, num_kv_heads: int,
                       *, lse: torch.Tensor | None = None, max_context: int | None = None,
-                      policy: Policy | None = None, ranking: str = RANKING
+                      policy: Policy | None = None, ranking: str | None = None
                       ) -> tuple[torch.Tensor, torch.Tensor]:
     """SparseSpec-L: one list per KV head from the logits of the last W verify queries,
     ``logits`` [batch, heads, W, ≥ max len] (verify with all rows collected) and their natural
@@ -219,12 +223,17 @@ def streamingllm_select(lengths: torch.Tensor, s: float, *, max_context: int,
 
 def quest_select(q: torch.Tensor, page_min: torch.Tensor, page_max: torch.Tensor,
                  lengths: torch.Tensor, s: float, *, max_context: int,
-                 policy: Policy | None = None, ranking: str = RANKING
+                 policy: Policy | None = None, ranking: str | None = None
                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """Quest: one list per KV head from the draft query ``q`` [batch, heads, head_dim] and page
     bounds [batch, kv_heads, ≥ pages, head_dim] (``KVCache.pages``)."""
     policy = policy or get_policy("quest")
     size = policy.page_size
+    if (ranking or RANKING) == "radix":   # scores, ranking and positions in one kernel
+        from specsim.kernels.topk_select import quest_select_fused
+        return quest_select_fused(
+            q, page_min, page_max, lengths, s, max_context=max_context, page_size=size,
+            capacity=math.ceil(policy.selected(max_context, s) / size) * size)
     batch, heads, head_dim = q.shape
     kv_heads = page_min.shape[1]
     pages = math.ceil(max_context / size)

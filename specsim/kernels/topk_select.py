@@ -1,5 +1,8 @@
 """Top-K positions of score rows as sorted lists, in one kernel: radix select + ordered compaction.
 
+Also Quest's whole selection (page scores, top pages, their positions) in one kernel:
+``quest_select_fused``.
+
 What the selection policies need from "top-K" is not a ranking but a *set*, delivered as the
 ascending position list the sparse draft kernel reads. ``torch.topk`` followed by ordering the
 winners (``selection._finish``: a mask, a prefix sum and two scatters over the whole row) makes
@@ -35,15 +38,11 @@ def _key_of(Score, row_off, pos, valid, length, keep_first, keep_last):
 
 
 @triton.jit
-def _radix_select_kernel(Score, Lengths, Counts, Out, n, stride_row, stride_out, capacity,
-                         rows_per_seq, keep_first, keep_last,
-                         BLOCK: tl.constexpr, OUT_BLOCK: tl.constexpr):
-    row = tl.program_id(0)
-    row_off = row.to(tl.int64) * stride_row
-    length = tl.minimum(tl.load(Lengths + row // rows_per_seq), n)
-    want = tl.minimum(tl.load(Counts + row), length)
+def _radix_threshold(Score, row_off, length, want, keep_first, keep_last,
+                     BLOCK: tl.constexpr):
+    """The ``want``-th largest key of a row's first ``length`` scores (radix select, one byte
+    per pass, most significant first), and how many keys equal to it are among the top."""
     bins = tl.arange(0, 256)
-    # ---- radix select: the want-th largest key, one byte per pass, most significant first
     remaining = want
     prefix = tl.zeros([], tl.int32)           # the threshold's bytes chosen so far
     for p in tl.static_range(4):
@@ -71,8 +70,19 @@ def _radix_select_kernel(Score, Lengths, Counts, Out, n, stride_row, stride_out,
             prefix = (d ^ 0x80) << 24
         else:
             prefix = prefix | (d << shift)
-    threshold = prefix
-    ties = remaining                           # keys equal to the threshold still to take
+    return prefix, remaining
+
+
+@triton.jit
+def _radix_select_kernel(Score, Lengths, Counts, Out, n, stride_row, stride_out, capacity,
+                         rows_per_seq, keep_first, keep_last,
+                         BLOCK: tl.constexpr, OUT_BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    row_off = row.to(tl.int64) * stride_row
+    length = tl.minimum(tl.load(Lengths + row // rows_per_seq), n)
+    want = tl.minimum(tl.load(Counts + row), length)
+    threshold, ties = _radix_threshold(Score, row_off, length, want, keep_first, keep_last,
+                                       BLOCK)
     # ---- ordered compaction: winners in position order
     taken = tl.zeros([], tl.int32)
     tied = tl.zeros([], tl.int32)
@@ -93,6 +103,66 @@ def _radix_select_kernel(Score, Lengths, Counts, Out, n, stride_row, stride_out,
         slot = start + tl.arange(0, OUT_BLOCK)
         tl.store(Out + out_off + slot, tl.zeros([OUT_BLOCK], tl.int32),
                  mask=(slot >= taken) & (slot < capacity))
+
+
+@triton.jit
+def _quest_select_kernel(Q, PMin, PMax, Lengths, S, Scratch, Out, Counts, capacity,
+                         stride_qb, stride_qh, stride_pb, stride_pg, stride_pp, stride_out,
+                         stride_scratch,
+                         NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr,
+                         HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, BLOCK_P: tl.constexpr,
+                         BLOCK: tl.constexpr, OUT_BLOCK: tl.constexpr):
+    pid = tl.program_id(0)
+    b = (pid // NUM_KV_HEADS).to(tl.int64)
+    g = (pid % NUM_KV_HEADS).to(tl.int64)
+    length = tl.load(Lengths + b)
+    pages = (length + PAGE - 1) // PAGE
+    # the policy's budget: ceil(L·s) tokens (in float64, as selected_counts), in whole pages
+    budget = tl.ceil(length.to(tl.float64) * tl.load(S)).to(tl.int32)
+    want = tl.minimum((budget + PAGE - 1) // PAGE, pages)
+    want = tl.where(length > 0, want, 0)
+    # ---- page scores: max over the KV head's query heads of Σ_d max(q_d·min_d, q_d·max_d)
+    dims = tl.arange(0, HEAD_DIM)
+    row_off = pid.to(tl.int64) * stride_scratch
+    for p0 in range(0, pages, BLOCK_P):
+        page = p0 + tl.arange(0, BLOCK_P)
+        ok = page < pages
+        off = b * stride_pb + g * stride_pg + page[:, None] * stride_pp + dims[None, :]
+        low = tl.load(PMin + off, mask=ok[:, None], other=0.0).to(tl.float32)
+        high = tl.load(PMax + off, mask=ok[:, None], other=0.0).to(tl.float32)
+        score = tl.full([BLOCK_P], float("-inf"), tl.float32)
+        for h in tl.static_range(GROUP):
+            q = tl.load(Q + b * stride_qb + (g * GROUP + h) * stride_qh + dims).to(tl.float32)
+            bound = tl.sum(tl.maximum(q[None, :] * low, q[None, :] * high), 1)
+            score = tl.maximum(score, bound)
+        tl.store(Scratch + row_off + page, score, mask=ok)
+    tl.debug_barrier()
+    # ---- the top pages (the newest always), their positions in order
+    threshold, ties = _radix_threshold(Scratch, row_off, pages, want, 0, 1, BLOCK)
+    tokens = tl.where(want > 0, (want - 1) * PAGE + length - (pages - 1) * PAGE, 0)
+    taken = tl.zeros([], tl.int32)
+    tied = tl.zeros([], tl.int32)
+    out_off = pid.to(tl.int64) * stride_out
+    within = tl.arange(0, PAGE)
+    for start in range(0, pages, BLOCK):
+        page = start + tl.arange(0, BLOCK)
+        valid = page < pages
+        key = _key_of(Scratch, row_off, page, valid, pages, 0, 1)
+        eq = valid & (key == threshold)
+        eq_rank = tied + tl.cumsum(eq.to(tl.int32), 0) - 1
+        take = ((valid & (key > threshold)) | (eq & (eq_rank < ties))) & (want > 0)
+        rank = taken + tl.cumsum(take.to(tl.int32), 0) - 1
+        slot = rank[:, None] * PAGE + within[None, :]
+        position = page[:, None] * PAGE + within[None, :]
+        tl.store(Out + out_off + slot, position.to(tl.int32),
+                 mask=take[:, None] & (slot < tokens))
+        taken += tl.sum(take.to(tl.int32), 0)
+        tied += tl.sum(eq.to(tl.int32), 0)
+    for start in range(0, capacity, OUT_BLOCK):
+        slot = start + tl.arange(0, OUT_BLOCK)
+        tl.store(Out + out_off + slot, tl.zeros([OUT_BLOCK], tl.int32),
+                 mask=(slot >= tokens) & (slot < capacity))
+    tl.store(Counts + pid, tokens)
 
 
 def radix_top_positions(score: torch.Tensor, lengths: torch.Tensor, counts: torch.Tensor,
@@ -130,4 +200,35 @@ def radix_top_positions(score: torch.Tensor, lengths: torch.Tensor, counts: torc
     return out.view(*lead, capacity), torch.minimum(counts, row_lengths).view(lead)
 
 
-__all__ = ["radix_top_positions"]
+def quest_select_fused(q: torch.Tensor, page_min: torch.Tensor, page_max: torch.Tensor,
+                       lengths: torch.Tensor, s: float, *, max_context: int, page_size: int,
+                       capacity: int, block_pages: int = 64, block: int = 1024
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quest's selection in one launch per call: page scores from the draft query ``q``
+    [batch, heads, head_dim] and the page bounds [batch, kv_heads, ≥ pages, head_dim], the
+    top ``ceil(ceil(L·s) / page)`` pages (the newest always) by radix select, written as their
+    positions in ascending order, the newest page cut at the length; int32 [batch, kv_heads,
+    capacity] padded with 0, and the counts [batch, kv_heads]. The same lists as
+    ``selection.quest_select`` (which makes ~25 launches for it), up to ties."""
+    batch, heads, head_dim = q.shape
+    kv_heads = page_min.shape[1]
+    pages = -(-max_context // page_size)
+    if page_min.stride(-1) != 1 or page_max.stride() != page_min.stride():
+        raise ValueError("page bounds must share one layout with a contiguous last dimension")
+    q = q if q.stride(-1) == 1 else q.contiguous()
+    scratch = torch.empty(batch * kv_heads, max(pages, 1), dtype=torch.float32,
+                          device=q.device)
+    out = torch.empty(batch * kv_heads, capacity, dtype=torch.int32, device=q.device)
+    counts = torch.empty(batch * kv_heads, dtype=torch.int32, device=q.device)
+    s_t = torch.tensor([float(s)], dtype=torch.float64, device=q.device)
+    _quest_select_kernel[(batch * kv_heads,)](
+        q, page_min, page_max, lengths.to(torch.int32).contiguous(), s_t, scratch, out,
+        counts, capacity, q.stride(0), q.stride(1), page_min.stride(0), page_min.stride(1),
+        page_min.stride(2), out.stride(0), scratch.stride(0),
+        NUM_KV_HEADS=kv_heads, GROUP=heads // kv_heads, HEAD_DIM=head_dim, PAGE=page_size,
+        BLOCK_P=block_pages, BLOCK=block,
+        OUT_BLOCK=min(1024, triton.next_power_of_2(max(capacity, 16))), num_warps=4)
+    return out.view(batch, kv_heads, capacity), counts.view(batch, kv_heads)
+
+
+__all__ = ["quest_select_fused", "radix_top_positions"]
