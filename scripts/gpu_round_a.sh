@@ -14,13 +14,13 @@
 set -u
 export PYTHONPATH=.
 python3 -m pytest -q -x tests/test_engine_gpu.py tests/test_kernels_topk.py 2>&1 | tail -3
-python3 scripts/loop_profile.py smollm2-135m 32 4096 4 vegas "$OUT/profile" 2>&1 \
-    | grep -v CUDAEvent | head -60 > "$OUT/loop-profile.txt"; head -1 "$OUT/loop-profile.txt"
+python3 scripts/loop_profile.py smollm2-135m 32 4096 4 vegas "$OUT/profile" \
+    > "$OUT/loop-profile.txt" 2>&1; grep -v CUDAEvent "$OUT/loop-profile.txt" | head -1
 python3 benchmarks/bench_kernels.py --head-dims 128 --contexts 32768 --q-lens 8 --no-check \
     --budget-s 90 --out "$OUT/bench" 2>&1 | grep -i "select" | tail -12
 for ranking in topk radix; do
-    SPECSIM_RANKING=$ranking python3 scripts/loop_profile.py smollm2-135m 32 4096 4 quest 2>&1 \
-        | grep -v CUDAEvent | head -1 | sed "s/^/[$ranking] /"
+    PROFILE=0 SPECSIM_RANKING=$ranking python3 scripts/loop_profile.py smollm2-135m 32 4096 4 \
+        quest 2>&1 | grep -v CUDAEvent | head -1 | sed "s/^/[$ranking] /"
 done
 python3 scripts/calibrate_shipped.py --out-dir "$OUT/cal" --models smollm2-135m \
     --budget-s "${1:-240}" --repeats 10 2>&1 | grep -v "^\[" | tail -5

@@ -3,6 +3,8 @@ engine's loop under torch.profiler on the GPU (issue #5/#8: the loop overhead te
 
     PYTHONPATH=. python3 scripts/loop_profile.py [MODEL] [BATCH] [CONTEXT] [K] [POLICY] [OUT_DIR]
 
+(PROFILE=0: only the phase split, no profiler run.)
+
 Random weights, forced acceptance (m = k // 2), the model fused and compiled as the runs use
 it. Prints the per-iteration phase split (CUDA events), the loop's own clock, the CUDA kernels
 by total time, and the host-side ops by self CPU time; writes a Chrome trace to OUT_DIR (open
@@ -54,6 +56,8 @@ def main():
           f"{1e3 * loop:.3f} ms/iteration; phases (ms/iteration) "
           + ", ".join(f"{p} {v:.3f}" for p, v in split.items())
           + f"; unpriced {1e3 * loop - sum(v for p, v in split.items() if p != 'other'):.3f}")
+    if os.environ.get("PROFILE", "1") == "0":     # the phase split only
+        return
     activities = [torch.profiler.ProfilerActivity.CPU] + (
         [torch.profiler.ProfilerActivity.CUDA] if cuda else [])
     with torch.profiler.profile(activities=activities) as prof:
