@@ -74,6 +74,18 @@ def _radix_threshold(Score, row_off, length, want, keep_first, keep_last,
 
 
 @triton.jit
+def _winners(key, valid, threshold, ties, tied, taken, want):
+    """One block of a row in position order: which positions are among the top (above the
+    threshold, or equal to it while ties remain), their ranks, and the running counts of
+    winners and of threshold-equal keys."""
+    eq = valid & (key == threshold)
+    eq_rank = tied + tl.cumsum(eq.to(tl.int32), 0) - 1
+    take = ((valid & (key > threshold)) | (eq & (eq_rank < ties))) & (want > 0)
+    rank = taken + tl.cumsum(take.to(tl.int32), 0) - 1
+    return take, rank, taken + tl.sum(take.to(tl.int32), 0), tied + tl.sum(eq.to(tl.int32), 0)
+
+
+@triton.jit
 def _radix_select_kernel(Score, Lengths, Counts, Out, n, stride_row, stride_out, capacity,
                          rows_per_seq, keep_first, keep_last,
                          BLOCK: tl.constexpr, OUT_BLOCK: tl.constexpr):
@@ -91,14 +103,8 @@ def _radix_select_kernel(Score, Lengths, Counts, Out, n, stride_row, stride_out,
         pos = start + tl.arange(0, BLOCK)
         valid = pos < length
         key = _key_of(Score, row_off, pos, valid, length, keep_first, keep_last)
-        eq = valid & (key == threshold)
-        eq_rank = tied + tl.cumsum(eq.to(tl.int32), 0) - 1
-        take = (valid & (key > threshold)) | (eq & (eq_rank < ties))
-        take = take & (want > 0)
-        slot = taken + tl.cumsum(take.to(tl.int32), 0) - 1
+        take, slot, taken, tied = _winners(key, valid, threshold, ties, tied, taken, want)
         tl.store(Out + out_off + slot, pos.to(tl.int32), mask=take)
-        taken += tl.sum(take.to(tl.int32), 0)
-        tied += tl.sum(eq.to(tl.int32), 0)
     for start in range(0, capacity, OUT_BLOCK):
         slot = start + tl.arange(0, OUT_BLOCK)
         tl.store(Out + out_off + slot, tl.zeros([OUT_BLOCK], tl.int32),
@@ -148,16 +154,11 @@ def _quest_select_kernel(Q, PMin, PMax, Lengths, S, Scratch, Out, Counts, capaci
         page = start + tl.arange(0, BLOCK)
         valid = page < pages
         key = _key_of(Scratch, row_off, page, valid, pages, 0, 1)
-        eq = valid & (key == threshold)
-        eq_rank = tied + tl.cumsum(eq.to(tl.int32), 0) - 1
-        take = ((valid & (key > threshold)) | (eq & (eq_rank < ties))) & (want > 0)
-        rank = taken + tl.cumsum(take.to(tl.int32), 0) - 1
+        take, rank, taken, tied = _winners(key, valid, threshold, ties, tied, taken, want)
         slot = rank[:, None] * PAGE + within[None, :]
         position = page[:, None] * PAGE + within[None, :]
         tl.store(Out + out_off + slot, position.to(tl.int32),
                  mask=take[:, None] & (slot < tokens))
-        taken += tl.sum(take.to(tl.int32), 0)
-        tied += tl.sum(eq.to(tl.int32), 0)
     for start in range(0, capacity, OUT_BLOCK):
         slot = start + tl.arange(0, OUT_BLOCK)
         tl.store(Out + out_off + slot, tl.zeros([OUT_BLOCK], tl.int32),
