@@ -203,7 +203,7 @@ def radix_top_positions(score: torch.Tensor, lengths: torch.Tensor, counts: torc
 
 def quest_select_fused(q: torch.Tensor, page_min: torch.Tensor, page_max: torch.Tensor,
                        lengths: torch.Tensor, s: float, *, max_context: int, page_size: int,
-                       capacity: int, block_pages: int = 64, block: int = 1024
+                       capacity: int, block_pages: int | None = None, block: int = 1024
                        ) -> tuple[torch.Tensor, torch.Tensor]:
     """Quest's selection in one launch per call: page scores from the draft query ``q``
     [batch, heads, head_dim] and the page bounds [batch, kv_heads, ≥ pages, head_dim], the
@@ -214,6 +214,8 @@ def quest_select_fused(q: torch.Tensor, page_min: torch.Tensor, page_max: torch.
     batch, heads, head_dim = q.shape
     kv_heads = page_min.shape[1]
     pages = -(-max_context // page_size)
+    # a [pages × head_dim] tile of each bound in registers: ~4K elements each
+    block_pages = block_pages or max(16, 4096 // head_dim)
     if page_min.stride(-1) != 1 or page_max.stride() != page_min.stride():
         raise ValueError("page bounds must share one layout with a contiguous last dimension")
     q = q if q.stride(-1) == 1 else q.contiguous()
