@@ -721,3 +721,60 @@ def test_all_row_collectors_verify_and_sparsespec_refresh_depend_on_k():
     report = held_out_check(Calibration(cal.provenance, cal.ceilings, rows), MODEL, HW)
     assert report["per_op"]["selection:sparsespec"]["mape"] < 0.05
     assert report["per_op"]["verify:last-token"]["mape"] < 0.05
+
+
+def test_measure_end_to_end_on_the_cpu(tmp_path, monkeypatch):
+    """The whole `specsim calibrate --gpu` flow on a tiny model with the CUDA-only parts
+    stubbed: every op the cost model needs is measured (per-policy overheads at k = 2 and the
+    largest, all-row verifies, SparseSpec-L's refresh by rows), the checkpoint is the final
+    file, and the calibrated model built from it prices an iteration."""
+    import torch
+
+    import specsim.calibrate as C
+    import specsim.engine as E
+    from specsim.engine import model as M
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *a: (10**12, 10**12))
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(C, "_ceilings", lambda torch_: {"copy_bandwidth_Bps": 4e12})
+    monkeypatch.setattr(C, "OVERHEAD_STEPS", 3)
+
+    def wall(torch_, fn, repeats, warmup, after=None):
+        out = []
+        for i in range(warmup + repeats):
+            start = time.perf_counter()
+            fn()
+            if i >= warmup:
+                out.append(time.perf_counter() - start)
+            if after:
+                after()
+        return out
+
+    monkeypatch.setattr(C, "_time", wall)
+    real_build = M.build_model
+    monkeypatch.setattr(E, "build_model", lambda config, **kw: real_build(
+        config, **{**kw, "device": "cpu", "dtype": torch.float32}))
+    tiny = dict(model_type="llama", vocab_size=128, hidden_size=64, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, intermediate_size=96,
+                max_position_embeddings=8192, tie_word_embeddings=True)
+    grid = C.CalibrationGrid(batches=[1, 2], contexts=[300, 900], qs=[1, 3, 6],
+                             sparsities=[0.1], policies=["vegas", "sparsespec", "last-token"],
+                             repeats=2, warmup=1)
+    path = str(tmp_path / "cal.json")
+    cal = C.measure(MODEL, grid, config=tiny, fuse=False, compile=False, checkpoint=path,
+                    progress=False)
+    back = read_calibration(path)
+    assert back.provenance["complete"] is True and len(back.measurements) == len(
+        cal.measurements)
+    assert back.provenance["engine"]["ranking"] == "topk"
+    ops = {(m.op, m.q) for m in back.measurements}
+    for policy in grid.policies:
+        assert {(f"overhead:speculative:{policy}", 3), (f"overhead:speculative:{policy}", 6)} \
+            <= ops
+    assert {("verify:last-token", 3), ("verify:last-token", 6), ("verify:sparsespec", 3),
+            ("selection:sparsespec", 3), ("selection:sparsespec", 16)} <= ops
+    assert ("verify:vegas", 3) not in ops
+    it = CalibratedCostModel(back, MODEL, HW).iteration([600, 600], 4, 0.1, "sparsespec")
+    split = it.split()
+    assert split["draft"] > 0 and split["verify"] > 0 and split["selection"] > 0
+    assert split["other"] >= 0                      # a residual, clamped at 0
