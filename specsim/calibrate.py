@@ -54,8 +54,9 @@ OVERHEAD_KS = (2, 8)
 #: Verify passes timed on a policy's own engine (``verify:<policy>``), at these q: Quest's cache
 #: updates page bounds on every K write (a constant extra), and last-token and SparseSpec-L
 #: collect every verify row's logits (an extra that grows with q; the shared ``verify`` is
-#: timed on Vegas' engine, which collects two rows). Measured on the H200 (Qwen3-8B, batch 4,
-#: 32K): +0.1 ms at q = 3, +0.3 at q = 9, +2.0 at q = 13 over Vegas' verify.
+#: timed on Vegas' engine, which collects two rows). In the H200 validation runs (Qwen3-8B,
+#: batch 4, 32K) their verify took +0.0 ms at q = 3, +0.1 at q = 5, +1.2 at q = 9 and +2.0 at
+#: q = 13 over Vegas'.
 POLICY_VERIFY_QS = {"quest": (OVERHEAD_K + 1,), "last-token": (3, 9, 13, 16),
                     "sparsespec": (3, 9, 13, 16)}
 #: Rows a policy's selection refresh ranks by, timed at each (recorded as q): SparseSpec-L's
