@@ -315,8 +315,10 @@ def measure(plan: dict, repeats: int = 2, progress: bool = True, device: str = "
                     warm = [dataclasses.replace(t, context=t.context[:2], k=t.k[:2],
                                                 m=t.m[:2]) for t in forced]
                     engine.generate(prompts, 1, k=cfg["k"], forced=warm, prefill=state)
-                else:
-                    engine.generate(prompts, 2 * cfg["k"] + 4, k=cfg["k"], prefill=state)
+                else:   # warm up (graphs captured) on one batch and one refill, not the queue
+                    warm = list(range(min(len(prompts), setup.batch + 1)))
+                    engine.generate([prompts[i] for i in warm], 2 * cfg["k"] + 4, k=cfg["k"],
+                                    prefill=state.subset(warm))
                 gens = [engine.generate(prompts, setup.max_new_tokens, k=cfg["k"],
                                         forced=forced, prefill=state) for _ in range(repeats)]
                 tps = [g.steady_tokens_per_second for g in gens]
