@@ -321,6 +321,22 @@ def collect_provenance(model: ModelSpec, kernel_config_hash: str) -> dict:
 # --------------------------------------------------------------------------------------------
 
 
+def _bracket(xs: list[int], x: float, extrapolate: bool = False) -> tuple[int, int]:
+    """The measured points (sorted ``xs``) to interpolate ``x`` between: its neighbours; beyond
+    the ends the nearest end twice (held), or with ``extrapolate`` the two end points."""
+    lo = max([v for v in xs if v <= x] or [xs[0]])
+    hi = min([v for v in xs if v >= x] or [xs[-1]])
+    if extrapolate and lo == hi and len(xs) > 1 and not xs[0] < x < xs[-1] and x != lo:
+        lo, hi = (xs[0], xs[1]) if x < xs[0] else (xs[-2], xs[-1])
+    return lo, hi
+
+
+def _interp(value, lo: int, hi: int, x: float) -> float:
+    """``value`` linear in x through lo and hi (``value(lo)`` when they coincide)."""
+    a = value(lo)
+    return a if lo == hi else a + (value(hi) - a) * (x - lo) / (hi - lo)
+
+
 class CalibratedCostModel:
     """Measured costs behind the :class:`~specsim.costs.base.CostModel` interface."""
 
@@ -471,13 +487,9 @@ class CalibratedCostModel:
             how = ""
         else:
             q = k + 1
-            lo = max([x for x in qs if x <= q] or [qs[0]])
-            hi = min([x for x in qs if x > lo] or [qs[-1]])
-            if lo == hi:                                # beyond the largest: the last two
-                lo = qs[-2]
-            (t_lo, in_lo), (t_hi, in_hi) = at(lo), at(hi)
-            seconds = t_lo + (t_hi - t_lo) * (q - lo) / (hi - lo)
-            inside = in_lo and in_hi
+            lo, hi = _bracket(qs, q, extrapolate=True)
+            seconds = _interp(lambda x: at(x)[0], lo, hi, q)
+            inside = at(lo)[1] and at(hi)[1]
             how = (f" at k={k}, " + ("interpolated" if qs[0] <= q <= qs[-1] else
                                      "extrapolated") + f" from k={lo - 1}, {hi - 1}")
         note = f"{op} measured{how}" + ("" if inside else
@@ -518,10 +530,8 @@ class CalibratedCostModel:
             own = self._lookup(op, q0, None, ctx, self.roofline.verify(ctx, q0))
             return max(0.0, own.seconds - self.verify(ctx, q0).seconds)
 
-        lo = max([x for x in qs if x <= q] or [qs[0]])
-        hi = min([x for x in qs if x >= q] or [qs[-1]])
-        extra = extra_at(lo) if lo == hi else \
-            extra_at(lo) + (extra_at(hi) - extra_at(lo)) * (q - lo) / (hi - lo)
+        lo, hi = _bracket(qs, q)
+        extra = _interp(extra_at, lo, hi, q)
         where = f"q={lo}" if lo == hi else f"q={lo}..{hi}"
         return _relabel(base, base.seconds + extra,
                         f"{op} measured: +{extra * 1e6:.0f} µs over the shared verify at "
@@ -546,13 +556,11 @@ class CalibratedCostModel:
         # measured at several numbers of ranked rows (SparseSpec-L: the last min(k + 1, W)
         # verify rows): linear between them, the nearest beyond
         want = min(k + 1, SPARSESPEC_WINDOW)
-        lo = max([x for x in rows if x <= want] or [rows[0]])
-        hi = min([x for x in rows if x >= want] or [rows[-1]])
+        lo, hi = _bracket(rows, want)
         t_lo = self._lookup(op, lo, s, ctx, base)
         if lo == hi:
             return t_lo
-        t_hi = self._lookup(op, hi, s, ctx, base)
-        seconds = t_lo.seconds + (t_hi.seconds - t_lo.seconds) * (want - lo) / (hi - lo)
+        seconds = _interp(lambda r: self._lookup(op, r, s, ctx, base).seconds, lo, hi, want)
         return _relabel(t_lo, seconds, f"{op}: {want} rows interpolated between measured "
                                        f"{lo} and {hi}")
 
