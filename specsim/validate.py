@@ -96,18 +96,13 @@ def _predict_forced(costs, requests, context: int, k: int, s: float, policy: str
     """Tokens / Σ T, each iteration costed at the sequences' contexts at that point; and the
     mean iteration's split (ms by phase)."""
     ctx = np.full(len(requests), context, dtype=np.int64)
-    tokens = seconds = 0.0
-    split: dict[str, float] = {}
-    n = requests[0].iterations
-    for i in range(n):
-        it = costs.iteration(ctx, k, s, policy)
-        seconds += it.seconds
-        for phase, sec in it.split().items():
-            split[phase] = split.get(phase, 0.0) + 1e3 * sec / n
+    tokens, its = 0.0, []
+    for i in range(requests[0].iterations):
+        its.append(costs.iteration(ctx, k, s, policy))
         emitted = np.array([int(r.m[i]) + 1 for r in requests])
         tokens += emitted.sum()
         ctx = ctx + emitted
-    return tokens / seconds, split
+    return tokens / sum(it.seconds for it in its), _mean_split(its)
 
 
 def _mean_split(iterations) -> dict[str, float]:

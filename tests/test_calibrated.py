@@ -233,6 +233,16 @@ def with_overheads(cal, plain_us=lambda b: 40 + 2 * b, spec_us=lambda b: 90 + 5 
     return Calibration(cal.provenance, cal.ceilings, rows)
 
 
+def assert_op_rejected(path, index: int, op: str):
+    """Measurement ``index`` of the calibration file ``path`` renamed to an unknown ``op``: the
+    file is refused, naming it."""
+    doc = json.loads(path.read_text())
+    doc["measurements"][index]["op"] = op
+    path.write_text(json.dumps(doc))
+    with pytest.raises(SpecsimError, match="nonsense"):
+        read_calibration(str(path))
+
+
 def test_measured_loop_overheads_enter_plain_steps_and_iterations():
     bare, cal = CalibratedCostModel(synthetic(), MODEL, HW), CalibratedCostModel(
         with_overheads(synthetic()), MODEL, HW)
@@ -292,11 +302,7 @@ def test_per_policy_loop_overhead_wins_over_the_generic_one(tmp_path):
     path = tmp_path / "cal.json"
     Calibration(cal.provenance, cal.ceilings, rows).write(str(path))
     assert read_calibration(str(path)).measurements[-1].op == "overhead:speculative:quest"
-    d = json.loads(path.read_text())
-    d["measurements"][-1]["op"] = "overhead:speculative:nonsense"
-    path.write_text(json.dumps(d))
-    with pytest.raises(SpecsimError, match="nonsense"):
-        read_calibration(str(path))
+    assert_op_rejected(path, -1, "overhead:speculative:nonsense")
 
 
 def test_merging_a_cut_short_run_with_an_older_one():
@@ -544,11 +550,7 @@ def test_a_policys_own_verify_adds_its_measured_difference(tmp_path):
     path = tmp_path / "cal.json"
     both.write(str(path))
     assert any(m.op == "verify:quest" for m in read_calibration(str(path)).measurements)
-    doc = json.loads(path.read_text())
-    doc["measurements"][-2]["op"] = "verify:nonsense"
-    path.write_text(json.dumps(doc))
-    with pytest.raises(SpecsimError, match="nonsense"):
-        read_calibration(str(path))
+    assert_op_rejected(path, -2, "verify:nonsense")
 
 
 def test_selection_and_quest_pages_are_priced_on_the_longest_sequence():

@@ -144,8 +144,10 @@ def main(argv=None) -> None:
     parser.add_argument("out", help="trace file (specsim JSONL); resumed when it exists")
     parser.add_argument("--weights", required=True,
                         help="model folder: config.json + safetensors (real weights)")
-    parser.add_argument("--name", default=None, help="model name in the trace (default: the catalogue name of a fetchable model's "
-                             "folder, e.g. smollm2 -> smollm2-135m; else the folder name)")
+    parser.add_argument("--name", default=None,
+                        help="model name in the trace (default: the catalogue name of a "
+                             "fetchable model's folder, e.g. smollm2 -> smollm2-135m; else "
+                             "the folder name)")
     parser.add_argument("--dtype", default="auto",
                         choices=["auto", "bfloat16", "float16", "float32"],
                         help="auto: bfloat16 on a GPU, float32 on the CPU")
