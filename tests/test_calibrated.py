@@ -233,6 +233,24 @@ def with_overheads(cal, plain_us=lambda b: 40 + 2 * b, spec_us=lambda b: 90 + 5 
     return Calibration(cal.provenance, cal.ceilings, rows)
 
 
+def wall_timer(before_each=None):
+    """A CPU stand-in for ``calibrate._time``: each call timed by the wall clock (after
+    ``before_each()``, which may record the state the call starts from)."""
+    def timer(torch_, fn, repeats, warmup, after=None):
+        out = []
+        for i in range(warmup + repeats):
+            if before_each:
+                before_each()
+            start = time.perf_counter()
+            fn()
+            if i >= warmup:
+                out.append(time.perf_counter() - start)
+            if after:
+                after()
+        return out
+    return timer
+
+
 def assert_op_rejected(path, index: int, op: str):
     """Measurement ``index`` of the calibration file ``path`` renamed to an unknown ``op``: the
     file is refused, naming it."""
@@ -447,20 +465,10 @@ def test_policy_measurement_on_the_cpu_engine(monkeypatch):
 
     calls = []
 
-    def wall_time(torch_, fn, repeats, warmup, after=None):
-        out = []
-        for i in range(warmup + repeats):
-            before = (engine_ref[0].cache.lengths.clone(),
-                      None if engine_ref[0].selection.counts is None
-                      else engine_ref[0].selection.counts.clone())
-            t = time.perf_counter()
-            fn()
-            if i >= warmup:
-                out.append(time.perf_counter() - t)
-            if after:
-                after()
-            calls.append(before)
-        return out
+    wall_time = wall_timer(lambda: calls.append((
+        engine_ref[0].cache.lengths.clone(),
+        None if engine_ref[0].selection.counts is None
+        else engine_ref[0].selection.counts.clone())))
 
     engine_ref = []
     real_engine = Engine
@@ -741,18 +749,7 @@ def test_measure_end_to_end_on_the_cpu(tmp_path, monkeypatch):
     monkeypatch.setattr(C, "_ceilings", lambda torch_: {"copy_bandwidth_Bps": 4e12})
     monkeypatch.setattr(C, "OVERHEAD_STEPS", 3)
 
-    def wall(torch_, fn, repeats, warmup, after=None):
-        out = []
-        for i in range(warmup + repeats):
-            start = time.perf_counter()
-            fn()
-            if i >= warmup:
-                out.append(time.perf_counter() - start)
-            if after:
-                after()
-        return out
-
-    monkeypatch.setattr(C, "_time", wall)
+    monkeypatch.setattr(C, "_time", wall_timer())
     real_build = M.build_model
     monkeypatch.setattr(E, "build_model", lambda config, **kw: real_build(
         config, **{**kw, "device": "cpu", "dtype": torch.float32}))
