@@ -239,6 +239,25 @@ def test_forced_acceptance_replays_m(tiny, ragged):
     assert replay.forwards["verify"] == max(t.iterations for t in recorded)
 
 
+def test_forced_replay_of_per_sequence_draft_lengths(tiny, ragged):
+    """Traces whose k differs between sequences and iterations (the adaptive controller's)
+    replay exactly: each iteration's k and m go to the device through the engine's staging
+    buffers, which the next iteration overwrites."""
+    recorded = speculative_decode(tiny, ragged, 40, policy=SMALL["vegas"], k=8, s=0.6,
+                                  adaptive=AdaptiveK(gamma=0.05)).traces
+    ks = [t.k.tolist() for t in recorded]
+    assert any(len(set(col)) > 1 for col in zip(*[k[:min(map(len, ks))] for k in ks]))
+    prompts = forced_prompts(recorded, TINY["vocab_size"], seed=2)
+    engine = Engine(tiny, batch=3, max_len=800, policy="vegas", s=0.1, k_max=8)
+    replay = engine.generate(prompts, 1, forced=recorded)
+    for got, want in zip(replay.traces, recorded):
+        assert got.k.tolist() == want.k.tolist() and got.m.tolist() == want.m.tolist()
+    with torch.inference_mode():                   # as inside generate
+        staged = engine._to_device("k", [5, 0, 7])
+        assert staged.tolist() == [5, 0, 7]
+        assert engine._to_device("k", [1, 2, 3]).data_ptr() == staged.data_ptr()
+
+
 def test_adaptive_k_uses_the_analytical_controller(tiny, ragged, plain_ragged, monkeypatch):
     calls = []
     original = decode.adaptive_k

@@ -103,3 +103,34 @@ def test_bf16_real_scale_shapes_run():
     engine = Engine(net, batch=4, max_len=33000, policy="vegas", s=0.05, k_max=8)
     result = engine.generate(prompts((32000,) * 4, vocab=151936), 32, k=8)
     assert result.new_tokens == 128 and result.bandwidth() > 1e11
+
+
+@pytest.mark.parametrize("policy", ["vegas", "quest"])
+def test_forced_acceptance_adds_no_host_sync(model, policy):
+    """A forced-acceptance iteration synchronises with the GPU as often as a free-running one
+    (once, its packed device-to-host read): the forced m goes up through a pinned buffer.
+    Copied from pageable memory it waited for the verify pass, so the host queued the rest of
+    the iteration only after it: a stall free-running loops do not have, which the
+    calibration's forced-loop overheads carried into every prediction."""
+    import warnings
+
+    import numpy as np
+
+    from specsim.traces.format import RequestTrace
+
+    batch, k, n = prompts((1500, 2100)), 4, 12
+    forced = [RequestTrace(str(b), policy, 0.1, len(p) + np.arange(n) * 3, np.full(n, k),
+                           np.full(n, 2)) for b, p in enumerate(batch)]
+    engine = Engine(model, batch=2, max_len=2200, policy=policy, s=0.1, k_max=k)
+    engine.generate(batch, 24, k=k, forced=forced)            # compile and capture first
+    syncs = {}
+    for mode in ("free", "forced"):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                gen = engine.generate(batch, 24, k=k, forced=forced if mode == "forced" else None)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        syncs[mode] = sum("synchroniz" in str(w.message) for w in caught) / gen.iterations
+    assert syncs["forced"] <= syncs["free"] + 1e-9, syncs

@@ -203,6 +203,7 @@ class Engine:
         self.model, self.batch, self.k_max, self.s = model, batch, k_max, s
         self.policy = get_policy(policy) if isinstance(policy, str) else policy
         self._k_tensors: dict[int, torch.Tensor] = {}   # uniform k per iteration, on the device
+        self._staging: dict[str, tuple[np.ndarray, torch.Tensor, torch.Tensor]] = {}
         self.device = model.lm_head.weight.device
         self.dtype = model.lm_head.weight.dtype
         paged = math.ceil(max_len / PAGE) * PAGE
@@ -672,9 +673,9 @@ class Engine:
                         drafts[:, :k_iter], draft_probs[:, :k_iter],
                         probabilities(logits, sampling), generator, k_t)
                 if forced is not None:
-                    m = torch.tensor([min(int(run.forced_of(b).m[min(
+                    m = self._to_device("forced_m", [min(int(run.forced_of(b).m[min(
                         run.iteration_of[b], run.forced_of(b).iterations - 1)]), k_seq[b])
-                        for b in range(batch)], device=device)
+                        for b in range(batch)])
                     token = logits.argmax(-1).gather(1, m[:, None]).squeeze(1)
                 kept = torch.where(run.active_t, m + 1, 0)
                 self.cache.rollback((q_len - kept).int())
@@ -722,7 +723,25 @@ class Engine:
                 self._k_tensors[key] = torch.full((self.batch,), key, dtype=torch.long,
                                                   device=self.device)
             return self._k_tensors[key]
-        return torch.tensor(k_seq, device=self.device).clamp(max=k_iter)
+        return self._to_device("k", k_seq).clamp(max=k_iter)
+
+    def _to_device(self, name: str, values: list[int]) -> torch.Tensor:
+        """``values`` (one int per slot) as a device tensor, without stalling the host: written
+        into a pinned host buffer and copied asynchronously. A plain ``torch.tensor(values,
+        device="cuda")`` copies from pageable memory, which waits for the stream to drain: for
+        the forced m that is the verify pass, so the host could not queue the rest of the
+        iteration while it ran (a stall a free-running loop does not have, and which the
+        forced-acceptance loop overheads of a calibration then carried). Reusing the buffer is
+        safe: every iteration ends in a synchronising device-to-host read, so the previous copy
+        out of it has completed. The returned tensor is overwritten by the next call."""
+        if name not in self._staging:
+            cuda = torch.device(self.device).type == "cuda"
+            host = torch.zeros(self.batch, dtype=torch.long, pin_memory=cuda)
+            self._staging[name] = (host.numpy(), host,
+                                   torch.zeros(self.batch, dtype=torch.long, device=self.device))
+        view, host, device = self._staging[name]
+        view[:] = values
+        return device.copy_(host, non_blocking=True)
 
     def _count_bytes(self, run: "_Run", k_seq: list[int], k_iter: int) -> None:
         """Weights once per forward; KV rows each pass attends to (drafts: the policy's
