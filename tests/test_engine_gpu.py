@@ -134,3 +134,20 @@ def test_forced_acceptance_adds_no_host_sync(model, policy):
                 torch.cuda.set_sync_debug_mode("default")
         syncs[mode] = sum("synchroniz" in str(w.message) for w in caught) / gen.iterations
     assert syncs["forced"] <= syncs["free"] + 1e-9, syncs
+
+
+@pytest.mark.parametrize("policy", ["quest", "vegas", "sparsespec"])
+def test_radix_ranking_graphs_and_matches_topk(model, policy, monkeypatch):
+    """SPECSIM_RANKING=radix (the fused Quest selection, the radix top-K) captures in the
+    engine's CUDA graphs and decodes what the torch.topk ranking decodes."""
+    import specsim.kernels.selection as selection
+
+    batch = prompts((1500, 2100, 1800))
+    runs = {}
+    for ranking in ("topk", "radix"):
+        monkeypatch.setattr(selection, "RANKING", ranking)
+        engine = Engine(model, batch=3, max_len=2200, policy=policy, s=0.1, k_max=6)
+        runs[ranking] = engine.generate(batch, 48, k=6)
+    assert runs["radix"].tokens == runs["topk"].tokens
+    assert [t.m.tolist() for t in runs["radix"].traces] == \
+        [t.m.tolist() for t in runs["topk"].traces]

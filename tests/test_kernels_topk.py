@@ -134,8 +134,9 @@ def test_fused_quest_selection_matches_the_torch_path(dtype, group, head_dim):
     """Quest in one kernel (page scores, top pages with the newest kept, their positions cut
     at the length) gives the torch path's lists and counts: ragged lengths (1, a page, a page
     + 1, not a page multiple, the whole buffer), s from one page to every page."""
-    from specsim.kernels.selection import quest_select
+    from specsim.kernels.selection import quest_select, selected_counts
     from specsim.kernels.topk_select import quest_select_fused
+    from specsim.policies import get_policy
     g = torch.Generator().manual_seed(int(np.random.SeedSequence().entropy % 2**31))
     kv, page, max_context = 2, 16, 1003
     pages = -(-max_context // page)
@@ -151,8 +152,27 @@ def test_fused_quest_selection_matches_the_torch_path(dtype, group, head_dim):
                                          lengths.to(DEVICE), s, max_context=max_context,
                                          ranking="topk")
         capacity = want.shape[-1]
+        budget = selected_counts(get_policy("quest"), lengths.to(DEVICE), s)
         got, got_counts = poisoned(lambda: quest_select_fused(
-            q, low, high, lengths.to(DEVICE), s, max_context=max_context, page_size=page,
-            capacity=capacity))
+            q, low, high, lengths.to(DEVICE), budget, max_context=max_context,
+            page_size=page, capacity=capacity))
         assert torch.equal(got_counts, want_counts.to(torch.int32)), s
         assert torch.equal(got, want), s
+
+
+@pytest.mark.parametrize("ranking", ["topk", "radix"])
+def test_quest_selection_builds_no_tensor_from_host_data(ranking, monkeypatch):
+    """The engine captures Quest's draft step (its selection included) in a CUDA graph, and a
+    capturing stream refuses host-to-device copies: the selection must take every input from
+    the device (the fused kernel once copied s up at each call, and failed on the H200)."""
+    from specsim.kernels.selection import quest_select
+    lengths = torch.tensor([5, 40], dtype=torch.int32, device=DEVICE)
+    low = torch.randn(2, 2, 4, 16, device=DEVICE)
+    high, q = low + 1, torch.randn(2, 4, 16, device=DEVICE)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("torch.tensor from host data in a capturable path")
+
+    monkeypatch.setattr(torch, "tensor", refuse)
+    chosen, counts = quest_select(q, low, high, lengths, 0.5, max_context=64, ranking=ranking)
+    assert counts.tolist() == [[5, 5], [24, 24]]   # the newest page is cut at the length

@@ -232,7 +232,8 @@ def quest_select(q: torch.Tensor, page_min: torch.Tensor, page_max: torch.Tensor
     if (ranking or RANKING) == "radix":   # scores, ranking and positions in one kernel
         from specsim.kernels.topk_select import quest_select_fused
         return quest_select_fused(
-            q, page_min, page_max, lengths, s, max_context=max_context, page_size=size,
+            q, page_min, page_max, lengths, selected_counts(policy, lengths, s),
+            max_context=max_context, page_size=size,
             capacity=math.ceil(policy.selected(max_context, s) / size) * size)
     batch, heads, head_dim = q.shape
     kv_heads = page_min.shape[1]

@@ -112,7 +112,7 @@ def _radix_select_kernel(Score, Lengths, Counts, Out, n, stride_row, stride_out,
 
 
 @triton.jit
-def _quest_select_kernel(Q, PMin, PMax, Lengths, S, Scratch, Out, Counts, capacity,
+def _quest_select_kernel(Q, PMin, PMax, Lengths, Budget, Scratch, Out, Counts, capacity,
                          stride_qb, stride_qh, stride_pb, stride_pg, stride_pp, stride_out,
                          stride_scratch,
                          NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr,
@@ -123,8 +123,8 @@ def _quest_select_kernel(Q, PMin, PMax, Lengths, S, Scratch, Out, Counts, capaci
     g = (pid % NUM_KV_HEADS).to(tl.int64)
     length = tl.load(Lengths + b)
     pages = (length + PAGE - 1) // PAGE
-    # the policy's budget: ceil(L·s) tokens (in float64, as selected_counts), in whole pages
-    budget = tl.ceil(length.to(tl.float64) * tl.load(S)).to(tl.int32)
+    # the policy's budget (tokens, ``selection.selected_counts``), in whole pages
+    budget = tl.load(Budget + b).to(tl.int32)
     want = tl.minimum((budget + PAGE - 1) // PAGE, pages)
     want = tl.where(length > 0, want, 0)
     # ---- page scores: max over the KV head's query heads of Σ_d max(q_d·min_d, q_d·max_d)
@@ -202,15 +202,20 @@ def radix_top_positions(score: torch.Tensor, lengths: torch.Tensor, counts: torc
 
 
 def quest_select_fused(q: torch.Tensor, page_min: torch.Tensor, page_max: torch.Tensor,
-                       lengths: torch.Tensor, s: float, *, max_context: int, page_size: int,
-                       capacity: int, block_pages: int | None = None, block: int = 1024
-                       ) -> tuple[torch.Tensor, torch.Tensor]:
+                       lengths: torch.Tensor, budget: torch.Tensor, *, max_context: int,
+                       page_size: int, capacity: int, block_pages: int | None = None,
+                       block: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
     """Quest's selection in one launch per call: page scores from the draft query ``q``
     [batch, heads, head_dim] and the page bounds [batch, kv_heads, ≥ pages, head_dim], the
-    top ``ceil(ceil(L·s) / page)`` pages (the newest always) by radix select, written as their
+    top ``ceil(budget / page)`` pages (the newest always; ``budget`` [batch]: tokens, as
+    ``selection.selected_counts`` gives them) by radix select, written as their
     positions in ascending order, the newest page cut at the length; int32 [batch, kv_heads,
     capacity] padded with 0, and the counts [batch, kv_heads]. The same lists as
-    ``selection.quest_select`` (which makes ~25 launches for it), up to ties."""
+    ``selection.quest_select`` (which makes ~25 launches for it), up to ties.
+
+    CUDA-graph capturable: every input is already on the device (an earlier version copied s
+    up from the host at each call, which a capturing stream refuses: the engine's graphed
+    Quest draft step failed with ``SPECSIM_RANKING=radix`` on the H200)."""
     batch, heads, head_dim = q.shape
     kv_heads = page_min.shape[1]
     pages = -(-max_context // page_size)
@@ -223,9 +228,9 @@ def quest_select_fused(q: torch.Tensor, page_min: torch.Tensor, page_max: torch.
                           device=q.device)
     out = torch.empty(batch * kv_heads, capacity, dtype=torch.int32, device=q.device)
     counts = torch.empty(batch * kv_heads, dtype=torch.int32, device=q.device)
-    s_t = torch.tensor([float(s)], dtype=torch.float64, device=q.device)
     _quest_select_kernel[(batch * kv_heads,)](
-        q, page_min, page_max, lengths.to(torch.int32).contiguous(), s_t, scratch, out,
+        q, page_min, page_max, lengths.to(torch.int32).contiguous(), budget.contiguous(),
+        scratch, out,
         counts, capacity, q.stride(0), q.stride(1), page_min.stride(0), page_min.stride(1),
         page_min.stride(2), out.stride(0), scratch.stride(0),
         NUM_KV_HEADS=kv_heads, GROUP=heads // kv_heads, HEAD_DIM=head_dim, PAGE=page_size,
