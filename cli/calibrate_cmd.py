@@ -60,9 +60,14 @@ def _parse_floats(text: str, name: str) -> list[float]:
                    "A file made with other settings is refused, not overwritten.")
 @click.option("--time-budget", type=click.FloatRange(min=1), default=None,
               help="Seconds after which no new (batch, context) shape is started.")
+@click.option("--only", default=None,
+              help="Measure only these op families (comma-separated: plain, verify, draft, "
+                   "selection, overhead). E.g. 'overhead' re-measures the decoding loop's "
+                   "overheads alone after a change to its host code; put them into a full "
+                   "file with scripts/merge_calibrations.py --replace overhead.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def calibrate_cmd(gpu, check_path, model, hardware, batches, contexts, qs, sparsities, policies,
-                  repeats, out, time_budget, as_json):
+                  repeats, out, time_budget, only, as_json):
     """Measured cost tables for the calibrated cost model, and their held-out check.
 
     \b
@@ -101,6 +106,10 @@ def calibrate_cmd(gpu, check_path, model, hardware, batches, contexts, qs, spars
         return
     if not out:
         raise click.UsageError("--gpu needs --out FILE")
+    from specsim.calibrate import OP_FAMILIES
+    families = [f.strip() for f in only.split(",") if f.strip()] if only else None
+    if families is not None and (not families or set(families) - set(OP_FAMILIES)):
+        raise click.UsageError(f"--only {only!r}: expected some of {', '.join(OP_FAMILIES)}")
     try:
         import torch
     except ImportError:
@@ -114,7 +123,7 @@ def calibrate_cmd(gpu, check_path, model, hardware, batches, contexts, qs, spars
                            qs=_parse_ints(qs, "--q"),
                            sparsities=_parse_floats(sparsities, "--sparsity"),
                            policies=[p.strip() for p in policies.split(",") if p.strip()],
-                           repeats=repeats, time_budget_s=time_budget)
+                           repeats=repeats, time_budget_s=time_budget, only=families)
     cal = measure(spec, grid, progress=True, checkpoint=out)
     left = cal.provenance.get("shapes_left", 0)
     click.echo(f"wrote {len(cal.measurements)} measurements to {out}"

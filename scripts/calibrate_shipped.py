@@ -32,6 +32,10 @@ def main():
     parser.add_argument("--sparsities", default="0.03,0.1",
                         help="draft costs between them are interpolated by selected bytes")
     parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--only", default=None,
+                        help="comma-separated op families to measure (plain, verify, draft, "
+                             "selection, overhead), e.g. 'overhead' after a change to the "
+                             "loop's host code; merge with merge_calibrations.py --replace")
     parser.add_argument("--budget-s", default="200",
                         help="seconds per model: one for all, or one per model (comma-separated)")
     args = parser.parse_args()
@@ -47,7 +51,8 @@ def main():
         grid = CalibrationGrid(**GRIDS[size], sparsities=[float(s) for s in
                                                           args.sparsities.split(",")],
                                policies=args.policies.split(","), repeats=args.repeats,
-                               time_budget_s=budget)
+                               time_budget_s=budget,
+                               only=args.only.split(",") if args.only else None)
         t0 = time.perf_counter()
         path = os.path.join(args.out_dir, f"{name}.json")
         # written after every shape: a call cut short keeps what it measured, and the same

@@ -1,17 +1,28 @@
-"""Fill the shapes a (time-budgeted) calibration run did not reach with an older run's step
-timings of the same model and GPU: `specsim.costs.calibrated.merge_calibrations`.
+"""Combine two calibration runs of the same model and GPU.
+
+Fill the shapes a (time-budgeted) run did not reach with an older run's step timings
+(`specsim.costs.calibrated.merge_calibrations`):
 
     python scripts/merge_calibrations.py NEW.json OLD.json OUT.json --note "why"
 
 The newer run's rows all stay; the older run adds plain/verify/draft/selection rows at the
-(batch, context) shapes the newer one lacks; loop overheads come from the newer run only. The
-merge is recorded under ``provenance.merged``.
+(batch, context) shapes the newer one lacks; loop overheads come from the newer run only.
+Recorded under ``provenance.merged``.
+
+Or put some op families of a partial run into a full one
+(`specsim.costs.calibrated.replace_ops`), e.g. loop overheads re-measured alone
+(`calibrate_shipped.py --only overhead`) after a change to the loop's host code:
+
+    python scripts/merge_calibrations.py NEW.json OLD.json OUT.json --replace overhead --note "why"
+
+OLD's rows of those families are dropped and NEW's taken; recorded under
+``provenance.replaced``.
 """
 from __future__ import annotations
 
 import argparse
 
-from specsim.costs.calibrated import merge_calibrations, read_calibration
+from specsim.costs.calibrated import merge_calibrations, read_calibration, replace_ops
 
 
 def main():
@@ -19,10 +30,20 @@ def main():
     parser.add_argument("new")
     parser.add_argument("old")
     parser.add_argument("out")
-    parser.add_argument("--note", required=True, help="why the older rows may be used")
+    parser.add_argument("--note", required=True, help="why the rows may be combined")
+    parser.add_argument("--replace", default=None,
+                        help="comma-separated op families (plain, verify, draft, selection, "
+                             "overhead): OLD with NEW's rows of these instead of its own")
     args = parser.parse_args()
-    merged = merge_calibrations(read_calibration(args.new), read_calibration(args.old),
-                                args.note)
+    new, old = read_calibration(args.new), read_calibration(args.old)
+    if args.replace:
+        merged = replace_ops(old, new, args.replace.split(","), args.note)
+        merged.write(args.out)
+        info = merged.provenance["replaced"][-1]
+        print(f"{args.out}: {args.old} with {info['rows']} {'/'.join(info['families'])} rows "
+              f"of {args.new} in place of its {info['replaced_rows']}")
+        return
+    merged = merge_calibrations(new, old, args.note)
     merged.write(args.out)
     info = merged.provenance["merged"][-1]
     print(f"{args.out}: {info['rows']} rows at {len(info['shapes'])} shapes added from "

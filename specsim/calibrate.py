@@ -67,6 +67,8 @@ SELECTION_ROWS = {"sparsespec": (3, 9, 16)}
 DRAFT_CHAIN = 4
 #: Plain steps / speculative iterations per overhead measurement.
 OVERHEAD_STEPS = 24
+#: What a calibration measures, by op family (the part of an op's name before ':').
+OP_FAMILIES = ("plain", "verify", "draft", "selection", "overhead")
 
 
 @dataclass
@@ -83,6 +85,27 @@ class CalibrationGrid:
     memory_fraction: float = 0.85
     time_budget_s: float | None = None   # stop starting new shapes after this long
     overheads: bool = True               # measure overhead:plain / overhead:speculative
+    #: only these op families (``OP_FAMILIES``; None: all) — e.g. ``["overhead"]`` re-measures
+    #: the loop overheads alone (after a change to the loop's host code) at the shapes where
+    #: they are measured, for ``costs.calibrated.replace_ops`` to put into a shipped file
+    only: list[str] | None = None
+
+    def __post_init__(self):
+        unknown = sorted(set(self.only or ()) - set(OP_FAMILIES))
+        if unknown or self.only == []:
+            raise ValueError(f"only: unknown op families {unknown or '(none given)'}; "
+                             f"expected some of {', '.join(OP_FAMILIES)}")
+        if self.only and "overhead" in self.only and not self.overheads:
+            raise ValueError("only=['overhead', ...] with overheads=False measures nothing")
+
+    def wants(self, family: str) -> bool:
+        return (self.only is None or family in self.only) and \
+            (family != "overhead" or self.overheads)
+
+    def shape_needed(self, context: int) -> bool:
+        """Whether a shape at ``context`` has anything to measure (only the overhead
+        contexts do when the overheads alone are asked for)."""
+        return self.only is None or set(self.only) != {"overhead"} or self.overheads_at(context)
 
     def overhead_contexts(self) -> list[int]:
         """Loop overheads are measured at the grid's shortest, middle and longest contexts
@@ -192,7 +215,8 @@ def measure(spec: ModelSpec, grid: CalibrationGrid, config: dict | None = None,
     free = torch.cuda.mem_get_info()[0]
     ceilings = _ceilings(torch)
     shapes = [(b, c) for b, c in shape_order(grid.batches, grid.contexts)
-              if b * (c + 64) * spec.kv_bytes_per_token < grid.memory_fraction * free]
+              if b * (c + 64) * spec.kv_bytes_per_token < grid.memory_fraction * free
+              and grid.shape_needed(c)]
     prov = collect_provenance(spec, kernel_config_hash())
     prov["grid"] = {"batches": grid.batches, "contexts": grid.contexts, "qs": grid.qs,
                     "sparsities": grid.sparsities, "policies": grid.policies,
@@ -202,6 +226,8 @@ def measure(spec: ModelSpec, grid: CalibrationGrid, config: dict | None = None,
                     "overhead_k": list(OVERHEAD_KS) if grid.overheads else None,
                     "overhead_contexts": grid.overhead_contexts() or None,
                     "overhead_clock": "loop steps"}
+    if grid.only is not None:
+        prov["grid"]["only"] = sorted(grid.only)
     prov["engine"] = {"fuse_projections": fuse, "compile_layers": compile, "cuda_graphs": True,
                       "draft_chain": True, "draft_timed_as_chain_of": DRAFT_CHAIN,
                       "cache_align": CACHE_ALIGN, "ranking": RANKING}
@@ -315,14 +341,17 @@ def _measure_shape(torch, Engine, model, grid: CalibrationGrid, batch: int, cont
         plain = Engine(model, batch=batch, max_len=context + room, policy="full",
                        k_max=1, beyond_max_position=True)
         plain.prefill(prompts, "random")
-        plain_ms = _time(torch, lambda: plain.verify(1, collect=False), grid.repeats,
-                         grid.warmup, lambda: plain.cache.rollback(1))
-        record("plain", plain_ms)
-        if grid.overheads_at(context):
+        if grid.wants("plain"):
+            record("plain", _time(torch, lambda: plain.verify(1, collect=False), grid.repeats,
+                                  grid.warmup, lambda: plain.cache.rollback(1)))
+        if grid.wants("overhead") and grid.overheads_at(context):
             record("overhead:plain", _loop_overhead(torch, plain, prompts, speculative=False))
         del plain
         for policy in grid.policies:
             for s in grid.sparsities:
+                if s != grid.sparsities[0] and not (grid.wants("draft")
+                                                    or grid.wants("selection")):
+                    continue        # verify and overheads are measured at the first s only
                 try:
                     out += _measure_policy(torch, Engine, model, grid, batch, context, prompts,
                                            room, policy, s)
@@ -366,7 +395,7 @@ def _measure_policy(torch, Engine, model, grid: CalibrationGrid, batch: int, con
         # cache updates them on every K write: its own verify is ``verify:quest`` below)
         shared = [p for p in grid.policies if p != "quest"] or grid.policies
         first = policy == shared[0] and s == grid.sparsities[0]
-        if first:
+        if first and grid.wants("verify"):
             for q in grid.qs:
                 record("verify", _time(torch, lambda: engine.verify(q), grid.repeats,
                                        grid.warmup, lambda: engine.cache.rollback(q)), q=q)
@@ -374,25 +403,28 @@ def _measure_policy(torch, Engine, model, grid: CalibrationGrid, batch: int, con
         # as runs draft: DRAFT_CHAIN greedy steps in one graph (the chain rolls the cache back
         # itself), per step — a single-step graph timed ~12% slower for Quest than the chain
         chain = max(1, min(DRAFT_CHAIN, engine.k_max))
-        record(f"draft:{policy}", [t / chain for t in _time(
-            torch, lambda: engine.draft_chain(chain), grid.repeats, grid.warmup, undo_chain)],
-            s=s)
-        if policy in SELECTION_ROWS:        # the refresh ranks by r rows: timed at each
+        if grid.wants("draft"):
+            record(f"draft:{policy}", [t / chain for t in _time(
+                torch, lambda: engine.draft_chain(chain), grid.repeats, grid.warmup,
+                undo_chain)], s=s)
+        selection = grid.wants("selection") and policy != "streamingllm"
+        if selection and policy in SELECTION_ROWS:   # the refresh ranks by r rows: at each
             for r in sorted({min(r, rows) for r in SELECTION_ROWS[policy]}):
                 record(f"selection:{policy}", _time(
                     torch, lambda r=r: engine.refresh(r, zeros, slice(0, r)), grid.repeats,
                     grid.warmup), q=r, s=s)
             refresh()
-        elif policy != "streamingllm":
+        elif selection:
             record(f"selection:{policy}", _time(torch, refresh, grid.repeats, grid.warmup), s=s)
-        if s == grid.sparsities[0]:
+        if s == grid.sparsities[0] and grid.wants("verify"):
             # the policy's own verify where it differs from the shared one (module doc)
             for q0 in sorted({min(q, q_max) for q in POLICY_VERIFY_QS.get(policy, ())}):
                 record(f"verify:{policy}", _time(torch, lambda q0=q0: engine.verify(q0),
                                                  grid.repeats, grid.warmup,
                                                  lambda q0=q0: engine.cache.rollback(q0)),
                        q=q0)
-        if s == grid.sparsities[0] and grid.overheads_at(context):  # per policy (Quest's rollback)
+        if s == grid.sparsities[0] and grid.wants("overhead") and grid.overheads_at(context):
+            # per policy (Quest's rollback)
             for k in sorted({min(k, engine.k_max) for k in OVERHEAD_KS}):
                 record(f"overhead:speculative:{policy}",
                        _loop_overhead(torch, engine, prompts, speculative=True, k=k), q=k + 1)

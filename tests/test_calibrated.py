@@ -8,7 +8,7 @@ import pytest
 
 from specsim.costs.calibrated import (Calibration, CalibratedCostModel, Measurement, fit_terms,
                                       held_out_check, isotonic, merge_calibrations,
-                                      read_calibration)
+                                      read_calibration, replace_ops)
 from specsim.errors import SpecsimError
 from specsim.specs import load_hardware, load_model
 
@@ -174,6 +174,9 @@ def test_calibrate_check_command(tmp_path):
     assert r.exit_code == 0 and "MAPE" in r.output and "worst" in r.output
     r = CliRunner().invoke(cli, ["calibrate"])
     assert r.exit_code != 0 and "exactly one of --gpu" in r.output
+    r = CliRunner().invoke(cli, ["calibrate", "--gpu", "--out", str(tmp_path / "x.json"),
+                                 "--only", "overheads"])
+    assert r.exit_code == 2 and "expected some of plain, verify" in r.output
 
 
 def test_shipped_calibration_is_used_by_default(tmp_path, monkeypatch):
@@ -370,6 +373,38 @@ def test_merging_a_cut_short_run_with_an_older_one():
     assert merged.provenance["merged"][-1]["quest_steps"].startswith("skipped")
     merged = merge_calibrations(new, quest_old, "both unpadded")
     assert sum(m.op.endswith(":quest") for m in merged.measurements) == 3
+
+
+def test_replacing_the_loop_overheads_of_a_shipped_calibration(tmp_path):
+    """Overheads re-measured alone (a change to the loop's host code) go into a full file:
+    its overhead rows are the new run's, every other row stays, the provenance says so, and
+    the model prices the new overheads; a run without such rows, or of another GPU, is
+    refused."""
+    full = with_overheads(synthetic(noise=0.01, seed=3), spec_us=lambda b: 400 + 10 * b)
+    again = with_overheads(synthetic(noise=0.01, seed=5, batches=(1, 4, 32)),
+                           spec_us=lambda b: 100 + 2 * b)
+    only = Calibration(dict(again.provenance, date="2026-12-01T00:00:00Z"), again.ceilings,
+                       [m for m in again.measurements if m.op.startswith("overhead")])
+    out = replace_ops(full, only, ["overhead"], "host loop without the forced-m sync")
+    steps = [m for m in full.measurements if not m.op.startswith("overhead")]
+    assert [m for m in out.measurements if not m.op.startswith("overhead")] == steps
+    assert [m for m in out.measurements if m.op.startswith("overhead")] == only.measurements
+    info = out.provenance["replaced"][-1]
+    assert info["families"] == ["overhead"] and info["rows"] == len(only.measurements)
+    assert info["date"] == "2026-12-01T00:00:00Z" and info["replaced_rows"] == \
+        len(full.measurements) - len(steps)
+    ctx = [4096] * 4
+    before = CalibratedCostModel(full, MODEL, HW).iteration(ctx, 4, 0.05, "vegas").overhead_s
+    after = CalibratedCostModel(out, MODEL, HW).iteration(ctx, 4, 0.05, "vegas").overhead_s
+    assert after < 0.5 * before
+    path = tmp_path / "out.json"
+    out.write(str(path))
+    assert read_calibration(str(path)).provenance["replaced"][-1]["note"].startswith("host")
+    with pytest.raises(SpecsimError, match="no overhead rows"):
+        replace_ops(full, Calibration(only.provenance, only.ceilings, steps), ["overhead"], "x")
+    with pytest.raises(SpecsimError, match="different gpu"):
+        replace_ops(full, Calibration(dict(only.provenance, gpu="NVIDIA H100"), only.ceilings,
+                                      only.measurements), ["overhead"], "x")
 
 
 def test_overheads_in_files_and_the_held_out_check(tmp_path):
@@ -777,3 +812,41 @@ def test_measure_end_to_end_on_the_cpu(tmp_path, monkeypatch):
     split = it.split()
     assert split["draft"] > 0 and split["verify"] > 0 and split["selection"] > 0
     assert split["other"] >= 0                      # a residual, clamped at 0
+
+
+def test_a_grid_can_measure_some_op_families_only(monkeypatch):
+    """``only``: the loop overheads alone (after a change to the loop's host code) are
+    measured at the overhead contexts only, and nothing else is timed; draft and selection
+    alone skip the verify passes and the overheads; an unknown family is refused."""
+    import torch
+
+    import specsim.calibrate as C
+    from specsim.engine import Engine, build_model
+
+    with pytest.raises(ValueError, match="unknown op families"):
+        C.CalibrationGrid(only=["overheads"])
+    with pytest.raises(ValueError, match="measures nothing"):
+        C.CalibrationGrid(only=["overhead"], overheads=False)
+    grid = C.CalibrationGrid(batches=[2], contexts=[500, 600, 700, 800], only=["overhead"])
+    assert [c for c in grid.contexts if grid.shape_needed(c)] == grid.overhead_contexts() \
+        == [500, 700, 800]
+    assert all(C.CalibrationGrid(contexts=[500, 600, 700]).shape_needed(c)
+               for c in (500, 600, 700))
+
+    monkeypatch.setattr(C, "_time", wall_timer())
+    monkeypatch.setattr(C, "OVERHEAD_STEPS", 3)
+    tiny = dict(model_type="llama", vocab_size=128, hidden_size=64, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, intermediate_size=96,
+                max_position_embeddings=4096, tie_word_embeddings=True)
+    model = build_model(tiny, weights="random", dtype=torch.float32, device="cpu")
+    prompts, room = [[0] * 600] * 2, 6 * (C.OVERHEAD_STEPS + 2) + 8
+    ops = {}
+    for only in (["overhead"], ["draft", "selection"]):
+        grid = C.CalibrationGrid(batches=[2], contexts=[600], qs=[1, 6], sparsities=[0.1],
+                                 policies=["vegas"], repeats=1, warmup=0, only=only)
+        rows = C._measure_policy(torch, Engine, model, grid, 2, 600, prompts, room, "vegas",
+                                 0.1)
+        ops[only[0]] = {(m.op, m.q) for m in rows}
+    assert ops["overhead"] == {("overhead:speculative:vegas", 3),
+                               ("overhead:speculative:vegas", 6)}
+    assert ops["draft"] == {("draft:vegas", 1), ("selection:vegas", 1)}

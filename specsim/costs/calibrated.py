@@ -226,6 +226,36 @@ def merge_calibrations(primary: Calibration, extra: Calibration, note: str) -> C
     return Calibration(prov, dict(primary.ceilings), list(primary.measurements) + added)
 
 
+def replace_ops(base: Calibration, new: Calibration, families: list[str], note: str
+                ) -> Calibration:
+    """``base`` with every row of the op ``families`` (``plain``, ``verify``, ``draft``,
+    ``selection``, ``overhead``: the op name before its first ':') replaced by ``new``'s rows
+    of those families: e.g. the loop overheads re-measured alone after a change to the loop's
+    host code (``CalibrationGrid(only=["overhead"])``), the kernels' timings kept. Same model
+    and GPU; recorded under ``provenance.replaced`` (the other run's date, software, kernel
+    hash, families, rows, ``note``)."""
+    for key in ("model", "model_spec_hash", "gpu"):
+        a, b = base.provenance.get(key), new.provenance.get(key)
+        if a != b:
+            raise SpecsimError(f"cannot merge calibrations of different {key}: {a!r} vs {b!r}")
+    wanted = set(families)
+    family = lambda m: m.op.split(":", 1)[0]   # noqa: E731
+    taken = [m for m in new.measurements if family(m) in wanted]
+    missing = sorted(wanted - {family(m) for m in taken})
+    if missing:
+        raise SpecsimError(f"the new calibration has no {', '.join(missing)} rows to put in")
+    kept = [m for m in base.measurements if family(m) not in wanted]
+    prov = dict(base.provenance)
+    prov["replaced"] = list(prov.get("replaced", [])) + [{
+        "families": sorted(wanted), "rows": len(taken),
+        "replaced_rows": len(base.measurements) - len(kept),
+        "date": new.provenance.get("date"),
+        "kernel_config_hash": new.provenance.get("kernel_config_hash"),
+        "torch": new.provenance.get("torch"), "triton": new.provenance.get("triton"),
+        "engine": new.provenance.get("engine"), "note": note}]
+    return Calibration(prov, dict(base.ceilings), kept + taken)
+
+
 def _bad(path, message) -> SpecsimError:
     return SpecsimError(f"{path}: bad calibration file: {message}")
 
