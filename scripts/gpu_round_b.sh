@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# One device call (cold machine, ~10 min): checks and measures what changed on the CPU since
+# round A (session 6), then re-measures the loop overheads alone.
+#   1. GPU tests: a forced iteration syncs no more often than a free one (the forced m now
+#      goes up through a pinned buffer), SPECSIM_RANKING=radix captures in graphs and decodes
+#      what topk decodes (the fused Quest selection copied s up from the host at each call,
+#      which a capturing stream refuses), the radix kernels at realistic shapes;
+#   2. Quest's loop with the torch selection vs the fused kernel (SmolLM2 b32 4K k4);
+#   3. the loop overheads alone (calibrate --only overhead) of SmolLM2 and Qwen3-8B, written
+#      after every shape to $OUT/cal-overhead/<model>.json (resumable: the same command on a
+#      warm machine continues). Here: merge_calibrations.py NEW SHIPPED OUT --replace overhead.
+# Usage: bash scripts/gpu_round_b.sh [SMOLLM2_BUDGET_S=150] [QWEN3_8B_BUDGET_S=150]
+set -u
+export PYTHONPATH=.
+python3 -m pytest -q -x tests/test_engine_gpu.py -k "forced or radix" 2>&1 | tail -3
+python3 -m pytest -q -x tests/test_kernels_topk.py 2>&1 | tail -1
+for ranking in topk radix; do
+    PROFILE=0 SPECSIM_RANKING=$ranking python3 scripts/loop_profile.py smollm2-135m 32 4096 4 \
+        quest 2>&1 | grep -v CUDAEvent | tail -3 | sed "s/^/[$ranking] /"
+done
+python3 scripts/calibrate_shipped.py --out-dir "$OUT/cal-overhead" --models smollm2-135m,qwen3-8b \
+    --only overhead --budget-s "${1:-150},${2:-150}" --repeats 10 2>&1 | grep -v "^\[" | tail -6
