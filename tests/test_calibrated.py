@@ -221,6 +221,10 @@ def test_shipped_calibration_is_used_by_default(tmp_path, monkeypatch):
     assert doc["cost_model"] == "calibrated" and doc["costs"].startswith("calibrated")
     with pytest.raises(SpecsimError, match="--costs must be"):
         make_cost_model(model, hw, costs="nonsense")
+    # the repository's own shipped files are named relative to it (reports get committed)
+    monkeypatch.delenv("SPECSIM_MODELS")
+    note = make_cost_model(load_model("qwen3-8b"), hw)[1]
+    assert "(models/calibrations/h200/qwen3-8b.json)" in note, note
 
 
 def with_overheads(cal, plain_us=lambda b: 40 + 2 * b, spec_us=lambda b: 90 + 5 * b, noise=0.0):

@@ -57,7 +57,19 @@ def make_cost_model(model, hardware, tp: int = 1, costs: str = "auto"):
         raise SpecsimError(f"--costs must be auto, roofline, calibrated or a calibration file; "
                            f"'{costs}' is none of these")
     cm = CalibratedCostModel(read_calibration(str(path)), model, hardware, tp)
-    note = f"calibrated cost model ({path})"
+    note = f"calibrated cost model ({_shown(path)})"
     if cm.warnings:
         note += "; WARNING: " + "; ".join(cm.warnings)
     return cm, note
+
+
+def _shown(path) -> str:
+    """A shipped calibration's path relative to the repository (reports get committed: an
+    absolute path names one machine's checkout), any other path as given."""
+    from pathlib import Path
+
+    from specsim.specs import REPO_ROOT
+    try:
+        return str(Path(path).resolve().relative_to(REPO_ROOT))
+    except ValueError:
+        return str(path)
