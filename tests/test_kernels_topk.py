@@ -128,12 +128,40 @@ def test_realistic_shapes_on_the_gpu():
         assert not torch.where(mask, 0, got).any()
 
 
+@pytest.mark.skipif(INTERPRETED, reason="realistic shapes: on a GPU")
+@pytest.mark.parametrize("split", [False, True])
+def test_fused_quest_at_qwen3_8b_shapes_on_the_gpu(split):
+    """Quest on Qwen3-8B shapes (batch 4, 32 / 8 heads, hd128, 32K: 2,048 pages; bf16 page
+    bounds, as the cache keeps them): the torch path's lists, both ways of scoring."""
+    from specsim.kernels.selection import quest_select, selected_counts
+    from specsim.kernels.topk_select import quest_select_fused
+    from specsim.policies import get_policy
+    n, page = 32768, 16
+    lengths = torch.tensor([n, n - 1000, n // 2 + 3, 4097], device=DEVICE)
+    low = torch.randn(4, 8, n // page + 1, 128, device=DEVICE).bfloat16()
+    high = (low.float() + torch.rand(low.shape, device=DEVICE)).bfloat16()
+    q = torch.randn(4, 32, 128, device=DEVICE).bfloat16()
+    for s in (0.03, 0.1):
+        want, want_counts = quest_select(q.float(), low.float(), high.float(), lengths, s,
+                                         max_context=n, ranking="topk")
+        got, got_counts = quest_select_fused(
+            q, low, high, lengths, selected_counts(get_policy("quest"), lengths, s),
+            max_context=n, page_size=page, capacity=want.shape[-1], split=split)
+        assert torch.equal(got_counts, want_counts.to(torch.int32))
+        # fp32 page scores from the same bf16 values: ties between pages are measure-zero
+        assert torch.equal(got, want.to(got.dtype))
+
+
+@pytest.mark.parametrize("split", [False, True])
 @pytest.mark.parametrize("dtype,group,head_dim", [(torch.float32, 2, 16), (torch.float16, 4, 64),
                                                   (torch.float32, 1, 8)])
-def test_fused_quest_selection_matches_the_torch_path(dtype, group, head_dim):
+def test_fused_quest_selection_matches_the_torch_path(dtype, group, head_dim, split):
     """Quest in one kernel (page scores, top pages with the newest kept, their positions cut
     at the length) gives the torch path's lists and counts: ragged lengths (1, a page, a page
-    + 1, not a page multiple, the whole buffer), s from one page to every page."""
+    + 1, not a page multiple, the whole buffer), s from one page to every page; the pages
+    scored by the ranking program itself or by a separate launch over blocks of pages
+    (``split``: many pages), here in blocks of 16, so that several blocks and a partial one
+    occur."""
     from specsim.kernels.selection import quest_select, selected_counts
     from specsim.kernels.topk_select import quest_select_fused
     from specsim.policies import get_policy
@@ -155,7 +183,7 @@ def test_fused_quest_selection_matches_the_torch_path(dtype, group, head_dim):
         budget = selected_counts(get_policy("quest"), lengths.to(DEVICE), s)
         got, got_counts = poisoned(lambda: quest_select_fused(
             q, low, high, lengths.to(DEVICE), budget, max_context=max_context,
-            page_size=page, capacity=capacity))
+            page_size=page, capacity=capacity, split=split, block_pages=16))
         assert torch.equal(got_counts, want_counts.to(torch.int32)), s
         assert torch.equal(got, want), s
 

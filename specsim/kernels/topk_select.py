@@ -1,7 +1,7 @@
 """Top-K positions of score rows as sorted lists, in one kernel: radix select + ordered compaction.
 
-Also Quest's whole selection (page scores, top pages, their positions) in one kernel:
-``quest_select_fused``.
+Also Quest's whole selection (page scores, top pages, their positions) in one launch, or two
+when the rows have many pages: ``quest_select_fused``.
 
 What the selection policies need from "top-K" is not a ranking but a *set*, delivered as the
 ascending position list the sparse draft kernel reads. ``torch.topk`` followed by ordering the
@@ -26,6 +26,8 @@ import torch
 from specsim.kernels._runtime import tl, triton
 
 _FORCED_KEY = 0x7FFFFFFF        # INT32_MAX: above every float's key
+#: Quest: rows with more pages than this are scored by a separate, wider launch.
+SPLIT_PAGES = 256
 
 
 @triton.jit
@@ -112,12 +114,51 @@ def _radix_select_kernel(Score, Lengths, Counts, Out, n, stride_row, stride_out,
 
 
 @triton.jit
+def _page_scores(Q, PMin, PMax, Scratch, b, g, row_off, p0, pages, stride_qb, stride_qh,
+                 stride_pb, stride_pg, stride_pp,
+                 GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_P: tl.constexpr):
+    """Scores of pages p0 .. p0 + BLOCK_P of KV head g of sequence b into the scratch row:
+    the max over the head's query heads of Σ_d max(q_d·min_d, q_d·max_d)."""
+    dims = tl.arange(0, HEAD_DIM)
+    page = p0 + tl.arange(0, BLOCK_P)
+    ok = page < pages
+    off = b * stride_pb + g * stride_pg + page[:, None] * stride_pp + dims[None, :]
+    low = tl.load(PMin + off, mask=ok[:, None], other=0.0).to(tl.float32)
+    high = tl.load(PMax + off, mask=ok[:, None], other=0.0).to(tl.float32)
+    score = tl.full([BLOCK_P], float("-inf"), tl.float32)
+    for h in tl.static_range(GROUP):
+        q = tl.load(Q + b * stride_qb + (g * GROUP + h) * stride_qh + dims).to(tl.float32)
+        bound = tl.sum(tl.maximum(q[None, :] * low, q[None, :] * high), 1)
+        score = tl.maximum(score, bound)
+    tl.store(Scratch + row_off + page, score, mask=ok)
+
+
+@triton.jit
+def _quest_scores_kernel(Q, PMin, PMax, Lengths, Scratch, stride_qb, stride_qh, stride_pb,
+                         stride_pg, stride_pp, stride_scratch,
+                         NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr,
+                         HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, BLOCK_P: tl.constexpr):
+    """The page scores alone, one program per (sequence, KV head, block of pages): with many
+    pages one program per row reads its bounds serially and is latency-bound (2,048 pages at
+    hd128: ~150 µs for 34 MB)."""
+    pid = tl.program_id(0)
+    b = (pid // NUM_KV_HEADS).to(tl.int64)
+    g = (pid % NUM_KV_HEADS).to(tl.int64)
+    p0 = tl.program_id(1) * BLOCK_P
+    pages = (tl.load(Lengths + b) + PAGE - 1) // PAGE
+    if p0 < pages:
+        _page_scores(Q, PMin, PMax, Scratch, b, g, pid.to(tl.int64) * stride_scratch, p0,
+                     pages, stride_qb, stride_qh, stride_pb, stride_pg, stride_pp,
+                     GROUP, HEAD_DIM, BLOCK_P)
+
+
+@triton.jit
 def _quest_select_kernel(Q, PMin, PMax, Lengths, Budget, Scratch, Out, Counts, capacity,
                          stride_qb, stride_qh, stride_pb, stride_pg, stride_pp, stride_out,
                          stride_scratch,
                          NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr,
                          HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, BLOCK_P: tl.constexpr,
-                         BLOCK: tl.constexpr, OUT_BLOCK: tl.constexpr):
+                         BLOCK: tl.constexpr, OUT_BLOCK: tl.constexpr, SCORE: tl.constexpr):
     pid = tl.program_id(0)
     b = (pid // NUM_KV_HEADS).to(tl.int64)
     g = (pid % NUM_KV_HEADS).to(tl.int64)
@@ -127,21 +168,11 @@ def _quest_select_kernel(Q, PMin, PMax, Lengths, Budget, Scratch, Out, Counts, c
     budget = tl.load(Budget + b).to(tl.int32)
     want = tl.minimum((budget + PAGE - 1) // PAGE, pages)
     want = tl.where(length > 0, want, 0)
-    # ---- page scores: max over the KV head's query heads of Σ_d max(q_d·min_d, q_d·max_d)
-    dims = tl.arange(0, HEAD_DIM)
     row_off = pid.to(tl.int64) * stride_scratch
-    for p0 in range(0, pages, BLOCK_P):
-        page = p0 + tl.arange(0, BLOCK_P)
-        ok = page < pages
-        off = b * stride_pb + g * stride_pg + page[:, None] * stride_pp + dims[None, :]
-        low = tl.load(PMin + off, mask=ok[:, None], other=0.0).to(tl.float32)
-        high = tl.load(PMax + off, mask=ok[:, None], other=0.0).to(tl.float32)
-        score = tl.full([BLOCK_P], float("-inf"), tl.float32)
-        for h in tl.static_range(GROUP):
-            q = tl.load(Q + b * stride_qb + (g * GROUP + h) * stride_qh + dims).to(tl.float32)
-            bound = tl.sum(tl.maximum(q[None, :] * low, q[None, :] * high), 1)
-            score = tl.maximum(score, bound)
-        tl.store(Scratch + row_off + page, score, mask=ok)
+    if SCORE:   # the page scores here (few pages); else _quest_scores_kernel wrote them
+        for p0 in range(0, pages, BLOCK_P):
+            _page_scores(Q, PMin, PMax, Scratch, b, g, row_off, p0, pages, stride_qb,
+                         stride_qh, stride_pb, stride_pg, stride_pp, GROUP, HEAD_DIM, BLOCK_P)
     tl.debug_barrier()
     # ---- the top pages (the newest always), their positions in order
     threshold, ties = _radix_threshold(Scratch, row_off, pages, want, 0, 1, BLOCK)
@@ -204,14 +235,19 @@ def radix_top_positions(score: torch.Tensor, lengths: torch.Tensor, counts: torc
 def quest_select_fused(q: torch.Tensor, page_min: torch.Tensor, page_max: torch.Tensor,
                        lengths: torch.Tensor, budget: torch.Tensor, *, max_context: int,
                        page_size: int, capacity: int, block_pages: int | None = None,
-                       block: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
-    """Quest's selection in one launch per call: page scores from the draft query ``q``
+                       block: int = 1024, split: bool | None = None
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quest's selection in one or two launches per call: page scores from the draft query ``q``
     [batch, heads, head_dim] and the page bounds [batch, kv_heads, ≥ pages, head_dim], the
     top ``ceil(budget / page)`` pages (the newest always; ``budget`` [batch]: tokens, as
     ``selection.selected_counts`` gives them) by radix select, written as their
     positions in ascending order, the newest page cut at the length; int32 [batch, kv_heads,
     capacity] padded with 0, and the counts [batch, kv_heads]. The same lists as
     ``selection.quest_select`` (which makes ~25 launches for it), up to ties.
+
+    ``split`` (default: when a row has more than ``SPLIT_PAGES`` pages): score the pages in a
+    first launch over (row, block of pages) programs, then rank and write in a second, one
+    program per row; else one launch, each row's program scoring its own pages.
 
     CUDA-graph capturable: every input is already on the device (an earlier version copied s
     up from the host at each call, which a capturing stream refuses: the engine's graphed
@@ -228,14 +264,22 @@ def quest_select_fused(q: torch.Tensor, page_min: torch.Tensor, page_max: torch.
                           device=q.device)
     out = torch.empty(batch * kv_heads, capacity, dtype=torch.int32, device=q.device)
     counts = torch.empty(batch * kv_heads, dtype=torch.int32, device=q.device)
+    lengths = lengths.to(torch.int32).contiguous()
+    split = pages > SPLIT_PAGES if split is None else split
+    layout = (q.stride(0), q.stride(1), page_min.stride(0), page_min.stride(1),
+              page_min.stride(2))
+    if split:
+        _quest_scores_kernel[(batch * kv_heads, triton.cdiv(pages, block_pages))](
+            q, page_min, page_max, lengths, scratch, *layout, scratch.stride(0),
+            NUM_KV_HEADS=kv_heads, GROUP=heads // kv_heads, HEAD_DIM=head_dim,
+            PAGE=page_size, BLOCK_P=block_pages, num_warps=4)
     _quest_select_kernel[(batch * kv_heads,)](
-        q, page_min, page_max, lengths.to(torch.int32).contiguous(), budget.contiguous(),
-        scratch, out,
-        counts, capacity, q.stride(0), q.stride(1), page_min.stride(0), page_min.stride(1),
-        page_min.stride(2), out.stride(0), scratch.stride(0),
+        q, page_min, page_max, lengths, budget.contiguous(), scratch, out, counts, capacity,
+        *layout, out.stride(0), scratch.stride(0),
         NUM_KV_HEADS=kv_heads, GROUP=heads // kv_heads, HEAD_DIM=head_dim, PAGE=page_size,
         BLOCK_P=block_pages, BLOCK=block,
-        OUT_BLOCK=min(1024, triton.next_power_of_2(max(capacity, 16))), num_warps=4)
+        OUT_BLOCK=min(1024, triton.next_power_of_2(max(capacity, 16))), SCORE=not split,
+        num_warps=4)
     return out.view(batch, kv_heads, capacity), counts.view(batch, kv_heads)
 
 
