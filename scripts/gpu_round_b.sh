@@ -6,7 +6,10 @@
 #      what topk decodes (the fused Quest selection copied s up from the host at each call,
 #      which a capturing stream refuses), the radix kernels at realistic shapes;
 #   2. Quest's loop with the torch selection vs the fused kernel (SmolLM2 b32 4K k4);
-#   3. the loop overheads alone (calibrate --only overhead) of SmolLM2 and Qwen3-8B, written
+#   3. scripts/verify_tile_probe.py: hd64 verify with its 32-row tile padded to 64 rows (q = 9
+#      took longer than q = 13 in the SmolLM2 runs): if faster, change DEFAULT_CONFIGS and
+#      re-measure SmolLM2's verify rows (calibrate --only verify, merge --replace verify);
+#   4. the loop overheads alone (calibrate --only overhead) of SmolLM2 and Qwen3-8B, written
 #      after every shape to $OUT/cal-overhead/<model>.json (resumable: the same command on a
 #      warm machine continues). Here: merge_calibrations.py NEW SHIPPED OUT --replace overhead.
 # Usage: bash scripts/gpu_round_b.sh [SMOLLM2_BUDGET_S=150] [QWEN3_8B_BUDGET_S=150]
@@ -18,5 +21,6 @@ for ranking in topk radix; do
     PROFILE=0 SPECSIM_RANKING=$ranking python3 scripts/loop_profile.py smollm2-135m 32 4096 4 \
         quest 2>&1 | grep -v CUDAEvent | tail -3 | sed "s/^/[$ranking] /"
 done
+python3 scripts/verify_tile_probe.py 32 4096 2>&1 | tail -17
 python3 scripts/calibrate_shipped.py --out-dir "$OUT/cal-overhead" --models smollm2-135m,qwen3-8b \
     --only overhead --budget-s "${1:-150},${2:-150}" --repeats 10 2>&1 | grep -v "^\[" | tail -6
