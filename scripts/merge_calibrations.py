@@ -31,6 +31,9 @@ def main():
     parser.add_argument("old")
     parser.add_argument("out")
     parser.add_argument("--note", required=True, help="why the rows may be combined")
+    parser.add_argument("--exclude-ops", default="",
+                        help="comma-separated ops whose OLD rows are not taken (their code "
+                             "changed between the runs), e.g. selection:last-token")
     parser.add_argument("--replace", default=None,
                         help="comma-separated op families (plain, verify, draft, selection, "
                              "overhead): OLD with NEW's rows of these instead of its own")
@@ -43,11 +46,13 @@ def main():
         print(f"{args.out}: {args.old} with {info['rows']} {'/'.join(info['families'])} rows "
               f"of {args.new} in place of its {info['replaced_rows']}")
         return
-    merged = merge_calibrations(new, old, args.note)
+    merged = merge_calibrations(new, old, args.note,
+                                tuple(op for op in args.exclude_ops.split(",") if op))
     merged.write(args.out)
     info = merged.provenance["merged"][-1]
     print(f"{args.out}: {info['rows']} rows at {len(info['shapes'])} shapes added from "
-          f"{args.old} ({info['date']})")
+          f"{args.old} ({info['date']})"
+          + "".join(f"; {op} not taken: {why}" for op, why in info["ops_skipped"].items()))
 
 
 if __name__ == "__main__":

@@ -377,6 +377,18 @@ def test_merging_a_cut_short_run_with_an_older_one():
     assert merged.provenance["merged"][-1]["quest_steps"].startswith("skipped")
     merged = merge_calibrations(new, quest_old, "both unpadded")
     assert sum(m.op.endswith(":quest") for m in merged.measurements) == 3
+    # an op measured at other q here (a series that means something else), or excluded by
+    # name (its code changed between the runs), is not taken
+    by_rows = Calibration(new.provenance, new.ceilings, new.measurements + [
+        Measurement("selection:quest", 1, 1024, 3, 0.1, [1.0])])
+    merged = merge_calibrations(by_rows, quest_old, "q differs")
+    assert not any(m.op == "selection:quest" and m.batch == 16 for m in merged.measurements)
+    assert any(m.op == "draft:quest" and m.batch == 16 for m in merged.measurements)
+    assert "measured at q [1] there, [3] here" in \
+        merged.provenance["merged"][-1]["ops_skipped"]["selection:quest"]
+    merged = merge_calibrations(new, quest_old, "gather", exclude_ops=("draft:quest",))
+    assert not any(m.op == "draft:quest" and m.batch == 16 for m in merged.measurements)
+    assert merged.provenance["merged"][-1]["ops_skipped"] == {"draft:quest": "excluded"}
 
 
 def test_replacing_the_loop_overheads_of_a_shipped_calibration(tmp_path):

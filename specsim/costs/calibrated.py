@@ -185,7 +185,8 @@ class Calibration:
 STEP_KINDS = ("plain", "verify", "draft", "selection")
 
 
-def merge_calibrations(primary: Calibration, extra: Calibration, note: str) -> Calibration:
+def merge_calibrations(primary: Calibration, extra: Calibration, note: str,
+                       exclude_ops: tuple[str, ...] = ()) -> Calibration:
     """``primary``'s rows, plus ``extra``'s step timings (plain, verify, draft, selection) at
     the (batch, context) shapes ``primary`` did not reach — e.g. when a time budget cut a
     newer run short. Loop overheads come from ``primary`` alone (they depend on the loop's
@@ -195,7 +196,13 @@ def merge_calibrations(primary: Calibration, extra: Calibration, note: str) -> C
     taken only when both runs timed them the same way (``provenance.engine``'s
     ``draft_timed_as_chain_of``: single steps and chained steps differ by up to ~12%), and
     Quest's steps only when both runs padded their caches alike (``cache_align``; absent in
-    runs before the padding: an odd number of Quest pages made its draft step 14% slower)."""
+    runs before the padding: an odd number of Quest pages made its draft step 14% slower).
+
+    An op is not taken either when ``primary`` measured it at other q (its series mean
+    something else there: SparseSpec-L's refresh once at q = 1, now by ranked rows at q = 3,
+    9, 16), or when it is in ``exclude_ops`` (its implementation changed between the runs in
+    code the kernel hash does not cover: last-token's refresh gathers its row in one pass
+    since the second round, 1.2 ms where the older rows say 1.9 at Qwen3-8B batch 4, 32K)."""
     for key in ("model", "model_spec_hash", "gpu"):
         a, b = primary.provenance.get(key), extra.provenance.get(key)
         if a != b:
@@ -208,9 +215,17 @@ def merge_calibrations(primary: Calibration, extra: Calibration, note: str) -> C
     align = [e.get("cache_align") for e in engines]
     same_pages = align[0] == align[1]
     have = {(m.batch, m.context) for m in primary.measurements}
+    qs_of = lambda cal: {op: {m.q for m in cal.measurements if m.op == op}  # noqa: E731
+                         for op in {m.op for m in cal.measurements}}
+    mine, theirs = qs_of(primary), qs_of(extra)
+    theirs = {op: q for op, q in theirs.items() if op.split(":", 1)[0] in kinds}
+    skipped = {op: "excluded" for op in exclude_ops if op in theirs}
+    skipped.update({op: f"measured at q {sorted(theirs[op])} there, {sorted(mine[op])} here"
+                    for op in theirs if op in mine and theirs[op] != mine[op]
+                    and op not in skipped})
     added = [m for m in extra.measurements
              if (m.batch, m.context) not in have and m.op.split(":", 1)[0] in kinds
-             and (same_pages or not m.op.endswith(":quest"))]
+             and (same_pages or not m.op.endswith(":quest")) and m.op not in skipped]
     shapes = sorted({(m.batch, m.context) for m in added})
     prov = dict(primary.provenance)
     prov["merged"] = list(prov.get("merged", [])) + [{
@@ -222,7 +237,8 @@ def merge_calibrations(primary: Calibration, extra: Calibration, note: str) -> C
         "draft_steps": "taken" if "draft" in kinds else
                        f"skipped: timed as chains of {chain[1]} there, {chain[0]} here",
         "quest_steps": "taken" if same_pages else
-                       f"skipped: caches padded to {align[1]} there, {align[0]} here"}]
+                       f"skipped: caches padded to {align[1]} there, {align[0]} here",
+        "ops_skipped": dict(sorted(skipped.items()))}]
     return Calibration(prov, dict(primary.ceilings), list(primary.measurements) + added)
 
 
