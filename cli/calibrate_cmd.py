@@ -97,7 +97,8 @@ def calibrate_cmd(gpu, check_path, model, hardware, batches, contexts, qs, spars
         click.echo(_table(["term", "points", "MAPE", "worst"], rows))
         click.echo(f"all: MAPE {report['mape'] * 100:.2f}%, worst {report['worst'] * 100:.2f}%")
         if report["overheads"]:
-            click.echo("loop overheads (residuals near 0: absolute errors):")
+            click.echo("loop overheads and Quest's empty refresh (residuals near 0: absolute "
+                       "errors):")
             rows = [[op, v["points"], f"{v['measured_ms_median'] * 1e3:.0f} µs",
                      f"{v['mean_abs_error_ms'] * 1e3:.0f} µs",
                      f"{v['worst_abs_error_ms'] * 1e3:.0f} µs"]

@@ -613,10 +613,11 @@ def test_a_policys_own_verify_adds_its_measured_difference(tmp_path):
 
 
 def test_selection_and_quest_pages_are_priced_on_the_longest_sequence():
-    """Vegas' refresh sums every slot's buffer to the length it was sized for (the longest
-    sequence), and Quest scores the pages of that whole buffer: in a ragged batch a short
-    sequence costs as much as the longest there; SparseSpec-L's selection and a draft's
-    selected bytes stay per sequence."""
+    """Every refresh ranks each slot's buffer to the length it was sized for (the longest
+    sequence: SparseSpec-L's too, whose attention-mass kernel skips past each length but whose
+    top-K does not — measured on SmolLM2's ragged batch), and Quest scores the pages of that
+    whole buffer: in a ragged batch a short sequence costs as much as the longest there; a
+    draft's selected bytes and the loop overheads stay per sequence."""
     cal = synthetic()
     rows = list(cal.measurements) + [
         Measurement("draft:quest", b, c, 1, 0.05, [true_ms("draft", b, c, 1, 0.05)] * 3)
@@ -625,8 +626,10 @@ def test_selection_and_quest_pages_are_priced_on_the_longest_sequence():
     ragged, longest = [2048, 16384, 4096, 16384], [16384] * 4
     assert model.selection(ragged, 0.05, "vegas", 4).seconds == pytest.approx(
         model.selection(longest, 0.05, "vegas", 4).seconds)
-    assert model._op_bytes("selection:sparsespec", np.array(ragged), 0.05) < model._op_bytes(
+    assert model._op_bytes("selection:sparsespec", np.array(ragged), 0.05) == model._op_bytes(
         "selection:sparsespec", np.array(longest), 0.05)
+    assert model._op_bytes("overhead:speculative:vegas", np.array(ragged), None) < \
+        model._op_bytes("overhead:speculative:vegas", np.array(longest), None)
     from specsim.policies import get_policy
     per, layers = MODEL.kv_bytes_per_token_layer(), MODEL.num_layers
     quest = get_policy("quest")
@@ -866,3 +869,58 @@ def test_a_grid_can_measure_some_op_families_only(monkeypatch):
     assert ops["overhead"] == {("overhead:speculative:vegas", 3),
                                ("overhead:speculative:vegas", 6)}
     assert ops["draft"] == {("draft:vegas", 1), ("selection:vegas", 1)}
+
+
+def test_selection_refresh_is_priced_on_its_measured_grid():
+    """A refresh's time is not additive in batch and context (ranking rows of a length that
+    changes algorithm: here the per-position rate rises 60% past 8K): the model interpolates
+    its measured (batch, context) grid instead — exact at the measured points, linear between
+    contexts and between batches, linear in s between two measured sparsities, a ragged Vegas
+    batch at its longest context, noisy medians made non-decreasing, and outside the grid the
+    fitted fallback, said so."""
+    from specsim.costs.calibrated import SelectionGrid
+
+    def t_ms(b, c, s):
+        return 0.02 + b * c * 1e-7 * (1.6 if c > 8192 else 1.0) * (1 + 2 * s)
+
+    base = synthetic()
+    rows = [m for m in base.measurements if not m.op.startswith("selection")]
+    for s in (0.03, 0.1):
+        for b in (1, 4, 16):
+            for c in (2048, 4096, 8192, 16384, 32768):
+                rows.append(Measurement("selection:vegas", b, c, 1, s, [t_ms(b, c, s)] * 3))
+    model = CalibratedCostModel(Calibration(base.provenance, base.ceilings, rows), MODEL, HW)
+
+    def ms(contexts, s=0.03):
+        return model.selection(contexts, s, "vegas", 4).seconds * 1e3
+
+    assert ms([16384] * 4) == pytest.approx(t_ms(4, 16384, 0.03), rel=1e-9)
+    assert ms([8192] * 16) == pytest.approx(t_ms(16, 8192, 0.03), rel=1e-9)
+    assert ms([12288] * 4) == pytest.approx((t_ms(4, 8192, .03) + t_ms(4, 16384, .03)) / 2)
+    assert ms([16384] * 10) == pytest.approx(t_ms(4, 16384, .03) + (t_ms(16, 16384, .03)
+                                             - t_ms(4, 16384, .03)) * 6 / 12)
+    assert ms([16384] * 4, s=0.05) == pytest.approx(
+        t_ms(4, 16384, 0.03) + (t_ms(4, 16384, 0.1) - t_ms(4, 16384, 0.03)) * 2 / 7)
+    assert ms([2048, 16384, 4096, 16384]) == pytest.approx(ms([16384] * 4))
+    cost = model.selection([16384] * 32, 0.03, "vegas", 4)        # batch 32 > 16: not on it
+    assert any("outside" in n for n in cost.notes)
+    assert any("selection grid" in n for n in model.selection([16384] * 4, 0.03, "vegas",
+                                                              4).notes)
+    noisy = SelectionGrid.of([Measurement("selection:vegas", 2, c, 1, 0.03, [y])
+                              for c, y in ((1024, 1.0), (2048, 3.0), (4096, 2.0), (8192, 4.0))])
+    assert noisy.by_batch[2].y.tolist() == pytest.approx([1e-3, 2.5e-3, 2.5e-3, 4e-3])
+    assert noisy(2, 512) is None and noisy(3, 2048) is None
+
+
+def test_held_out_check_scores_quests_empty_refresh_in_microseconds(tmp_path):
+    """Quest's refresh after a verify is empty (~10 µs: its selection runs in every draft
+    step), so it is reported with the overheads as an absolute error, not as a relative one
+    of a few microseconds."""
+    base = synthetic()
+    rows = list(base.measurements) + [
+        Measurement("selection:quest", b, c, 1, 0.05, [0.007 + 0.002 * (c == 4096)] * 3)
+        for b in (1, 2, 4, 8, 16, 32) for c in (1024, 2048, 4096, 8192, 16384, 32768, 65536)]
+    report = held_out_check(Calibration(base.provenance, base.ceilings, rows), MODEL, HW)
+    assert "selection:quest" not in report["per_op"]
+    quest = report["overheads"]["selection:quest"]
+    assert quest["points"] > 0 and quest["worst_abs_error_ms"] < 0.003
