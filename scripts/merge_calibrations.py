@@ -36,7 +36,8 @@ def main():
                              "changed between the runs), e.g. selection:last-token")
     parser.add_argument("--replace", default=None,
                         help="comma-separated op families (plain, verify, draft, selection, "
-                             "overhead): OLD with NEW's rows of these instead of its own")
+                             "overhead) or exact ops (draft:quest): OLD with NEW's rows of "
+                             "these instead of its own")
     args = parser.parse_args()
     new, old = read_calibration(args.new), read_calibration(args.old)
     if args.replace:

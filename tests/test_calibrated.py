@@ -416,6 +416,12 @@ def test_replacing_the_loop_overheads_of_a_shipped_calibration(tmp_path):
     path = tmp_path / "out.json"
     out.write(str(path))
     assert read_calibration(str(path)).provenance["replaced"][-1]["note"].startswith("host")
+    # one op by name: the other rows of its family stay
+    one = replace_ops(full, only, ["overhead:speculative"], "one op")
+    assert [m for m in one.measurements if m.op == "overhead:speculative"] == \
+        [m for m in only.measurements if m.op == "overhead:speculative"]
+    assert [m for m in one.measurements if m.op == "overhead:plain"] == \
+        [m for m in full.measurements if m.op == "overhead:plain"]
     with pytest.raises(SpecsimError, match="no overhead rows"):
         replace_ops(full, Calibration(only.provenance, only.ceilings, steps), ["overhead"], "x")
     with pytest.raises(SpecsimError, match="different gpu"):

@@ -247,15 +247,20 @@ def replace_ops(base: Calibration, new: Calibration, families: list[str], note: 
     """``base`` with every row of the op ``families`` (``plain``, ``verify``, ``draft``,
     ``selection``, ``overhead``: the op name before its first ':') replaced by ``new``'s rows
     of those families: e.g. the loop overheads re-measured alone after a change to the loop's
-    host code (``CalibrationGrid(only=["overhead"])``), the kernels' timings kept. Same model
-    and GPU; recorded under ``provenance.replaced`` (the other run's date, software, kernel
-    hash, families, rows, ``note``)."""
+    host code (``CalibrationGrid(only=["overhead"])``), the kernels' timings kept. An entry
+    with a ':' names one op exactly (``draft:quest``: Quest's draft steps alone, after a
+    change to them; ``verify`` alone would also take the shared verify). Same model and GPU;
+    recorded under ``provenance.replaced`` (the other run's date, software, kernel hash,
+    families, rows, ``note``)."""
     for key in ("model", "model_spec_hash", "gpu"):
         a, b = base.provenance.get(key), new.provenance.get(key)
         if a != b:
             raise SpecsimError(f"cannot merge calibrations of different {key}: {a!r} vs {b!r}")
     wanted = set(families)
-    family = lambda m: m.op.split(":", 1)[0]   # noqa: E731
+
+    def family(m):   # the entry of ``families`` that covers the row's op, if any
+        return m.op if m.op in wanted else m.op.split(":", 1)[0]
+
     taken = [m for m in new.measurements if family(m) in wanted]
     missing = sorted(wanted - {family(m) for m in taken})
     if missing:
