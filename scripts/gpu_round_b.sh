@@ -5,7 +5,9 @@
 #      goes up through a pinned buffer), SPECSIM_RANKING=radix captures in graphs and decodes
 #      what topk decodes (the fused Quest selection copied s up from the host at each call,
 #      which a capturing stream refuses), the radix kernels at realistic shapes;
-#   2. Quest's loop with the torch selection vs the fused kernel (SmolLM2 b32 4K k4);
+#   2. Quest's loop (SmolLM2 b32 4K k4) with the torch selection vs the fused kernel, and the
+#      torch cache writes vs the fused one-position append (SPECSIM_FUSED_APPEND=1); Vegas'
+#      loop with the fused append (its torch-write figure: round A, 10.6 ms);
 #   3. scripts/verify_tile_probe.py: hd64 verify with its 32-row tile padded to 64 rows (q = 9
 #      took longer than q = 13 in the SmolLM2 runs): if faster, change DEFAULT_CONFIGS and
 #      re-measure SmolLM2's verify rows (calibrate --only verify, merge --replace verify);
@@ -15,12 +17,17 @@
 # Usage: bash scripts/gpu_round_b.sh [SMOLLM2_BUDGET_S=150] [QWEN3_8B_BUDGET_S=150]
 set -u
 export PYTHONPATH=.
-python3 -m pytest -q -x tests/test_engine_gpu.py -k "forced or radix" 2>&1 | tail -3
+SMOLLM2_BUDGET_S=${1:-150}
+QWEN3_8B_BUDGET_S=${2:-150}
+python3 -m pytest -q -x tests/test_engine_gpu.py -k "forced or radix or fused" 2>&1 | tail -3
 python3 -m pytest -q -x tests/test_kernels_topk.py 2>&1 | tail -1
-for ranking in topk radix; do
-    PROFILE=0 SPECSIM_RANKING=$ranking python3 scripts/loop_profile.py smollm2-135m 32 4096 4 \
-        quest 2>&1 | grep -v CUDAEvent | tail -3 | sed "s/^/[$ranking] /"
+for variant in "topk 0" "radix 0" "topk 1" "radix 1"; do set -- $variant
+    PROFILE=0 SPECSIM_RANKING=$1 SPECSIM_FUSED_APPEND=$2 python3 scripts/loop_profile.py \
+        smollm2-135m 32 4096 4 quest 2>&1 | grep -E "loop clock|Error" | head -2 \
+        | sed "s/^/[$1 fused=$2] /"
 done
+PROFILE=0 SPECSIM_FUSED_APPEND=1 python3 scripts/loop_profile.py smollm2-135m 32 4096 4 vegas \
+    2>&1 | grep -E "loop clock|Error" | head -2 | sed "s/^/[vegas fused=1] /"
 python3 scripts/verify_tile_probe.py 32 4096 2>&1 | tail -17
 python3 scripts/calibrate_shipped.py --out-dir "$OUT/cal-overhead" --models smollm2-135m,qwen3-8b \
-    --only overhead --budget-s "${1:-150},${2:-150}" --repeats 10 2>&1 | grep -v "^\[" | tail -6
+    --only overhead --budget-s "$SMOLLM2_BUDGET_S,$QWEN3_8B_BUDGET_S" --repeats 10 2>&1 | grep -v "^\[" | tail -6

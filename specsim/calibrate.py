@@ -202,7 +202,7 @@ def measure(spec: ModelSpec, grid: CalibrationGrid, config: dict | None = None,
     import torch
 
     from specsim.engine import Engine, build_model
-    from specsim.engine.decode import CACHE_ALIGN
+    from specsim.engine.decode import CACHE_ALIGN, FUSED_APPEND
     from specsim.kernels.selection import RANKING
 
     if config is None:
@@ -230,7 +230,8 @@ def measure(spec: ModelSpec, grid: CalibrationGrid, config: dict | None = None,
         prov["grid"]["only"] = sorted(grid.only)
     prov["engine"] = {"fuse_projections": fuse, "compile_layers": compile, "cuda_graphs": True,
                       "draft_chain": True, "draft_timed_as_chain_of": DRAFT_CHAIN,
-                      "cache_align": CACHE_ALIGN, "ranking": RANKING}
+                      "cache_align": CACHE_ALIGN, "ranking": RANKING,
+                      "fused_append": FUSED_APPEND}
 
     def measure_one(batch, context):
         rows = _measure_shape(torch, Engine, model, grid, batch, context)

@@ -94,18 +94,25 @@ def test_greedy_lossless_sparse_drafts(tiny, ragged, plain_ragged, policy):
     assert 0 < np.mean(accepted) and min(accepted) == 0   # both outcomes exercised
 
 
-@pytest.mark.parametrize("policy", ["vegas", "sparsespec", "quest"])
-def test_greedy_lossless_through_triton_kernels(policy):
+@pytest.mark.parametrize("policy,fused", [("vegas", False), ("sparsespec", False),
+                                          ("quest", False), ("quest", True), ("vegas", True)])
+def test_greedy_lossless_through_triton_kernels(policy, fused, monkeypatch):
     """The GPU path's kernel calls (verify with collected logits + lse, sparse drafts, the
-    attention-mass selection), run by Triton's interpreter at head_dim 64."""
+    attention-mass selection; with ``fused`` the one-kernel cache append, which keeps Quest's
+    page bounds incrementally), run by Triton's interpreter at head_dim 64."""
     config = dict(TINY, head_dim=64, num_attention_heads=2, num_key_value_heads=1,
                   vocab_size=128)
     model = build_model(config, seed=2, std=0.1)
     prompts = prompts_of((70, 93), vocab=128)
     expected = plain_decode(model, prompts, 10).tokens
+    from specsim.kernels.kv_cache import KVCache
+    calls, fused_write = [], KVCache._append_one
+    monkeypatch.setattr(KVCache, "_append_one",
+                        lambda self, *a: calls.append(1) or fused_write(self, *a))
     result = speculative_decode(model, prompts, 10, policy=SMALL[policy], k=3, s=0.3,
-                                use_triton=True)
+                                use_triton=True, fused_append=fused)
     assert result.tokens == expected
+    assert bool(calls) == fused          # every draft step's write, when asked for
 
 
 def test_batch_sequences_are_independent(tiny, ragged, plain_ragged):

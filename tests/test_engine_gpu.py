@@ -151,3 +151,15 @@ def test_radix_ranking_graphs_and_matches_topk(model, policy, monkeypatch):
     assert runs["radix"].tokens == runs["topk"].tokens
     assert [t.m.tolist() for t in runs["radix"].traces] == \
         [t.m.tolist() for t in runs["topk"].traces]
+
+
+@pytest.mark.parametrize("policy", ["quest", "vegas"])
+def test_fused_append_graphs_and_matches_the_torch_writes(model, policy):
+    """Engine(fused_append=True): one kernel writes each draft/plain step's K/V rows (and
+    Quest's page bounds); captured in the graphs, it decodes exactly what the torch writes
+    decode."""
+    batch = prompts((1500, 2100, 1800))
+    runs = [Engine(model, batch=3, max_len=2200, policy=policy, s=0.1, k_max=6,
+                   fused_append=fused).generate(batch, 48, k=6) for fused in (False, True)]
+    assert runs[0].tokens == runs[1].tokens
+    assert [t.m.tolist() for t in runs[0].traces] == [t.m.tolist() for t in runs[1].traces]

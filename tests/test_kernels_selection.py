@@ -52,11 +52,17 @@ def test_selected_counts_match_policy_rule():
 
 # -- KV cache -------------------------------------------------------------------------------
 
-def test_kv_cache_append_rollback_and_page_bounds():
-    batch, kv_heads, max_len, head_dim, page = 3, 2, 70, 8, 16
+@pytest.mark.parametrize("fused", [False, True])
+@pytest.mark.parametrize("paged", [True, False])
+def test_kv_cache_append_rollback_and_page_bounds(fused, paged):
+    """Ragged writes, verify-sized writes, rollbacks and runs of single-position writes (the
+    draft and plain steps: with ``fused_append`` one kernel writes the rows and updates the
+    page bounds incrementally) keep the rows and the exact page bounds of the valid
+    positions, across page boundaries."""
+    batch, kv_heads, max_len, head_dim, page = 3, 2, 90, 8, 16
     generator = make_generator(0)
     cache = KVCache(batch, kv_heads, max_len, head_dim, num_layers=2, dtype=torch.float32,
-                    device=DEVICE, page_size=page)
+                    device=DEVICE, page_size=page if paged else None, fused_append=fused)
     shadow_k = torch.zeros(2, batch, kv_heads, max_len, head_dim, device=DEVICE)
     shadow_v = shadow_k.clone()
     shadow_len = [0] * batch
@@ -75,12 +81,30 @@ def test_kv_cache_append_rollback_and_page_bounds():
         for b, c in enumerate(counts):
             shadow_len[b] += c
 
+    def singles(steps):
+        for _ in range(steps):
+            cache.extend(1)
+            for layer in range(2):
+                k_new = torch.randn(batch, kv_heads, 1, head_dim, generator=generator,
+                                    device=DEVICE)
+                v_new = torch.randn(batch, kv_heads, 1, head_dim, generator=generator,
+                                    device=DEVICE)
+                # a strided view, as the model hands over its projections
+                cache.write(layer, k_new.transpose(1, 2).contiguous().transpose(1, 2), v_new)
+                for b in range(batch):
+                    shadow_k[layer, b, :, shadow_len[b]] = k_new[b, :, 0]
+                    shadow_v[layer, b, :, shadow_len[b]] = v_new[b, :, 0]
+            for b in range(batch):
+                shadow_len[b] += 1
+
     def check():
         assert cache.lengths.tolist() == shadow_len
         for layer in range(2):
             for b, length in enumerate(shadow_len):
                 assert torch.equal(cache.k(layer)[b, :, :length], shadow_k[layer, b, :, :length])
                 assert torch.equal(cache.v(layer)[b, :, :length], shadow_v[layer, b, :, :length])
+            if not paged:
+                continue
             low, high = cache.pages(layer)
             ref_low, ref_high = page_bounds_reference(cache.k(layer), cache.lengths, page)
             for b, length in enumerate(shadow_len):
@@ -102,6 +126,14 @@ def test_kv_cache_append_rollback_and_page_bounds():
     check()
     cache.rollback(2)
     shadow_len = [n - 2 for n in shadow_len]
+    check()
+    singles(13)         # lengths 35, 16, 53 → 48, 29, 66: each crosses or starts a page
+    check()
+    rejected = torch.tensor([4, 13, 1], dtype=torch.int32, device=DEVICE)
+    cache.rollback(rejected)
+    shadow_len = [n - r for n, r in zip(shadow_len, rejected.tolist())]
+    check()
+    singles(6)
     check()
 
 

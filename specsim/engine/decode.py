@@ -35,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import math
+import os
 import time
 from dataclasses import dataclass, field
 
@@ -59,6 +60,11 @@ PAGE = 16  # cache lengths are padded to whole Quest pages
 #: GPU, one call; an odd page count is the likely cause (page scores are a bf16 matmul over
 #: the page axis).
 CACHE_ALIGN = 128
+#: One-position cache writes (draft and plain steps) by one fused Triton kernel (rows + Quest's
+#: page bounds, ``KVCache.fused_append``) instead of ~6 torch launches (+ ~14 with pages).
+#: Off until measured on a GPU (the shipped calibrations time the torch path); turn on with
+#: ``SPECSIM_FUSED_APPEND=1`` or ``Engine(fused_append=True)``.
+FUSED_APPEND = os.environ.get("SPECSIM_FUSED_APPEND", "0") == "1"
 
 
 @dataclass(frozen=True)
@@ -198,7 +204,8 @@ class Engine:
     def __init__(self, model: Transformer, *, batch: int, max_len: int,
                  policy: str | Policy = "vegas", s: float = 0.05, k_max: int = 8,
                  use_triton: bool | None = None, cuda_graphs: bool | None = None,
-                 beyond_max_position: bool = False, proxy_check: bool = False):
+                 beyond_max_position: bool = False, proxy_check: bool = False,
+                 fused_append: bool | None = None):
         args = self.args = model.args
         self.model, self.batch, self.k_max, self.s = model, batch, k_max, s
         self.policy = get_policy(policy) if isinstance(policy, str) else policy
@@ -223,6 +230,9 @@ class Engine:
         self.backend = attention.AttentionBackend(
             self.device, num_heads=args.num_heads, num_kv_heads=args.num_kv_heads,
             head_dim=args.head_dim, batch=batch, max_len=self.max_len, use_triton=use_triton)
+        # a Triton kernel: with the Triton backend only (the CPU path stays torch)
+        self.cache.fused_append = self.backend.use_triton and (
+            FUSED_APPEND if fused_append is None else fused_append)
         self.selection = DraftSelection(
             self.policy, s, num_layers=args.num_layers, batch=batch, num_heads=args.num_heads,
             num_kv_heads=args.num_kv_heads, max_len=self.max_len, k_max=k_max,

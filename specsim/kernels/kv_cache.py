@@ -32,7 +32,36 @@ import math
 
 import torch
 
-from specsim.kernels._runtime import default_device
+from specsim.kernels._runtime import default_device, tl, triton
+
+
+@triton.jit
+def _append_one_kernel(K, V, PMin, PMax, Lengths, KNew, VNew,
+                       stride_kb, stride_kh, stride_kn, stride_nb, stride_nh,
+                       stride_pb, stride_ph, stride_pp,
+                       NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
+                       PAGE: tl.constexpr, PAGED: tl.constexpr):
+    """One new position per sequence (``lengths[b] − 1``, after ``extend(1)``): its K and V
+    rows, and with ``PAGED`` its page's min/max bounds updated in place — the first position
+    of a page starts them, a later one takes the element-wise min/max with them (exact: the
+    bounds of the positions before it in the page are exact, see the module doc)."""
+    pid = tl.program_id(0)
+    b = (pid // NUM_KV_HEADS).to(tl.int64)
+    h = (pid % NUM_KV_HEADS).to(tl.int64)
+    pos = tl.load(Lengths + b).to(tl.int64) - 1
+    dims = tl.arange(0, HEAD_DIM)
+    k = tl.load(KNew + b * stride_nb + h * stride_nh + dims).to(K.dtype.element_ty)
+    v = tl.load(VNew + b * stride_nb + h * stride_nh + dims).to(V.dtype.element_ty)
+    row = b * stride_kb + h * stride_kh + pos * stride_kn + dims
+    tl.store(K + row, k)
+    tl.store(V + row, v)
+    if PAGED:
+        page = b * stride_pb + h * stride_ph + (pos // PAGE) * stride_pp + dims
+        first = (pos % PAGE) == 0
+        low = tl.where(first, k, tl.minimum(tl.load(PMin + page), k))
+        high = tl.where(first, k, tl.maximum(tl.load(PMax + page), k))
+        tl.store(PMin + page, low)
+        tl.store(PMax + page, high)
 
 
 class KVCache:
@@ -40,7 +69,8 @@ class KVCache:
 
     def __init__(self, batch: int, kv_heads: int, max_len: int, head_dim: int, *,
                  num_layers: int = 1, dtype: torch.dtype = torch.bfloat16,
-                 device: torch.device | str | None = None, page_size: int | None = None):
+                 device: torch.device | str | None = None, page_size: int | None = None,
+                 fused_append: bool = False):
         self.batch, self.kv_heads, self.max_len, self.head_dim = batch, kv_heads, max_len, head_dim
         self.num_layers = num_layers
         device = default_device(device)
@@ -49,6 +79,10 @@ class KVCache:
         self._v = torch.zeros(shape, dtype=dtype, device=device)
         self.lengths = torch.zeros(batch, dtype=torch.int32, device=device)
         self.page_size = page_size
+        #: one-position writes (draft and plain steps) by ``_append_one_kernel``: one launch
+        #: for the K/V rows and the page bounds, where the torch path makes ~6 launches for
+        #: the rows and, with pages, ~14 more to recompute two pages
+        self.fused_append = fused_append
         self.page_min = self.page_max = None
         if page_size:
             self.num_pages = math.ceil(max_len / page_size)
@@ -81,6 +115,9 @@ class KVCache:
         ``lengths[b] − counts[b] ..``; otherwise all ``n`` at ``lengths[b] − n ..``.
         """
         n = k_new.shape[2]
+        if n == 1 and counts is None and self.fused_append:
+            self._append_one(layer, k_new, v_new)
+            return
         step = torch.arange(n, device=k_new.device, dtype=torch.int64)[None, :]
         added = counts.long() if counts is not None else torch.full_like(self.lengths, n).long()
         batch_index = torch.arange(self.batch, device=k_new.device)[:, None]
@@ -104,6 +141,21 @@ class KVCache:
         if self.page_size:
             first = self.lengths.long() - added
             self._refresh_pages(layer, first // self.page_size, (n - 1) // self.page_size + 2)
+
+    def _append_one(self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor) -> None:
+        k_cache, v_cache = self._k[layer], self._v[layer]
+        k_new, v_new = k_new[:, :, 0], v_new[:, :, 0]                  # [batch, kv_heads, d]
+        if k_new.stride(-1) != 1 or v_new.stride() != k_new.stride():
+            k_new, v_new = k_new.contiguous(), v_new.contiguous()
+        paged = bool(self.page_size)
+        low = self.page_min[layer] if paged else k_cache
+        high = self.page_max[layer] if paged else k_cache
+        _append_one_kernel[(self.batch * self.kv_heads,)](
+            k_cache, v_cache, low, high, self.lengths, k_new, v_new,
+            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+            k_new.stride(0), k_new.stride(1), low.stride(0), low.stride(1), low.stride(2),
+            NUM_KV_HEADS=self.kv_heads, HEAD_DIM=self.head_dim, PAGE=self.page_size or 1,
+            PAGED=paged, num_warps=1)
 
     def append(self, k_new: torch.Tensor, v_new: torch.Tensor,
                counts: torch.Tensor | None = None) -> None:
