@@ -8,10 +8,11 @@
 #   2. Quest's loop (SmolLM2 b32 4K k4) with the torch selection vs the fused kernel, and the
 #      torch cache writes vs the fused one-position append (SPECSIM_FUSED_APPEND=1); Vegas'
 #      loop with the fused append (its torch-write figure: round A, 10.6 ms);
-#   3. scripts/verify_tile_probe.py: hd64 verify with its 32-row tile padded to 64 rows (q = 9
+#   3. Qwen3-8B's plain step at batch 4, 32K with and without the fused append (#4's floor);
+#   4. scripts/verify_tile_probe.py: hd64 verify with its 32-row tile padded to 64 rows (q = 9
 #      took longer than q = 13 in the SmolLM2 runs): if faster, change DEFAULT_CONFIGS and
 #      re-measure SmolLM2's verify rows (calibrate --only verify, merge --replace verify);
-#   4. the loop overheads alone (calibrate --only overhead) of SmolLM2 and Qwen3-8B, written
+#   5. the loop overheads alone (calibrate --only overhead) of SmolLM2 and Qwen3-8B, written
 #      after every shape to $OUT/cal-overhead/<model>.json (resumable: the same command on a
 #      warm machine continues). Here: merge_calibrations.py NEW SHIPPED OUT --replace overhead.
 # Usage: bash scripts/gpu_round_b.sh [SMOLLM2_BUDGET_S=150] [QWEN3_8B_BUDGET_S=150]
@@ -28,6 +29,11 @@ for variant in "topk 0" "radix 0" "topk 1" "radix 1"; do set -- $variant
 done
 PROFILE=0 SPECSIM_FUSED_APPEND=1 python3 scripts/loop_profile.py smollm2-135m 32 4096 4 vegas \
     2>&1 | grep -E "loop clock|Error" | head -2 | sed "s/^/[vegas fused=1] /"
+for fused in 0 1; do     # Qwen3-8B plain step at b4 32K: 10.5 ms in the validation runs, floor 8.5
+    SPECSIM_FUSED_APPEND=$fused python3 scripts/engine_benchmark.py --compile --fuse \
+        --contexts 32768 --batch 4 --new-tokens 32 --out "$OUT/engine-fused$fused.json" 2>&1 \
+        | grep -E "context 32768|Error" | head -2 | sed "s/^/[plain fused=$fused] /"
+done
 python3 scripts/verify_tile_probe.py 32 4096 2>&1 | tail -17
 python3 scripts/calibrate_shipped.py --out-dir "$OUT/cal-overhead" --models smollm2-135m,qwen3-8b \
     --only overhead --budget-s "$SMOLLM2_BUDGET_S,$QWEN3_8B_BUDGET_S" --repeats 10 2>&1 | grep -v "^\[" | tail -6
