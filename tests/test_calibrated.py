@@ -1,4 +1,5 @@
 """The calibrated cost model against synthetic tables of known structure; the file schema."""
+import dataclasses
 import json
 import math
 import time
@@ -837,6 +838,17 @@ def test_measure_end_to_end_on_the_cpu(tmp_path, monkeypatch):
     split = it.split()
     assert split["draft"] > 0 and split["verify"] > 0 and split["selection"] > 0
     assert split["other"] >= 0                      # a residual, clamped at 0
+    # the overheads alone, as round B re-measures them, then put into the full file
+    only = dataclasses.replace(grid, contexts=[300, 600, 900], only=["overhead"])
+    part = C.measure(MODEL, only, config=tiny, fuse=False, compile=False,
+                     checkpoint=str(tmp_path / "overheads.json"), progress=False)
+    assert {m.op.split(":")[0] for m in part.measurements} == {"overhead"}
+    assert part.provenance["grid"]["only"] == ["overhead"] and part.provenance["complete"]
+    assert {m.context for m in part.measurements} == {300, 600, 900}  # the overhead contexts
+    merged = replace_ops(back, part, ["overhead"], "round B")
+    assert len(merged.measurements) == len(part.measurements) + sum(
+        not m.op.startswith("overhead") for m in back.measurements)
+    CalibratedCostModel(merged, MODEL, HW).iteration([600, 600], 4, 0.1, "vegas")
 
 
 def test_a_grid_can_measure_some_op_families_only(monkeypatch):
