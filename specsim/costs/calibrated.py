@@ -412,6 +412,15 @@ class SelectionGrid:
         return t_lo if hi == lo else t_lo + (t_hi - t_lo) * (batch - lo) / (hi - lo)
 
 
+def _strictly_between(values, x) -> tuple | None:
+    """The nearest measured values strictly below and strictly above ``x`` (None entries and
+    an ``x`` of None ignored), or None when ``x`` is not inside them."""
+    values = sorted(v for v in set(values) if v is not None)
+    below = [v for v in values if x is not None and v < x]
+    above = [v for v in values if x is not None and v > x]
+    return (below[-1], above[0]) if below and above else None
+
+
 def _bracket(xs: list[int], x: float, extrapolate: bool = False) -> tuple[int, int]:
     """The measured points (sorted ``xs``) to interpolate ``x`` between: its neighbours; beyond
     the ends the nearest end twice (held), or with ``extrapolate`` the two end points."""
@@ -544,8 +553,7 @@ class CalibratedCostModel:
         length), so the two-term fit that prices the steps misses it (held-out 9–24% on the
         shipped files); interpolating each batch's series in context, then across batches,
         gives 1.6–4.0% on Qwen3-8B. A ragged batch enters at the uniform context with the
-        same bytes (``_op_bytes``: the longest for Vegas and last-token, the mean for
-        SparseSpec-L)."""
+        same bytes (``_op_bytes``: its longest sequence's)."""
         batch = contexts.size
         per = self.model.kv_bytes_per_token_layer() * max(sum(self._full), 1)
         context = kv / (per * batch)
@@ -553,12 +561,10 @@ class CalibratedCostModel:
         if grid is not None:
             got = grid(batch, context)
             return None if got is None else (got, "calibrated (selection grid)")
-        ss = sorted(k[2] for k in self.grids if k[0] == op and k[1] == q and k[2] is not None)
-        below = [x for x in ss if s is not None and x < s]
-        above = [x for x in ss if s is not None and x > s]
-        if not below or not above:
+        around = _strictly_between([k[2] for k in self.grids if k[0] == op and k[1] == q], s)
+        if around is None:
             return None
-        lo, hi = below[-1], above[0]
+        lo, hi = around
         t_lo, t_hi = self.grids[(op, q, lo)](batch, context), self.grids[(op, q, hi)](batch,
                                                                                     context)
         if t_lo is None or t_hi is None:
@@ -568,12 +574,10 @@ class CalibratedCostModel:
                 f"{op}: s={s} interpolated between measured s={lo} and s={hi} (selection grid)")
 
     def _verify_between_q(self, q: int, tokens: float, kv: float):
-        qs = sorted(k[1] for k in self.fits if k[0] == "verify")
-        below = [x for x in qs if x < q]
-        above = [x for x in qs if x > q]
-        if not below or not above:
+        around = _strictly_between([k[1] for k in self.fits if k[0] == "verify"], q)
+        if around is None:
             return None, None
-        lo, hi = below[-1], above[0]
+        lo, hi = around
         batch = tokens / q
         t_lo, in_lo = self.fits[("verify", lo, None)].predict(batch * lo, kv)
         t_hi, in_hi = self.fits[("verify", hi, None)].predict(batch * hi, kv)
@@ -583,12 +587,10 @@ class CalibratedCostModel:
 
     def _between_s(self, op, q, s, tokens, kv):
         """A selection at an s between two calibrated ones: linear in s between their fits."""
-        ss = sorted(k[2] for k in self.fits if k[0] == op and k[1] == q and k[2] is not None)
-        below = [x for x in ss if s is not None and x < s]
-        above = [x for x in ss if s is not None and x > s]
-        if not below or not above:
+        around = _strictly_between([k[2] for k in self.fits if k[0] == op and k[1] == q], s)
+        if around is None:
             return None
-        lo, hi = below[-1], above[0]
+        lo, hi = around
         t_lo, in_lo = self.fits[(op, q, lo)].predict(tokens, kv)
         t_hi, in_hi = self.fits[(op, q, hi)].predict(tokens, kv)
         w = (s - lo) / (hi - lo)
