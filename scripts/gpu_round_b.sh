@@ -9,9 +9,10 @@
 #      torch cache writes vs the fused one-position append (SPECSIM_FUSED_APPEND=1); Vegas'
 #      loop with the fused append (its torch-write figure: round A, 10.6 ms);
 #   3. Qwen3-8B's plain step at batch 4, 32K with and without the fused append (#4's floor);
-#   4. scripts/verify_tile_probe.py: hd64 verify with its 32-row tile padded to 64 rows (q = 9
-#      took longer than q = 13 in the SmolLM2 runs): if faster, change DEFAULT_CONFIGS and
-#      re-measure SmolLM2's verify rows (calibrate --only verify, merge --replace verify);
+#   4. scripts/verify_tile_probe.py: verify configs where the calibrations step between
+#      neighbouring q (SmolLM2 hd64 q = 6–10 on a 32-row tile; Qwen3-8B b1 32K C2Q q = 6/8,
+#      all-row q = 13): a variant that wins → DEFAULT_CONFIGS, then re-measure the verify rows
+#      (calibrate --only verify, merge --replace verify,verify:last-token,...);
 #   5. SmolLM2's loop overheads alone (calibrate --only overhead), written after every shape to
 #      $OUT/cal-overhead/smollm2-135m.json (resumable: the same command on a warm machine
 #      continues). Here: merge_calibrations.py NEW SHIPPED OUT --replace overhead.
@@ -36,6 +37,8 @@ for fused in 0 1; do     # Qwen3-8B plain step at b4 32K: 10.5 ms in the validat
         --contexts 32768 --batch 4 --new-tokens 32 --out "$OUT/engine-fused$fused.json" 2>&1 \
         | grep -E "context 32768|Error" | head -2 | sed "s/^/[plain fused=$fused] /"
 done
-python3 scripts/verify_tile_probe.py 32 4096 2>&1 | tail -17
+python3 scripts/verify_tile_probe.py smollm2 2>&1 | tail -17 > "$OUT/verify-tiles.txt"
+python3 scripts/verify_tile_probe.py qwen3-8b 2>&1 | tail -15 >> "$OUT/verify-tiles.txt"
+cut -c1-160 "$OUT/verify-tiles.txt"
 python3 scripts/calibrate_shipped.py --out-dir "$OUT/cal-overhead" --models smollm2-135m \
     --only overhead --budget-s "$SMOLLM2_BUDGET_S" --repeats 10 2>&1 | grep -v "^\[" | tail -4
