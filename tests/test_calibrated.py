@@ -378,6 +378,16 @@ def test_merging_a_cut_short_run_with_an_older_one():
     assert merged.provenance["merged"][-1]["quest_steps"].startswith("skipped")
     merged = merge_calibrations(new, quest_old, "both unpadded")
     assert sum(m.op.endswith(":quest") for m in merged.measurements) == 3
+    # one-position writes fused here, not there: its plain and draft steps are not taken
+    fused = Calibration(dict(new.provenance, engine={"fused_append": True}), new.ceilings,
+                        new.measurements)
+    merged = merge_calibrations(fused, old, "torch writes there")
+    extra = merged.measurements[len(new.measurements):]
+    assert extra and not any(m.op == "plain" or m.op.startswith("draft:") for m in extra)
+    assert any(m.op == "verify" for m in extra)
+    info = merged.provenance["merged"][-1]
+    assert info["plain_steps"].startswith("skipped: fused append") and \
+        info["draft_steps"].startswith("skipped: fused append")
     # an op measured at other q here (a series that means something else), or excluded by
     # name (its code changed between the runs), is not taken
     by_rows = Calibration(new.provenance, new.ceilings, new.measurements + [

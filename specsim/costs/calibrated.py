@@ -197,6 +197,8 @@ def merge_calibrations(primary: Calibration, extra: Calibration, note: str,
     ``draft_timed_as_chain_of``: single steps and chained steps differ by up to ~12%), and
     Quest's steps only when both runs padded their caches alike (``cache_align``; absent in
     runs before the padding: an odd number of Quest pages made its draft step 14% slower).
+    Plain and draft steps only when both wrote their one new position alike
+    (``fused_append``: one Triton kernel, or the torch writes; absent = torch).
 
     An op is not taken either when ``primary`` measured it at other q (its series mean
     something else there: SparseSpec-L's refresh once at q = 1, now by ranked rows at q = 3,
@@ -212,6 +214,9 @@ def merge_calibrations(primary: Calibration, extra: Calibration, note: str,
     chain = [e.get("draft_timed_as_chain_of") for e in engines]
     if chain[0] != chain[1]:
         kinds.discard("draft")
+    append = [bool(e.get("fused_append")) for e in engines]
+    if append[0] != append[1]:   # one-position writes (plain and draft steps) timed otherwise
+        kinds -= {"plain", "draft"}
     align = [e.get("cache_align") for e in engines]
     same_pages = align[0] == align[1]
     have = {(m.batch, m.context) for m in primary.measurements}
@@ -235,7 +240,11 @@ def merge_calibrations(primary: Calibration, extra: Calibration, note: str,
         "shapes": [list(x) for x in shapes], "ops": sorted({m.op for m in added}),
         "rows": len(added), "note": note,
         "draft_steps": "taken" if "draft" in kinds else
-                       f"skipped: timed as chains of {chain[1]} there, {chain[0]} here",
+                       f"skipped: timed as chains of {chain[1]} there, {chain[0]} here"
+                       if chain[0] != chain[1] else
+                       f"skipped: fused append {append[1]} there, {append[0]} here",
+        "plain_steps": "taken" if "plain" in kinds else
+                       f"skipped: fused append {append[1]} there, {append[0]} here",
         "quest_steps": "taken" if same_pages else
                        f"skipped: caches padded to {align[1]} there, {align[0]} here",
         "ops_skipped": dict(sorted(skipped.items()))}]
