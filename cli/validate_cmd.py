@@ -106,11 +106,21 @@ def validate_cmd(ctx, gpu, plan_path, out, repeats, setups, policies):
               help="Where the SmolLM2 safetensors will be on the GPU machine.")
 @click.option("--no-free", is_flag=True, help="Only the forced-acceptance setup.")
 @click.option("--out", default=DEFAULT_PLAN, show_default=True, type=click.Path(dir_okay=False))
+@click.option("--force", is_flag=True,
+              help="Replace an existing plan file (a plan is the record of what was predicted "
+                   "before its runs: by default it is never overwritten).")
 def plan_cmd(trace_path, hardware, policies, k_forced, k_free, ss, context, batch_free,
-             requests_free, weights, no_free, out):
+             requests_free, weights, no_free, out, force):
     """Predict every configuration before the GPU runs it (needs the fetched SmolLM2 for its
     tokenizer unless --no-free)."""
+    import os
+
     from specsim.cli.main import DEFAULT_TRACE
+    if os.path.exists(out) and not force:
+        raise click.UsageError(
+            f"{out} exists: a plan records what was predicted before its runs, and results may "
+            f"have been measured against it; write the new one with --out FILE, or pass "
+            f"--force to replace it")
     from specsim.validate import build_plan, write_json
     tokenizer_dir = None
     if not no_free:

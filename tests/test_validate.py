@@ -144,6 +144,12 @@ def test_validate_report_command(tmp_path):
     assert "predict MAPE" in r.output and (tmp_path / "v.md").read_text().startswith("GPU")
     r = CliRunner().invoke(cli, ["validate"])
     assert r.exit_code == 0 and "specsim validate plan" in r.output
+    # an existing plan is a record: not overwritten without --force (checked before any work)
+    before = (tmp_path / "plan.json").read_text()
+    r = CliRunner().invoke(cli, ["validate", "plan", "--no-free", "--out",
+                                 str(tmp_path / "plan.json")])
+    assert r.exit_code == 2 and "--force" in r.output
+    assert (tmp_path / "plan.json").read_text() == before
     got["plan_created"] = "t"
     for i, cfg in enumerate(got["setups"][0]["configs"]):
         part = dict(got, setups=[dict(got["setups"][0], configs=[cfg])])
