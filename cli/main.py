@@ -302,6 +302,11 @@ def _print_predict(r: dict) -> None:
                      f"k={step['k']}, s={_s(step['s'])}, {step['speedup']:.3f}× "
                      f"(−{step['gap_to_joint'] * 100:.1f}%)" if step else "needs ≥ 2 s values"])
     click.echo(_table(["policy", "k*", "s*", "speedup", "3-step result"], rows, "lrrrl"))
+    if any(p["policy"] == "quest" for p in r["policies"]) and \
+            r.get("cost_model") == "calibrated":
+        click.echo("(quest: measured on specsim's engine, which re-scores the pages with several "
+                   "torch operations per layer at every draft step — 2.5–4.7× a Vegas draft "
+                   "step on the H200; a fused kernel would cost less. README.)")
     click.echo("")
     d = best.get("distinguishable_from_runner_up")
     line = (f"Best: {best['policy']} at s = {_s(best['s'])}, k = {best['k']}: "
