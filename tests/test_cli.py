@@ -144,7 +144,7 @@ def test_predict_default_trace_table():
     # measured costs: Quest's are said to be those of specsim's unfused page selection
     assert "calibrated cost model" in result.output and "(quest: measured on specsim's engine" \
         in result.output
-    roofline = CliRunner().invoke(cli, ["predict", "--bootstrap", "20", "--costs", "roofline"])
+    roofline = CliRunner().invoke(cli, ["predict", "--bootstrap", "50", "--costs", "roofline"])
     assert roofline.exit_code == 0 and "(quest: measured" not in roofline.output
 
 
