@@ -246,6 +246,27 @@ def test_forced_acceptance_replays_m(tiny, ragged):
     assert replay.forwards["verify"] == max(t.iterations for t in recorded)
 
 
+def test_forced_iterations_build_no_device_tensor_from_host_lists(tiny, ragged, monkeypatch):
+    """Each forced m goes to the device through the engine's staging buffer: on a GPU a
+    ``torch.tensor(list, device=...)`` is a pageable copy that waits for the verify pass (the
+    stall the calibration's forced loops carried). None is built while the loop runs."""
+    recorded = speculative_decode(tiny, ragged, 20, policy=SMALL["vegas"], k=4, s=0.1).traces
+    engine = Engine(tiny, batch=3, max_len=800, policy="vegas", s=0.1, k_max=4)
+    built, real = [], torch.tensor
+
+    def spy(*args, **kwargs):
+        if kwargs.get("device") is not None:
+            built.append(args[0] if args else None)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(decode.torch, "tensor", spy)
+    replay = engine.generate(forced_prompts(recorded, TINY["vocab_size"], seed=3), 1,
+                             forced=recorded)
+    # the prompts (one prefill each) and the first active mask, at the run's start; none per
+    # iteration (before the staging buffer: one more per iteration)
+    assert replay.iterations > 5 and len(built) <= len(ragged) + 1, built
+
+
 def test_forced_replay_of_per_sequence_draft_lengths(tiny, ragged):
     """Traces whose k differs between sequences and iterations (the adaptive controller's)
     replay exactly: each iteration's k and m go to the device through the engine's staging
