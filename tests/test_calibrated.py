@@ -39,7 +39,7 @@ def true_ms(op, batch, context, q=1, s=None):
 
 
 def synthetic(noise=0.0, seed=0, contexts=(1024, 2048, 4096, 8192, 16384, 32768, 65536),
-              batches=(1, 2, 4, 8, 16, 32), qs=(1, 4, 8, 16)):
+              batches=(1, 2, 4, 8, 16, 32), qs=(1, 2, 3, 4, 6, 8, 12, 16)):
     rng = np.random.default_rng(seed)
     rows = []
     for b in batches:
@@ -91,11 +91,38 @@ def test_interpolation_inside_the_grid_is_accurate_and_monotone():
     assert np.all(np.diff(times) >= 0)                         # monotone in bytes
 
 
-def test_verify_between_measured_q_is_interpolated_and_said():
-    cm = CalibratedCostModel(synthetic(), MODEL, HW)
-    got = cm.verify([8192] * 8, 6)
-    assert "interpolated between measured q=4 and q=8" in got.notes[-1]
-    assert got.seconds * 1e3 == pytest.approx(true_ms("verify", 8, 8192, 6), rel=0.03)
+def test_verify_between_measured_q_stays_in_its_kernel_tile():
+    """The verify kernel's configuration changes with its tile's row count (the KV head's
+    group × q, to a power of two ≥ 16; Llama-3.1-8B: group 4, so q = 5–8 share a 32-row tile):
+    here that tile costs 1 ms more, as the 32-row tile did on the H200. An unmeasured q is
+    interpolated between measured q of its own tile, extrapolated from the tile's two nearest,
+    held at the tile's only one, and only across tiles when its tile has none — and says
+    which."""
+    def truth(b, c, q):
+        return true_ms("verify", b, c, q) + (1.0 if 16 < 4 * q <= 32 else 0.0)
+
+    def model(qs):
+        base = synthetic()
+        rows = [m for m in base.measurements if m.op != "verify"] + [
+            Measurement("verify", b, c, q, None, [truth(b, c, q)] * 3)
+            for b in (1, 2, 4, 8, 16, 32) for c in (1024, 2048, 4096, 8192, 16384, 32768, 65536)
+            for q in qs]
+        return CalibratedCostModel(Calibration(base.provenance, base.ceilings, rows), MODEL, HW)
+
+    ctx = [8192] * 8
+    cm = model((1, 2, 3, 4, 6, 8, 12, 16))
+    for q, how in ((7, "in its 32-row tile from measured q=6 and q=8"),
+                   (5, "in its 32-row tile from measured q=6 and q=8"),     # extrapolated
+                   (10, "in its 64-row tile from measured q=12 and q=16")):
+        got = cm.verify(ctx, q)
+        assert how in got.notes[-1], (q, got.notes)
+        assert got.seconds * 1e3 == pytest.approx(truth(8, 8192, q), rel=0.01), q
+    assert cm.verify(ctx, 8).notes[-1] == "calibrated (measured grid)"
+    held = model((1, 2, 3, 4, 8, 12, 16)).verify(ctx, 6)
+    assert "in its 32-row tile from measured q=8" in held.notes[-1]
+    assert held.seconds * 1e3 == pytest.approx(truth(8, 8192, 8), rel=0.01)
+    across = model((1, 2, 3, 4, 12, 16)).verify(ctx, 6)
+    assert "between measured q=4 and q=12" in across.notes[-1]
 
 
 def test_ragged_batches_use_their_exact_bytes():
@@ -906,7 +933,7 @@ def test_selection_refresh_is_priced_on_its_measured_grid():
     contexts and between batches, linear in s between two measured sparsities, a ragged Vegas
     batch at its longest context, noisy medians made non-decreasing, and outside the grid the
     fitted fallback, said so."""
-    from specsim.costs.calibrated import SelectionGrid
+    from specsim.costs.calibrated import MeasuredGrid
 
     def t_ms(b, c, s):
         return 0.02 + b * c * 1e-7 * (1.6 if c > 8192 else 1.0) * (1 + 2 * s)
@@ -932,9 +959,9 @@ def test_selection_refresh_is_priced_on_its_measured_grid():
     assert ms([2048, 16384, 4096, 16384]) == pytest.approx(ms([16384] * 4))
     cost = model.selection([16384] * 32, 0.03, "vegas", 4)        # batch 32 > 16: not on it
     assert any("outside" in n for n in cost.notes)
-    assert any("selection grid" in n for n in model.selection([16384] * 4, 0.03, "vegas",
+    assert any("measured grid" in n for n in model.selection([16384] * 4, 0.03, "vegas",
                                                               4).notes)
-    noisy = SelectionGrid.of([Measurement("selection:vegas", 2, c, 1, 0.03, [y])
+    noisy = MeasuredGrid.of([Measurement("selection:vegas", 2, c, 1, 0.03, [y])
                               for c, y in ((1024, 1.0), (2048, 3.0), (4096, 2.0), (8192, 4.0))])
     assert noisy.by_batch[2].y.tolist() == pytest.approx([1e-3, 2.5e-3, 2.5e-3, 4e-3])
     assert noisy(2, 512) is None and noisy(3, 2048) is None

@@ -382,7 +382,7 @@ def collect_provenance(model: ModelSpec, kernel_config_hash: str) -> dict:
 
 
 @dataclass
-class SelectionGrid:
+class MeasuredGrid:
     """Seconds of one (op, q, s) series on its measured (batch, context) points: per batch a
     non-decreasing piecewise-linear function of the context (isotonic through the medians),
     linear in the batch between the two measured batches around it."""
@@ -390,7 +390,7 @@ class SelectionGrid:
     by_batch: dict[int, MonotoneCurve]
 
     @classmethod
-    def of(cls, rows: list[Measurement]) -> "SelectionGrid":
+    def of(cls, rows: list[Measurement]) -> "MeasuredGrid":
         series: dict[int, list[Measurement]] = {}
         for m in rows:
             series.setdefault(m.batch, []).append(m)
@@ -476,10 +476,12 @@ class CalibratedCostModel:
             if np.unique(tokens).size * np.unique(kv).size < 2 or len(rows) < 2:
                 continue
             self.fits[key] = fit_terms(tokens, kv, seconds)
-        # selections: interpolated on the measured (batch, context) grid itself (below)
-        self.grids: dict[tuple[str, int, float | None], SelectionGrid] = {
-            key: SelectionGrid.of(rows) for key, rows in groups.items()
-            if key[0].startswith("selection:")}
+        # plain steps, verify passes and selections: interpolated on their measured (batch,
+        # context) grid inside it (``_on_grid``); the fits price what lies outside, and the
+        # drafts (one fit across s, in bytes)
+        self.grids: dict[tuple[str, int, float | None], MeasuredGrid] = {
+            key: MeasuredGrid.of(rows) for key, rows in groups.items()
+            if key[0].split(":", 1)[0] in ("plain", "verify", "selection")}
 
     # ---- bytes each operation's K term is a function of --------------------------------
     def _op_bytes(self, op: str, contexts: np.ndarray, s: float | None) -> float:
@@ -519,8 +521,8 @@ class CalibratedCostModel:
         key = (op, q, None if op.startswith("draft:") else s)
         fit = self.fits.get(key)
         note = None
-        if op.startswith("selection:"):
-            on_grid = self._selection_on_grid(op, q, s, contexts, kv)
+        if key in self.grids or op.startswith("selection:"):
+            on_grid = self._on_grid(op, q, s, contexts)
             if on_grid is not None:
                 seconds, label = on_grid
                 return _relabel(roofline_cost, float(seconds), label)
@@ -531,7 +533,8 @@ class CalibratedCostModel:
                 return _relabel(roofline_cost, float(seconds), note if inside else
                                 note + "; outside the measured grid: fitted roofline")
         if fit is None and op == "verify":
-            fit, note = self._verify_between_q(q, tokens, kv)
+            fit, note = self._verify_between_q(q, tokens, kv,
+                                               self._equivalent_context(op, contexts))
             if fit is not None:
                 seconds, inside = fit
                 return _relabel(roofline_cost, float(seconds), note if inside else
@@ -552,24 +555,28 @@ class CalibratedCostModel:
             label = f"{note}; {label}"
         return _relabel(roofline_cost, float(seconds), label)
 
-    def _selection_on_grid(self, op: str, q: int, s: float | None, contexts: np.ndarray,
-                           kv: float) -> tuple[float, str] | None:
-        """A selection refresh interpolated on its measured (batch, context) grid, at ``s`` or
-        linearly in s between the two measured sparsities around it; None outside the grid.
+    def _equivalent_context(self, op: str, contexts: np.ndarray) -> float:
+        """The uniform context a ragged batch is priced at on a measured grid: its longest
+        sequence for a selection refresh (``_op_bytes``), its mean for a step."""
+        return float(contexts.max() if op.startswith("selection:") else contexts.mean())
 
-        A refresh ranks each row's positions (``torch.topk``, whose time is not additive in
-        batch and context: rows and row length trade off, and it changes algorithm with the
-        length), so the two-term fit that prices the steps misses it (held-out 9–24% on the
-        shipped files); interpolating each batch's series in context, then across batches,
-        gives 1.6–4.0% on Qwen3-8B. A ragged batch enters at the uniform context with the
-        same bytes (``_op_bytes``: its longest sequence's)."""
-        batch = contexts.size
-        per = self.model.kv_bytes_per_token_layer() * max(sum(self._full), 1)
-        context = kv / (per * batch)
+    def _on_grid(self, op: str, q: int, s: float | None, contexts: np.ndarray
+                 ) -> tuple[float, str] | None:
+        """A plain step, verify pass or selection refresh interpolated on its measured (batch,
+        context) grid, at ``s`` (selections: or linearly in s between the two measured
+        sparsities around it); None outside the grid.
+
+        The two-term fit (tokens, bytes) smooths across shapes what the kernels do not: a
+        refresh ranks rows whose cost trades rows against length and jumps where
+        ``torch.topk`` changes algorithm, and the verify kernel's tile and split plan change
+        with batch and q. Held-out on the shipped files (each batch's series interpolated in
+        context, then across batches): Qwen3-8B verify 5.2 → 1.5%, Vegas' refresh 9.1 →
+        4.1%, Llama-3.1-8B verify 6.2 → 1.6%."""
+        batch, context = contexts.size, self._equivalent_context(op, contexts)
         grid = self.grids.get((op, q, s))
         if grid is not None:
             got = grid(batch, context)
-            return None if got is None else (got, "calibrated (selection grid)")
+            return None if got is None else (got, "calibrated (measured grid)")
         around = _strictly_between([k[2] for k in self.grids if k[0] == op and k[1] == q], s)
         if around is None:
             return None
@@ -580,19 +587,45 @@ class CalibratedCostModel:
             return None
         w = (s - lo) / (hi - lo)
         return ((1 - w) * t_lo + w * t_hi,
-                f"{op}: s={s} interpolated between measured s={lo} and s={hi} (selection grid)")
+                f"{op}: s={s} interpolated between measured s={lo} and s={hi} (measured grid)")
 
-    def _verify_between_q(self, q: int, tokens: float, kv: float):
-        around = _strictly_between([k[1] for k in self.fits if k[0] == "verify"], q)
-        if around is None:
-            return None, None
-        lo, hi = around
+    def _verify_tile(self, q: int) -> int:
+        """Rows of the verify kernel's tile at ``q`` (``plan_verify``: the KV head's group × q
+        query rows, to a power of two ≥ 16): its configuration changes where this does."""
+        rows = self.model.group_size * q
+        return max(16, 1 << (rows - 1).bit_length())
+
+    def _verify_between_q(self, q: int, tokens: float, kv: float, context: float):
+        """A verify at an unmeasured q, linear in q between measured ones *of the same tile*
+        (the kernel's configuration changes with its row count: SmolLM2's q = 9 runs the
+        32-row tile of q = 6–10, 3.64 ms in the H200 runs, where interpolating between q = 8
+        and q = 12 (64 rows) priced 3.09); beyond them in the tile, linear through its two
+        nearest (held with one); across tiles only when the tile has no measured q."""
+        measured = sorted(k[1] for k in self.fits if k[0] == "verify")
+        tile = [x for x in measured if self._verify_tile(x) == self._verify_tile(q)]
+        if tile:
+            lo, hi = _bracket(tile, q, extrapolate=True)
+            how = f"in its {self._verify_tile(q)}-row tile from measured q={lo}" + \
+                (f" and q={hi}" if hi != lo else "")
+        else:
+            around = _strictly_between(measured, q)
+            if around is None:
+                return None, None
+            lo, hi = around
+            how = f"between measured q={lo} and q={hi}"
         batch = tokens / q
-        t_lo, in_lo = self.fits[("verify", lo, None)].predict(batch * lo, kv)
-        t_hi, in_hi = self.fits[("verify", hi, None)].predict(batch * hi, kv)
-        w = (q - lo) / (hi - lo)
-        return ((1 - w) * t_lo + w * t_hi, bool(in_lo and in_hi)), \
-            f"verify q={q} interpolated between measured q={lo} and q={hi}"
+
+        def at(q0):   # the measured grid where it covers the shape, else the fit
+            grid = self.grids.get(("verify", q0, None))
+            got = grid(int(round(batch)), context) if grid is not None else None
+            if got is not None:
+                return got, True
+            return self.fits[("verify", q0, None)].predict(batch * q0, kv)
+
+        (t_lo, in_lo), (t_hi, in_hi) = at(lo), at(hi)
+        w = 0.0 if hi == lo else (q - lo) / (hi - lo)
+        return (max(0.0, (1 - w) * t_lo + w * t_hi), bool(in_lo and in_hi)), \
+            f"verify q={q} interpolated {how}"
 
     def _between_s(self, op, q, s, tokens, kv):
         """A selection at an s between two calibrated ones: linear in s between their fits."""
