@@ -680,6 +680,13 @@ def test_selection_and_quest_pages_are_priced_on_the_longest_sequence():
     pages = model._op_bytes("draft:quest", np.array(ragged), 0.05) / (per * layers) \
         - quest.selected_array(np.array(ragged), 0.05).sum()
     assert pages == pytest.approx(4 * 16384 / quest.page_size)       # not Σ ceil(L_b / 16)
+    # Quest's draft (page scoring over the buffer, not a bandwidth-bound read of its rows) is
+    # priced on its measured grid, at the longest sequence; Vegas' by the fit in its bytes
+    quest_step = model.draft_step(ragged, 0.05, "quest")
+    assert quest_step.seconds == pytest.approx(model.draft_step(longest, 0.05, "quest").seconds)
+    assert quest_step.seconds * 1e3 == pytest.approx(true_ms("draft", 4, 16384, 1, 0.05))
+    assert quest_step.notes[-1] == "calibrated (measured grid)"
+    assert model.draft_step(ragged, 0.05, "vegas").notes[-1] == "calibrated"
     # the selected part is per sequence: a ragged batch reads less than four longest ones
     assert model._op_bytes("draft:vegas", np.array(ragged), 0.05) < model._op_bytes(
         "draft:vegas", np.array(longest), 0.05)
