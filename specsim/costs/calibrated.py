@@ -185,6 +185,14 @@ class Calibration:
 STEP_KINDS = ("plain", "verify", "draft", "selection")
 
 
+def _same_model_and_gpu(a: Calibration, b: Calibration) -> None:
+    """Rows of two calibrations may be combined only for the same model on the same GPU."""
+    for key in ("model", "model_spec_hash", "gpu"):
+        x, y = a.provenance.get(key), b.provenance.get(key)
+        if x != y:
+            raise SpecsimError(f"cannot merge calibrations of different {key}: {x!r} vs {y!r}")
+
+
 def merge_calibrations(primary: Calibration, extra: Calibration, note: str,
                        exclude_ops: tuple[str, ...] = ()) -> Calibration:
     """``primary``'s rows, plus ``extra``'s step timings (plain, verify, draft, selection) at
@@ -205,10 +213,7 @@ def merge_calibrations(primary: Calibration, extra: Calibration, note: str,
     9, 16), or when it is in ``exclude_ops`` (its implementation changed between the runs in
     code the kernel hash does not cover: last-token's refresh gathers its row in one pass
     since the second round, 1.2 ms where the older rows say 1.9 at Qwen3-8B batch 4, 32K)."""
-    for key in ("model", "model_spec_hash", "gpu"):
-        a, b = primary.provenance.get(key), extra.provenance.get(key)
-        if a != b:
-            raise SpecsimError(f"cannot merge calibrations of different {key}: {a!r} vs {b!r}")
+    _same_model_and_gpu(primary, extra)
     kinds = set(STEP_KINDS)
     engines = [c.provenance.get("engine", {}) for c in (primary, extra)]
     chain = [e.get("draft_timed_as_chain_of") for e in engines]
@@ -261,10 +266,7 @@ def replace_ops(base: Calibration, new: Calibration, families: list[str], note: 
     change to them; ``verify`` alone would also take the shared verify). Same model and GPU;
     recorded under ``provenance.replaced`` (the other run's date, software, kernel hash,
     families, rows, ``note``)."""
-    for key in ("model", "model_spec_hash", "gpu"):
-        a, b = base.provenance.get(key), new.provenance.get(key)
-        if a != b:
-            raise SpecsimError(f"cannot merge calibrations of different {key}: {a!r} vs {b!r}")
+    _same_model_and_gpu(base, new)
     wanted = set(families)
 
     def family(m):   # the entry of ``families`` that covers the row's op, if any
@@ -476,16 +478,13 @@ class CalibratedCostModel:
             if np.unique(tokens).size * np.unique(kv).size < 2 or len(rows) < 2:
                 continue
             self.fits[key] = fit_terms(tokens, kv, seconds)
-        # plain steps, verify passes and selections: interpolated on their measured (batch,
-        # context) grid inside it (``_on_grid``); the fits price what lies outside, and the
-        # drafts (one fit across s, in bytes)
+        # the ops ``_gridded`` names are interpolated on their measured (batch, context) grid
+        # inside it (``_on_grid``); the fits price what lies outside, and the other drafts
         by_s: dict[tuple, list[Measurement]] = {}
         for m in calibration.measurements:
             by_s.setdefault((m.op, m.q, m.s), []).append(m)
         self.grids: dict[tuple[str, int, float | None], MeasuredGrid] = {
-            key: MeasuredGrid.of(rows) for key, rows in by_s.items()
-            if key[0].split(":", 1)[0] in ("plain", "verify", "selection")
-            or self._quest_draft(key[0])}
+            key: MeasuredGrid.of(rows) for key, rows in by_s.items() if self._gridded(key[0])}
 
     # ---- bytes each operation's K term is a function of --------------------------------
     def _op_bytes(self, op: str, contexts: np.ndarray, s: float | None) -> float:
@@ -525,7 +524,7 @@ class CalibratedCostModel:
         key = (op, q, None if op.startswith("draft:") else s)
         fit = self.fits.get(key)
         note = None
-        if (op, q, s) in self.grids or op.startswith("selection:") or self._quest_draft(op):
+        if self._gridded(op):
             on_grid = self._on_grid(op, q, s, contexts)
             if on_grid is not None:
                 seconds, label = on_grid
@@ -566,6 +565,12 @@ class CalibratedCostModel:
             return float(contexts.max())
         return float(contexts.mean())
 
+    @classmethod
+    def _gridded(cls, op: str) -> bool:
+        """Priced on its measured grid inside it: plain steps, verify passes (``verify:<policy>``
+        too), selection refreshes and Quest's draft; the other drafts by the fit."""
+        return op.split(":", 1)[0] in ("plain", "verify", "selection") or cls._quest_draft(op)
+
     @staticmethod
     def _quest_draft(op: str) -> bool:
         """A draft step that re-scores every page of the buffer (Quest): priced on its measured
@@ -579,9 +584,9 @@ class CalibratedCostModel:
 
     def _on_grid(self, op: str, q: int, s: float | None, contexts: np.ndarray
                  ) -> tuple[float, str] | None:
-        """A plain step, verify pass or selection refresh interpolated on its measured (batch,
-        context) grid, at ``s`` (selections: or linearly in s between the two measured
-        sparsities around it); None outside the grid.
+        """An op ``_gridded`` names, interpolated on its measured (batch, context) grid, at
+        ``s`` (or linearly in s between the two measured sparsities around it); None outside
+        the grid.
 
         The two-term fit (tokens, bytes) smooths across shapes what the kernels do not: a
         refresh ranks rows whose cost trades rows against length and jumps where
