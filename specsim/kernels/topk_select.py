@@ -88,6 +88,20 @@ def _winners(key, valid, threshold, ties, tied, taken, want):
 
 
 @triton.jit
+def _zero_from(Out, out_off, first, capacity, OUT_BLOCK: tl.constexpr):
+    """Zero a list's slots ``first .. capacity`` (the padding past its count)."""
+    for start in range(0, capacity, OUT_BLOCK):
+        slot = start + tl.arange(0, OUT_BLOCK)
+        tl.store(Out + out_off + slot, tl.zeros([OUT_BLOCK], tl.int32),
+                 mask=(slot >= first) & (slot < capacity))
+
+
+def _out_block(capacity: int) -> int:
+    """Slots zeroed per step of ``_zero_from``."""
+    return min(1024, triton.next_power_of_2(max(capacity, 16)))
+
+
+@triton.jit
 def _radix_select_kernel(Score, Lengths, Counts, Out, n, stride_row, stride_out, capacity,
                          rows_per_seq, keep_first, keep_last,
                          BLOCK: tl.constexpr, OUT_BLOCK: tl.constexpr):
@@ -107,10 +121,7 @@ def _radix_select_kernel(Score, Lengths, Counts, Out, n, stride_row, stride_out,
         key = _key_of(Score, row_off, pos, valid, length, keep_first, keep_last)
         take, slot, taken, tied = _winners(key, valid, threshold, ties, tied, taken, want)
         tl.store(Out + out_off + slot, pos.to(tl.int32), mask=take)
-    for start in range(0, capacity, OUT_BLOCK):
-        slot = start + tl.arange(0, OUT_BLOCK)
-        tl.store(Out + out_off + slot, tl.zeros([OUT_BLOCK], tl.int32),
-                 mask=(slot >= taken) & (slot < capacity))
+    _zero_from(Out, out_off, taken, capacity, OUT_BLOCK)
 
 
 @triton.jit
@@ -190,10 +201,7 @@ def _quest_select_kernel(Q, PMin, PMax, Lengths, Budget, Scratch, Out, Counts, c
         position = page[:, None] * PAGE + within[None, :]
         tl.store(Out + out_off + slot, position.to(tl.int32),
                  mask=take[:, None] & (slot < tokens))
-    for start in range(0, capacity, OUT_BLOCK):
-        slot = start + tl.arange(0, OUT_BLOCK)
-        tl.store(Out + out_off + slot, tl.zeros([OUT_BLOCK], tl.int32),
-                 mask=(slot >= tokens) & (slot < capacity))
+    _zero_from(Out, out_off, tokens, capacity, OUT_BLOCK)
     tl.store(Counts + pid, tokens)
 
 
@@ -226,7 +234,7 @@ def radix_top_positions(score: torch.Tensor, lengths: torch.Tensor, counts: torc
     _radix_select_kernel[(rows,)](
         flat, lengths.to(torch.int32).contiguous(), counts, out, n, flat.stride(0),
         out.stride(0), capacity, rows // batch, keep_first, keep_last,
-        BLOCK=block, OUT_BLOCK=min(1024, triton.next_power_of_2(max(capacity, 16))),
+        BLOCK=block, OUT_BLOCK=_out_block(capacity),
         num_warps=4)
     row_lengths = lengths.to(torch.int32).clamp(max=n).repeat_interleave(rows // batch)
     return out.view(*lead, capacity), torch.minimum(counts, row_lengths).view(lead)
@@ -278,7 +286,7 @@ def quest_select_fused(q: torch.Tensor, page_min: torch.Tensor, page_max: torch.
         *layout, out.stride(0), scratch.stride(0),
         NUM_KV_HEADS=kv_heads, GROUP=heads // kv_heads, HEAD_DIM=head_dim, PAGE=page_size,
         BLOCK_P=block_pages, BLOCK=block,
-        OUT_BLOCK=min(1024, triton.next_power_of_2(max(capacity, 16))), SCORE=not split,
+        OUT_BLOCK=_out_block(capacity), SCORE=not split,
         num_warps=4)
     return out.view(batch, kv_heads, capacity), counts.view(batch, kv_heads)
 
