@@ -28,6 +28,7 @@ if DRY:
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+from specsim.calibrate import _time as calibration_time  # noqa: E402
 from specsim.kernels.verify_attention import (new_logits_buffer, plan_verify,  # noqa: E402
                                               verify_attention)
 
@@ -41,21 +42,13 @@ VARIANTS = {"default": {}, "64 rows": {"block_m": 64},
 
 
 def _time(fn, repeats, warmup):
+    """Seconds per call: CUDA events, as the calibration times (``calibrate._time``); one
+    wall-clock call in a dry run."""
     if DRY:
         start = time.perf_counter()
         fn()
         return [time.perf_counter() - start]
-    for _ in range(warmup):
-        fn()
-    out = []
-    for _ in range(repeats):
-        start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        out.append(start.elapsed_time(end) / 1e3)
-    return out
+    return calibration_time(torch, fn, repeats, warmup)
 
 
 def main():
