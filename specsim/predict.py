@@ -174,18 +174,19 @@ def predict_group(trace: Trace, costs: CostModel, opts: PredictOptions, notes: l
         if opts.output_tokens < 2:
             raise ValueError("output tokens must be ≥ 2 (the first comes from the prefill)")
         n = opts.output_tokens - 1       # tokens the iterations emit (plain: that many steps)
-        emitted = np.array([analytical.emitted_tokens_per_iteration(est.survival, int(k), n)
-                            for k in ks])
+        emitted = np.array([analytical.emitted_tokens_per_iteration(est.survival_at(int(k)),
+                                                                    int(k), n) for k in ks])
     speedups = analytical.speedup(emitted, plain.seconds, t_iter)
 
     rng = np.random.default_rng(opts.seed)
     weights = None
     if paired is not None:
         weights = np.stack([paired[r.prompt_id] for r in trace.requests], axis=1)
-    boot_P = est.bootstrap_survival(opts.n_boot, rng, weights)
-    boot_tokens = 1.0 + np.cumsum(boot_P, axis=1)
+    boot_P = est.bootstrap_survival_k(opts.n_boot, rng, weights)     # [replicate, k, i]
+    boot_tokens = 1.0 + boot_P.sum(axis=2)
     boot_emitted = boot_tokens if opts.output_tokens is None else np.stack(
-        [analytical.emitted_tokens_per_iteration(boot_P, int(k), opts.output_tokens - 1)
+        [analytical.emitted_tokens_per_iteration(boot_P[:, k - 1, :k], int(k),
+                                                 opts.output_tokens - 1)
          for k in ks], axis=1)
     boot_speedups = boot_emitted * plain.seconds / t_iter[None, :]
     boot_kstar = ks[np.argmax(boot_speedups, axis=1)]
@@ -198,7 +199,9 @@ def predict_group(trace: Trace, costs: CostModel, opts: PredictOptions, notes: l
         helps = None
         if j + 1 < len(ks):
             gamma_prime = (t_iter[j + 1] - t_iter[j]) / plain.seconds
-            helps = analytical.extend_k_helps(est.survival[j + 1], gamma_prime, speedups[j])
+            # the tokens one more draft adds: P_{k+1} in the per-iteration form
+            helps = analytical.extend_k_helps(tokens[j + 1] - tokens[j], gamma_prime,
+                                              speedups[j])
         e_ci, s_ci = ci(boot_tokens[:, j]), ci(boot_speedups[:, j])
         curve.append({
             "k": int(k), "expected_tokens": float(tokens[j]),

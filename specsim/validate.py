@@ -195,7 +195,7 @@ def build_plan(setups: list[Setup], trace_path: str, hardware: str = "h200",
                 e_tokens = float(est.expected_tokens[k - 1])
                 # each answer stops after max_new − 1 iteration tokens: its last iteration's
                 # drafts past that are accepted but not emitted
-                emitted = emitted_tokens_per_iteration(est.survival, k,
+                emitted = emitted_tokens_per_iteration(est.survival_at(k), k,
                                                        max(1, setup.max_new_tokens - 1))
                 its = [costs.iteration(c, k, s, policy) for c in _full_batches(setup)]
                 seconds = np.mean([it.seconds for it in its])

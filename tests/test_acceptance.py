@@ -4,7 +4,8 @@ import pytest
 
 from specsim import analytical as A
 from specsim.traces.acceptance import (count_acceptance, estimate_acceptance, extrapolation_error,
-                                       replay_expected_tokens)
+                                       replay_expected_tokens, replay_tokens, token_acceptance,
+                                       token_replay_expected_tokens)
 from specsim.traces.format import HistogramTrace, RequestTrace, Trace, make_header
 
 
@@ -43,13 +44,85 @@ def test_position_counts_worked_example():
     assert est.observed_alpha == pytest.approx(5 / 9)
 
 
-def test_survival_form_reproduces_counterfactual_replay():
+def test_survival_forms_reproduce_both_replays():
     rng = np.random.default_rng(1)
-    t = geometric_trace(0.7, 8, requests=5, iterations=200, rng=rng)
+    t = geometric_trace(0.7, 8, requests=20, iterations=500, rng=rng)
     est = estimate_acceptance(t)
+    per_iteration = A.expected_tokens_from_survival(est.survival)
     for k in range(1, 9):
-        assert est.expected_tokens[k - 1] == pytest.approx(replay_expected_tokens(t, k))
+        # the pooled curve is the per-iteration replay min(m, k); the per-k curves the
+        # token-by-token one — exactly, each
+        assert per_iteration[k] == pytest.approx(replay_expected_tokens(t, k))
+        assert est.expected_tokens[k - 1] == pytest.approx(token_replay_expected_tokens(t, k))
+        assert est.survival_at(k).sum() + 1 == pytest.approx(est.expected_tokens[k - 1])
         assert not est.extrapolated[k - 1]
+        # i.i.d. acceptance has no clusters: the two replays agree but for sampling noise and
+        # the bonus tokens counted as predicted (0.7^8 of the iterations: +0.8% at k = 3)
+        assert est.expected_tokens[k - 1] == pytest.approx(per_iteration[k], rel=0.02)
+    # at the recorded k both are the recorded mean of m + 1
+    assert est.expected_tokens[7] == pytest.approx(est.observed_tokens_per_iteration)
+
+
+def test_token_sequence_of_a_request_worked_example():
+    # k = 2, m = 2, 0, 1: tokens ✓✓(bonus) ✗ ✓✗
+    r = request("a", [2, 2, 2], [2, 0, 1])
+    assert token_acceptance(r).tolist() == [1, 1, -1, 0, 1, 0]
+    # at k = 1 the bonus counts as predicted: ✓|✓|(bonus)✗… → m = 1, 1, 1 (6 tokens, 3 its)
+    assert replay_tokens(token_acceptance(r), 1).tolist() == [1, 1, 1]
+    # at the recorded k the recorded iterations come back
+    assert replay_tokens(token_acceptance(r), 2).tolist() == [2, 0, 1]
+    assert token_acceptance(request("b", [2, 1, 2], [2, 1, 0])) is None   # variable k
+
+
+def _clustered(rng, n, easy=0.95, hard=0.25, switch=0.08):
+    """A token sequence whose draft predictability comes in runs (easy and hard stretches)."""
+    state, out = True, np.empty(n, bool)
+    for t in range(n):
+        if rng.random() < switch:
+            state = not state
+        out[t] = rng.random() < (easy if state else hard)
+    return out
+
+
+def _record(predicted, k):
+    """The iterations of a run at draft length k over a known token sequence (True: the draft
+    predicts the token)."""
+    ms, t, bonus = [], 0, []
+    while t < predicted.size:
+        m = 0
+        while m < k and t + m < predicted.size and predicted[t + m]:
+            m += 1
+        ms.append(m)
+        if m == k and t + m < predicted.size:
+            bonus.append(t + m)
+        t += m + 1
+    return np.asarray(ms), bonus
+
+
+def test_token_replay_is_exact_where_acceptance_comes_in_clusters():
+    """A run at k < k_rec over the same answer accepts what the sequence predicts: the
+    token-by-token replay of a k_rec recording gets it exactly, while min(m, k) — every
+    replayed iteration starting right after a recorded rejection, in the hard stretches —
+    under-counts it."""
+    rng = np.random.default_rng(7)
+    k_rec, recs, truth = 10, [], {k: [0, 0] for k in range(1, 11)}
+    for j in range(30):
+        # the answer ends in a few unpredictable tokens: its recorded iterations end with it
+        seq = np.concatenate([_clustered(rng, 400), np.zeros(k_rec + 1, bool)])
+        _, bonus = _record(seq, k_rec)
+        seq[bonus] = True       # never drafted at k_rec: make the truth what replay assumes
+        m, _ = _record(seq, k_rec)
+        recs.append(request(f"r{j}", np.full(m.size, k_rec), m))
+        for k in truth:
+            mk, _ = _record(seq, k)
+            truth[k][0] += int(np.sum(mk + 1))
+            truth[k][1] += mk.size
+    t = trace_of(*recs)
+    est = estimate_acceptance(t)
+    per_iteration = A.expected_tokens_from_survival(est.survival)
+    for k in range(1, 11):
+        assert est.expected_tokens[k - 1] == pytest.approx(truth[k][0] / truth[k][1])
+    assert per_iteration[2] < 0.95 * truth[2][0] / truth[2][1]       # the old bias, > 5%
 
 
 def test_variable_k_iterations_only_reach_their_positions():
@@ -69,6 +142,16 @@ def test_histogram_equals_the_same_iterations_as_a_request():
     assert as_hist.counts.multiplicity.sum() == 10
     assert replay_expected_tokens(trace_of(hist), 2) == pytest.approx(
         np.mean(np.minimum(m, 2) + 1))
+    # no token sequence in a histogram: its per-k curves are the per-iteration replay
+    for k in range(1, 5):
+        assert as_hist.survival_at(k) == pytest.approx(as_hist.survival[:k])
+
+
+def test_variable_k_requests_keep_the_per_iteration_replay():
+    est = estimate_acceptance(trace_of(request("a", [3, 1, 3, 2, 3], [3, 1, 0, 2, 1])),
+                              min_support=1)
+    for k in range(1, 4):
+        assert est.survival_at(k) == pytest.approx(est.survival[:k])
 
 
 def test_extrapolation_is_flagged_and_fits_a_geometric_chain():
