@@ -332,6 +332,11 @@ def _print_run(r: dict) -> None:
               help="Comma-separated sparsity ratios.")
 @click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True,
               help="Prompts decoded together.")
+@click.option("--continuous", is_flag=True,
+              help="Each configuration's prompts through --batch slots as one continuous "
+                   "batch (a finished answer's slot takes the next prompt, as served and as "
+                   "`specsim validate` runs them) instead of static chunks of --batch: in "
+                   "bf16 a smaller last chunk can decode some prompts to other texts.")
 @click.option("--out", "out", type=click.Path(dir_okay=False), default=None,
               help="Trace file (specsim JSONL), written atomically after every unit; an "
                    "existing file with the same settings is resumed.")
@@ -341,7 +346,7 @@ def _print_run(r: dict) -> None:
                    "the GPU), so both record the same tokens.")
 def trace_cmd(model, weights, dtype, device, sampling, temperature, top_p, top_k,
               max_new_tokens, max_prompt_tokens, seed, prompt_file, prompt_set, num_prompts,
-              context, policies, ks, ss, batch, out, export_prompts):
+              context, policies, ks, ss, batch, continuous, out, export_prompts):
     """Record acceptance traces over a prompt set and a grid of policies, k and s.
 
     One request record per (prompt, policy, k, s), id ``PROMPT|POLICY|kK|sS``. The file is
@@ -391,6 +396,8 @@ def trace_cmd(model, weights, dtype, device, sampling, temperature, top_p, top_k
     settings = {"model": name, "weights": weights, "sampling": params.__dict__,
                 "max_new_tokens": max_new_tokens, "max_prompt_tokens": max_prompt_tokens,
                 "seed": seed, "prompts": prompt_source}
+    if continuous:
+        settings["batching"] = f"continuous, {batch} slots"
     header = trace_header(name, weights, params.greedy, max_new_tokens, prompt_source, settings)
 
     def bar(units, label):
@@ -399,7 +406,8 @@ def trace_cmd(model, weights, dtype, device, sampling, temperature, top_p, top_k
 
     n, added = record_traces(net, prompt_ids, prompt_names, header=header, sampling=params,
                              max_new_tokens=max_new_tokens, policies=policies, ks=ks, ss=ss,
-                             batch=batch, out=out, seed=seed, progress=bar)
+                             batch=batch, out=out, seed=seed, progress=bar,
+                             continuous=continuous)
     click.echo(f"{out}: complete ({n} records)" if not added else f"{out}: {n} records")
 
 

@@ -228,3 +228,30 @@ def test_export_prompts_then_record_without_the_cli(tmp_path):
     with pytest.raises(SpecsimError, match="not a prompt-id file"):
         record_main([str(tmp_path / "bad.json"), str(tmp_path / "x.jsonl"), "--weights",
                      str(folder)])
+
+    # --continuous: each configuration's prompts through the slots as one continuous batch
+    # (the prefills kept from the first configuration), as a direct engine run decodes them
+    record_main([str(ids_path), str(tmp_path / "cont.jsonl"), "--weights", str(folder),
+                 "--device", "cpu", "--dtype", "float32", "--policies", "vegas,quest",
+                 "--k", "3", "--s", "0.3", "--max-new-tokens", "8", "--batch", "2",
+                 "--continuous"])
+    cont = read_trace(tmp_path / "cont.jsonl")
+    assert cont.header["engine"]["batching"] == "continuous, 2 slots"
+    invoke(trace_cmd, common + grid + ["--continuous", "--out", str(tmp_path / "cc.jsonl")])
+    assert {r.id: r.m.tolist() for r in read_trace(tmp_path / "cc.jsonl").requests} == \
+        {r.id: r.m.tolist() for r in cont.requests}
+    from specsim.engine import Engine
+    net = build_model(str(folder), weights="real", dtype=torch.float32)
+    prompt_tokens = [p["tokens"] for p in exported]
+    got = {r.id: (r.k.tolist(), r.m.tolist()) for r in cont.requests}
+    assert len(got) == 6
+    for policy in ("vegas", "quest"):
+        gen = Engine(net, batch=2, max_len=256, policy=policy, s=0.3, k_max=3).generate(
+            prompt_tokens, 8, k=3, request_ids=[f"{p['id']}|{policy}|k3|s0.3"
+                                                for p in exported])
+        assert {r.id: (r.k.tolist(), r.m.tolist()) for r in gen.traces} == \
+            {i: v for i, v in got.items() if f"|{policy}|" in i}
+    with pytest.raises(SpecsimError, match="other settings"):   # no mixing of batchings
+        record_main([str(ids_path), str(tmp_path / "cont.jsonl"), "--weights", str(folder),
+                     "--device", "cpu", "--dtype", "float32", "--policies", "vegas",
+                     "--k", "3", "--s", "0.5", "--max-new-tokens", "8", "--batch", "2"])

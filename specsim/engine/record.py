@@ -10,6 +10,15 @@ On a machine without the CLI, with the prompt token ids exported where the CLI i
 One request record per (prompt, policy, k, s), id ``PROMPT|POLICY|kK|sS``. The file is
 rewritten atomically after each finished batch, so an interrupted run loses at most the batch in
 flight and a rerun with the same settings continues where it stopped.
+
+Batching: by default the prompts go in chunks of ``--batch`` (static batches; the last chunk
+is smaller). ``--continuous`` runs all prompts of a configuration through ``--batch`` slots
+as one continuous batch (a finished answer's slot takes the next prompt), as a server — and
+``specsim validate``'s free-running runs — do. In bf16 a kernel's reduction order depends on
+the batch shape, so a prompt decoded in a smaller last chunk can reach a near-tie the other
+way and answer with another text: recorded in chunks of 32, the 16 prompts of the last chunk
+of the 48-prompt SmolLM2 set answered differently from the batch-32 validation runs (all 32
+of the first chunk answered identically).
 """
 from __future__ import annotations
 
@@ -51,10 +60,12 @@ def trace_header(name: str, weights: str, greedy: bool, max_new_tokens: int,
 def record_traces(net, prompt_ids: list[list[int]], prompt_names: list[str], *, header: dict,
                   sampling, max_new_tokens: int, policies: list[str], ks: list[int],
                   ss: list[float], batch: int, out: str, seed: int = 0,
-                  progress: Callable[[list, str], Iterable] | None = None
-                  ) -> tuple[int, int]:
+                  progress: Callable[[list, str], Iterable] | None = None,
+                  continuous: bool = False) -> tuple[int, int]:
     """Record every missing (prompt, policy, k, s) into ``out`` (resumed when it exists with
-    the same ``header["engine"]`` settings) → (records in the file, records added now)."""
+    the same ``header["engine"]`` settings) → (records in the file, records added now).
+    ``continuous``: each configuration's prompts through ``batch`` slots as one continuous
+    batch, instead of static chunks of ``batch``."""
     from specsim.engine import Engine
     from specsim.engine.decode import cache_positions
     from specsim.traces.format import read_trace, write_trace
@@ -68,8 +79,8 @@ def record_traces(net, prompt_ids: list[list[int]], prompt_names: list[str], *, 
         records = existing.requests
     done = {r.id for r in records}
     configs = [(policy, k, s) for policy in policies for k in ks for s in ss]
-    chunks = [list(range(i, min(i + batch, len(prompt_ids))))
-              for i in range(0, len(prompt_ids), batch)]
+    chunks = [list(range(len(prompt_ids)))] if continuous else \
+        [list(range(i, min(i + batch, len(prompt_ids)))) for i in range(0, len(prompt_ids), batch)]
     units = []  # prompt chunks outermost: each chunk is prefilled once for every config
     for c, chunk in enumerate(chunks):
         for policy, k, s in configs:
@@ -85,7 +96,8 @@ def record_traces(net, prompt_ids: list[list[int]], prompt_names: list[str], *, 
             units, f"recording {len(units)} batches"):
         if prefilled[0] != c:
             prefilled = (c, None)
-        engine = Engine(net, batch=len(todo), max_len=max_len, policy=policy, s=s, k_max=k)
+        engine = Engine(net, batch=min(batch, len(todo)), max_len=max_len, policy=policy, s=s,
+                        k_max=k)
         chunk = chunks[c]
         state = None if prefilled[1] is None else prefilled[1].subset(
             [chunk.index(i) for i in todo])
@@ -157,6 +169,10 @@ def main(argv=None) -> None:
     parser.add_argument("--s", default="0.03,0.05,0.07,0.1", help="comma-separated sparsities")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--continuous", action="store_true",
+                        help="each configuration's prompts through --batch slots as one "
+                             "continuous batch (as served; as specsim validate runs them), "
+                             "not in static chunks of --batch")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-fuse", action="store_true",
                         help="on a GPU, keep the projections unfused and uncompiled (the "
@@ -190,13 +206,16 @@ def main(argv=None) -> None:
                 "max_new_tokens": args.max_new_tokens, "seed": args.seed, "prompts": source,
                 "dtype": str(dtype).replace("torch.", ""), "device": device,
                 "fused_compiled": prepared}
+    if args.continuous:
+        settings["batching"] = f"continuous, {args.batch} slots"
     if device.startswith("cuda"):
         settings["gpu"] = torch.cuda.get_device_name(0)
     header = trace_header(name, "real", True, args.max_new_tokens, source, settings)
     with torch.inference_mode():
         n, added = record_traces(net, ids, names, header=header, sampling=GREEDY,
                                  max_new_tokens=args.max_new_tokens, policies=policies, ks=ks,
-                                 ss=ss, batch=args.batch, out=args.out, seed=args.seed)
+                                 ss=ss, batch=args.batch, out=args.out, seed=args.seed,
+                                 continuous=args.continuous)
     print(f"{args.out}: {n} records ({added} new)", flush=True)
 
 
