@@ -204,9 +204,14 @@ def test_deterministic_with_a_seed():
 def test_replay_is_counterfactual_and_fitted_is_unbiased():
     trace = const_trace(m=5, k=8, requests=3)
     replay = ReplaySource(trace, 8)
-    m, flagged = replay.draw(np.zeros(4, int), np.arange(4), np.array([2, 5, 6, 8]),
+    assert replay.by_tokens          # one fixed k: followed token by token (6 per iteration)
+    m, flagged = replay.draw(np.zeros(4, int), np.arange(4) * 6, np.array([2, 5, 6, 8]),
                              np.full(4, 1000), np.random.default_rng(0))
     assert m.tolist() == [2, 5, 5, 5] and not flagged.any()
+    # two tokens into a recorded iteration, three predicted tokens remain in the run
+    m, _ = replay.draw(np.zeros(2, int), np.full(2, 2), np.array([2, 8]), np.full(2, 1000),
+                       np.random.default_rng(0))
+    assert m.tolist() == [2, 3]
     # survival draw: P(m ≥ i) = P_i
     P = A.survival_from_conditional(np.full(6, 0.8))
     u = np.random.default_rng(1).random(200_000)
@@ -214,6 +219,25 @@ def test_replay_is_counterfactual_and_fitted_is_unbiased():
     assert m.mean() + 1 == pytest.approx(A.expected_tokens_iid(0.8, 6), rel=0.01)
     assert draw_from_survival([1.0, 1.0, 0.0], np.array([3, 1]), np.array([0.5, 0.5])).tolist() \
         == [2, 1]
+
+
+def test_replay_follows_the_recorded_answer_token_by_token():
+    """At k < k_rec a simulated request runs the token-by-token replay of its record: the
+    iterations of specsim.traces.acceptance.replay_tokens, one for one (a variable-k record
+    falls back to iteration by iteration)."""
+    from specsim.traces.acceptance import replay_tokens, token_acceptance
+    rng = np.random.default_rng(3)
+    m = np.where(rng.random(120) < 0.5, rng.integers(0, 3, 120), rng.integers(5, 9, 120))
+    rec = RequestTrace("r0", "vegas", 0.05, 1000 + np.cumsum(m + 1), np.full(120, 8), m)
+    trace = Trace(make_header(source="t"), [rec])
+    n_tokens = int(np.sum(m + 1))
+    for k in (2, 5):
+        want = replay_tokens(token_acceptance(rec), k)
+        res = simulate(all_at_once(1, 1000, 1 + n_tokens), FlatCosts(), ReplaySource(trace, 8),
+                       k=k)
+        assert res.summary["iterations"] == want.size
+    varied = RequestTrace("r1", "vegas", 0.05, rec.context, np.where(m > 6, 8, 7), m)
+    assert not ReplaySource(Trace(make_header(source="t"), [varied]), 8).by_tokens
 
 
 def test_replay_beyond_recorded_k_is_flagged():

@@ -2,9 +2,13 @@
 
 - :class:`ReplaySource` replays recorded requests of one (policy, s) trace group: simulated
   request j follows the record of its own prompt when its arrival names one the group
-  recorded, else recorded request ``j mod R``, iteration by iteration (wrapping around when
-  the recording is shorter than the simulated output), with the counterfactual
-  ``m' = min(m, k)`` for k ≤ k_rec. For k > k_rec, an iteration that accepted all k_rec drafts
+  recorded, else recorded request ``j mod R`` (wrapping around when the recording is shorter
+  than the simulated output). When every request drafted one fixed k, it follows the recorded
+  answer token by token (``by_tokens``: ``step`` is the position in the answer, and the
+  simulator advances it by m + 1): an iteration at k accepts the run of tokens the recorded
+  drafts predicted from there, up to k (``specsim.traces.acceptance``: the per-iteration
+  ``m' = min(m, k)`` under-counts acceptance where it clusters). Otherwise iteration by
+  iteration with ``m' = min(m, k)``. For k > k_rec, an iteration that accepted k_rec drafts
   continues with the fitted per-position model (counted as extrapolated).
 - :class:`FittedSource` samples m from the per-position survival model, one survival curve per
   context-length bin where the trace supports it (≥ ``MIN_BIN_ITERATIONS`` per bin).
@@ -21,7 +25,8 @@ import numpy as np
 
 from specsim import analytical
 from specsim.traces.acceptance import (MIN_SUPPORT, AcceptanceCounts, count_acceptance,
-                                       estimate_acceptance, survival_curve)
+                                       estimate_acceptance, survival_curve, predicted_runs,
+                                       token_acceptance)
 from specsim.traces.format import Trace
 
 MIN_BIN_ITERATIONS = 2000
@@ -42,6 +47,7 @@ class FittedSource:
     """Samples m from fitted per-position survivals, conditioned on context length."""
 
     kind = "fitted"
+    by_tokens = False
 
     def __init__(self, trace: Trace, k_max: int):
         self.k_max = k_max
@@ -117,6 +123,18 @@ class ReplaySource:
                     row += 1
         est = estimate_acceptance(trace, k_max=max(k_max, self.k_recorded))
         self.conditional = analytical.conditional_from_survival(est.survival)
+        sequences = [token_acceptance(r) for r in reqs]
+        self.by_tokens = all(q is not None for q in sequences)
+        if self.by_tokens:    # per token: predicted tokens in a row from it, its iteration
+            self.tok_lengths = np.array([q.size for q in sequences])
+            self.tok_offsets = np.concatenate([[0], np.cumsum(self.tok_lengths)[:-1]])
+            runs, rows = [], []
+            for r, q, first in zip(reqs, sequences, self.offsets):
+                runs.append(predicted_runs(q))
+                rows.append(first + np.repeat(np.arange(r.iterations), r.m + 1))
+            self.tok_run = np.concatenate(runs)
+            self.tok_row = np.concatenate(rows)
+            self.tok_k = np.repeat(np.array([int(r.k[0]) for r in reqs]), self.tok_lengths)
 
     def start(self, request_index: int, prompt_id: str | None = None) -> int:
         """The recorded request a simulated one follows: its own prompt's record when the
@@ -128,11 +146,23 @@ class ReplaySource:
         return int(request_index % self.lengths.size)
 
     def _rows(self, recorded: np.ndarray, step: np.ndarray) -> np.ndarray:
+        """The recorded iteration at ``step`` (with ``by_tokens``: the one that emitted the
+        token at that position)."""
+        if self.by_tokens:
+            return self.tok_row[self._tokens(recorded, step)]
         return self.offsets[recorded] + step % self.lengths[recorded]
 
+    def _tokens(self, recorded: np.ndarray, step: np.ndarray) -> np.ndarray:
+        return self.tok_offsets[recorded] + step % self.tok_lengths[recorded]
+
     def draw(self, recorded, step, ks, contexts, rng) -> tuple[np.ndarray, np.ndarray]:
-        rows = self._rows(recorded, step)
-        m_rec, k_rec = self.m[rows], self.k_rec[rows]
+        if self.by_tokens:
+            at = self._tokens(recorded, step)
+            k_rec = self.tok_k[at]
+            m_rec = np.minimum(self.tok_run[at], k_rec)
+        else:
+            rows = self._rows(recorded, step)
+            m_rec, k_rec = self.m[rows], self.k_rec[rows]
         m = np.minimum(m_rec, ks)
         # beyond the recorded draft length: continue the chain with the fitted rates
         beyond = (ks > k_rec) & (m_rec == k_rec)

@@ -258,7 +258,9 @@ class Simulation:
                               int(extrapolated.sum()), memory["used"])
                 ctx[idx] += emitted
                 remaining[idx] -= emitted
-                step[idx] += 1
+                # the next iteration's place in the recorded answer (token by token) or its
+                # next recorded iteration
+                step[idx] += m + 1 if self.source.by_tokens else 1
                 iterations[slot_req[idx]] += 1
                 finish(idx[remaining[idx] <= 0])
 

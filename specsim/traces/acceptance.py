@@ -90,16 +90,22 @@ def token_acceptance(r: RequestTrace) -> np.ndarray | None:
     return out
 
 
+def predicted_runs(predicted: np.ndarray) -> np.ndarray:
+    """Per token of a :func:`token_acceptance` sequence: how many tokens in a row from it the
+    drafts predicted (a bonus token counts as predicted)."""
+    ok = predicted != 0
+    run = np.zeros(ok.size + 1, np.int64)
+    for t in range(ok.size - 1, -1, -1):
+        run[t] = run[t + 1] + 1 if ok[t] else 0
+    return run[:-1]
+
+
 def replay_tokens(predicted: np.ndarray, k: int) -> np.ndarray:
     """m per iteration of a run at draft length k over a request's token sequence
     (``predicted`` from :func:`token_acceptance`; a bonus token counts as predicted): each
     iteration accepts the run of predicted tokens where the previous one ended, up to k, and
     emits one more (the correction, or the bonus)."""
-    ok = predicted != 0
-    n = ok.size
-    run = np.zeros(n + 1, np.int64)      # run[t]: predicted tokens in a row from t
-    for t in range(n - 1, -1, -1):
-        run[t] = run[t + 1] + 1 if ok[t] else 0
+    run, n = predicted_runs(predicted), predicted.size
     ms, t = [], 0
     while t < n:
         m = min(int(run[t]), k)
