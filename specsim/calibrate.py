@@ -9,7 +9,7 @@ Triton kernels):
 - ``verify``: one verify pass of q tokens (with the Vegas Collect-2-Query rows, as in a run);
   ``verify:<policy>`` the same pass on a policy's own engine where it differs
   (``POLICY_VERIFY_QS``: Quest's page bounds, the all-row logits of last-token and
-  SparseSpec-L);
+  SparseSpec-L, StreamingLLM's pass that collects none);
 - ``draft:<policy>``: one sparse draft step at sparsity s, after a real selection — timed as
   runs draft, a chain of ``DRAFT_CHAIN`` greedy steps in one CUDA graph, divided by its length;
 - ``selection:<policy>``: one refresh of every layer's index lists after a verify, replayed
@@ -54,11 +54,11 @@ OVERHEAD_KS = (2, 8)
 #: Verify passes timed on a policy's own engine (``verify:<policy>``), at these q: Quest's cache
 #: updates page bounds on every K write (a constant extra), and last-token and SparseSpec-L
 #: collect every verify row's logits (an extra that grows with q; the shared ``verify`` is
-#: timed on Vegas' engine, which collects two rows). In the H200 validation runs (Qwen3-8B,
-#: batch 4, 32K) their verify took +0.0 ms at q = 3, +0.1 at q = 5, +1.2 at q = 9 and +2.0 at
-#: q = 13 over Vegas'.
+#: timed on Vegas' engine, which collects two rows), while StreamingLLM collects none. In the
+#: H200 validation runs (Qwen3-8B, batch 4, 32K) SparseSpec-L's verify took +0.0 ms at q = 3,
+#: +0.1 at q = 5, +1.2 at q = 9 and +2.0 at q = 13 over Vegas', StreamingLLM's 0.6–1.1 ms less.
 POLICY_VERIFY_QS = {"quest": (OVERHEAD_K + 1,), "last-token": (3, 9, 13, 16),
-                    "sparsespec": (3, 9, 13, 16)}
+                    "sparsespec": (3, 9, 13, 16), "streamingllm": (3, 9, 16)}
 #: Rows a policy's selection refresh ranks by, timed at each (recorded as q): SparseSpec-L's
 #: attention mass is summed over the last min(k + 1, W) verify rows, so its refresh grows with
 #: k (Qwen3-8B, batch 4, 32K: 3.0 ms at k = 2, 5.1 ms at k = 12).

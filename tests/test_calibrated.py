@@ -830,6 +830,15 @@ def test_all_row_collectors_verify_and_sparsespec_refresh_depend_on_k():
         assert (got - bare.verify(ctx, k + 1).seconds) * 1e3 == pytest.approx(want, abs=0.02), k
     assert model.iteration(ctx, 8, 0.05, "vegas").verify.seconds == \
         pytest.approx(bare.verify(ctx, 9).seconds)
+    # a policy that collects nothing measured below the shared verify is priced below it
+    below = rows + [Measurement("verify:streamingllm", b, c, q, None,
+                                [true_ms("verify", b, c, q) - 0.7] * 3)
+                    for b in sorted({m.batch for m in rows})
+                    for c in sorted({m.context for m in rows}) for q in (3, 9, 16)]
+    lean = CalibratedCostModel(Calibration(cal.provenance, cal.ceilings, below), MODEL, HW)
+    for k in (2, 6, 15):
+        got = lean.iteration(ctx, k, 0.05, "streamingllm").verify.seconds
+        assert (got - bare.verify(ctx, k + 1).seconds) * 1e3 == pytest.approx(-0.7, abs=0.02)
     for k, want in ((2, 3.0), (8, 3.0 + 2.6 * 6 / 13), (15, 5.6), (30, 5.6)):
         got = model.iteration(ctx, k, 0.05, "sparsespec").selection.seconds * 1e3
         assert got == pytest.approx(want, rel=0.03), k

@@ -9,8 +9,7 @@ from specsim import analytical as A
 from specsim.costs.base import Cost, IterationCost
 from specsim.errors import SpecsimError
 from specsim.simulator import SimConfig, Simulation, all_at_once, from_file, poisson
-from specsim.simulator.acceptance_source import (FittedSource, ReplaySource, draw_from_survival,
-                                                 make_source)
+from specsim.simulator.acceptance_source import (FittedSource, ReplaySource, draw_from_survival)
 from specsim.simulator.fastpath import replay_single_sequence
 from specsim.simulator.tuning import SweepSpec, summarise, sweep
 from specsim.specs import load_hardware, load_model
