@@ -114,15 +114,16 @@ def replay_tokens(predicted: np.ndarray, k: int) -> np.ndarray:
     return np.asarray(ms, np.int64)
 
 
-def _replay_counts(r: RequestTrace, positions: int, reached: np.ndarray,
+def _replay_counts(r: RequestTrace | None, positions: int, reached: np.ndarray,
                    accepted: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``[k − 1, position − 1]`` counts of the counterfactual runs at k = 1..positions: token
-    by token up to the request's own k; the per-iteration form (``reached``/``accepted``,
-    its position counts, cut at position k) beyond it and for variable-k requests."""
+    """``[k − 1, position − 1]`` counts of the counterfactual runs at k = 1..positions of one
+    unit whose per-iteration position counts are ``reached``/``accepted``: token by token up
+    to the request's own k; beyond it, for variable-k requests and for histograms (``r`` None)
+    the per-iteration form ``min(m, k)`` — those counts cut at position k."""
     i = np.arange(1, positions + 1)
     upto = i[None, :] <= i[:, None]                      # [k, position]: position ≤ k
     rr, ra = reached[None, :] * upto, accepted[None, :] * upto
-    predicted = token_acceptance(r)
+    predicted = None if r is None else token_acceptance(r)
     if predicted is None:
         return rr, ra
     rr, ra = rr.astype(float), ra.astype(float)
@@ -176,12 +177,12 @@ def count_acceptance(trace: Trace) -> AcceptanceCounts:
         else:
             rows = [(h.counts @ reached, h.counts @ accepted)]
             mult.append(1.0)
-        upto = np.arange(1, positions + 1)[None, :] <= np.arange(1, positions + 1)[:, None]
         for reach, acc in rows:   # no token sequence: the per-iteration replay min(m, k)
             reached_rows.append(reach)
             accepted_rows.append(acc)
-            replay_reached.append(reach[None, :] * upto)
-            replay_accepted.append(acc[None, :] * upto)
+            rr, ra = _replay_counts(None, positions, reach, acc)
+            replay_reached.append(rr)
+            replay_accepted.append(ra)
         iterations += h.iterations
         tokens += int(h.counts @ (m_values + 1))
         drafted += h.k * h.iterations
