@@ -16,7 +16,9 @@ Or put some op families of a partial run into a full one
     python scripts/merge_calibrations.py NEW.json OLD.json OUT.json --replace overhead --note "why"
 
 OLD's rows of those families are dropped and NEW's taken; recorded under
-``provenance.replaced``.
+``provenance.replaced``. With ``--keep-other-shapes`` OLD's rows of an op stay at the shapes
+NEW did not measure it at (a budget-cut re-measurement of unchanged kernels, e.g. the verify
+rows re-timed to add shapes: ``--replace verify --keep-other-shapes``).
 """
 from __future__ import annotations
 
@@ -38,10 +40,16 @@ def main():
                         help="comma-separated op families (plain, verify, draft, selection, "
                              "overhead) or exact ops (draft:quest): OLD with NEW's rows of "
                              "these instead of its own")
+    parser.add_argument("--keep-other-shapes", action="store_true",
+                        help="with --replace: keep OLD's rows of an op at the (batch, context) "
+                             "shapes NEW did not measure it at")
     args = parser.parse_args()
+    if args.keep_other_shapes and not args.replace:
+        parser.error("--keep-other-shapes goes with --replace")
     new, old = read_calibration(args.new), read_calibration(args.old)
     if args.replace:
-        merged = replace_ops(old, new, args.replace.split(","), args.note)
+        merged = replace_ops(old, new, args.replace.split(","), args.note,
+                             keep_other_shapes=args.keep_other_shapes)
         merged.write(args.out)
         info = merged.provenance["replaced"][-1]
         print(f"{args.out}: {args.old} with {info['rows']} {'/'.join(info['families'])} rows "

@@ -460,6 +460,16 @@ def test_replacing_the_loop_overheads_of_a_shipped_calibration(tmp_path):
         [m for m in only.measurements if m.op == "overhead:speculative"]
     assert [m for m in one.measurements if m.op == "overhead:plain"] == \
         [m for m in full.measurements if m.op == "overhead:plain"]
+    # a budget-cut re-measurement: with keep_other_shapes the shapes it missed keep their rows
+    part = Calibration(only.provenance, only.ceilings,
+                       [m for m in only.measurements if m.batch == 1])
+    cut = replace_ops(full, part, ["overhead"], "batch 1 only")
+    assert {m.batch for m in cut.measurements if m.op.startswith("overhead")} == {1}
+    kept = replace_ops(full, part, ["overhead"], "batch 1 only", keep_other_shapes=True)
+    over = lambda cal, b: [m for m in cal.measurements  # noqa: E731
+                           if m.op.startswith("overhead") and m.batch == b]
+    assert over(kept, 1) == over(part, 1) and over(kept, 4) == over(full, 4) != []
+    assert kept.provenance["replaced"][-1]["kept_other_shapes"] is True
     with pytest.raises(SpecsimError, match="no overhead rows"):
         replace_ops(full, Calibration(only.provenance, only.ceilings, steps), ["overhead"], "x")
     with pytest.raises(SpecsimError, match="different gpu"):

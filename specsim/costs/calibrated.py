@@ -256,8 +256,8 @@ def merge_calibrations(primary: Calibration, extra: Calibration, note: str,
     return Calibration(prov, dict(primary.ceilings), list(primary.measurements) + added)
 
 
-def replace_ops(base: Calibration, new: Calibration, families: list[str], note: str
-                ) -> Calibration:
+def replace_ops(base: Calibration, new: Calibration, families: list[str], note: str,
+                keep_other_shapes: bool = False) -> Calibration:
     """``base`` with every row of the op ``families`` (``plain``, ``verify``, ``draft``,
     ``selection``, ``overhead``: the op name before its first ':') replaced by ``new``'s rows
     of those families: e.g. the loop overheads re-measured alone after a change to the loop's
@@ -265,7 +265,10 @@ def replace_ops(base: Calibration, new: Calibration, families: list[str], note: 
     with a ':' names one op exactly (``draft:quest``: Quest's draft steps alone, after a
     change to them; ``verify`` alone would also take the shared verify). Same model and GPU;
     recorded under ``provenance.replaced`` (the other run's date, software, kernel hash,
-    families, rows, ``note``)."""
+    families, rows, ``note``). ``keep_other_shapes``: keep ``base``'s rows of an op at the
+    (batch, context) shapes ``new`` did not measure it at (a re-measurement a time budget cut
+    short, of kernels that did not change: verify rows re-timed to add shapes) — not for ops
+    whose every row changed meaning (loop overheads after a host-code fix)."""
     _same_model_and_gpu(base, new)
     wanted = set(families)
 
@@ -276,10 +279,12 @@ def replace_ops(base: Calibration, new: Calibration, families: list[str], note: 
     missing = sorted(wanted - {family(m) for m in taken})
     if missing:
         raise SpecsimError(f"the new calibration has no {', '.join(missing)} rows to put in")
-    kept = [m for m in base.measurements if family(m) not in wanted]
+    measured = {(m.op, m.batch, m.context) for m in taken}
+    kept = [m for m in base.measurements if family(m) not in wanted
+            or (keep_other_shapes and (m.op, m.batch, m.context) not in measured)]
     prov = dict(base.provenance)
     prov["replaced"] = list(prov.get("replaced", [])) + [{
-        "families": sorted(wanted), "rows": len(taken),
+        "families": sorted(wanted), "rows": len(taken), "kept_other_shapes": keep_other_shapes,
         "replaced_rows": len(base.measurements) - len(kept),
         "date": new.provenance.get("date"),
         "kernel_config_hash": new.provenance.get("kernel_config_hash"),
