@@ -160,9 +160,19 @@ def report_cmd(plan_path, measured, md_out, as_json):
     import json
 
     from specsim.atomic import write_text_atomic
-    from specsim.validate import FORMAT_KEY, MEASURED_KEY, markdown, read_json, report
+    import os
+
+    from specsim.traces.format import read_trace
+    from specsim.validate import FORMAT_KEY, MEASURED_KEY, _sha, markdown, read_json, report
     plan, got = read_json(plan_path, FORMAT_KEY), read_json(measured, MEASURED_KEY)
-    rep = report(plan, got)
+    trace = None   # the plan's trace, when it is here as it was: answers vs its records
+    if plan.get("trace") and os.path.exists(plan["trace"]):
+        if _sha(plan["trace"]) == plan.get("trace_sha256"):
+            trace = read_trace(plan["trace"])
+        else:
+            click.echo(f"note: {plan['trace']} changed since the plan; answers are not "
+                       f"compared with its records", err=True)
+    rep = report(plan, got, trace)
     if md_out:
         write_text_atomic(md_out, markdown(rep, got))
     if as_json:

@@ -377,8 +377,44 @@ def _regret(pred: np.ndarray, meas: np.ndarray) -> float:
 TARGET = {"predict": "measured", "simulate": "measured_whole_run"}
 
 
-def report(plan: dict, measured: dict) -> dict:
-    """Errors and regrets per setup and policy (and over each setup's whole grid)."""
+def trace_agreement(setup: dict, got: dict, trace) -> dict | None:
+    """How many of a free-running setup's answers decoded exactly as the trace recorded them
+    (same iterations, same tokens per iteration), over its configurations at the recorded k
+    of their (policy, s) group: bf16 near-ties make a prompt's text depend on the batch shape
+    it was decoded in, and an answer that went another way carries another acceptance (a
+    floor under any prediction from that trace). None where no configuration ran at k_rec or
+    the measurements lack per-request figures."""
+    prompt_ids = setup.get("prompt_ids")
+    if not prompt_ids:
+        return None
+    records = {}
+    for r in trace.requests:
+        if r.prompt_id and r.iterations and np.all(r.k == r.k[0]):
+            records[(r.prompt_id, r.policy, r.s, int(r.k[0]))] = r
+    per_config, never = [], None
+    for c in got["configs"]:
+        its, tpis = c.get("request_iterations"), c.get("request_tokens_per_iteration")
+        if not its or len(its) != len(prompt_ids):
+            continue
+        recs = [records.get((p, c["policy"], c["s"], c["k"])) for p in prompt_ids]
+        if any(r is None for r in recs):
+            continue
+        same = [r.iterations == n and abs(r.tokens / r.iterations - t) < 1e-9
+                for r, n, t in zip(recs, its, tpis)]
+        per_config.append(sum(same))
+        off = {p for p, ok in zip(prompt_ids, same) if not ok}
+        never = off if never is None else never & off
+    if not per_config:
+        return None
+    return {"configs": len(per_config), "requests": len(prompt_ids),
+            "matching_mean": float(np.mean(per_config)), "matching_min": int(min(per_config)),
+            "prompts_never_matching": sorted(never)}
+
+
+def report(plan: dict, measured: dict, trace=None) -> dict:
+    """Errors and regrets per setup and policy (and over each setup's whole grid); with the
+    plan's ``trace`` (a :class:`~specsim.traces.format.Trace`) also how many answers decoded
+    as the trace recorded them (:func:`trace_agreement`)."""
     by_name = {s["name"]: s for s in measured["setups"]}
     out = []
     for entry in plan["setups"]:
@@ -469,6 +505,8 @@ def report(plan: dict, measured: dict) -> dict:
                     acc[mode] = {"configs": len(sel), "mape": float(np.mean(np.abs(e))),
                                  "worst": float(np.max(np.abs(e))), "bias": float(np.mean(e))}
             item["acceptance"] = acc
+            if trace is not None:
+                item["trace_agreement"] = trace_agreement(entry["setup"], got, trace)
         out.append(item)
     return {"setups": out}
 
@@ -554,6 +592,14 @@ def markdown(rep: dict, measured: dict) -> str:
                                      f"{v['worst'] * 100:.1f}%, bias {v['bias'] * 100:+.1f}% "
                                      f"({v['configs']} configs)"
                                      for m, v in item["acceptance"].items()) + ".")
+            lines.append("")
+        agree = item.get("trace_agreement")
+        if agree:
+            never = agree["prompts_never_matching"]
+            lines.append(f"Answers decoded exactly as the trace recorded them (configurations at "
+                         f"the recorded k, {agree['configs']}): {agree['matching_mean']:.1f} of "
+                         f"{agree['requests']} on average (fewest {agree['matching_min']})"
+                         + (f"; never: {', '.join(never)}" if never else "") + ".")
             lines.append("")
         lines += ["<details><summary>every configuration</summary>", "",
                   "| policy | s | k | measured tok/s (steady state) | predict | window tok/s | "

@@ -319,3 +319,41 @@ def test_cost_side_by_phase_in_the_report():
         del cfg["split_predicted_ms"]
     assert V.report(plan, got)["setups"][0]["per_policy"]["vegas"]["phases"] is None
     assert "Cost side by phase" not in V.markdown(V.report(plan, got), got)
+
+
+def test_report_counts_the_answers_that_decoded_as_the_trace_recorded(tmp_path):
+    """A free-running run's answers are compared with the plan's trace at the recorded k: an
+    answer with the recorded iterations and tokens per iteration decoded the recorded text
+    (bf16 near-ties can send it elsewhere); configurations at other k are not compared."""
+    from click.testing import CliRunner
+
+    from specsim.cli.main import cli
+    from specsim.traces.format import RequestTrace, Trace, make_header, write_trace
+    recs = [RequestTrace(f"{p}|vegas", "vegas", 0.1, np.array([100, 103, 105]),
+                         np.full(3, 4), np.array(m), prompt_id=p)
+            for p, m in (("a", [2, 1, 4]), ("b", [0, 0, 3]))]
+    trace = tmp_path / "t.jsonl"
+    write_trace(str(trace), make_header(source="test"), recs)
+    plan, got = fake({("vegas", 0.1, 4): 100.0, ("vegas", 0.1, 2): 90.0},
+                     {("vegas", 0.1, 4): 100.0, ("vegas", 0.1, 2): 95.0}, mode="free")
+    plan["setups"][0]["setup"]["prompt_ids"] = ["a", "b", "a"]
+    plan["trace"], plan["trace_sha256"] = str(trace), V._sha(str(trace))
+    at_k4, at_k2 = got["setups"][0]["configs"]
+    # a: 3 iterations of 10/3 tokens as recorded (twice); b: another text (3 iterations too,
+    # but 2 tokens each where the record has 4/3)
+    at_k4.update(request_iterations=[3, 3, 3], request_tokens_per_iteration=[10 / 3, 2.0, 10 / 3])
+    at_k2.update(request_iterations=[5, 4, 5], request_tokens_per_iteration=[2.0, 2.0, 2.0])
+    rep = V.report(plan, got, Trace(make_header(source="test"), recs))
+    agree = rep["setups"][0]["trace_agreement"]
+    assert agree == {"configs": 1, "requests": 3, "matching_mean": 2.0, "matching_min": 2,
+                     "prompts_never_matching": ["b"]}
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    (tmp_path / "m.json").write_text(json.dumps(got))
+    r = CliRunner().invoke(cli, ["validate", "report", "--plan", str(tmp_path / "plan.json"),
+                                 "--measured", str(tmp_path / "m.json")])
+    assert r.exit_code == 0 and "2.0 of 3 on average (fewest 2); never: b" in r.output, r.output
+    trace.write_text(trace.read_text() + "\n")            # changed since the plan: not used
+    r = CliRunner().invoke(cli, ["validate", "report", "--plan", str(tmp_path / "plan.json"),
+                                 "--measured", str(tmp_path / "m.json")])
+    assert r.exit_code == 0 and "changed since the plan" in r.output
+    assert "decoded exactly" not in r.output
