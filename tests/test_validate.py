@@ -340,8 +340,8 @@ def test_report_counts_the_answers_that_decoded_as_the_trace_recorded(tmp_path):
     plan["trace"], plan["trace_sha256"] = str(trace), V._sha(str(trace))
     at_k4, at_k2 = got["setups"][0]["configs"]
     # a: 3 iterations of 10/3 tokens as recorded (twice); b: another text (3 iterations too,
-    # but 2 tokens each where the record has 4/3)
-    at_k4.update(request_iterations=[3, 3, 3], request_tokens_per_iteration=[10 / 3, 2.0, 10 / 3])
+    # but 2.5 tokens each where the record has 2)
+    at_k4.update(request_iterations=[3, 3, 3], request_tokens_per_iteration=[10 / 3, 2.5, 10 / 3])
     at_k2.update(request_iterations=[5, 4, 5], request_tokens_per_iteration=[2.0, 2.0, 2.0])
     rep = V.report(plan, got, Trace(make_header(source="test"), recs))
     agree = rep["setups"][0]["trace_agreement"]
