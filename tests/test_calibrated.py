@@ -415,6 +415,19 @@ def test_merging_a_cut_short_run_with_an_older_one():
     info = merged.provenance["merged"][-1]
     assert info["plain_steps"].startswith("skipped: fused append") and \
         info["draft_steps"].startswith("skipped: fused append")
+    # lists ranked another way here (SPECSIM_RANKING=best: radix for SparseSpec-L and Quest):
+    # those policies' refreshes and Quest's draft steps are not taken, Vegas' are
+    ranked_old = Calibration(old.provenance, old.ceilings, quest_old.measurements + [
+        Measurement("selection:sparsespec", 16, 1024, 1, 0.1, [1.0]),
+        Measurement("selection:vegas", 16, 1024, 1, 0.1, [1.0])])
+    best = Calibration(dict(new.provenance, engine={"ranking": "best"}), new.ceilings,
+                       new.measurements)
+    merged = merge_calibrations(best, ranked_old, "topk there")
+    taken = {m.op for m in merged.measurements[len(new.measurements):]}
+    assert {"selection:vegas", "verify:quest"} <= taken
+    assert not taken & {"selection:sparsespec", "selection:quest", "draft:quest"}
+    assert merged.provenance["merged"][-1]["ops_skipped"]["draft:quest"] == \
+        "ranked by topk there, radix here"
     # an op measured at other q here (a series that means something else), or excluded by
     # name (its code changed between the runs), is not taken
     by_rows = Calibration(new.provenance, new.ceilings, new.measurements + [

@@ -220,3 +220,29 @@ def test_quest_selection_builds_no_tensor_from_host_data(ranking, monkeypatch):
     monkeypatch.setattr(torch, "tensor", refuse)
     chosen, counts = quest_select(q, low, high, lengths, 0.5, max_context=64, ranking=ranking)
     assert counts.tolist() == [[5, 5], [24, 24]]   # the newest page is cut at the length
+
+
+def test_best_ranking_picks_each_policys_measured_fastest(monkeypatch):
+    """SPECSIM_RANKING=best: SparseSpec-L's lists and Quest's pages by the radix kernel (the
+    fused page selection), Vegas' and last-token's by torch.topk; an explicit ranking wins."""
+    import specsim.kernels.selection as S
+    import specsim.kernels.topk_select as T
+    monkeypatch.setattr(S, "RANKING", "best")
+    assert [S.ranking_for(p) for p in ("vegas", "last-token", "sparsespec", "quest")] == \
+        ["topk", "topk", "radix", "radix"]
+    assert S.ranking_for("sparsespec", "topk") == "topk"
+    calls = []
+    real = T.radix_top_positions
+    monkeypatch.setattr(T, "radix_top_positions",
+                        lambda *a, **kw: calls.append("radix") or real(*a, **kw))
+    g = torch.Generator().manual_seed(int(np.random.SeedSequence().entropy % 2**31))
+    lengths = torch.tensor([700, 300], device=DEVICE)
+    logits = torch.randn(2, 4, 2, 700, generator=g).to(DEVICE)
+    S.vegas_select(logits, lengths, 0.1)
+    assert calls == []                                      # Vegas: torch.topk
+    picked = S.sparsespec_select(logits, lengths, 0.1, 2)
+    assert calls == ["radix"]
+    monkeypatch.setattr(S, "RANKING", "topk")
+    want = S.sparsespec_select(logits, lengths, 0.1, 2)
+    for got, ref in zip(picked, want):                      # the same lists either way
+        assert torch.equal(got, ref)

@@ -34,7 +34,7 @@ from specsim.atomic import atomic_writer, read_json
 from specsim.costs.base import Cost, IterationCost, as_contexts, compose_iteration
 from specsim.costs.roofline import RooflineCostModel
 from specsim.errors import SpecsimError
-from specsim.policies import SPARSESPEC_WINDOW, get_policy
+from specsim.policies import SPARSESPEC_WINDOW, get_policy, resolve_ranking
 from specsim.specs import FULL_ATTENTION, HardwareSpec, ModelSpec
 
 FORMAT_KEY = "specsim_calibration"
@@ -206,7 +206,9 @@ def merge_calibrations(primary: Calibration, extra: Calibration, note: str,
     Quest's steps only when both runs padded their caches alike (``cache_align``; absent in
     runs before the padding: an odd number of Quest pages made its draft step 14% slower).
     Plain and draft steps only when both wrote their one new position alike
-    (``fused_append``: one Triton kernel, or the torch writes; absent = torch).
+    (``fused_append``: one Triton kernel, or the torch writes; absent = torch). A policy's
+    refresh (and Quest's draft step, which ranks pages) only when both ranked its lists alike
+    (``ranking``, ``SPECSIM_RANKING`` resolved per policy; absent = topk).
 
     An op is not taken either when ``primary`` measured it at other q (its series mean
     something else there: SparseSpec-L's refresh once at q = 1, now by ranked rows at q = 3,
@@ -230,6 +232,16 @@ def merge_calibrations(primary: Calibration, extra: Calibration, note: str,
     mine, theirs = qs_of(primary), qs_of(extra)
     theirs = {op: q for op, q in theirs.items() if op.split(":", 1)[0] in kinds}
     skipped = {op: "excluded" for op in exclude_ops if op in theirs}
+    # a policy's lists ranked another way there (SPECSIM_RANKING): its refresh and, for Quest
+    # (pages ranked at every draft step), its draft step are other timings
+    ranked = [e.get("ranking") for e in engines]
+    for op in theirs:
+        family, _, policy = op.partition(":")
+        if family in ("draft", "selection") and policy and op not in skipped and \
+                (family == "selection" or policy == "quest"):
+            here, there = (resolve_ranking(policy, r) for r in ranked)
+            if here != there:
+                skipped[op] = f"ranked by {there} there, {here} here"
     skipped.update({op: f"measured at q {sorted(theirs[op])} there, {sorted(mine[op])} here"
                     for op in theirs if op in mine and theirs[op] != mine[op]
                     and op not in skipped})

@@ -34,21 +34,29 @@ import os
 import torch
 
 from specsim.kernels._runtime import tl, triton
-from specsim.policies import Policy, get_policy
+from specsim.policies import Policy, get_policy, resolve_ranking
 
 
 #: How the top positions are found by default: "topk", "sort" (torch, then ordered by
-#: ``_finish``) or "radix" (``topk_select.radix_top_positions``: one Triton kernel that selects
-#: and orders); the same sets up to ties. See BENCHMARKS.md for which is faster where.
+#: ``_finish``), "radix" (``topk_select.radix_top_positions``: one Triton kernel that selects
+#: and orders; Quest: its fused page selection) or "best" (each policy's fastest on the H200,
+#: ``specsim.policies.BEST_RANKING``); the same sets up to ties. See BENCHMARKS.md for which
+#: is faster where.
 RANKING = os.environ.get("SPECSIM_RANKING", "topk")
-if RANKING not in ("topk", "sort", "radix"):
-    raise ValueError(f"SPECSIM_RANKING={RANKING!r}: expected topk, sort or radix")
+if RANKING not in ("topk", "sort", "radix", "best"):
+    raise ValueError(f"SPECSIM_RANKING={RANKING!r}: expected topk, sort, radix or best")
+
+
+def ranking_for(policy: str, ranking: str | None = None) -> str:
+    """The ranking ``policy``'s lists are built with: ``ranking``, else the module's
+    ``RANKING`` (read at each call); "best" resolved per policy (``BEST_RANKING`` in
+    ``specsim.policies``)."""
+    return resolve_ranking(policy, ranking or RANKING)
 
 
 def _ranked_lists(score, lengths, counts, capacity, keep_first, keep_last, ranking, span):
     """Ascending top lists [..., capacity] and counts: torch ranking + ``_finish``, or the
-    radix kernel (``ranking`` None: the module's ``RANKING``, read at each call)."""
-    ranking = ranking or RANKING
+    radix kernel (``ranking``: resolved by :func:`ranking_for`)."""
     if ranking == "radix":
         from specsim.kernels.topk_select import radix_top_positions
         return radix_top_positions(score, lengths, counts, capacity, keep_first, keep_last)
@@ -123,8 +131,8 @@ def vegas_select(logits: torch.Tensor, lengths: torch.Tensor, s: float, *,
     score = logits[..., :max_context].sum(dim=(1, 2), dtype=torch.float32)     # [batch, n]
     counts = selected_counts(policy, lengths, s)
     capacity = policy.selected(max_context, s)
-    return _ranked_lists(score, lengths, counts, capacity, 0, policy.recent, ranking,
-                         max_context)
+    return _ranked_lists(score, lengths, counts, capacity, 0, policy.recent,
+                         ranking_for(policy.name, ranking), max_context)
 
 
 @triton.jit
@@ -204,8 +212,8 @@ def sparsespec_select(logits: torch.Tensor, lengths: torch.Tensor, s: float, num
     mass = attention_mass(logits, lse, lengths, num_kv_heads, max_context)
     counts = selected_counts(policy, lengths, s)[:, None].expand(-1, num_kv_heads)
     capacity = policy.selected(max_context, s)
-    return _ranked_lists(mass, lengths, counts, capacity, policy.sink, policy.recent, ranking,
-                         max_context)
+    return _ranked_lists(mass, lengths, counts, capacity, policy.sink, policy.recent,
+                         ranking_for(policy.name, ranking), max_context)
 
 
 def streamingllm_select(lengths: torch.Tensor, s: float, *, max_context: int,
@@ -229,7 +237,8 @@ def quest_select(q: torch.Tensor, page_min: torch.Tensor, page_max: torch.Tensor
     bounds [batch, kv_heads, ≥ pages, head_dim] (``KVCache.pages``)."""
     policy = policy or get_policy("quest")
     size = policy.page_size
-    if (ranking or RANKING) == "radix":   # scores, ranking and positions in one kernel
+    ranking = ranking_for(policy.name, ranking)
+    if ranking == "radix":   # scores, ranking and positions in one kernel
         from specsim.kernels.topk_select import quest_select_fused
         return quest_select_fused(
             q, page_min, page_max, lengths, selected_counts(policy, lengths, s),
