@@ -5,8 +5,9 @@ Plain decoding: random weights of a catalogue model (default Qwen3-8B shapes, bf
 every sequence at context C (random cache contents, no prefill), tokens/s and the time of a
 step against the floor ``(weight bytes + Σ_b C_b · KV bytes per token) / copy bandwidth``
 measured in the same run. Self-speculative: for each k and s, the trace's requests of that
-policy and s (``traces/`` file, recorded at k_rec ≥ k) are replayed with ``m' = min(m, k)``
-per iteration; speedup = tokens/s over plain tokens/s at the same batch and context.
+policy and s (``traces/`` file, recorded at k_rec ≥ k) are replayed at k as ``specsim predict``
+replays them (``truncate_trace``: token by token through each recorded answer); speedup =
+tokens/s over plain tokens/s at the same batch and context.
 
     python scripts/engine_benchmark.py --contexts 32768,131072 --batch 4 \\
         --trace traces/<file>.jsonl --ks 2,4,6,8,10,12 --ss 0.03,0.05,0.07,0.1 --out bench.json

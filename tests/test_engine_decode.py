@@ -462,9 +462,26 @@ def test_random_prefill_for_timing(tiny):
 
 def test_counterfactual_truncation(tiny, ragged):
     from specsim.engine.decode import truncate_trace
+    import numpy as np
+
+    from specsim.traces.acceptance import replay_tokens, token_acceptance
     recorded = speculative_decode(tiny, ragged[:1], 30, policy="full", k=6).traces[0]
     short = truncate_trace(recorded, 2)
-    assert short.k.max() == 2 and short.m.tolist() == [min(m, 2) for m in recorded.m.tolist()]
+    # followed token by token, as predict replays it, with the contexts its iterations start at
+    assert short.k.tolist() == [2] * short.iterations
+    assert short.m.tolist() == replay_tokens(token_acceptance(recorded), 2).tolist()
+    assert short.context[0] == recorded.context[0]
+    assert np.array_equal(np.diff(short.context), short.m[:-1] + 1)
+    assert short.tokens >= recorded.tokens
+    # a clustered record: the token replay differs from min(m, k) (which starts every
+    # replayed iteration after a recorded rejection)
+    from specsim.traces.format import RequestTrace
+    clustered = RequestTrace("c", "vegas", 0.1, 100 + np.arange(4) * 4, np.full(4, 4),
+                             np.array([4, 0, 0, 3]))
+    assert truncate_trace(clustered, 2).m.tolist() == [2, 2, 0, 2, 0]   # min(m, k): 2, 0, 0, 2
+    varied = RequestTrace("v", "vegas", 0.1, np.array([100, 103, 105]), np.array([3, 2, 3]),
+                          np.array([2, 1, 3]))
+    assert truncate_trace(varied, 2).m.tolist() == [2, 1, 2]       # variable k: min(m, k)
     # replay at k = 2: the forced run drafts 2 per iteration
     engine = Engine(tiny, batch=1, max_len=800, policy="vegas", s=0.2, k_max=2)
     replay = engine.generate(ragged[:1], 1, forced=[short])
