@@ -239,6 +239,29 @@ def test_replay_follows_the_recorded_answer_token_by_token():
     assert not ReplaySource(Trace(make_header(source="t"), [varied]), 8).by_tokens
 
 
+def test_fitted_source_draws_the_run_at_each_k():
+    """Unbinned (a short trace), the fitted source samples m at k from the token-by-token
+    replay's survivals at that k, not from the per-iteration curve min(m, k) gives."""
+    from specsim.traces.acceptance import estimate_acceptance
+    rng = np.random.default_rng(3)
+    recs = []
+    for j in range(20):
+        m = np.where(rng.random(120) < 0.5, rng.integers(0, 3, 120), rng.integers(5, 9, 120))
+        recs.append(RequestTrace(f"r{j}", "vegas", 0.05, 1000 + np.cumsum(m + 1),
+                                 np.full(120, 8), m))
+    trace = Trace(make_header(source="t"), recs)
+    est = estimate_acceptance(trace)
+    per_iteration = A.expected_tokens_from_survival(est.survival)
+    src = FittedSource(trace, 8)
+    assert not src.edges.size
+    for k in (3, 4):
+        m, flagged = src.draw(None, None, np.full(200_000, k), np.full(200_000, 1000),
+                              np.random.default_rng(k))
+        assert m.mean() + 1 == pytest.approx(est.expected_tokens[k - 1], rel=0.01)
+        assert abs(m.mean() + 1 - per_iteration[k]) > 0.03 * per_iteration[k]
+        assert not flagged.any()
+
+
 def test_replay_beyond_recorded_k_is_flagged():
     trace = const_trace(m=4, k=4, requests=2)          # every draft accepted at k_rec = 4
     src = ReplaySource(trace, 8)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from specsim import analytical
-from specsim.traces.acceptance import (MIN_SUPPORT, AcceptanceCounts, count_acceptance,
+from specsim.traces.acceptance import (MIN_SUPPORT, AcceptanceCounts,
                                        estimate_acceptance, survival_curve, predicted_runs,
                                        token_acceptance)
 from specsim.traces.format import Trace
@@ -44,21 +44,23 @@ def draw_from_survival(survival: np.ndarray, ks: np.ndarray, u: np.ndarray) -> n
 
 
 class FittedSource:
-    """Samples m from fitted per-position survivals, conditioned on context length."""
+    """Samples m from fitted per-position survivals, conditioned on context length: where the
+    trace is too short for context bins, from the run at each k (``survival_at(k)``: the
+    token-by-token replay of ``specsim.traces.acceptance``), else from each bin's curve."""
 
     kind = "fitted"
     by_tokens = False
 
     def __init__(self, trace: Trace, k_max: int):
         self.k_max = k_max
-        counts = count_acceptance(trace)
-        self.k_recorded = counts.k_recorded
-        self.edges, self.survival = self._bins(trace, counts, k_max)
+        est = estimate_acceptance(trace, k_max=k_max)
+        self.k_recorded = est.counts.k_recorded
+        self.survival_k = est.survival_k
+        self.edges, self.survival = self._bins(trace, est.counts, k_max, est.survival)
         self.entropy_available = False
 
     @staticmethod
-    def _bins(trace: Trace, counts: AcceptanceCounts, k_max: int):
-        overall = estimate_acceptance(trace, k_max=k_max).survival
+    def _bins(trace: Trace, counts: AcceptanceCounts, k_max: int, overall: np.ndarray):
         contexts = np.concatenate([r.context for r in trace.requests]) if trace.requests \
             else np.zeros(0)
         n_bins = min(MAX_BINS, contexts.size // MIN_BIN_ITERATIONS)
@@ -87,7 +89,7 @@ class FittedSource:
         """(m per slot, extrapolated flag per slot)."""
         u = rng.random(len(ks))
         curve = self.survival[np.searchsorted(self.edges, contexts, side="right")] \
-            if self.edges.size else self.survival[0]
+            if self.edges.size else self.survival_k[np.clip(ks, 1, self.k_max) - 1]
         m = draw_from_survival(curve, ks, u)
         return m, ks > self.k_recorded
 
