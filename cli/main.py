@@ -306,7 +306,8 @@ def _print_predict(r: dict) -> None:
             r.get("cost_model") == "calibrated":
         click.echo("(quest: measured on specsim's engine, which re-scores the pages with several "
                    "torch operations per layer at every draft step — 2.5–4.7× a Vegas draft "
-                   "step on the H200; a fused kernel would cost less. README.)")
+                   "step on the H200; specsim's fused page selection and cache append, not "
+                   "yet calibrated, cut its SmolLM2 loop 2.6×. README, BENCHMARKS.md.)")
     click.echo("")
     d = best.get("distinguishable_from_runner_up")
     line = (f"Best: {best['policy']} at s = {_s(best['s'])}, k = {best['k']}: "
