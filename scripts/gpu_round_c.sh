@@ -25,12 +25,14 @@
 #   specsim validate plan --no-free --trace traces/<new trace> \
 #       --out benchmarks/validation-plan-h200-r5-qwen3-8b.json
 #
-#   D  (carry part-aa and .whl; ~280 s)
+#   D  (carry part-aa and .whl; ~350 s)
 #        bash scripts/gpu_smollm2_stage.sh put; bash scripts/gpu_validate_call.sh \
 #            benchmarks/validation-plan-h200-r5-qwen3-8b.json qwen3-8b \
 #            "vegas,sparsespec,streamingllm,quest,last-token" 1; \
-#        PYTHONPATH=. python3 scripts/verify_phase_probe.py qwen3-8b 4 32768 2
-#      (the probe: Vegas' verify phase in runs was 0.5 ms above the calibration's at q = 3)
+#        PYTHONPATH=. python3 scripts/verify_phase_probe.py qwen3-8b 4 32768 2; \
+#        PYTHONPATH=. python3 -m pytest -q tests/test_engine_gpu.py -k "radix or fused" | tail -3
+#      (the probe: Vegas' verify phase in runs was 0.5 ms above the calibration's at q = 3;
+#      the tests: round B's -x stopped before the radix / fused-append engine tests ran)
 #   E  (carry part-ab; at once)                               bash scripts/gpu_smollm2_stage.sh put
 #   F  (carry part-ac; at once; ~400 s)
 #        bash scripts/gpu_smollm2_stage.sh join && PYTHONPATH=/tmp/site bash \
