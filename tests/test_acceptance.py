@@ -4,8 +4,8 @@ import pytest
 
 from specsim import analytical as A
 from specsim.traces.acceptance import (count_acceptance, estimate_acceptance, extrapolation_error,
-                                       replay_expected_tokens, replay_tokens, token_acceptance,
-                                       token_replay_expected_tokens)
+                                       predicted_runs, replay_expected_tokens, replay_tokens,
+                                       token_acceptance, token_replay_expected_tokens)
 from specsim.traces.format import HistogramTrace, RequestTrace, Trace, make_header
 
 
@@ -67,6 +67,8 @@ def test_token_sequence_of_a_request_worked_example():
     # k = 2, m = 2, 0, 1: tokens ✓✓(bonus) ✗ ✓✗
     r = request("a", [2, 2, 2], [2, 0, 1])
     assert token_acceptance(r).tolist() == [1, 1, -1, 0, 1, 0]
+    assert predicted_runs(token_acceptance(r)).tolist() == [3, 2, 1, 0, 1, 0]
+    assert predicted_runs(np.array([1, 1, -1], np.int8)).tolist() == [3, 2, 1]   # to the end
     # at k = 1 the bonus counts as predicted: ✓|✓|(bonus)✗… → m = 1, 1, 1 (6 tokens, 3 its)
     assert replay_tokens(token_acceptance(r), 1).tolist() == [1, 1, 1]
     # at the recorded k the recorded iterations come back

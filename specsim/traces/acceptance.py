@@ -93,19 +93,21 @@ def token_acceptance(r: RequestTrace) -> np.ndarray | None:
 def predicted_runs(predicted: np.ndarray) -> np.ndarray:
     """Per token of a :func:`token_acceptance` sequence: how many tokens in a row from it the
     drafts predicted (a bonus token counts as predicted)."""
-    ok = predicted != 0
-    run = np.zeros(ok.size + 1, np.int64)
-    for t in range(ok.size - 1, -1, -1):
-        run[t] = run[t + 1] + 1 if ok[t] else 0
-    return run[:-1]
+    n = predicted.size
+    stops = np.append(np.flatnonzero(predicted == 0), n)     # rejected tokens, then the end
+    at = np.arange(n)
+    return stops[np.searchsorted(stops, at)] - at
 
 
-def replay_tokens(predicted: np.ndarray, k: int) -> np.ndarray:
+def replay_tokens(predicted: np.ndarray, k: int, runs: np.ndarray | None = None
+                  ) -> np.ndarray:
     """m per iteration of a run at draft length k over a request's token sequence
     (``predicted`` from :func:`token_acceptance`; a bonus token counts as predicted): each
     iteration accepts the run of predicted tokens where the previous one ended, up to k, and
-    emits one more (the correction, or the bonus)."""
-    run, n = predicted_runs(predicted), predicted.size
+    emits one more (the correction, or the bonus). ``runs``: its :func:`predicted_runs`, when
+    the caller has them."""
+    run = predicted_runs(predicted) if runs is None else runs
+    n = predicted.size
     ms, t = [], 0
     while t < n:
         m = min(int(run[t]), k)
@@ -127,8 +129,9 @@ def _replay_counts(r: RequestTrace | None, positions: int, reached: np.ndarray,
     if predicted is None:
         return rr, ra
     rr, ra = rr.astype(float), ra.astype(float)
+    runs = predicted_runs(predicted)
     for k in range(1, int(r.k[0]) + 1):
-        ms = replay_tokens(predicted, k)
+        ms = replay_tokens(predicted, k, runs)
         reach, acc = _position_counts(np.full(ms.size, k), ms, positions)
         rr[k - 1], ra[k - 1] = reach.sum(0), acc.sum(0)
     return rr, ra
