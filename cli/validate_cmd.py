@@ -158,10 +158,9 @@ def plan_cmd(trace_path, hardware, policies, k_forced, k_free, ss, context, batc
 def report_cmd(plan_path, measured, md_out, as_json):
     """Compare the plan's predictions with the measurements."""
     import json
-
-    from specsim.atomic import write_text_atomic
     import os
 
+    from specsim.atomic import write_text_atomic
     from specsim.traces.format import read_trace
     from specsim.validate import FORMAT_KEY, MEASURED_KEY, _sha, markdown, read_json, report
     plan, got = read_json(plan_path, FORMAT_KEY), read_json(measured, MEASURED_KEY)

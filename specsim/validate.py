@@ -387,10 +387,9 @@ def trace_agreement(setup: dict, got: dict, trace) -> dict | None:
     prompt_ids = setup.get("prompt_ids")
     if not prompt_ids:
         return None
-    records = {}
-    for r in trace.requests:
-        if r.prompt_id and r.iterations and np.all(r.k == r.k[0]):
-            records[(r.prompt_id, r.policy, r.s, int(r.k[0]))] = r
+    from specsim.traces.acceptance import fixed_k
+    records = {(r.prompt_id, r.policy, r.s, fixed_k(r)): r for r in trace.requests
+               if r.prompt_id and fixed_k(r) is not None}
     per_config, never = [], None
     for c in got["configs"]:
         its, tpis = c.get("request_iterations"), c.get("request_tokens_per_iteration")

@@ -974,9 +974,9 @@ def truncate_trace(trace: RequestTrace, k: int) -> RequestTrace:
     ``specsim.traces.acceptance.replay_tokens``), with the contexts those iterations start at;
     a variable-k request per recorded iteration, ``m' = min(m, k)``. Exact under greedy
     decoding up to where the selection refreshes and the drafts' own KV move with k."""
-    from specsim.traces.acceptance import replay_tokens, token_acceptance
+    from specsim.traces.acceptance import fixed_k, replay_tokens, token_acceptance
     predicted = token_acceptance(trace)
-    if predicted is None or k >= int(trace.k[0]):
+    if predicted is None or k >= fixed_k(trace):
         return RequestTrace(trace.id, trace.policy, trace.s, trace.context,
                             np.minimum(trace.k, k), np.minimum(trace.m, k),
                             prompt_id=trace.prompt_id)

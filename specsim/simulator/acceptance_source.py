@@ -25,8 +25,8 @@ import numpy as np
 
 from specsim import analytical
 from specsim.traces.acceptance import (MIN_SUPPORT, AcceptanceCounts,
-                                       estimate_acceptance, survival_curve, predicted_runs,
-                                       token_acceptance)
+                                       estimate_acceptance, fixed_k, predicted_runs,
+                                       survival_curve, token_acceptance)
 from specsim.traces.format import Trace
 
 MIN_BIN_ITERATIONS = 2000
@@ -136,7 +136,7 @@ class ReplaySource:
                 rows.append(first + np.repeat(np.arange(r.iterations), r.m + 1))
             self.tok_run = np.concatenate(runs)
             self.tok_row = np.concatenate(rows)
-            self.tok_k = np.repeat(np.array([int(r.k[0]) for r in reqs]), self.tok_lengths)
+            self.tok_k = np.repeat(np.array([fixed_k(r) for r in reqs]), self.tok_lengths)
 
     def start(self, request_index: int, prompt_id: str | None = None) -> int:
         """The recorded request a simulated one follows: its own prompt's record when the

@@ -77,13 +77,21 @@ class AcceptanceCounts:
                 np.tensordot(w, self.replay_accepted, axes=(-1, 0)))
 
 
+def fixed_k(r: RequestTrace) -> int | None:
+    """The one k every iteration of the request drafted; None when they drafted different k
+    (adaptive or forced traces) or there are none."""
+    if r.k.size == 0 or np.any(r.k != r.k[0]):
+        return None
+    return int(r.k[0])
+
+
 def token_acceptance(r: RequestTrace) -> np.ndarray | None:
     """Per token the request's iterations emitted: 1 where the draft predicted it, 0 where the
     verify pass corrected it, −1 for a bonus token (after an iteration that accepted all its
     drafts: never drafted). None for a request whose iterations drafted different k."""
-    if r.k.size == 0 or np.any(r.k != r.k[0]):
+    k, m = fixed_k(r), r.m.astype(np.int64)
+    if k is None:
         return None
-    k, m = int(r.k[0]), r.m.astype(np.int64)
     out = np.ones(int(np.sum(m + 1)), np.int8)
     ends = np.cumsum(m + 1) - 1          # each iteration's last token: corrected or bonus
     out[ends] = np.where(m < k, 0, -1)
@@ -130,7 +138,7 @@ def _replay_counts(r: RequestTrace | None, positions: int, reached: np.ndarray,
         return rr, ra
     rr, ra = rr.astype(float), ra.astype(float)
     runs = predicted_runs(predicted)
-    for k in range(1, int(r.k[0]) + 1):
+    for k in range(1, fixed_k(r) + 1):
         ms = replay_tokens(predicted, k, runs)
         reach, acc = _position_counts(np.full(ms.size, k), ms, positions)
         rr[k - 1], ra[k - 1] = reach.sum(0), acc.sum(0)
@@ -352,7 +360,7 @@ def token_replay_expected_tokens(trace: Trace, k: int) -> float:
     tokens = iterations = 0
     for r in trace.requests:
         predicted = token_acceptance(r)
-        if predicted is None or k > int(r.k[0]):
+        if predicted is None or k > fixed_k(r):
             raise ValueError(f"request {r.id}: no token sequence to replay at k = {k}")
         ms = replay_tokens(predicted, k)
         tokens += int(np.sum(ms + 1))
