@@ -511,9 +511,11 @@ def test_overheads_in_files_and_the_held_out_check(tmp_path):
 
 
 def test_sparsities_between_the_measured_ones_are_interpolated():
-    """Drafts measured at s = 0.03 and 0.1 only: s = 0.05 comes from one fit over bytes (the
-    known structure is linear in selected bytes, so it is recovered), and a selection at
-    s = 0.05 is interpolated linearly in s between its two fits, and says so."""
+    """Drafts measured at s = 0.03 and 0.1 only: s = 0.05 is interpolated between the two
+    measured grids in the positions it selects (the known structure is linear in selected
+    bytes, so it is recovered where the 256-position floor makes it non-linear in s, at 3000),
+    and a selection at s = 0.05 is interpolated linearly in s between its two fits; both
+    say so."""
     rows = []
     for b in (1, 2, 4, 8, 16):
         for c in (1024, 2048, 4096, 8192, 16384, 32768, 65536):
@@ -525,8 +527,9 @@ def test_sparsities_between_the_measured_ones_are_interpolated():
     cm = CalibratedCostModel(Calibration(provenance(), {}, rows), MODEL, HW)
     for c in (3000, 20000, 50000):
         got = cm.draft_step([c] * 4, 0.05, "vegas")
-        assert got.seconds * 1e3 == pytest.approx(true_ms("draft:vegas", 4, c, 1, 0.05), rel=0.02)
-        assert "calibrated" in got.notes[-1]
+        assert got.seconds * 1e3 == pytest.approx(true_ms("draft:vegas", 4, c, 1, 0.05),
+                                                  rel=0.002)
+        assert "interpolated between measured s=0.03 and s=0.1 (measured grid)" in got.notes[-1]
     sel = cm.selection([20000] * 4, 0.05, "vegas", 4)
     assert sel.seconds * 1e3 == pytest.approx(0.1 + 3 * 0.05, rel=1e-6)
     assert "interpolated between measured s=0.03 and s=0.1" in sel.notes[-1]
@@ -683,8 +686,10 @@ def test_selection_and_quest_pages_are_priced_on_the_longest_sequence():
     """Every refresh ranks each slot's buffer to the length it was sized for (the longest
     sequence: SparseSpec-L's too, whose attention-mass kernel skips past each length but whose
     top-K does not — measured on SmolLM2's ragged batch), and Quest scores the pages of that
-    whole buffer: in a ragged batch a short sequence costs as much as the longest there; a
-    draft's selected bytes and the loop overheads stay per sequence."""
+    whole buffer: in a ragged batch a short sequence costs as much as the longest there. Every
+    draft step is priced on its measured grid at the longest sequence too (its split plan is
+    sized for the longest list); its selected bytes (the fit outside the grid) and the loop
+    overheads stay per sequence."""
     cal = synthetic()
     rows = list(cal.measurements) + [
         Measurement("draft:quest", b, c, 1, 0.05, [true_ms("draft", b, c, 1, 0.05)] * 3)
@@ -703,13 +708,20 @@ def test_selection_and_quest_pages_are_priced_on_the_longest_sequence():
     pages = model._op_bytes("draft:quest", np.array(ragged), 0.05) / (per * layers) \
         - quest.selected_array(np.array(ragged), 0.05).sum()
     assert pages == pytest.approx(4 * 16384 / quest.page_size)       # not Σ ceil(L_b / 16)
-    # Quest's draft (page scoring over the buffer, not a bandwidth-bound read of its rows) is
-    # priced on its measured grid, at the longest sequence; Vegas' by the fit in its bytes
+    # Quest's draft (page scoring over the buffer, not a bandwidth-bound read of its rows) and
+    # Vegas' are priced on their measured grids, at the longest sequence
     quest_step = model.draft_step(ragged, 0.05, "quest")
     assert quest_step.seconds == pytest.approx(model.draft_step(longest, 0.05, "quest").seconds)
     assert quest_step.seconds * 1e3 == pytest.approx(true_ms("draft", 4, 16384, 1, 0.05))
     assert quest_step.notes[-1] == "calibrated (measured grid)"
-    assert model.draft_step(ragged, 0.05, "vegas").notes[-1] == "calibrated"
+    vegas_step = model.draft_step(ragged, 0.05, "vegas")
+    assert vegas_step.notes[-1] == "calibrated (measured grid)"
+    assert vegas_step.seconds == pytest.approx(model.draft_step(longest, 0.05, "vegas").seconds)
+    assert vegas_step.seconds * 1e3 == pytest.approx(true_ms("draft", 4, 16384, 1, 0.05))
+    # past the grid's longest context the fit prices it, in each sequence's own bytes
+    beyond = model.draft_step([2048, 100000], 0.05, "vegas")
+    assert beyond.notes[-1] == "calibrated"
+    assert beyond.seconds < model.draft_step([100000] * 2, 0.05, "vegas").seconds
     # the selected part is per sequence: a ragged batch reads less than four longest ones
     assert model._op_bytes("draft:vegas", np.array(ragged), 0.05) < model._op_bytes(
         "draft:vegas", np.array(longest), 0.05)
