@@ -13,7 +13,7 @@ import click
 from specsim.errors import SpecsimError
 
 # the same defaults as `specsim predict`
-DEFAULT_TRACE = "traces/smollm2-135m-greedy-bf16-h200.jsonl"
+DEFAULT_TRACE = "traces/smollm2-135m-greedy-bf16-h200-continuous.jsonl"
 DEFAULT_MODEL = "qwen3-8b"
 DEFAULT_HARDWARE = "h200"
 DEFAULT_OUT = "specsim-dashboard.html"

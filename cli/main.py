@@ -14,7 +14,7 @@ import click
 
 from specsim.errors import SpecsimError
 
-DEFAULT_TRACE = "traces/smollm2-135m-greedy-bf16-h200.jsonl"
+DEFAULT_TRACE = "traces/smollm2-135m-greedy-bf16-h200-continuous.jsonl"
 DEFAULT_MODEL = "qwen3-8b"
 DEFAULT_HARDWARE = "h200"
 FORMATS = ("auto", "specsim", "vllm-metrics", "vllm-requests", "specbench")

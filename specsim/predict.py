@@ -141,7 +141,13 @@ def prompt_weights(trace: Trace, n_boot: int, seed: int):
 
 
 def predict_group(trace: Trace, costs: CostModel, opts: PredictOptions, notes: list[str],
-                  contexts: np.ndarray, context_source: str, paired=None) -> dict:
+                  contexts: np.ndarray, context_source: str, paired=None,
+                  acceptance_cache: dict | None = None) -> dict:
+    """One (policy, s) group of a trace: its acceptance (replayed, bootstrapped) priced by
+    ``costs`` at ``contexts``. ``acceptance_cache`` (a dict kept by the caller for one trace)
+    holds what does not depend on the costs or the workload — the acceptance estimate, its
+    bootstrap replicates and the extrapolation check — so that pricing the same trace on many
+    (hardware, batch, context) settings replays it once per group."""
     from specsim.policies import POLICIES
 
     first = (trace.requests or trace.histograms)[0]
@@ -159,7 +165,21 @@ def predict_group(trace: Trace, costs: CostModel, opts: PredictOptions, notes: l
             notes.append(f"group '{policy}' has no sparsity: costed at s={model_s}"
                          + ("" if opts.sparsity else " (use --sparsity)"))
 
-    est: AcceptanceEstimate = estimate_acceptance(trace, k_max=opts.k_max)
+    key = (policy, s, opts.k_max, opts.n_boot, opts.seed, paired is not None)
+    cached = acceptance_cache.get(key) if acceptance_cache is not None else None
+    if cached is None:
+        est: AcceptanceEstimate = estimate_acceptance(trace, k_max=opts.k_max)
+        weights = None
+        if paired is not None:
+            weights = np.stack([paired[r.prompt_id] for r in trace.requests], axis=1)
+        boot_P = est.bootstrap_survival_k(opts.n_boot, np.random.default_rng(opts.seed),
+                                          weights)     # [replicate, k, i]
+        extrapolation = extrapolation_error(trace, est.observed // 2) \
+            if est.observed >= 4 else None
+        cached = (est, boot_P, extrapolation)
+        if acceptance_cache is not None:
+            acceptance_cache[key] = cached
+    est, boot_P, extrapolation = cached
     counts = est.counts
     if counts.unit == "iteration":
         notes.append(f"group '{policy}' s={s}: only aggregate counts, so the bootstrap resamples "
@@ -178,11 +198,6 @@ def predict_group(trace: Trace, costs: CostModel, opts: PredictOptions, notes: l
                                                                     int(k), n) for k in ks])
     speedups = analytical.speedup(emitted, plain.seconds, t_iter)
 
-    rng = np.random.default_rng(opts.seed)
-    weights = None
-    if paired is not None:
-        weights = np.stack([paired[r.prompt_id] for r in trace.requests], axis=1)
-    boot_P = est.bootstrap_survival_k(opts.n_boot, rng, weights)     # [replicate, k, i]
     boot_tokens = 1.0 + boot_P.sum(axis=2)
     boot_emitted = boot_tokens if opts.output_tokens is None else np.stack(
         [analytical.emitted_tokens_per_iteration(boot_P[:, k - 1, :k], int(k),
@@ -242,12 +257,15 @@ def predict_group(trace: Trace, costs: CostModel, opts: PredictOptions, notes: l
         "cost_split_at_k_star": iters[k_star - 1].split(),
         "_boot_speedups": boot_speedups,   # dropped from JSON; used for policy comparisons
     }
-    if est.observed >= 4:
-        out["extrapolation_check"] = extrapolation_error(trace, est.observed // 2)
+    if extrapolation is not None:
+        out["extrapolation_check"] = extrapolation
     return out
 
 
-def predict_trace(trace: Trace, costs: CostModel, opts: PredictOptions | None = None) -> dict:
+def predict_trace(trace: Trace, costs: CostModel, opts: PredictOptions | None = None,
+                  acceptance_cache: dict | None = None) -> dict:
+    """Speedups of every group of ``trace`` under ``costs``; ``acceptance_cache``: see
+    :func:`predict_group` (a dict shared by calls on the same trace)."""
     opts = opts or PredictOptions()
     notes: list[str] = []
     if trace.synthetic:
@@ -259,7 +277,8 @@ def predict_trace(trace: Trace, costs: CostModel, opts: PredictOptions | None = 
                      f"answer emits per iteration (its last iteration's surplus drafts are not "
                      f"output), not E[m+1]")
     paired = prompt_weights(trace, opts.n_boot, opts.seed)
-    groups = [predict_group(g, costs, opts, notes, contexts, context_source, paired)
+    groups = [predict_group(g, costs, opts, notes, contexts, context_source, paired,
+                            acceptance_cache)
               for g in trace.groups().values()]
     policies = _by_policy(groups)
     best = max(groups, key=lambda g: g["speedup_at_k_star"])

@@ -136,8 +136,8 @@ def test_predict_default_trace_table():
     result = CliRunner().invoke(cli, ["predict", "--bootstrap", "100"])
     assert result.exit_code == 0, result.output
     # the shipped default is the real SmolLM2 trace, costed on the model it was recorded on
-    # (recorded in bf16 on the H200, as the default hardware serves it)
-    assert "smollm2-135m-greedy-bf16-h200.jsonl" in result.output
+    # (recorded in bf16 on the H200 as one continuous batch, as the default hardware serves it)
+    assert "smollm2-135m-greedy-bf16-h200-continuous.jsonl" in result.output
     assert "SYNTHETIC" not in result.output
     assert "model     smollm2-135m" in result.output
     assert "k*" in result.output and "Best:" in result.output

@@ -108,3 +108,30 @@ def test_finite_answers_emit_fewer_tokens_per_iteration():
         "expected_tokens"]
     with pytest.raises(ValueError, match="output tokens"):
         P.predict_trace(data, COSTS, P.PredictOptions(output_tokens=1))
+
+
+def test_acceptance_cache_replays_each_group_once_and_changes_nothing(monkeypatch):
+    """A dashboard prices one trace on many settings: with a shared cache each group's replay,
+    bootstrap and extrapolation check are computed once, and every report equals the one
+    computed without the cache (other batch, context and cost model included)."""
+    t = trace({("vegas", 0.05): 0.85, ("quest", 0.05): 0.6})
+    l40s = RooflineCostModel(load_model("qwen3-8b"), load_hardware("l40s"))
+    settings = [(COSTS, P.PredictOptions(batch=8, n_boot=80)),
+                (COSTS, P.PredictOptions(batch=32, context=16384, n_boot=80)),
+                (l40s, P.PredictOptions(batch=4, n_boot=80))]
+    plain = [P.predict_trace(t, c, o) for c, o in settings]
+    calls = []
+    real = P.estimate_acceptance
+    monkeypatch.setattr(P, "estimate_acceptance", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    cache: dict = {}
+    cached = [P.predict_trace(t, c, o, cache) for c, o in settings]
+    assert len(calls) == 2 and len(cache) == 2               # one per group, not per setting
+    for a, b in zip(plain, cached):
+        for ga, gb in zip(a["groups"], b["groups"]):
+            assert ga["curve"] == gb["curve"] and ga["k_star_ci"] == gb["k_star_ci"]  # CIs: bootstrap
+            assert ga["speedup_at_k_star_ci"] == gb["speedup_at_k_star_ci"]
+            assert ga.get("extrapolation_check") == gb.get("extrapolation_check")
+        assert a["best"] == b["best"] and a["policy_comparison"] == b["policy_comparison"]
+    # another bootstrap size is another entry, not a stale one
+    P.predict_trace(t, COSTS, P.PredictOptions(batch=8, n_boot=40), cache)
+    assert len(cache) == 4

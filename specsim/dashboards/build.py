@@ -119,11 +119,12 @@ def build_dashboard(trace: Trace, model: ModelSpec, hardware: Mapping[str, Hardw
     contexts: list[int | None] = [None] + sorted(
         {int(c) for c in opts.contexts} | ({int(opts.context)} if opts.context else set()))
     started = time.perf_counter()
+    acceptance: dict = {}   # one replay and bootstrap per group, priced on every setting
 
     def predict(costs, batch, context):
         return predict_trace(trace, costs, PredictOptions(
             batch=batch, context=context, k_max=opts.k_max, n_boot=opts.n_boot,
-            seed=opts.seed, policy=opts.policy, sparsity=opts.sparsity))
+            seed=opts.seed, policy=opts.policy, sparsity=opts.sparsity), acceptance)
 
     # the default setting first: it fixes the policy list and the trace's context range
     default_costs = make_cost_model(model, hardware[opts.hardware], opts.tp, opts.costs)[0]
