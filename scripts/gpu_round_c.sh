@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# (Run in session 8: its results are validation rounds 5-6, VALIDATION.md.)
 # Validation round 5's device calls (session 8, 30 min of device time), in this order:
 #
 #   A  (carry _big/gguf/smollm2.gguf.part-aa and .whl; ~530 s)
