@@ -688,11 +688,6 @@ class CalibratedCostModel:
         t_lo, in_lo = self.fits[(op, q, lo)].predict(tokens, kv)
         t_hi, in_hi = self.fits[(op, q, hi)].predict(tokens, kv)
         w = (s - lo) / (hi - lo)
-        if op.startswith("draft:"):
-            pol = get_policy(op.split(":", 1)[1])
-            n_lo, n_s, n_hi = (float(pol.selected_array(np.array([context]), x)[0])
-                               for x in (lo, s, hi))
-            w = (n_s - n_lo) / (n_hi - n_lo) if n_hi > n_lo else 0.0
         return ((1 - w) * t_lo + w * t_hi, bool(in_lo and in_hi),
                 f"{op}: s={s} interpolated between measured s={lo} and s={hi}")
 
