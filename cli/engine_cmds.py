@@ -316,10 +316,12 @@ def _print_run(r: dict) -> None:
 @click.option("--prompts", "prompt_file", type=click.Path(exists=True, dir_okay=False),
               default=None, help="Prompt-set JSONL (scripts/engine_prompts.py). Default: the "
                                  "built-in set of source-file excerpts.")
-@click.option("--prompt-set", type=click.Choice(["default", "extended"]), default="default",
-              show_default=True,
+@click.option("--prompt-set", type=click.Choice(["default", "extended", "long"]),
+              default="default", show_default=True,
               help="Built-in set (without --prompts): default = the 12 excerpts of the shipped "
-                   "traces; extended = those and 36 more (acceptance averaged over more texts).")
+                   "traces; extended = those and 36 more (acceptance averaged over more texts); "
+                   "long = 41 excerpts of ~7,700 tokens that fill SmolLM2's 8K context (with "
+                   "--max-prompt-tokens 7900).")
 @click.option("--num-prompts", type=click.IntRange(min=1), default=None,
               help="Use only the first N prompts.")
 @click.option("--context", type=click.IntRange(min=1), default=4096, show_default=True,

@@ -357,3 +357,65 @@ def test_report_counts_the_answers_that_decoded_as_the_trace_recorded(tmp_path):
                                  "--measured", str(tmp_path / "m.json")])
     assert r.exit_code == 0 and "changed since the plan" in r.output
     assert "decoded exactly" not in r.output
+
+
+def test_long_prompt_set_fills_the_context_and_keeps_the_other_sets():
+    """The 8K set cuts each extended-set file to LONG_TOKENS, moved back where it would run past
+    the file's end, and skips files too short for it; the default and extended sets' excerpts
+    (the shipped traces' prompts) are not moved by that."""
+    import hashlib
+
+    import specsim.engine.prompts as P
+    from specsim.cli.engine_cmds import trace_cmd
+
+    extended, long = P.default_specs("extended"), P.default_specs("long")
+    want = int(P.LONG_TOKENS * P.BYTES_PER_TOKEN)
+    size = {s.id: P.module_file(s.module).stat().st_size for s in extended}
+    assert [s.id for s in long] == [f"{s.id}-8k" for s in extended if size[s.id] >= want]
+    assert len(long) >= 36
+    where = {pid: w for pid, _, w, _, _ in P.LONG_SET}
+    moved = 0
+    for spec in long:
+        full = size[spec.id[:-len("-8k")]]
+        assert spec.end <= full and spec.end - spec.start >= want - 400     # whole lines
+        assert spec.sha256 == hashlib.sha256(P.excerpt(spec)).hexdigest()
+        moved += spec.start < int(full * where[spec.id]) - 200
+    assert moved > 0                    # some excerpts had to start earlier to fit their file
+    table = {pid: (w, t) for pid, _, w, t, _ in P.DEFAULT_SET + P.EXTRA_SET}
+    for spec in extended:              # not fitted: the recorded sets' byte ranges stand
+        w, t = table[spec.id]
+        assert spec == P.resolve(spec.module, w, t, spec.task, spec.id)
+    with pytest.raises(SpecsimError, match="shorter than"):
+        P.resolve("textwrap", 0.1, P.LONG_TOKENS, "test", "x", fit=True)
+    choices = next(p for p in trace_cmd.params if p.name == "prompt_set").type.choices
+    assert sorted(choices) == sorted(P.PROMPT_SETS)
+
+
+def test_smollm2_table_script_builds_its_setups_and_speedups():
+    """scripts/smollm2_table.py (#4's SmolLM2 8K table): one free setup per batch size cycling
+    the prompts (twice the slots by default), and speedups over the same setup's plain rate."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "smollm2_table.py"
+    spec = importlib.util.spec_from_file_location("smollm2_table", path)
+    T = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(T)
+    prompts = [("a", [1] * 5), ("b", [2] * 7), ("c", [3] * 6)]
+    b2, b4 = T.table_setups(prompts, [2, 4], None, "vegas", [2, 4], [0.05], 128, "/w")
+    assert (b2.batch, len(b2.prompts), b4.batch, len(b4.prompts)) == (2, 4, 4, 8)
+    assert b4.prompt_ids == ["a", "b", "c", "a", "b", "c", "a", "b"]
+    assert b4.prompts[4] == [2] * 7 and b4.mode == "free" and b4.weights == "/w"
+    assert len(T.table_setups(prompts, [4], 2, "vegas", [2], [0.1], 8, "/w")[0].prompts) == 4
+    measured = {"setups": [{"name": "smollm2-b2", "plain_tokens_per_second": 100.0,
+                            "plain_tokens_per_second_whole_run": 80.0, "configs": [
+                                {"policy": "vegas", "s": 0.05, "k": k, "tokens_per_second": t,
+                                 "tokens_per_second_whole_run": w,
+                                 "tokens_per_iteration_whole_run": k + 0.5}
+                                for k, t, w in ((2, 150.0, 100.0), (4, 130.0, 120.0))]}]}
+    rows = T.speedup_rows(measured)
+    assert [r["speedup"] for r in rows] == [1.5, 1.3]
+    assert [r["speedup_whole_run"] for r in rows] == [1.25, 1.5]
+    text = T.markdown(rows)
+    assert "| 2 | 1.50× (2.50) |" in text and "best: k = 2, s = 0.05: 1.50× (whole run 1.25×)" \
+        in text

@@ -75,10 +75,19 @@ def excerpt(spec: PromptSpec) -> bytes:
         return fh.read(spec.end - spec.start)
 
 
-def resolve(module, start_fraction: float, tokens: int, task: str, pid: str) -> PromptSpec:
-    """A spec for ~``tokens`` tokens starting ``start_fraction`` into the module's file."""
+def resolve(module, start_fraction: float, tokens: int, task: str, pid: str,
+            fit: bool = False) -> PromptSpec:
+    """A spec for ~``tokens`` tokens starting ``start_fraction`` into the module's file; with
+    ``fit`` the start moves back as far as the excerpt needs to end inside the file, and a file
+    too small for it is refused."""
     path = module_file(module)
-    start = int(path.stat().st_size * start_fraction)
+    size = path.stat().st_size
+    start = int(size * start_fraction)
+    if fit:
+        length = int(tokens * BYTES_PER_TOKEN)
+        if size < length:
+            raise SpecsimError(f"{path.name} ({size} bytes) is shorter than {tokens} tokens")
+        start = min(start, size - length)
     start, end = _line_range(path, start, int(tokens * BYTES_PER_TOKEN))
     spec = PromptSpec(pid, module, start, end, task)
     return PromptSpec(pid, module, start, end, task, hashlib.sha256(excerpt(spec)).hexdigest())
@@ -144,8 +153,18 @@ EXTRA_SET = [
     ("traceback-explain", "traceback", 0.30, 4000, "explain"),
 ]
 
-#: Named prompt sets: ``default`` (the shipped traces' 12) and ``extended`` (those + 36).
-PROMPT_SETS = {"default": DEFAULT_SET, "extended": DEFAULT_SET + EXTRA_SET}
+#: Excerpts that fill SmolLM2's 8K context (with a 128-token answer and k + 1 draft positions
+#: behind them): the extended set's modules and tasks, each cut to ~7,700 tokens (moved back
+#: in its file where it would run past the end; the 7 files shorter than that are skipped).
+LONG_TOKENS = 7700
+LONG_SET = [(f"{pid}-8k", module, where, LONG_TOKENS, task)
+            for pid, module, where, _, task in DEFAULT_SET + EXTRA_SET]
+
+#: Named prompt sets: ``default`` (the shipped traces' 12), ``extended`` (those + 36) and
+#: ``long`` (8K-context excerpts of the extended set's files).
+PROMPT_SETS = {"default": DEFAULT_SET, "extended": DEFAULT_SET + EXTRA_SET, "long": LONG_SET}
+#: Sets whose excerpts are moved back to fit their files (``resolve(fit=True)``).
+FITTED_SETS = {"long"}
 
 
 def default_specs(name: str = "default") -> list[PromptSpec]:
@@ -156,7 +175,7 @@ def default_specs(name: str = "default") -> list[PromptSpec]:
     out = []
     for pid, module, where, tokens, task in PROMPT_SETS[name]:
         try:
-            out.append(resolve(module, where, tokens, task, pid))
+            out.append(resolve(module, where, tokens, task, pid, fit=name in FITTED_SETS))
         except SpecsimError:
             continue
     return out
