@@ -38,6 +38,13 @@ def main():
                              "loop's host code; merge with merge_calibrations.py --replace")
     parser.add_argument("--budget-s", default="200",
                         help="seconds per model: one for all, or one per model (comma-separated)")
+    parser.add_argument("--contexts", default=None,
+                        help="comma-separated contexts instead of the model's grid (e.g. "
+                             "denser ones for the refreshes, whose torch.topk time jumps between "
+                             "the factor-2 points: --only selection --contexts "
+                             "1024,1536,2048,3072,4096,6144,8192)")
+    parser.add_argument("--batches", default=None,
+                        help="comma-separated batch sizes instead of the model's grid")
     args = parser.parse_args()
     os.makedirs(args.out_dir, exist_ok=True)
     names = args.models.split(",")
@@ -48,7 +55,12 @@ def main():
     for name, budget in zip(names, budgets):
         spec = load_model(name)
         size = "small" if spec.param_count() < 1e9 else "large"
-        grid = CalibrationGrid(**GRIDS[size], sparsities=[float(s) for s in
+        shape = dict(GRIDS[size])
+        if args.contexts:
+            shape["contexts"] = [int(c) for c in args.contexts.split(",")]
+        if args.batches:
+            shape["batches"] = [int(b) for b in args.batches.split(",")]
+        grid = CalibrationGrid(**shape, sparsities=[float(s) for s in
                                                           args.sparsities.split(",")],
                                policies=args.policies.split(","), repeats=args.repeats,
                                time_budget_s=budget,
