@@ -22,7 +22,7 @@ def provenance(**over):
     return {"gpu": "NVIDIA H200", "gpu_memory_bytes": 150e9, "driver": "580", "cuda": "12.8",
             "torch": "2.11", "triton": "3.6", "kernel_config_hash": "abc",
             "model_spec_hash": MODEL.spec_hash(), "model": MODEL.name,
-            "date": "2026-11-29T00:00:00Z", **over}
+            "date": "2026-11-29T00:00:00Z", "engine": {"cache_align": 128}, **over}
 
 
 def true_ms(op, batch, context, q=1, s=None):
@@ -186,6 +186,23 @@ def test_calibration_from_another_model_is_flagged():
     cm = CalibratedCostModel(cal, MODEL, HW)
     assert any("measured on model" in w for w in cm.warnings)
     assert not CalibratedCostModel(synthetic(), MODEL, HW).warnings
+
+
+def test_calibration_from_an_older_engine_is_flagged():
+    """Files measured before session 6's engine (no padded caches in the provenance: the
+    shipped Llama-3.1-8B and Qwen3-4B) say their speculative costs are not the validated
+    ones, wherever they are used (predict's cost note carries it)."""
+    from specsim.costs import make_cost_model
+    from specsim.specs import load_model
+
+    old = synthetic()
+    del old.provenance["engine"]
+    (warning,) = CalibratedCostModel(old, MODEL, HW).warnings
+    assert "older engine" in warning and "overheads run high" in warning
+    for name, flagged in (("llama-3.1-8b", True), ("qwen3-4b", True), ("qwen3-8b", False),
+                          ("smollm2-135m", False)):
+        _, note = make_cost_model(load_model(name), HW, 1, "auto")
+        assert ("older engine" in note) == flagged, name
 
 
 def test_calibrate_check_command(tmp_path):
@@ -365,6 +382,8 @@ def test_merging_a_cut_short_run_with_an_older_one():
     old = with_overheads(synthetic(noise=0.01, seed=3))
     new = with_overheads(synthetic(noise=0.01, seed=4, batches=(1, 2)),
                          spec_us=lambda b: 50 + 5 * b)
+    for cal in (old, new):    # runs without engine settings: each case below sets its own
+        del cal.provenance["engine"]
     merged = merge_calibrations(new, old, "older run, same kernels")
     new_rows = {(m.op, m.batch, m.context, m.q) for m in new.measurements}
     assert merged.measurements[:len(new.measurements)] == new.measurements

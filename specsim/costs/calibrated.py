@@ -825,6 +825,16 @@ def provenance_warnings(calibration: Calibration, model: ModelSpec) -> list[str]
     """Flags for a calibration used away from where it was measured."""
     prov = calibration.provenance
     out = []
+    if "cache_align" not in prov.get("engine", {}):
+        # files measured before session 6's engine (padded caches, loop overheads by the loop's
+        # own clock, each policy's verify): the re-measured files' speculative overheads fell
+        # 40–60% (Quest's 2–3×) and their policies' verify moved by up to 20%
+        out.append(f"calibration measured by an older engine ({prov.get('date', '?')[:10]}: "
+                   f"before padded caches, per-policy verify rows and the loop overheads' "
+                   f"re-measurement): its speculative loop overheads run high, and the "
+                   f"policies that collect every verify row (last-token, SparseSpec-L) are "
+                   f"priced at the shared verify — re-measure with `specsim calibrate --gpu` "
+                   f"for validated figures")
     if prov.get("model_spec_hash") != model.spec_hash():
         out.append(f"calibration measured on model '{prov.get('model')}' shapes "
                    f"(spec {prov.get('model_spec_hash')}), used for '{model.name}' "
