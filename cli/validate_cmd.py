@@ -16,29 +16,29 @@ def _floats(text):
     return sorted({float(x) for x in text.split(",") if x.strip()})
 
 
-def default_setups(policies, ks_forced, ks_free, ss, batch_free, context, weights, tokenizer_dir,
-                   requests_free=None, prompt_ids=None):
-    """Qwen3-8B shapes forced (random weights, batch 4, context 32K) and SmolLM2-135M free
-    (real weights, ``batch_free`` slots, ``requests_free`` prompts as a continuous batch: the
-    built-in prompts the trace recorded — ``prompt_ids``, from the extended set; the default
-    12 when None — cycled)."""
-    from specsim.validate import Setup
+def default_setups(policies, ks_forced, ks_free, ss, batch_free, context, weights,
+                   prompts_file=None, requests_free=None, prompt_ids=None):
+    """Qwen3-8B shapes forced (random weights, batch 4, context 32K) and, with ``prompts_file``
+    (a prompt-id file), SmolLM2-135M free (real weights, ``batch_free`` slots,
+    ``requests_free`` prompts as a continuous batch: the file's prompts the trace recorded —
+    ``prompt_ids``; the default set's 12 when None — cycled). The plan names the file and its
+    sha256 instead of copying the token ids."""
+    from specsim.validate import Setup, _sha, repo_file
 
     out = [Setup("qwen3-8b", "qwen3-8b", "forced", 4, policies, ks_forced, ss,
                  context=context)]
-    if tokenizer_dir:
-        from specsim.engine.prompts import DEFAULT_SET, Tokenizer, default_specs, prompt_tokens
-        tok = Tokenizer(tokenizer_dir)
-        specs = [spec for spec in default_specs("extended")
-                 if spec.id in (prompt_ids or {p[0] for p in DEFAULT_SET})]
-        if not specs:
-            raise SpecsimError("none of the built-in prompts is in the trace")
-        ids = [prompt_tokens(spec, tok, 7000) for spec in specs]
+    if prompts_file:
+        from specsim.engine.prompts import DEFAULT_SET
+        from specsim.engine.record import read_prompt_ids
+        found, named = repo_file(prompts_file)
+        wanted = prompt_ids or {p[0] for p in DEFAULT_SET}
+        names = [n for n in read_prompt_ids(found)[0] if n in wanted]
+        if not names:
+            raise SpecsimError(f"none of the prompts of {prompts_file} is in the trace")
         n = max(requests_free or batch_free, batch_free)
-        prompts = (ids * (n // len(ids) + 1))[:n]
-        names = [specs[i % len(specs)].id for i in range(n)]
         out.append(Setup("smollm2", "smollm2-135m", "free", batch_free, policies, ks_free, ss,
-                         prompts=prompts, prompt_ids=names, weights=weights))
+                         prompt_ids=[names[i % len(names)] for i in range(n)], weights=weights,
+                         prompts_file=named, prompts_sha256=_sha(found)))
     return out
 
 
@@ -104,15 +104,18 @@ def validate_cmd(ctx, gpu, plan_path, out, repeats, setups, policies):
                    "window spans whole answers; equal to it, one static batch.")
 @click.option("--weights", default="/root/smollm2", show_default=True,
               help="Where the SmolLM2 safetensors will be on the GPU machine.")
+@click.option("--prompts", "prompts_file", default="traces/smollm2-prompt-ids-extended.json",
+              show_default=True, type=click.Path(dir_okay=False),
+              help="Prompt-id file of the free-running setup (the trace's prompts: the plan "
+                   "names it and its sha256; the GPU run reads the token ids from it).")
 @click.option("--no-free", is_flag=True, help="Only the forced-acceptance setup.")
 @click.option("--out", default=DEFAULT_PLAN, show_default=True, type=click.Path(dir_okay=False))
 @click.option("--force", is_flag=True,
               help="Replace an existing plan file (a plan is the record of what was predicted "
                    "before its runs: by default it is never overwritten).")
 def plan_cmd(trace_path, hardware, policies, k_forced, k_free, ss, context, batch_free,
-             requests_free, weights, no_free, out, force):
-    """Predict every configuration before the GPU runs it (needs the fetched SmolLM2 for its
-    tokenizer unless --no-free)."""
+             requests_free, weights, prompts_file, no_free, out, force):
+    """Predict every configuration before the GPU runs it."""
     import os
 
     from specsim.cli.main import DEFAULT_TRACE
@@ -122,16 +125,9 @@ def plan_cmd(trace_path, hardware, policies, k_forced, k_free, ss, context, batc
             f"have been measured against it; write the new one with --out FILE, or pass "
             f"--force to replace it")
     from specsim.validate import build_plan, write_json
-    tokenizer_dir = None
-    if not no_free:
-        from specsim.engine.fetch import model_dir, verify
-        folder = model_dir("smollm2")
-        if not verify(folder):
-            raise SpecsimError("the free-running setup needs SmolLM2's tokenizer: run "
-                               "`specsim models fetch smollm2` (or pass --no-free)")
-        tokenizer_dir = str(folder)
     from specsim.traces.importers import load_trace
-    trace_path = trace_path or str(DEFAULT_TRACE)
+    from specsim.validate import repo_file
+    trace_path, trace_named = repo_file(trace_path or str(DEFAULT_TRACE))
     names = [p.strip() for p in policies.split(",") if p.strip()]
     # the free run decodes the prompts the trace recorded (for the grid's groups), so that
     # the acceptance it is predicted from is that of its own workload
@@ -139,9 +135,10 @@ def plan_cmd(trace_path, hardware, policies, k_forced, k_free, ss, context, batc
     recorded = {r.prompt_id for (p, s), g in groups.items() if p in names and s in _floats(ss)
                 for r in g.requests if r.prompt_id}
     setups = default_setups(names, _ints(k_forced), _ints(k_free), _floats(ss), batch_free,
-                            context, weights, tokenizer_dir, requests_free,
+                            context, weights, None if no_free else prompts_file, requests_free,
                             recorded or None)
     plan = build_plan(setups, trace_path, hardware)
+    plan["trace"] = trace_named          # relative to the repository when inside it
     write_json(out, plan)
     n = sum(len(s["configs"]) for s in plan["setups"])
     click.echo(f"wrote {out}: {n} configurations in {len(plan['setups'])} setups")

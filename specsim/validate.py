@@ -34,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -67,6 +68,53 @@ class Setup:
     #: free: the trace's prompt id of each request (the simulator replays that prompt's record)
     prompt_ids: list[str] = field(default_factory=list)
     weights: str = "random"          # free: a model folder (safetensors) on the GPU machine
+    #: free: instead of ``prompts`` in the plan, the prompt-id file they come from (``specsim
+    #: trace --export-prompts``; ``prompt_ids`` name each request's) and its sha256: the plan
+    #: stays small (the token ids made a plan 5 MB) and names the file its trace was recorded on
+    prompts_file: str | None = None
+    prompts_sha256: str | None = None
+
+    def __post_init__(self):
+        if self.prompts_file and not self.prompts:
+            self.prompts = prompts_from_file(self.prompts_file, self.prompts_sha256,
+                                             self.prompt_ids)
+
+    def to_json(self) -> dict:
+        """The plan's record of the setup: token ids left in ``prompts_file`` when it names
+        them."""
+        out = dataclasses.asdict(self)
+        if self.prompts_file:
+            out["prompts"] = []
+        return out
+
+
+def repo_file(path: str) -> tuple[str, str]:
+    """(where ``path`` is: as given, else under the repository; how a plan names it: relative
+    to the repository when inside it, so the GPU machine's copy of the tree finds it)."""
+    from specsim.specs import REPO_ROOT
+
+    found = path if os.path.exists(path) else str(REPO_ROOT / path)
+    if not os.path.exists(found):
+        raise SpecsimError(f"{path} not found (here or under {REPO_ROOT})")
+    rel = os.path.relpath(os.path.abspath(found), REPO_ROOT)
+    return found, found if rel.startswith("..") else rel
+
+
+def prompts_from_file(path: str, sha256: str | None, names: list[str]) -> list[list[int]]:
+    """Token ids of the prompts ``names`` (repeats allowed) in a prompt-id file (``repo_file``);
+    refused when the file is not the one the plan was made with."""
+    from specsim.engine.record import read_prompt_ids
+
+    found, _ = repo_file(path)
+    if sha256 and _sha(found) != sha256:
+        raise SpecsimError(f"{path} changed since the plan was made (sha256 {_sha(found)}, "
+                           f"the plan has {sha256})")
+    ids, tokens, _ = read_prompt_ids(found)
+    by_id = dict(zip(ids, tokens))
+    missing = sorted(set(names) - set(by_id))
+    if missing:
+        raise SpecsimError(f"{path} has no prompt {', '.join(missing[:3])}")
+    return [by_id[n] for n in names]
 
 
 def _sha(path: str) -> str:
@@ -158,7 +206,7 @@ def build_plan(setups: list[Setup], trace_path: str, hardware: str = "h200",
     for setup in setups:
         spec = load_model(setup.model)
         costs, note = make_cost_model(spec, hw, 1, "auto")
-        entry = {"setup": dataclasses.asdict(setup), "costs": note,
+        entry = {"setup": setup.to_json(), "costs": note,
                  "calibration": getattr(getattr(costs, "calibration", None), "path", None),
                  "configs": []}
         if setup.mode == "forced":

@@ -253,31 +253,52 @@ def test_steady_state_uses_every_answers_tokens_per_iteration():
     assert item["acceptance"]["replay"]["worst"] == pytest.approx(abs(2.0 / 3.0 - 1))
 
 
-def test_free_setup_decodes_the_prompts_the_trace_recorded(monkeypatch):
-    """The free-running setup cycles only the built-in prompts whose acceptance the trace
-    holds (its predictions come from those records), over as many requests as asked."""
-    import specsim.engine.prompts as P
+def _prompt_file(path, names):
+    from specsim.engine.record import write_prompt_ids
+    write_prompt_ids(str(path), names, [[len(n)] * 3 + [i] for i, n in enumerate(names)], "test")
+    return str(path)
+
+
+def test_free_setup_decodes_the_prompts_the_trace_recorded(tmp_path):
+    """The free-running setup cycles only the prompt-id file's prompts whose acceptance the
+    trace holds (its predictions come from those records), over as many requests as asked; the
+    plan names the file and its sha256 instead of copying the token ids, and a setup read
+    back from the plan has the same tokens (an old plan's own token ids still work)."""
+    import json
+
     from specsim.cli.validate_cmd import default_setups
 
-    monkeypatch.setattr(P, "Tokenizer", lambda folder: None)
-    monkeypatch.setattr(P, "prompt_tokens", lambda spec, tok, n: [len(spec.id)] * 3)
-    specs = P.default_specs()
-    keep = {specs[1].id, specs[3].id}
-    setups = default_setups(["vegas"], [2], [2], [0.1], 4, 1024, "/w", "tok", 10, keep)
+    names = ["p0", "p1", "p10", "p100", "p1000"]
+    path = _prompt_file(tmp_path / "ids.json", names)
+    keep = {"p1", "p100"}
+    setups = default_setups(["vegas"], [2], [2], [0.1], 4, 1024, "/w", path, 10, keep)
     free = setups[1]
     assert free.batch == 4 and len(free.prompts) == 10
-    assert {p[0] for p in free.prompts} == {len(i) for i in keep}
-    assert len(free.prompt_ids) == 10 and set(free.prompt_ids) == keep
-    assert all(p[0] == len(i) for p, i in zip(free.prompts, free.prompt_ids))
-    with pytest.raises(SpecsimError, match="none of the built-in prompts"):
-        default_setups(["vegas"], [2], [2], [0.1], 4, 1024, "/w", "tok", 10, {"nope"})
+    assert free.prompt_ids == ["p1", "p100"] * 5                 # file order, cycled
+    assert all(p == [len(i)] * 3 + [names.index(i)] for p, i in zip(free.prompts, free.prompt_ids))
+    record = json.loads(json.dumps(free.to_json()))
+    assert record["prompts"] == [] and record["prompts_file"] == path
+    assert V.Setup(**record).prompts == free.prompts
+    assert V.Setup(**dict(record, prompts_file=None, prompts=free.prompts)).prompts == \
+        free.prompts                                              # plans before session 8
+    with pytest.raises(SpecsimError, match="none of the prompts"):
+        default_setups(["vegas"], [2], [2], [0.1], 4, 1024, "/w", path, 10, {"nope"})
+    _prompt_file(tmp_path / "ids.json", names[::-1])              # the file changed since
+    with pytest.raises(SpecsimError, match="changed since the plan"):
+        V.Setup(**record)
+    with pytest.raises(SpecsimError, match="no prompt p7"):
+        V.Setup(**dict(record, prompt_ids=["p7"], prompts_sha256=None))
+    with pytest.raises(SpecsimError, match="not found"):
+        V.Setup(**dict(record, prompts_file=str(tmp_path / "gone.json")))
 
 
-def test_prompt_sets_and_a_trace_of_the_extended_set(monkeypatch):
-    """The extended set is the default 12 followed by 36 more, all distinct; a trace that
-    recorded extended prompts gets them in the free setup; no trace ids: the default 12."""
+def test_prompt_sets_and_a_trace_of_the_extended_set(tmp_path):
+    """The extended set is the default 12 followed by 36 more, all distinct, and the shipped
+    prompt-id file holds them in that order; a trace that recorded extended prompts gets them
+    in the free setup; no trace ids: the default 12."""
     import specsim.engine.prompts as P
     from specsim.cli.validate_cmd import default_setups
+    from specsim.engine.record import read_prompt_ids
 
     default, extended = P.default_specs(), P.default_specs("extended")
     assert [s.id for s in extended[:12]] == [s.id for s in default] and len(default) == 12
@@ -285,13 +306,17 @@ def test_prompt_sets_and_a_trace_of_the_extended_set(monkeypatch):
     assert all(s.end > s.start for s in extended)
     with pytest.raises(SpecsimError, match="unknown prompt set"):
         P.default_specs("nope")
-    monkeypatch.setattr(P, "Tokenizer", lambda folder: None)
-    monkeypatch.setattr(P, "prompt_tokens", lambda spec, tok, n: [len(spec.id)] * 3)
+    shipped = "traces/smollm2-prompt-ids-extended.json"
+    assert read_prompt_ids(V.repo_file(shipped)[0])[0] == [s.id for s in extended]
+    path = _prompt_file(tmp_path / "ids.json", [s.id for s in extended])
     keep = {extended[0].id, extended[20].id, extended[47].id}
-    free = default_setups(["vegas"], [2], [2], [0.1], 4, 1024, "/w", "tok", 6, keep)[1]
+    free = default_setups(["vegas"], [2], [2], [0.1], 4, 1024, "/w", path, 6, keep)[1]
     assert set(free.prompt_ids) == keep
-    free = default_setups(["vegas"], [2], [2], [0.1], 4, 1024, "/w", "tok", 24, None)[1]
+    free = default_setups(["vegas"], [2], [2], [0.1], 4, 1024, "/w", path, 24, None)[1]
     assert set(free.prompt_ids) == {s.id for s in default}
+    # the shipped file is named relative to the repository, wherever the plan is made from
+    free = default_setups(["vegas"], [2], [2], [0.1], 4, 1024, "/w", shipped, 4, None)[1]
+    assert free.prompts_file == shipped and len(free.prompts[0]) > 1000
 
 
 def test_cost_side_by_phase_in_the_report():
@@ -419,3 +444,28 @@ def test_smollm2_table_script_builds_its_setups_and_speedups():
     text = T.markdown(rows)
     assert "| 2 | 1.50× (2.50) |" in text and "best: k = 2, s = 0.05: 1.50× (whole run 1.25×)" \
         in text
+
+
+def test_plan_command_names_the_shipped_prompts_and_trace(tmp_path, monkeypatch):
+    """`specsim validate plan` needs no tokenizer now: the free setup reads the shipped
+    prompt-id file, and the plan names it and the trace relative to the repository (as the
+    GPU machine's copy of the tree has them), from any working directory."""
+    import json
+
+    from click.testing import CliRunner
+
+    from specsim.cli.main import cli
+
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "plan.json"
+    result = CliRunner().invoke(cli, ["validate", "plan", "--policies", "vegas", "--s", "0.05",
+                                      "--k-free", "2", "--k-forced", "2", "--requests-free",
+                                      "32", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    plan = json.loads(out.read_text())
+    assert plan["trace"] == "traces/smollm2-135m-greedy-bf16-h200-continuous.jsonl"
+    free = plan["setups"][1]["setup"]
+    assert free["prompts_file"] == "traces/smollm2-prompt-ids-extended.json"
+    assert free["prompts"] == [] and len(free["prompt_ids"]) == 32
+    assert out.stat().st_size < 100_000           # the token ids stay in the prompt-id file
+    assert V.Setup(**free).prompts[0][:1] and plan["setups"][1]["configs"][0]["predict"] > 0
