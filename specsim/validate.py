@@ -389,7 +389,11 @@ def measure(plan: dict, repeats: int = 2, progress: bool = True, device: str = "
                              "request_tokens_per_iteration": [
                                  float(np.mean(t.m + 1)) if t else None for t in by_request],
                              "split_s": gens[0].timing,
-                             "wall_s": gens[0].wall_seconds})
+                             "wall_s": gens[0].wall_seconds,
+                             # where a run's odd wall time went (rounds 5-6: the first
+                             # configuration of a process spent 0.2-0.3 s outside every phase):
+                             # its three slowest iterations, (seconds, index, active slots)
+                             "slowest_iterations": slowest_steps(gens[0].steps)})
                 del engine
                 if device == "cuda":
                     torch.cuda.empty_cache()
@@ -398,6 +402,12 @@ def measure(plan: dict, repeats: int = 2, progress: bool = True, device: str = "
                               "configs": rows})
         del model
     return out
+
+
+def slowest_steps(steps: list[tuple[float, int, int]], n: int = 3) -> list[list]:
+    """The ``n`` longest iterations of a run as [seconds, index, active slots], longest first."""
+    order = sorted(range(len(steps)), key=lambda i: -steps[i][0])[:n]
+    return [[float(steps[i][0]), i, int(steps[i][1])] for i in order]
 
 
 # --------------------------------------------------------------------------------------------

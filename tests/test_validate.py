@@ -202,6 +202,11 @@ def test_free_setup_runs_its_prompts_as_a_continuous_batch(tmp_path):
     assert row["tokens_per_second"] > 0 and row["tokens_per_second_whole_run"] > 0
     assert 1.0 <= row["tokens_per_iteration"] <= 3.0
     assert row["emitted_per_iteration_whole_run"] <= row["tokens_per_iteration_whole_run"]
+    slow = row["slowest_iterations"]          # [seconds, index, active], longest first
+    assert len(slow) == 3 and slow[0][0] >= slow[1][0] >= slow[2][0] > 0
+    assert all(0 <= i < row["iterations"] and 1 <= a <= 2 for _, i, a in slow)
+    assert V.slowest_steps([(0.1, 2, 3), (0.5, 1, 1), (0.2, 2, 2)], 2) == [[0.5, 1, 1],
+                                                                          [0.2, 2, 2]]
     with torch.inference_mode():
         rep = V.report(plan, got)
     assert rep["setups"][0]["setup"]["requests"] == 5
