@@ -17,6 +17,13 @@ DEFAULT_TRACE = "traces/smollm2-135m-greedy-bf16-h200-continuous.jsonl"
 DEFAULT_MODEL = "qwen3-8b"
 DEFAULT_HARDWARE = "h200"
 DEFAULT_OUT = "specsim-dashboard.html"
+#: Shown in the measured-vs-predicted figure when no --calibration is given: the latest
+#: validation run of the model on the hardware shown first (`specsim validate report --json`
+#: of plans made before their runs; VALIDATION.md).
+SHIPPED_VALIDATION = {
+    ("smollm2-135m", "h200"): "benchmarks/validation-report-h200-r6.json",
+    ("qwen3-8b", "h200"): "benchmarks/validation-report-h200-r5-qwen3-8b.json",
+}
 FORMATS = ("auto", "specsim", "vllm-metrics", "vllm-requests", "specbench")
 
 
@@ -83,7 +90,9 @@ def _hardware_set(default: str, choices: str) -> dict:
                                  "file from `specsim calibrate` (compared with the roofline "
                                  "model on --hardware), a `specsim validate report --json` "
                                  "output (GPU runs vs their pre-run predictions), or a JSON "
-                                 'list of {"label", "measured_ms", "predicted_ms"}.')
+                                 'list of {"label", "measured_ms", "predicted_ms"}. Default: '
+                                 "the shipped validation run of the model on the first "
+                                 "hardware, where there is one; 'none' for no such figure.")
 @click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True,
               help="Tensor-parallel GPUs.")
 @click.option("--k-max", type=click.IntRange(min=1), default=None,
@@ -112,8 +121,8 @@ def dashboard_cmd(trace_path, fmt, model, hardware, compare_hardware, batch, bat
     It shows the speedup heatmap over (k, s) with k*, s* and Vegas' 3-step path; speedup vs
     k per policy with confidence bands and the efficiency-inversion point; the iteration
     time split; acceptance per draft position and by context length; a batch × context
-    regime map with the memory/compute-bound boundary; and, with --calibration, measured
-    vs predicted times. Controls switch hardware, batch, context and policy: every
+    regime map with the memory/compute-bound boundary; and measured vs predicted times (the
+    shipped validation run of the model, or --calibration). Controls switch hardware, batch, context and policy: every
     combination is predicted in advance, so the page needs no server.
     """
     from specsim.dashboards import DashboardOptions, Validation, build_dashboard
@@ -129,7 +138,12 @@ def dashboard_cmd(trace_path, fmt, model, hardware, compare_hardware, batch, bat
     if policy is not None:
         get_policy(policy)
     validation = None
-    if calibration_path:
+    if calibration_path is None:
+        from specsim.specs import REPO_ROOT
+        shipped = SHIPPED_VALIDATION.get((spec.name, next(iter(hw))))
+        if shipped and (REPO_ROOT / shipped).exists():
+            calibration_path = str(REPO_ROOT / shipped)
+    if calibration_path and calibration_path.lower() != "none":
         what, points = load_validation(calibration_path,
                                        ReadContext(spec, next(iter(hw.values()))))
         validation = Validation(points, f"{os.path.basename(calibration_path)}: {what}")

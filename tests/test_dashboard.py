@@ -474,6 +474,31 @@ def test_dashboard_command(tmp_path):
     assert set(data["slots"][0]["variants"]) >= {"h200|8|16384|vegas", "h200|32|trace|quest"}
 
 
+def test_dashboard_shows_the_shipped_validation_by_default(tmp_path):
+    """Without --calibration the measured-vs-predicted figures show the shipped validation run
+    of the trace's model on the first hardware (SmolLM2 on the H200: round 6, 50
+    configurations); --calibration none leaves them out; a model with no shipped run has none."""
+    from specsim.cli.dashboard_cmd import SHIPPED_VALIDATION
+    from specsim.specs import REPO_ROOT
+
+    for path in SHIPPED_VALIDATION.values():
+        assert (REPO_ROOT / path).exists(), path
+    fast = ["--compare-hardware", "h200", "--batches", "8", "--contexts", "16384",
+            "--bootstrap", "50"]
+    pages = {}
+    for name, extra in (("default", []), ("none", ["--calibration", "none"]),
+                        ("l40s", ["--hardware", "l40s"])):
+        out = tmp_path / f"{name}.html"
+        result = CliRunner().invoke(dashboard_cmd, fast + extra + ["--out", str(out)])
+        assert result.exit_code == 0, (result.output, result.exception)
+        pages[name] = unpack_page_data(out.read_text())
+    ids = {name: [s["id"] for s in page["slots"]] for name, page in pages.items()}
+    assert ids["default"][-2:] == ["fig-validation", "fig-validation-errors"]
+    assert "fig-validation" not in ids["none"] and "fig-validation" not in ids["l40s"]
+    assert "Source: validation-report-h200-r6.json" in (tmp_path / "default.html").read_text()
+    assert "smollm2 vegas s=0.05 k=2" in json.dumps(pages["default"]["figures"])
+
+
 @pytest.mark.parametrize("args,message", [
     (["--batches", "8,x"], "comma-separated integers"),
     (["--hardware", "nope"], "unknown hardware"),
