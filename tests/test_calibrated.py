@@ -596,8 +596,6 @@ def test_policy_measurement_on_the_cpu_engine(monkeypatch):
     """The GPU harness's per-policy block, run eagerly on the CPU engine with a wall-clock
     timer in place of CUDA events: every op it records, drafts timed as a chain per step, the
     cache and the selection lists left as they were after every timed call."""
-    import time
-
     import torch
 
     import specsim.calibrate as C
