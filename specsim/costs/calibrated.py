@@ -604,7 +604,7 @@ class CalibratedCostModel:
         (held-out 6.1% on Qwen3-8B, 3.5% on the grid; the H200 runs at batch 4, 32K: 15.2 ms
         per step, fit 16.1, grid 15.4). The other drafts' fit is exact at the calibration's
         uniform shapes (0.6–1.3% held-out) but not in ragged runs (``_equivalent_context``)."""
-        return op.split(":", 1)[0] in ("plain", "verify", "selection", "draft")
+        return op.split(":", 1)[0] in STEP_KINDS
 
     def _on_grid(self, op: str, q: int, s: float | None, contexts: np.ndarray
                  ) -> tuple[float, str] | None:
