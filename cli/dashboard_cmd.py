@@ -122,8 +122,9 @@ def dashboard_cmd(trace_path, fmt, model, hardware, compare_hardware, batch, bat
     k per policy with confidence bands and the efficiency-inversion point; the iteration
     time split; acceptance per draft position and by context length; a batch × context
     regime map with the memory/compute-bound boundary; and measured vs predicted times (the
-    shipped validation run of the model, or --calibration). Controls switch hardware, batch, context and policy: every
-    combination is predicted in advance, so the page needs no server.
+    shipped validation run of the model, or --calibration). Controls switch hardware, batch,
+    context and policy: every combination is predicted in advance, so the page needs no
+    server.
     """
     from specsim.dashboards import DashboardOptions, Validation, build_dashboard
     from specsim.dashboards.validation import ReadContext, load_validation

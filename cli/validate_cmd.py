@@ -32,13 +32,16 @@ def default_setups(policies, ks_forced, ks_free, ss, batch_free, context, weight
         from specsim.engine.record import read_prompt_ids
         found, named = repo_file(prompts_file)
         wanted = prompt_ids or {p[0] for p in DEFAULT_SET}
-        names = [n for n in read_prompt_ids(found)[0] if n in wanted]
-        if not names:
+        ids, tokens, _ = read_prompt_ids(found)
+        chosen = [(n, t) for n, t in zip(ids, tokens) if n in wanted]
+        if not chosen:
             raise SpecsimError(f"none of the prompts of {prompts_file} is in the trace")
         n = max(requests_free or batch_free, batch_free)
+        cycled = [chosen[i % len(chosen)] for i in range(n)]
+        # the tokens as read here (the plan records only the file and its sha256)
         out.append(Setup("smollm2", "smollm2-135m", "free", batch_free, policies, ks_free, ss,
-                         prompt_ids=[names[i % len(names)] for i in range(n)], weights=weights,
-                         prompts_file=named, prompts_sha256=_sha(found)))
+                         prompts=[t for _, t in cycled], prompt_ids=[n for n, _ in cycled],
+                         weights=weights, prompts_file=named, prompts_sha256=_sha(found)))
     return out
 
 
