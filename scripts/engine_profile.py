@@ -22,13 +22,23 @@ def main():
     parser.add_argument("--context", type=int, default=32768)
     parser.add_argument("--graphs", type=int, default=1)
     parser.add_argument("--out", default="engine-profile.txt")
+    parser.add_argument("--fuse", action="store_true",
+                        help="fuse the q|k|v and gate|up projections (as real runs do)")
+    parser.add_argument("--compile", action="store_true",
+                        help="torch.compile the element-wise work (as real runs do)")
+    parser.add_argument("--plain-only", action="store_true", help="skip the Vegas iteration")
     args = parser.parse_args()
     config = json.loads((catalog_dir() / args.model / "config.json").read_text())
     model = build_model(config, weights="random", dtype=torch.bfloat16, device="cuda")
+    if args.fuse:
+        model.fuse_projections()
+    if args.compile:
+        model.compile_layers()
     prompts = [[0] * args.context] * args.batch
     report = []
-    for label, kw in (("plain", dict(policy="full", k_max=1)),
-                      ("vegas s=0.05 k=4", dict(policy="vegas", s=0.05, k_max=4))):
+    runs = [("plain", dict(policy="full", k_max=1)),
+            ("vegas s=0.05 k=4", dict(policy="vegas", s=0.05, k_max=4))]
+    for label, kw in runs[:1] if args.plain_only else runs:
         engine = Engine(model, batch=args.batch, max_len=args.context + 200,
                         cuda_graphs=bool(args.graphs), beyond_max_position=True, **kw)
         speculative = label != "plain"
@@ -38,7 +48,13 @@ def main():
             gen = engine.generate(prompts, 32, speculative=speculative, prefill="random")
             torch.cuda.synchronize()
         table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=30)
+        # busy GPU time per iteration against the wall time: a gap means launch/host time,
+        # none means the kernels themselves are what sits above the roofline floor
+        kernel_us = sum(e.time_range.elapsed_us() for e in prof.events()
+                        if e.device_type == torch.autograd.DeviceType.CUDA)
         head = (f"== {label}: {gen.iterations} iterations, {gen.tokens_per_second:.0f} tokens/s, "
+                f"{1e3 * gen.decode_seconds / gen.iterations:.3f} ms per iteration wall, "
+                f"kernels {kernel_us / 1e3 / gen.iterations:.3f} ms per iteration; "
                 f"timing {gen.timing}")
         print(head)
         print(table[:6000])
