@@ -81,8 +81,8 @@ SELECTION_POLICIES = ("vegas", "sparsespec", "streamingllm", "quest", "last-toke
 SPARSESPEC_WINDOW = 16
 
 
-#: ``SPECSIM_RANKING=best`` (``specsim.kernels.selection``), each policy's fastest ranking as
-#: measured on the H200 (BENCHMARKS.md): SparseSpec-L's per-KV-head lists by the radix kernel
+#: ``SPECSIM_RANKING=best`` (the engine's default, ``specsim.kernels.selection``): each
+#: policy's fastest ranking as measured on the H200 (BENCHMARKS.md): SparseSpec-L's per-KV-head lists by the radix kernel
 #: (295 vs 312 µs per layer at hd128, 32K, batch 4), Quest's fused page selection (its SmolLM2
 #: loop at batch 32, 4K, k = 4: 23.6 vs 37.9 ms per iteration); ``torch.topk`` for the rest
 #: (Vegas: 182 vs 207 µs).
@@ -90,8 +90,9 @@ BEST_RANKING = {"sparsespec": "radix", "quest": "radix"}
 
 
 def resolve_ranking(policy: str, ranking: str | None) -> str:
-    """The ranking ``policy``'s lists are built with under the setting ``ranking`` (None:
-    the default, topk; "best" resolved by ``BEST_RANKING``)."""
+    """The ranking ``policy``'s lists are built with under the setting ``ranking`` ("best"
+    resolved by ``BEST_RANKING``; None, as in calibrations measured before the setting was
+    recorded: topk, the only ranking then)."""
     ranking = ranking or "topk"
     return BEST_RANKING.get(policy, "topk") if ranking == "best" else ranking
 

@@ -2,6 +2,7 @@
 import dataclasses
 import json
 import math
+import os
 import time
 
 import numpy as np
@@ -11,7 +12,7 @@ from specsim.costs.calibrated import (Calibration, CalibratedCostModel, Measurem
                                       held_out_check, isotonic, merge_calibrations,
                                       read_calibration, replace_ops)
 from specsim.errors import SpecsimError
-from specsim.specs import load_hardware, load_model
+from specsim.specs import REPO_ROOT, load_hardware, load_model
 
 MODEL = load_model("llama-3.1-8b")
 HW = load_hardware("h200")
@@ -190,8 +191,9 @@ def test_calibration_from_another_model_is_flagged():
 
 def test_calibration_from_an_older_engine_is_flagged():
     """Files measured before session 6's engine (no padded caches in the provenance: the
-    shipped Llama-3.1-8B and Qwen3-4B) say their speculative costs are not the validated
-    ones, wherever they are used (predict's cost note carries it)."""
+    Llama-3.1-8B and Qwen3-4B files shipped until session 9) say their speculative costs are
+    not the validated ones, wherever they are used (predict's cost note carries it); the
+    files shipped now are all current."""
     from specsim.costs import make_cost_model
     from specsim.specs import load_model
 
@@ -199,10 +201,28 @@ def test_calibration_from_an_older_engine_is_flagged():
     del old.provenance["engine"]
     (warning,) = CalibratedCostModel(old, MODEL, HW).warnings
     assert "older engine" in warning and "overheads run high" in warning
-    for name, flagged in (("llama-3.1-8b", True), ("qwen3-4b", True), ("qwen3-8b", False),
-                          ("smollm2-135m", False)):
+    for name in SHIPPED:
         _, note = make_cost_model(load_model(name), HW, 1, "auto")
-        assert ("older engine" in note) == flagged, name
+        assert note.startswith("calibrated") and "older engine" not in note, name
+
+
+SHIPPED = ("llama-3.1-8b", "qwen3-4b", "qwen3-8b", "smollm2-135m")
+
+
+@pytest.mark.skipif(bool({"SPECSIM_FUSED_APPEND", "SPECSIM_RANKING"} & set(os.environ)),
+                    reason="engine settings overridden in the environment")
+def test_shipped_calibrations_time_the_engine_defaults():
+    """Every shipped H200 file was measured with the engine's default one-position append and
+    ranking: flipping a default without re-measuring them would price every prediction on a
+    path the engine no longer runs."""
+    from specsim.engine.decode import CACHE_ALIGN, FUSED_APPEND
+    from specsim.kernels.selection import RANKING
+    for name in SHIPPED:
+        cal = read_calibration(str(REPO_ROOT / "models" / "calibrations" / "h200"
+                                   / f"{name}.json"))
+        engine = cal.provenance["engine"]
+        assert (engine.get("fused_append", False), engine.get("ranking", "topk"),
+                engine.get("cache_align")) == (FUSED_APPEND, RANKING, CACHE_ALIGN), name
 
 
 def test_calibrate_check_command(tmp_path):
@@ -507,6 +527,38 @@ def test_replacing_the_loop_overheads_of_a_shipped_calibration(tmp_path):
     with pytest.raises(SpecsimError, match="different gpu"):
         replace_ops(full, Calibration(dict(only.provenance, gpu="NVIDIA H100"), only.ceilings,
                                       only.measurements), ["overhead"], "x")
+
+
+def test_replacing_every_family_an_engine_setting_touches_takes_the_setting():
+    """Round D: plain, draft, selection and overhead rows re-measured with the fused append
+    and the best ranking replace a file's own; its provenance then says the engine ran that
+    way (a later merge or resume reads it). Replacing only part of what a setting touches,
+    or keeping old rows at other shapes, would mix two engines in one file: refused."""
+    full = with_overheads(synthetic(noise=0.01, seed=3))
+    old_engine = {"cache_align": 128, "ranking": "topk"}
+    base = Calibration(dict(full.provenance, engine=old_engine), full.ceilings,
+                       full.measurements)
+    new_engine = dict(old_engine, ranking="best", fused_append=True)
+    again = synthetic(noise=0.01, seed=5)
+    new = Calibration(dict(again.provenance, engine=new_engine), again.ceilings,
+                      [m for m in again.measurements if not m.op.startswith("verify")])
+    families = sorted({m.op.split(":")[0] for m in new.measurements})
+    out = replace_ops(base, new, families, "round D")
+    assert out.provenance["engine"] == new_engine
+    assert base.provenance["engine"] == old_engine          # the input is left alone
+    assert [m for m in out.measurements if m.op.startswith("verify")] == \
+        [m for m in base.measurements if m.op.startswith("verify")]
+    with pytest.raises(SpecsimError, match="fused_append=True.*not replacing draft"):
+        replace_ops(base, new, ["plain"], "plain only")
+    with pytest.raises(SpecsimError, match="ranking='best'.*not replacing draft"):
+        replace_ops(base, Calibration(dict(new.provenance, engine=dict(old_engine,
+                                                                       ranking="best")),
+                                      new.ceilings, new.measurements), ["selection"], "x")
+    with pytest.raises(SpecsimError, match="keeping the old rows at other shapes"):
+        replace_ops(base, new, families, "x", keep_other_shapes=True)
+    # the same settings: nothing to carry over, the file's own provenance stays
+    same = Calibration(dict(new.provenance, engine=old_engine), new.ceilings, new.measurements)
+    assert replace_ops(base, same, ["plain"], "x").provenance["engine"] == old_engine
 
 
 def test_overheads_in_files_and_the_held_out_check(tmp_path):
@@ -931,7 +983,10 @@ def test_measure_end_to_end_on_the_cpu(tmp_path, monkeypatch):
     back = read_calibration(path)
     assert back.provenance["complete"] is True and len(back.measurements) == len(
         cal.measurements)
-    assert back.provenance["engine"]["ranking"] == "topk"
+    from specsim.engine.decode import FUSED_APPEND
+    from specsim.kernels.selection import RANKING
+    assert (back.provenance["engine"]["ranking"], back.provenance["engine"]["fused_append"]) \
+        == (RANKING, FUSED_APPEND)
     ops = {(m.op, m.q) for m in back.measurements}
     for policy in grid.policies:
         assert {(f"overhead:speculative:{policy}", 3), (f"overhead:speculative:{policy}", 6)} \

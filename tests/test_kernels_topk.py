@@ -2,6 +2,8 @@
 random scores every run, outputs poisoned first, ragged lengths (1, not a multiple of the
 block, the whole row), lists of one position and of the whole context, ties, negative scores
 and ±0, kept first/last positions. Runs in Triton's interpreter on the CPU (fp32/fp16 inputs)."""
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -223,14 +225,20 @@ def test_quest_selection_builds_no_tensor_from_host_data(ranking, monkeypatch):
 
 
 def test_best_ranking_picks_each_policys_measured_fastest(monkeypatch):
-    """SPECSIM_RANKING=best: SparseSpec-L's lists and Quest's pages by the radix kernel (the
-    fused page selection), Vegas' and last-token's by torch.topk; an explicit ranking wins."""
+    """SPECSIM_RANKING=best (the default): on CUDA SparseSpec-L's lists and Quest's pages by
+    the radix kernel (the fused page selection), Vegas' and last-token's by torch.topk; off
+    CUDA torch.topk for all (the kernel would run interpreted); an explicit ranking wins."""
     import specsim.kernels.selection as S
     import specsim.kernels.topk_select as T
+    assert S.RANKING == "best" or "SPECSIM_RANKING" in os.environ
     monkeypatch.setattr(S, "RANKING", "best")
-    assert [S.ranking_for(p) for p in ("vegas", "last-token", "sparsespec", "quest")] == \
+    policies = ("vegas", "last-token", "sparsespec", "quest")
+    assert [S.ranking_for(p) for p in policies] == ["topk", "topk", "radix", "radix"]
+    assert [S.ranking_for(p, device="cuda") for p in policies] == \
         ["topk", "topk", "radix", "radix"]
+    assert [S.ranking_for(p, device="cpu") for p in policies] == ["topk"] * 4
     assert S.ranking_for("sparsespec", "topk") == "topk"
+    assert S.ranking_for("sparsespec", "radix", device="cpu") == "radix"
     calls = []
     real = T.radix_top_positions
     monkeypatch.setattr(T, "radix_top_positions",
@@ -241,8 +249,10 @@ def test_best_ranking_picks_each_policys_measured_fastest(monkeypatch):
     S.vegas_select(logits, lengths, 0.1)
     assert calls == []                                      # Vegas: torch.topk
     picked = S.sparsespec_select(logits, lengths, 0.1, 2)
-    assert calls == ["radix"]
+    assert calls == (["radix"] if torch.device(DEVICE).type == "cuda" else [])
+    picked_radix = S.sparsespec_select(logits, lengths, 0.1, 2, ranking="radix")
+    assert calls[-1:] == ["radix"]
     monkeypatch.setattr(S, "RANKING", "topk")
     want = S.sparsespec_select(logits, lengths, 0.1, 2)
-    for got, ref in zip(picked, want):                      # the same lists either way
-        assert torch.equal(got, ref)
+    for got, got_radix, ref in zip(picked, picked_radix, want):   # the same lists either way
+        assert torch.equal(got, ref) and torch.equal(got_radix, ref)

@@ -280,7 +280,10 @@ def replace_ops(base: Calibration, new: Calibration, families: list[str], note: 
     families, rows, ``note``). ``keep_other_shapes``: keep ``base``'s rows of an op at the
     (batch, context) shapes ``new`` did not measure it at (a re-measurement a time budget cut
     short, of kernels that did not change: verify rows re-timed to add shapes) — not for ops
-    whose every row changed meaning (loop overheads after a host-code fix)."""
+    whose every row changed meaning (loop overheads after a host-code fix). Where ``new`` ran
+    with other engine settings (:data:`ENGINE_SETTING_FAMILIES`: the fused one-position
+    append, the ranking), the families those settings touch must all be replaced, and the
+    file's ``provenance.engine`` then takes ``new``'s settings."""
     _same_model_and_gpu(base, new)
     wanted = set(families)
 
@@ -295,6 +298,10 @@ def replace_ops(base: Calibration, new: Calibration, families: list[str], note: 
     kept = [m for m in base.measurements if family(m) not in wanted
             or (keep_other_shapes and (m.op, m.batch, m.context) not in measured)]
     prov = dict(base.provenance)
+    engine = _replaced_engine(base.provenance.get("engine", {}),
+                              new.provenance.get("engine", {}), wanted, keep_other_shapes)
+    if engine is not None:
+        prov["engine"] = engine
     prov["replaced"] = list(prov.get("replaced", [])) + [{
         "families": sorted(wanted), "rows": len(taken), "kept_other_shapes": keep_other_shapes,
         "replaced_rows": len(base.measurements) - len(kept),
@@ -303,6 +310,39 @@ def replace_ops(base: Calibration, new: Calibration, families: list[str], note: 
         "torch": new.provenance.get("torch"), "triton": new.provenance.get("triton"),
         "engine": new.provenance.get("engine"), "note": note}]
     return Calibration(prov, dict(base.ceilings), kept + taken)
+
+
+#: Engine settings (``provenance.engine``) that change how some step families run, and those
+#: families: a file may take another run's rows under other settings only when it takes every
+#: row of every family they touch, and then it takes the settings too.
+ENGINE_SETTING_FAMILIES = {
+    "fused_append": ("plain", "draft"),      # one-position writes of plain and draft steps
+    "ranking": ("selection", "draft"),       # each refresh; Quest's draft step ranks pages
+}
+_ENGINE_DEFAULTS = {"fused_append": False, "ranking": "topk"}   # absent in older files
+
+
+def _replaced_engine(old: dict, new: dict, wanted: set[str],
+                     keep_other_shapes: bool) -> dict | None:
+    """``old`` with the settings of :data:`ENGINE_SETTING_FAMILIES` that ``new`` ran
+    differently, when the replaced ``wanted`` families cover what they touch (else an error:
+    the file would mix timings of two engines and describe one of them); None if none
+    differ."""
+    changed = {key: new.get(key, default) for key, default in _ENGINE_DEFAULTS.items()
+               if new.get(key, default) != old.get(key, default)}
+    if not changed:
+        return None
+    for key, value in changed.items():
+        uncovered = [f for f in ENGINE_SETTING_FAMILIES[key] if f not in wanted]
+        if uncovered or keep_other_shapes:
+            why = (f"not replacing {', '.join(uncovered)}" if uncovered
+                   else "keeping the old rows at other shapes")
+            raise SpecsimError(
+                f"the new calibration ran with {key}={value!r}, the old one with "
+                f"{key}={old.get(key, _ENGINE_DEFAULTS[key])!r}; {why} would mix the two in "
+                f"one file: replace all of {', '.join(ENGINE_SETTING_FAMILIES[key])} "
+                f"without keeping other shapes")
+    return {**old, **changed}
 
 
 def _bad(path, message) -> SpecsimError:

@@ -39,19 +39,25 @@ from specsim.policies import Policy, get_policy, resolve_ranking
 
 #: How the top positions are found by default: "topk", "sort" (torch, then ordered by
 #: ``_finish``), "radix" (``topk_select.radix_top_positions``: one Triton kernel that selects
-#: and orders; Quest: its fused page selection) or "best" (each policy's fastest on the H200,
-#: ``specsim.policies.BEST_RANKING``); the same sets up to ties. See BENCHMARKS.md for which
-#: is faster where.
-RANKING = os.environ.get("SPECSIM_RANKING", "topk")
+#: and orders; Quest: its fused page selection) or "best" (the default: each policy's fastest
+#: on the H200, ``specsim.policies.BEST_RANKING`` — radix for SparseSpec-L and Quest, topk for
+#: the others — and topk off CUDA, where Triton only interprets); the same sets up to ties.
+#: See BENCHMARKS.md for which is faster where. ``SPECSIM_RANKING`` sets it.
+RANKING = os.environ.get("SPECSIM_RANKING", "best")
 if RANKING not in ("topk", "sort", "radix", "best"):
     raise ValueError(f"SPECSIM_RANKING={RANKING!r}: expected topk, sort, radix or best")
 
 
-def ranking_for(policy: str, ranking: str | None = None) -> str:
+def ranking_for(policy: str, ranking: str | None = None,
+                device: torch.device | str | None = None) -> str:
     """The ranking ``policy``'s lists are built with: ``ranking``, else the module's
     ``RANKING`` (read at each call); "best" resolved per policy (``BEST_RANKING`` in
-    ``specsim.policies``)."""
-    return resolve_ranking(policy, ranking or RANKING)
+    ``specsim.policies``) on a CUDA ``device`` (or none named), torch's topk elsewhere: the
+    radix kernel would run in Triton's interpreter there. A ranking named outright is kept."""
+    setting = ranking or RANKING
+    if setting == "best" and device is not None and torch.device(device).type != "cuda":
+        return "topk"
+    return resolve_ranking(policy, setting)
 
 
 def _ranked_lists(score, lengths, counts, capacity, keep_first, keep_last, ranking, span):
@@ -132,7 +138,7 @@ def vegas_select(logits: torch.Tensor, lengths: torch.Tensor, s: float, *,
     counts = selected_counts(policy, lengths, s)
     capacity = policy.selected(max_context, s)
     return _ranked_lists(score, lengths, counts, capacity, 0, policy.recent,
-                         ranking_for(policy.name, ranking), max_context)
+                         ranking_for(policy.name, ranking, score.device), max_context)
 
 
 @triton.jit
@@ -213,7 +219,7 @@ def sparsespec_select(logits: torch.Tensor, lengths: torch.Tensor, s: float, num
     counts = selected_counts(policy, lengths, s)[:, None].expand(-1, num_kv_heads)
     capacity = policy.selected(max_context, s)
     return _ranked_lists(mass, lengths, counts, capacity, policy.sink, policy.recent,
-                         ranking_for(policy.name, ranking), max_context)
+                         ranking_for(policy.name, ranking, mass.device), max_context)
 
 
 def streamingllm_select(lengths: torch.Tensor, s: float, *, max_context: int,
@@ -237,7 +243,7 @@ def quest_select(q: torch.Tensor, page_min: torch.Tensor, page_max: torch.Tensor
     bounds [batch, kv_heads, ≥ pages, head_dim] (``KVCache.pages``)."""
     policy = policy or get_policy("quest")
     size = policy.page_size
-    ranking = ranking_for(policy.name, ranking)
+    ranking = ranking_for(policy.name, ranking, q.device)
     if ranking == "radix":   # scores, ranking and positions in one kernel
         from specsim.kernels.topk_select import quest_select_fused
         return quest_select_fused(
