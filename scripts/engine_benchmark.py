@@ -22,6 +22,7 @@ import torch
 
 from specsim.engine import Engine, build_model
 from specsim.engine.decode import cache_positions, forced_prompts, truncate_trace
+from specsim.kernels import split_kv
 from specsim.specs import catalog_dir
 from specsim.traces.format import read_trace
 
@@ -57,6 +58,10 @@ def main(argv=None) -> None:
                         help="torch.compile the element-wise work around each layer's matmuls")
     parser.add_argument("--fuse", action="store_true",
                         help="fuse the q|k|v and gate|up projections into single matmuls")
+    parser.add_argument("--combine", default=None,
+                        help="plain decoding once per split-KV combine in this list, in this "
+                             "order (e.g. loop,block,loop,block: SPECSIM_COMBINE's values, "
+                             "alternated to see drift); default: the configured one")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     config = json.loads((catalog_dir() / args.model / "config.json").read_text())
@@ -68,25 +73,31 @@ def main(argv=None) -> None:
     bandwidth = copy_bandwidth(device, 4.0 if device.type == "cuda" else 0.25)
     print(f"{args.model}, random bf16 weights; copy bandwidth {bandwidth / 1e12:.2f} TB/s")
     rows = []
+    combine_default = split_kv.COMBINE
     ks = [int(k) for k in args.ks.split(",")]
     ss = [float(s) for s in args.ss.split(",")]
     trace = read_trace(args.trace) if args.trace else None
     for context in (int(c) for c in args.contexts.split(",")):
         prompts = [[0] * context] * args.batch
         max_len = context + args.new_tokens * (max(ks) + 1) + max(ks) + 2
-        engine = Engine(model, batch=args.batch, max_len=max_len, policy="full", k_max=1,
-                        beyond_max_position=True)
-        engine.generate(prompts, 4, speculative=False, prefill="random")  # warm-up, graphs
-        plain = engine.generate(prompts, args.new_tokens, speculative=False, prefill="random")
-        step = plain.decode_seconds / plain.iterations
-        floor = (engine.weight_bytes + args.batch * (context + args.new_tokens / 2)
-                 * engine.kv_bytes_per_token) / bandwidth
-        print(f"context {context}: plain {plain.tokens_per_second:.0f} tokens/s, "
-              f"{1e3 * step:.2f} ms/step, floor {1e3 * floor:.2f} ms ({floor / step:.0%})")
-        rows.append({"context": context, "mode": "plain", "tokens_per_second":
-                     plain.tokens_per_second, "step_seconds": step, "floor_seconds": floor,
-                     "timing": plain.timing})
-        del engine
+        for method in (args.combine.split(",") if args.combine else [split_kv.COMBINE]):
+            split_kv.COMBINE = method
+            engine = Engine(model, batch=args.batch, max_len=max_len, policy="full", k_max=1,
+                            beyond_max_position=True)
+            engine.generate(prompts, 4, speculative=False, prefill="random")  # warm-up, graphs
+            plain = engine.generate(prompts, args.new_tokens, speculative=False,
+                                    prefill="random")
+            step = plain.decode_seconds / plain.iterations
+            floor = (engine.weight_bytes + args.batch * (context + args.new_tokens / 2)
+                     * engine.kv_bytes_per_token) / bandwidth
+            print(f"context {context} (combine {method}): plain {plain.tokens_per_second:.0f} "
+                  f"tokens/s, {1e3 * step:.2f} ms/step, floor {1e3 * floor:.2f} ms "
+                  f"({floor / step:.0%})")
+            rows.append({"context": context, "mode": "plain", "combine": method,
+                         "tokens_per_second": plain.tokens_per_second, "step_seconds": step,
+                         "floor_seconds": floor, "timing": plain.timing})
+            del engine
+        split_kv.COMBINE = combine_default
         if trace is None:
             continue
         for s in ss:

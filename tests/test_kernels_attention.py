@@ -5,8 +5,10 @@ interpreter has no bf16 arithmetic and its cost grows with loop iterations); on 
 tests run in bf16 at realistic shapes. Outputs are poisoned with NaN before every run, so an
 element the kernel forgets to write fails the test.
 """
+import math
 import os
 
+import numpy as np
 import torch
 
 if not torch.cuda.is_available():  # before triton kernels are defined
@@ -17,6 +19,7 @@ import pytest  # noqa: E402
 from specsim.kernels import (plan_sparse, plan_verify, sparse_attention,  # noqa: E402
                              sparse_attention_reference, verify_attention,
                              verify_attention_reference)
+from specsim.kernels import split_kv  # noqa: E402
 from specsim.kernels.verify_attention import default_collect_rows  # noqa: E402
 
 GPU = torch.cuda.is_available()
@@ -167,9 +170,13 @@ SPARSE_CASES = SPARSE_CASES_GPU if GPU else SPARSE_CASES_CPU
 
 @pytest.mark.parametrize("case", SPARSE_CASES)
 def test_sparse_matches_reference(case):
+    _check_sparse(case, seed=5)
+
+
+def _check_sparse(case, seed):
     heads, kv_heads, head_dim, lengths, counts, per_kv_head, sort, num_splits, block_n = case
     batch, max_len = len(lengths), max(lengths)
-    generator = make_generator(5)
+    generator = make_generator(seed)
     k, v = random_cache(batch, kv_heads, max_len, head_dim, generator)
     q = torch.randn(batch, heads, head_dim, generator=generator, device=DEVICE).to(DTYPE)
     counts = torch.tensor(counts, dtype=torch.int32, device=DEVICE)
@@ -192,6 +199,70 @@ def test_sparse_matches_reference(case):
                                      torch.tensor(lengths, device=DEVICE))
     assert torch.isfinite(out).all()
     assert relative_error(out, ref) < TOLERANCE
+
+
+def fresh_seed() -> int:
+    return int(np.random.SeedSequence().entropy % 2**31)
+
+
+@pytest.mark.parametrize("case", VERIFY_CASES)
+def test_verify_with_the_block_combine(case, monkeypatch):
+    """SPECSIM_COMBINE=block: the verify kernel's chunks merged by the block combine."""
+    monkeypatch.setattr(split_kv, "COMBINE", "block")
+    seed = fresh_seed()
+    _check_verify(case, None, seed=seed)
+
+
+@pytest.mark.parametrize("case", SPARSE_CASES)
+def test_sparse_with_the_block_combine(case, monkeypatch):
+    monkeypatch.setattr(split_kv, "COMBINE", "block")
+    _check_sparse(case, seed=fresh_seed())
+
+
+@pytest.mark.parametrize("method", ["loop", "block"])
+@pytest.mark.parametrize("shape", [(3, 2, 4, 3, 64, 16, 5), (2, 1, 8, 2, 128, 16, 80),
+                                   (1, 2, 2, 1, 64, 4, 1)],
+                         ids=["ragged", "splits-past-one-block", "one-split"])
+def test_combine_merges_the_chunks_exactly(method, shape):
+    """Both combines against a float64 merge of random partial results: ragged key counts (0:
+    a zero output and -inf), chunks with empty rows (lse -inf), and NaN in every workspace
+    entry the merge must not read (padding rows, chunks past a sequence's count)."""
+    batch, kv_heads, group, q_len, head_dim, block_m, num_splits = shape
+    heads, rows = kv_heads * group, group * q_len
+    split = split_kv.SplitPlan(num_splits=num_splits, split_size=32, block_n=32)
+    g = torch.Generator().manual_seed(fresh_seed())
+    counts = torch.randint(1, num_splits * 32 + 1, (batch,), generator=g)
+    counts[-1] = num_splits * 32          # every chunk used
+    counts[0] = 0 if batch > 1 else counts[0]
+    part_out = torch.randn(batch * kv_heads, num_splits, block_m, head_dim, generator=g)
+    part_lse = 4 * torch.randn(batch * kv_heads, num_splits, block_m, generator=g)
+    part_lse[:, -1] += 8                   # the largest last: a later block rescales the first
+    part_lse[:, :, 0][torch.rand(part_lse[:, :, 0].shape, generator=g) < 0.3] = float("-inf")
+    part_out[..., rows:, :] = float("nan")
+    part_lse[..., rows:] = float("nan")
+    used = (counts + 31) // 32
+    for bh in range(batch * kv_heads):
+        part_out[bh, used[bh // kv_heads]:] = float("nan")
+        part_lse[bh, used[bh // kv_heads]:] = float("nan")
+    out = torch.full((batch, q_len, heads, head_dim), float("nan"))
+    lse = torch.full((batch, heads, q_len), float("nan"))
+    args = [t.to(DEVICE) for t in (part_out, part_lse, counts.int(), out, lse)]
+    split_kv.combine(args[0], args[1], args[2], False, args[3], args[4], split,
+                     num_kv_heads=kv_heads, q_len=q_len, group=group, method=method)
+    got_out, got_lse = args[3].cpu().double(), args[4].cpu().double()
+    for bh in range(batch * kv_heads):
+        b, kvh = divmod(bh, kv_heads)
+        for r in range(rows):
+            head, tok = kvh * group + r // q_len, r % q_len
+            lse_j = part_lse[bh, :used[b], r].double()
+            if used[b] == 0 or torch.isinf(lse_j).all():
+                want_out, want_lse = torch.zeros(head_dim, dtype=torch.float64), float("-inf")
+            else:
+                w = torch.softmax(lse_j * math.log(2), 0)
+                want_out = (w[:, None] * part_out[bh, :used[b], r].double()).sum(0)
+                want_lse = float(torch.logsumexp(lse_j * math.log(2), 0))
+            assert torch.allclose(got_out[b, tok, head], want_out, atol=1e-5), (bh, r)
+            assert got_lse[b, head, tok] == pytest.approx(want_lse, abs=1e-5), (bh, r)
 
 
 def test_sparse_over_whole_context_equals_decode():
