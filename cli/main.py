@@ -304,10 +304,10 @@ def _print_predict(r: dict) -> None:
     click.echo(_table(["policy", "k*", "s*", "speedup", "3-step result"], rows, "lrrrl"))
     if any(p["policy"] == "quest" for p in r["policies"]) and \
             r.get("cost_model") == "calibrated":
-        click.echo("(quest: measured on specsim's engine, which re-scores the pages with several "
-                   "torch operations per layer at every draft step — 2.5–4.7× a Vegas draft "
-                   "step on the H200; specsim's fused page selection and cache append, not "
-                   "yet calibrated, cut its SmolLM2 loop 2.6×. README, BENCHMARKS.md.)")
+        click.echo("(quest: measured on specsim's engine, whose fused page selection scores "
+                   "every page of the cache at every draft step — 1.4–1.7× a Vegas draft step "
+                   "on the H200 (Qwen3-8B batch 4 at 32K, SmolLM2 batch 32 at 4K). README, "
+                   "BENCHMARKS.md.)")
     click.echo("")
     d = best.get("distinguishable_from_runner_up")
     line = (f"Best: {best['policy']} at s = {_s(best['s'])}, k = {best['k']}: "

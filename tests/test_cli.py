@@ -141,7 +141,7 @@ def test_predict_default_trace_table():
     assert "SYNTHETIC" not in result.output
     assert "model     smollm2-135m" in result.output
     assert "k*" in result.output and "Best:" in result.output
-    # measured costs: Quest's are said to be those of specsim's unfused page selection
+    # measured costs: Quest's are said to be those of specsim's own page selection
     assert "calibrated cost model" in result.output and "(quest: measured on specsim's engine" \
         in result.output
     roofline = CliRunner().invoke(cli, ["predict", "--bootstrap", "50", "--costs", "roofline"])
