@@ -206,8 +206,12 @@ def build_plan(setups: list[Setup], trace_path: str, hardware: str = "h200",
     for setup in setups:
         spec = load_model(setup.model)
         costs, note = make_cost_model(spec, hw, 1, "auto")
+        calibration = getattr(getattr(costs, "calibration", None), "path", None)
         entry = {"setup": setup.to_json(), "costs": note,
-                 "calibration": getattr(getattr(costs, "calibration", None), "path", None),
+                 # relative to the repository and with its hash: the file the predictions
+                 # were made with can be checked against the commit's
+                 "calibration": repo_file(calibration)[1] if calibration else None,
+                 "calibration_sha256": _sha(calibration) if calibration else None,
                  "configs": []}
         if setup.mode == "forced":
             plain_tokens = setup.batch * setup.iterations * 4

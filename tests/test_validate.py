@@ -474,3 +474,6 @@ def test_plan_command_names_the_shipped_prompts_and_trace(tmp_path, monkeypatch)
     assert free["prompts"] == [] and len(free["prompt_ids"]) == 32
     assert out.stat().st_size < 100_000           # the token ids stay in the prompt-id file
     assert V.Setup(**free).prompts[0][:1] and plan["setups"][1]["configs"][0]["predict"] > 0
+    for entry, model in zip(plan["setups"], ("qwen3-8b", "smollm2-135m")):  # the costs' file
+        assert entry["calibration"] == f"models/calibrations/h200/{model}.json"
+        assert entry["calibration_sha256"] == V._sha(V.repo_file(entry["calibration"])[0])

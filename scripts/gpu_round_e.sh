@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Round E (session 10, 30 min of device time): validation round 7 — the engine's session-9
+# defaults (fused one-position append, each policy's fastest ranking) against the plan made
+# before the runs from the calibrations re-measured on them (benchmarks/validation-plan-h200-r7.json,
+# committed before any run; do not change the engine's defaults or kernels before these runs,
+# SPECSIM_COMBINE included). One machine of two H200s (kind nvidia-h200-x2), one setup per GPU:
+#
+#   1  (carry _big/gguf/smollm2.gguf.part-aa and .whl; ~350 s)   bash scripts/gpu_round_e.sh 1
+#      SmolLM2's first GGUF part goes up; GPU 1: Qwen3-8B's setup (forced acceptance, 40
+#      configurations) -> $OUT/measured-qwen3-8b.json; GPU 0: issue #4's Qwen3-8B Vegas table
+#      on the current engine (replaying the shipped trace, b4, 32K) -> $OUT/engine-vegas.json
+#   2-4 (carry part-ab, -ac, -ad in turn; at once)               bash scripts/gpu_smollm2_stage.sh put
+#   5  (carry part-ae; at once; ~450 s)                          bash scripts/gpu_round_e.sh 5
+#      the weights joined; GPU 0: SmolLM2's setup (free-running, 96 requests through 32 slots,
+#      50 configurations) -> $OUT/measured-smollm2.json; GPU 1: the same Vegas table at 128K
+#
+# Here, afterwards:
+#   python -m specsim.validate merge benchmarks/validation-measured-h200-r7.json \
+#       <measured-qwen3-8b.json> <measured-smollm2.json>   (or keep one file per setup)
+#   specsim validate report --plan benchmarks/validation-plan-h200-r7.json \
+#       --measured benchmarks/validation-measured-h200-r7.json --markdown benchmarks/validation-h200-r7.md
+set -u
+export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH}
+plan=benchmarks/validation-plan-h200-r7.json
+trace=traces/smollm2-135m-greedy-bf16-h200-continuous.jsonl
+table() {   # $1: GPU, $2: context
+    CUDA_VISIBLE_DEVICES=$1 timeout "${3:-300}" python3 scripts/engine_benchmark.py --compile \
+        --fuse --contexts "$2" --batch 4 --new-tokens 64 --trace "$trace" --policy vegas \
+        --ks 2,4,6,8,10,12 --ss 0.03,0.05,0.07,0.1 --out "$OUT/engine-vegas-$2.json" 2>&1 \
+        | grep -v "^\[" > "$OUT/engine-vegas-$2.log"
+}
+case "${1:-}" in
+1)
+    bash scripts/gpu_smollm2_stage.sh put
+    CUDA_VISIBLE_DEVICES=1 bash scripts/gpu_validate_call.sh "$plan" qwen3-8b \
+        "vegas,sparsespec,streamingllm,quest,last-token" 1 > "$OUT/qwen3-8b.log" 2>&1 &
+    table 0 32768 330
+    wait
+    tail -n 12 "$OUT/qwen3-8b.log" "$OUT/engine-vegas-32768.log"
+    ;;
+5)
+    bash scripts/gpu_smollm2_stage.sh join || exit 1
+    table 1 131072 420 &
+    CUDA_VISIBLE_DEVICES=0 PYTHONPATH=.:/tmp/site bash scripts/gpu_validate_call.sh "$plan" \
+        smollm2 "vegas,quest;sparsespec,streamingllm;last-token" 1
+    wait
+    tail -n 30 "$OUT/engine-vegas-131072.log"
+    ;;
+*)
+    echo "usage: bash scripts/gpu_round_e.sh 1|5 (see the header)"; exit 2
+    ;;
+esac
