@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# (Run in session 9, on two GPUs at once: BENCHMARKS.md, Calibration.)
 # Round D (session 9, 30 min of device time): re-calibrate both shipped models on the engine
 # paths that become the defaults — the fused one-position cache append
 # (SPECSIM_FUSED_APPEND=1: Qwen3-8B plain b4 32K 10.54 -> 9.92 ms, SmolLM2's Vegas loop

@@ -5,8 +5,11 @@
 # committed before any run; do not change the engine's defaults or kernels before these runs,
 # SPECSIM_COMBINE included). One machine of two H200s (kind nvidia-h200-x2), one setup per GPU:
 #
+#   (Done in session 9 with its last device minutes: Qwen3-8B's vegas, sparsespec,
+#   streamingllm and last-token -> benchmarks/validation-measured-h200-r7-qwen3-8b.json; call 1
+#   now measures its Quest alone and merges with that file.)
 #   1  (carry _big/gguf/smollm2.gguf.part-aa and .whl; ~350 s)   bash scripts/gpu_round_e.sh 1
-#      SmolLM2's first GGUF part goes up; GPU 1: Qwen3-8B's setup (forced acceptance, 40
+#      SmolLM2's first GGUF part goes up; GPU 1: Qwen3-8B's Quest (forced acceptance, 8
 #      configurations) -> $OUT/measured-qwen3-8b.json; GPU 0: issue #4's Qwen3-8B Vegas table
 #      on the current engine (replaying the shipped trace, b4, 32K) -> $OUT/engine-vegas.json
 #   2-4 (carry part-ab, -ac, -ad in turn; at once)               bash scripts/gpu_smollm2_stage.sh put
@@ -16,7 +19,8 @@
 #
 # Here, afterwards:
 #   python -m specsim.validate merge benchmarks/validation-measured-h200-r7.json \
-#       <measured-qwen3-8b.json> <measured-smollm2.json>   (or keep one file per setup)
+#       benchmarks/validation-measured-h200-r7-qwen3-8b.json <measured-qwen3-8b.json (Quest)> \
+#       <measured-smollm2.json>
 #   specsim validate report --plan benchmarks/validation-plan-h200-r7.json \
 #       --measured benchmarks/validation-measured-h200-r7.json --markdown benchmarks/validation-h200-r7.md
 set -u
@@ -32,8 +36,8 @@ table() {   # $1: GPU, $2: context
 case "${1:-}" in
 1)
     bash scripts/gpu_smollm2_stage.sh put
-    CUDA_VISIBLE_DEVICES=1 bash scripts/gpu_validate_call.sh "$plan" qwen3-8b \
-        "vegas,sparsespec,streamingllm,quest,last-token" 1 > "$OUT/qwen3-8b.log" 2>&1 &
+    CUDA_VISIBLE_DEVICES=1 bash scripts/gpu_validate_call.sh "$plan" qwen3-8b quest 1 \
+        > "$OUT/qwen3-8b.log" 2>&1 &
     table 0 32768 330
     wait
     tail -n 12 "$OUT/qwen3-8b.log" "$OUT/engine-vegas-32768.log"
