@@ -10,7 +10,8 @@
 #   now measures its Quest alone and merges with that file.)
 #   1  (carry _big/gguf/smollm2.gguf.part-aa and .whl; ~350 s)   bash scripts/gpu_round_e.sh 1
 #      SmolLM2's first GGUF part goes up; GPU 1: Qwen3-8B's Quest (forced acceptance, 8
-#      configurations) -> $OUT/measured-qwen3-8b.json; GPU 0: issue #4's Qwen3-8B Vegas table
+#      configurations) -> $OUT/measured-qwen3-8b.json, then issue #3's TMA-store trial (tests in
+#      bf16, bench_kernels at 128K and 32K) -> $OUT/kernels*; GPU 0: issue #4's Qwen3-8B Vegas table
 #      on the current engine (replaying the shipped trace, b4, 32K) -> $OUT/engine-vegas.json
 #   2-4 (carry part-ab, -ac, -ad in turn; at once)               bash scripts/gpu_smollm2_stage.sh put
 #   5  (carry part-ae; at once; ~450 s)                          bash scripts/gpu_round_e.sh 5
@@ -31,16 +32,24 @@ table() {   # $1: GPU, $2: context
     CUDA_VISIBLE_DEVICES=$1 timeout "${3:-300}" python3 scripts/engine_benchmark.py --compile \
         --fuse --contexts "$2" --batch 4 --new-tokens 64 --trace "$trace" --policy vegas \
         --ks 2,4,6,8,10,12 --ss 0.03,0.05,0.07,0.1 --out "$OUT/engine-vegas-$2.json" 2>&1 \
-        | grep -v "^\[" > "$OUT/engine-vegas-$2.log"
+        | grep -v "^\[" > "/tmp/engine-vegas-$2.log"
 }
 case "${1:-}" in
 1)
     bash scripts/gpu_smollm2_stage.sh put
-    CUDA_VISIBLE_DEVICES=1 bash scripts/gpu_validate_call.sh "$plan" qwen3-8b quest 1 \
-        > "$OUT/qwen3-8b.log" 2>&1 &
+    (CUDA_VISIBLE_DEVICES=1 bash scripts/gpu_validate_call.sh "$plan" qwen3-8b quest 1 \
+        > /tmp/qwen3-8b.log 2>&1
+     # issue #3: Collect-2-Query by TMA stores (SPECSIM_C2Q_STORE=tma) beside the direct
+     # store, in bf16 (the tests) and timed (bench_kernels' "+c2q tma" rows)
+     CUDA_VISIBLE_DEVICES=1 timeout 60 python3 -m pytest -q -p no:cacheprovider \
+        tests/test_kernels_attention.py -k "tma or collect" 2>&1 | tail -n 2 > /tmp/kernels.log
+     CUDA_VISIBLE_DEVICES=1 timeout 200 python3 benchmarks/bench_kernels.py --head-dims 128,64 \
+        --contexts 131072,32768 --q-lens 1,8,16 --no-check --budget-s 170 --out "$OUT/kernels" \
+        >> /tmp/kernels.log 2>&1) &
     table 0 32768 330
     wait
-    tail -n 12 "$OUT/qwen3-8b.log" "$OUT/engine-vegas-32768.log"
+    tail -n 12 /tmp/qwen3-8b.log /tmp/engine-vegas-32768.log; head -n 2 /tmp/kernels.log
+    grep -A32 "^case" /tmp/kernels.log
     ;;
 5)
     bash scripts/gpu_smollm2_stage.sh join || exit 1
@@ -48,7 +57,7 @@ case "${1:-}" in
     CUDA_VISIBLE_DEVICES=0 PYTHONPATH=.:/tmp/site bash scripts/gpu_validate_call.sh "$plan" \
         smollm2 "vegas,quest;sparsespec,streamingllm;last-token" 1
     wait
-    tail -n 30 "$OUT/engine-vegas-131072.log"
+    tail -n 30 /tmp/engine-vegas-131072.log
     ;;
 *)
     echo "usage: bash scripts/gpu_round_e.sh 1|5 (see the header)"; exit 2
