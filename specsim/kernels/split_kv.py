@@ -94,6 +94,24 @@ def store_partial(PartOut, PartLse, part, acc, m_i, l_i,
 
 
 @triton.jit
+def _store_merged(Out, Lse, b, kvh, rows, dims, acc, m, total,
+                  stride_ob, stride_ot, stride_oh, stride_lb, stride_lh, stride_lt,
+                  Q_LEN: tl.constexpr, GROUP: tl.constexpr, WRITE_LSE: tl.constexpr):
+    """Normalise the merged rows (tile row r = head ``kvh·GROUP + r // Q_LEN``, token
+    ``r % Q_LEN``) into ``Out`` and, with ``WRITE_LSE``, their natural log-sum-exp into ``Lse``;
+    padding rows are not written."""
+    out = acc / tl.where(total > 0.0, total, 1.0)[:, None]
+    head = kvh * GROUP + rows // Q_LEN
+    tok = rows % Q_LEN
+    row_ok = rows < GROUP * Q_LEN
+    tl.store(Out + b * stride_ob + tok[:, None] * stride_ot + head[:, None] * stride_oh
+             + dims[None, :], out.to(Out.dtype.element_ty), mask=row_ok[:, None])
+    if WRITE_LSE:
+        lse_nat = (m + tl.log2(tl.where(total > 0.0, total, 1.0))) / 1.4426950408889634
+        tl.store(Lse + b * stride_lb + head * stride_lh + tok * stride_lt, lse_nat, mask=row_ok)
+
+
+@triton.jit
 def _combine_kernel(PartOut, PartLse, Counts, Out, Lse,
                     stride_cb, stride_ch,
                     stride_ob, stride_ot, stride_oh,
@@ -124,15 +142,9 @@ def _combine_kernel(PartOut, PartLse, Counts, Out, Lse,
         total = total * alpha + w
         m = m_new
 
-    out = acc / tl.where(total > 0.0, total, 1.0)[:, None]
-    head = kvh * GROUP + rows // Q_LEN
-    tok = rows % Q_LEN
-    row_ok = rows < GROUP * Q_LEN
-    tl.store(Out + b * stride_ob + tok[:, None] * stride_ot + head[:, None] * stride_oh
-             + dims[None, :], out.to(Out.dtype.element_ty), mask=row_ok[:, None])
-    if WRITE_LSE:
-        lse_nat = (m + tl.log2(tl.where(total > 0.0, total, 1.0))) / 1.4426950408889634
-        tl.store(Lse + b * stride_lb + head * stride_lh + tok * stride_lt, lse_nat, mask=row_ok)
+    _store_merged(Out, Lse, b, kvh, rows, dims, acc, m, total,
+                  stride_ob, stride_ot, stride_oh, stride_lb, stride_lh, stride_lt,
+                  Q_LEN, GROUP, WRITE_LSE)
 
 
 @triton.jit
@@ -175,15 +187,9 @@ def _combine_block_kernel(PartOut, PartLse, Counts, Out, Lse,
         total = total * alpha + tl.sum(w, 0)
         m = m_new
 
-    out = acc / tl.where(total > 0.0, total, 1.0)[:, None]
-    head = kvh * GROUP + rows // Q_LEN
-    tok = rows % Q_LEN
-    row_ok = rows < GROUP * Q_LEN
-    tl.store(Out + b * stride_ob + tok[:, None] * stride_ot + head[:, None] * stride_oh
-             + dims[None, :], out.to(Out.dtype.element_ty), mask=row_ok[:, None])
-    if WRITE_LSE:
-        lse_nat = (m + tl.log2(tl.where(total > 0.0, total, 1.0))) / 1.4426950408889634
-        tl.store(Lse + b * stride_lb + head * stride_lh + tok * stride_lt, lse_nat, mask=row_ok)
+    _store_merged(Out, Lse, b, kvh, rows, dims, acc, m, total,
+                  stride_ob, stride_ot, stride_oh, stride_lb, stride_lh, stride_lt,
+                  Q_LEN, GROUP, WRITE_LSE)
 
 
 #: How the chunks are merged: "loop" (``_combine_kernel``: one program per (sequence, KV head)
