@@ -11,6 +11,7 @@ import os
 import click
 
 from specsim.errors import SpecsimError
+from specsim.specs import shipped_file
 
 # the same defaults as `specsim predict`
 DEFAULT_TRACE = "traces/smollm2-135m-greedy-bf16-h200-continuous.jsonl"
@@ -36,12 +37,6 @@ def _int_list(text: str, name: str) -> list[int]:
     if not values or any(v < 1 for v in values):
         raise click.BadParameter("give at least one value, each ≥ 1", param_hint=name)
     return values
-
-
-def _default_trace() -> str:
-    from specsim.specs import REPO_ROOT
-    path = REPO_ROOT / DEFAULT_TRACE
-    return str(path) if path.exists() else DEFAULT_TRACE
 
 
 def _hardware_set(default: str, choices: str) -> dict:
@@ -133,17 +128,16 @@ def dashboard_cmd(trace_path, fmt, model, hardware, compare_hardware, batch, bat
     from specsim.traces.importers import load_trace
 
     trace_label = trace_path or DEFAULT_TRACE
-    trace = load_trace(trace_path or _default_trace(), None if fmt == "auto" else fmt)
+    trace = load_trace(trace_path or shipped_file(DEFAULT_TRACE) or DEFAULT_TRACE,
+                       None if fmt == "auto" else fmt)
     spec = load_model(model_for_trace(model, trace.header, DEFAULT_MODEL))
     hw = _hardware_set(hardware, compare_hardware)
     if policy is not None:
         get_policy(policy)
     validation = None
     if calibration_path is None:
-        from specsim.specs import REPO_ROOT
         shipped = SHIPPED_VALIDATION.get((spec.name, next(iter(hw))))
-        if shipped and (REPO_ROOT / shipped).exists():
-            calibration_path = str(REPO_ROOT / shipped)
+        calibration_path = shipped_file(shipped) if shipped else None
     if calibration_path and calibration_path.lower() != "none":
         what, points = load_validation(calibration_path,
                                        ReadContext(spec, next(iter(hw.values()))))

@@ -204,9 +204,8 @@ def predict(trace_path, fmt, model, hardware, batch, context, tp, k_max, policy,
 
 
 def _default_trace() -> str:
-    from specsim.specs import REPO_ROOT
-    path = REPO_ROOT / DEFAULT_TRACE
-    return str(path) if path.exists() else DEFAULT_TRACE
+    from specsim.specs import shipped_file
+    return shipped_file(DEFAULT_TRACE) or DEFAULT_TRACE
 
 
 def _model_summary(spec) -> dict:

@@ -9,25 +9,20 @@ import sys
 import click
 
 from specsim.errors import SpecsimError
+from specsim.specs import shipped_file
 
 REAL_TRACE = "traces/smollm2-135m-greedy.jsonl"
 SYNTHETIC_TRACE = "traces/synthetic-sparse-selfspec.jsonl"
 SHIPPED_PROXY = "benchmarks/review-proxy-smollm2-135m.json"
 
 
-def _repo_path(relative: str) -> str | None:
-    from specsim.specs import REPO_ROOT
-    path = REPO_ROOT / relative
-    return str(path) if path.exists() else None
-
-
 def _default_trace() -> str:
-    return _repo_path(REAL_TRACE) or _repo_path(SYNTHETIC_TRACE) or SYNTHETIC_TRACE
+    return shipped_file(REAL_TRACE) or shipped_file(SYNTHETIC_TRACE) or SYNTHETIC_TRACE
 
 
 def _default_proxy(trace_model: str | None) -> str | None:
     """The shipped proxy-check file, when it was measured on the trace's model."""
-    path = _repo_path(SHIPPED_PROXY)
+    path = shipped_file(SHIPPED_PROXY)
     if path is None or trace_model is None:
         return None
     try:

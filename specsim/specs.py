@@ -18,6 +18,13 @@ from specsim.errors import SpecsimError, UnknownNameError
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
+def shipped_file(relative: str) -> str | None:
+    """The repository's file at ``relative`` (a shipped trace, report, ...), or None where
+    this install has no such file (e.g. a wheel without the data)."""
+    path = REPO_ROOT / relative
+    return str(path) if path.exists() else None
+
+
 def catalog_dir() -> Path:
     """Folder holding the shipped ``models/`` catalogue (override with SPECSIM_MODELS)."""
     env = os.environ.get("SPECSIM_MODELS")

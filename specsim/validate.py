@@ -91,10 +91,10 @@ class Setup:
 def repo_file(path: str) -> tuple[str, str]:
     """(where ``path`` is: as given, else under the repository; how a plan names it: relative
     to the repository when inside it, so the GPU machine's copy of the tree finds it)."""
-    from specsim.specs import REPO_ROOT
+    from specsim.specs import REPO_ROOT, shipped_file
 
-    found = path if os.path.exists(path) else str(REPO_ROOT / path)
-    if not os.path.exists(found):
+    found = path if os.path.exists(path) else shipped_file(path)
+    if found is None:
         raise SpecsimError(f"{path} not found (here or under {REPO_ROOT})")
     rel = os.path.relpath(os.path.abspath(found), REPO_ROOT)
     return found, found if rel.startswith("..") else rel

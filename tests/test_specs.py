@@ -1,6 +1,7 @@
 """Model specs read from config.json must reproduce the published model sizes; hardware specs
 and catalogue look-ups must behave."""
 import json
+from pathlib import Path
 
 import pytest
 
@@ -143,3 +144,11 @@ def test_model_for_trace_defaults_to_the_recorded_model():
     assert model_for_trace(None, {"model": "my-private-model"}) == "qwen3-8b"
     assert model_for_trace(None, {}) == "qwen3-8b"
     assert model_for_trace("llama-3.1-8b", {"model": "smollm2-135m"}) == "llama-3.1-8b"
+
+
+def test_shipped_file_finds_repository_files_from_anywhere(tmp_path, monkeypatch):
+    from specsim.specs import shipped_file
+    monkeypatch.chdir(tmp_path)
+    found = shipped_file("traces/README.md")
+    assert found is not None and found.endswith("traces/README.md") and Path(found).is_file()
+    assert shipped_file("traces/no-such-trace.jsonl") is None
