@@ -30,6 +30,7 @@ from specsim.kernels import (new_logits_buffer, plan_sparse, plan_verify, quest_
                              sparse_attention, sparse_attention_reference, sparsespec_select,
                              streamingllm_select, vegas_select, verify_attention,
                              verify_attention_reference)
+from specsim.kernels import split_kv
 
 HEADS = {128: (32, 8), 64: (64, 8)}       # head_dim -> (query heads, KV heads)
 ROTATE_BYTES = 1.5e9                      # rotate caches until this many bytes: >> L2 (60 MB)
@@ -173,18 +174,19 @@ def run_shape(args, head_dim, context, best, results, t0):
     # verify, our kernel
     verify_us = {}
     variants = (("", "off", ()), (" +c2q", "c2q-sep", None), (" +c2q main-tile", "c2q-main", None),
-                (" +c2q tma", "c2q-tma", None), (" +all", "all", "all"))
+                (" +c2q tma", "c2q-tma", None), (" +all", "all", "all"),
+                (" block-combine", "block", ()))
     verify_module = sys.modules["specsim.kernels.verify_attention"]
-    store_default = verify_module.C2Q_STORE
+    store_default, combine_default = verify_module.C2Q_STORE, split_kv.COMBINE
     for q_len in args.q_lens:
         for suffix, mode, collect in variants:
-            if suffix and q_len not in (8, 16):
+            if q_len not in ((1, 8) if mode == "block" else (8, 16) if suffix else (q_len,)):
                 continue
             name = f"verify q={q_len}{suffix}"
             try:
                 rows_collect = tuple(range(q_len)) if collect == "all" else collect
                 config = best_config(best, head_dim, q_len, group,
-                                     "c2q-sep" if mode == "c2q-tma" else mode)
+                                     {"c2q-tma": "c2q-sep", "block": "off"}.get(mode, mode))
                 plan = plan_verify(batch, heads, kv_heads, head_dim, q_len, context,
                                    collect_rows=rows_collect,
                                    collect_separate={"c2q-sep": True, "c2q-tma": True,
@@ -192,6 +194,8 @@ def run_shape(args, head_dim, context, best, results, t0):
                                    **config)
                 # the separate tile's logits by TMA stores (SPECSIM_C2Q_STORE=tma) or not
                 verify_module.C2Q_STORE = "tma" if mode == "c2q-tma" else store_default
+                # the split-KV chunks merged by the block combine (SPECSIM_COMBINE=block) or not
+                split_kv.COMBINE = "block" if mode == "block" else combine_default
                 q = torch.randn(batch, q_len, heads, head_dim, device=DEVICE, dtype=DTYPE)
                 out = torch.empty_like(q)
                 logits = new_logits_buffer(plan, context, device=DEVICE) \
@@ -214,7 +218,7 @@ def run_shape(args, head_dim, context, best, results, t0):
             record(name, us, method, extra=extra)
             verify_us[(q_len, suffix)] = us
             logits = None  # free before the next variant allocates its own
-    verify_module.C2Q_STORE = store_default
+    verify_module.C2Q_STORE, split_kv.COMBINE = store_default, combine_default
 
     # torch SDPA peers (uniform lengths: SDPA has no ragged batch)
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -293,7 +297,11 @@ def run_shape(args, head_dim, context, best, results, t0):
     splan = plan_sparse(batch, heads, kv_heads, head_dim, capacity, **sparse_config)
     for name, indices, counts in (("sparse s=.07 seq sorted", per_seq_sorted, counts_seq),
                                   ("sparse s=.07 seq unsorted", per_seq_unsorted, counts_seq),
-                                  ("sparse s=.07 kvhead sorted", per_head_sorted, counts_head)):
+                                  ("sparse s=.07 kvhead sorted", per_head_sorted, counts_head),
+                                  ("sparse s=.07 seq sorted block-combine", per_seq_sorted,
+                                   counts_seq)):
+        split_kv.COMBINE = "block" if name.endswith("block-combine") else combine_default
+
         def fn():
             k, v = rot.next()
             sparse_attention(q1, k, v, indices, counts, splan, out=out1)
@@ -306,6 +314,7 @@ def run_shape(args, head_dim, context, best, results, t0):
                extra={"config": {"block_n": splan.split.block_n, "num_splits":
                                  splan.split.num_splits, "num_warps": splan.num_warps,
                                  "num_stages": splan.num_stages}})
+    split_kv.COMBINE = combine_default
     gather_index = per_seq_sorted.long()[:, None, :, None].expand(-1, kv_heads, -1, head_dim)
     q1s = q1[:, :, None]
 
@@ -477,10 +486,12 @@ def summary(results, copy_tbps, head_dims, contexts):
     names = ["verify q=1", "verify q=2", "verify q=4", "verify q=8", "verify q=16",
              "verify q=8 +c2q", "verify q=8 +c2q main-tile", "verify q=8 +c2q tma",
              "verify q=8 +all", "verify q=16 +c2q", "verify q=16 +c2q main-tile",
-             "verify q=16 +c2q tma", "verify q=16 +all",
+             "verify q=16 +c2q tma", "verify q=16 +all", "verify q=1 block-combine",
+             "verify q=8 block-combine",
              "sdpa-cudnn q=1", "sdpa-flash q=1", "sdpa-cudnn q=8", "sdpa-flash q=8",
              "flex q=1", "flex q=8", "sparse s=.07 seq sorted", "sparse s=.07 seq unsorted",
-             "sparse s=.07 kvhead sorted", "gather+sdpa s=.07", "select vegas",
+             "sparse s=.07 kvhead sorted", "sparse s=.07 seq sorted block-combine",
+             "gather+sdpa s=.07", "select vegas",
              "select vegas (sort)", "select sparsespec", "select sparsespec (sort)",
              "select streamingllm", "select quest", "select quest (sort)"]
     tags = [shape_tag(d, c) for d in head_dims for c in contexts]

@@ -11,7 +11,8 @@
 #   1  (carry _big/gguf/smollm2.gguf.part-aa and .whl; ~350 s)   bash scripts/gpu_round_e.sh 1
 #      SmolLM2's first GGUF part goes up; GPU 1: Qwen3-8B's Quest (forced acceptance, 8
 #      configurations) -> $OUT/measured-qwen3-8b.json, then issue #3's TMA-store trial (tests in
-#      bf16, bench_kernels at 128K and 32K) -> $OUT/kernels*; GPU 0: issue #4's Qwen3-8B Vegas table
+#      bf16; bench_kernels at 128K, 32K, 8K, with the block combine beside) -> $OUT/kernels*;
+#      GPU 0: issue #4's Qwen3-8B Vegas table
 #      on the current engine (replaying the shipped trace, b4, 32K) -> $OUT/engine-vegas.json
 #   2-4 (carry part-ab, -ac, -ad in turn; at once)               bash scripts/gpu_smollm2_stage.sh put
 #   5  (carry part-ae; at once; ~450 s)                          bash scripts/gpu_round_e.sh 5
@@ -42,9 +43,9 @@ case "${1:-}" in
      # issue #3: Collect-2-Query by TMA stores (SPECSIM_C2Q_STORE=tma) beside the direct
      # store, in bf16 (the tests) and timed (bench_kernels' "+c2q tma" rows)
      CUDA_VISIBLE_DEVICES=1 timeout 60 python3 -m pytest -q -p no:cacheprovider \
-        tests/test_kernels_attention.py -k "tma or collect" 2>&1 | tail -n 2 > /tmp/kernels.log
-     CUDA_VISIBLE_DEVICES=1 timeout 200 python3 benchmarks/bench_kernels.py --head-dims 128,64 \
-        --contexts 131072,32768 --q-lens 1,8,16 --no-check --budget-s 170 --out "$OUT/kernels" \
+        tests/test_kernels_attention.py -k "tma or collect or combine" 2>&1 | tail -n 2 > /tmp/kernels.log
+     CUDA_VISIBLE_DEVICES=1 timeout 230 python3 benchmarks/bench_kernels.py --head-dims 128,64 \
+        --contexts 131072,32768,8192 --q-lens 1,8,16 --no-check --budget-s 190 --out "$OUT/kernels" \
         >> /tmp/kernels.log 2>&1) &
     table 0 32768 330
     wait
