@@ -214,7 +214,8 @@ SHIPPED = ("llama-3.1-8b", "qwen3-4b", "qwen3-8b", "smollm2-135m")
 def test_shipped_calibrations_time_the_engine_defaults():
     """Every shipped H200 file was measured with the engine's default one-position append and
     ranking: flipping a default without re-measuring them would price every prediction on a
-    path the engine no longer runs."""
+    path the engine no longer runs. Predict's cost note names the settings."""
+    from specsim.costs import engine_summary, make_cost_model
     from specsim.engine.decode import CACHE_ALIGN, FUSED_APPEND
     from specsim.kernels.selection import RANKING
     for name in SHIPPED:
@@ -223,6 +224,11 @@ def test_shipped_calibrations_time_the_engine_defaults():
         engine = cal.provenance["engine"]
         assert (engine.get("fused_append", False), engine.get("ranking", "topk"),
                 engine.get("cache_align")) == (FUSED_APPEND, RANKING, CACHE_ALIGN), name
+        _, note = make_cost_model(load_model(name), HW, 1, "auto")   # and predict says so
+        assert "fused cache append, best ranking" in note, note
+    old = synthetic()
+    del old.provenance["engine"]
+    assert engine_summary(old) == "torch cache writes, topk ranking"   # files before them
 
 
 def test_calibrate_check_command(tmp_path):
@@ -289,7 +295,7 @@ def test_shipped_calibration_is_used_by_default(tmp_path, monkeypatch):
     # the repository's own shipped files are named relative to it (reports get committed)
     monkeypatch.delenv("SPECSIM_MODELS")
     note = make_cost_model(load_model("qwen3-8b"), hw)[1]
-    assert "(models/calibrations/h200/qwen3-8b.json)" in note, note
+    assert "(models/calibrations/h200/qwen3-8b.json;" in note, note
 
 
 def with_overheads(cal, plain_us=lambda b: 40 + 2 * b, spec_us=lambda b: 90 + 5 * b, noise=0.0):

@@ -57,10 +57,18 @@ def make_cost_model(model, hardware, tp: int = 1, costs: str = "auto"):
         raise SpecsimError(f"--costs must be auto, roofline, calibrated or a calibration file; "
                            f"'{costs}' is none of these")
     cm = CalibratedCostModel(read_calibration(str(path)), model, hardware, tp)
-    note = f"calibrated cost model ({_shown(path)})"
+    note = f"calibrated cost model ({_shown(path)}; {engine_summary(cm.calibration)})"
     if cm.warnings:
         note += "; WARNING: " + "; ".join(cm.warnings)
     return cm, note
+
+
+def engine_summary(calibration) -> str:
+    """How the calibrated engine wrote its one new position and ranked its lists (its
+    ``provenance.engine``; files from before these settings: torch writes, topk)."""
+    engine = calibration.provenance.get("engine", {})
+    writes = "fused cache append" if engine.get("fused_append") else "torch cache writes"
+    return f"{writes}, {engine.get('ranking', 'topk')} ranking"
 
 
 def _shown(path) -> str:
