@@ -22,6 +22,7 @@ import torch
 
 from specsim.engine import Engine, build_model
 from specsim.engine.decode import cache_positions, forced_prompts, truncate_trace
+from specsim.engine import model as model_mod
 from specsim.kernels import split_kv
 from specsim.specs import catalog_dir
 from specsim.traces.format import read_trace
@@ -62,6 +63,9 @@ def main(argv=None) -> None:
                         help="plain decoding once per split-KV combine in this list, in this "
                              "order (e.g. loop,block,loop,block: SPECSIM_COMBINE's values, "
                              "alternated to see drift); default: the configured one")
+    parser.add_argument("--linear", default=None,
+                        help="and once per projection path in this list (torch,skinny: "
+                             "SPECSIM_LINEAR's values); default: the configured one")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     config = json.loads((catalog_dir() / args.model / "config.json").read_text())
@@ -73,15 +77,19 @@ def main(argv=None) -> None:
     bandwidth = copy_bandwidth(device, 4.0 if device.type == "cuda" else 0.25)
     print(f"{args.model}, random bf16 weights; copy bandwidth {bandwidth / 1e12:.2f} TB/s")
     rows = []
-    combine_default = split_kv.COMBINE
+    combine_default, linear_default = split_kv.COMBINE, model_mod.LINEAR
     ks = [int(k) for k in args.ks.split(",")]
     ss = [float(s) for s in args.ss.split(",")]
     trace = read_trace(args.trace) if args.trace else None
     for context in (int(c) for c in args.contexts.split(",")):
         prompts = [[0] * context] * args.batch
         max_len = context + args.new_tokens * (max(ks) + 1) + max(ks) + 2
-        for method in (args.combine.split(",") if args.combine else [split_kv.COMBINE]):
-            split_kv.COMBINE = method
+        variants = [(method, path)
+                    for method in (args.combine.split(",") if args.combine
+                                   else [split_kv.COMBINE])
+                    for path in (args.linear.split(",") if args.linear else [model_mod.LINEAR])]
+        for method, path in variants:
+            split_kv.COMBINE, model_mod.LINEAR = method, path
             engine = Engine(model, batch=args.batch, max_len=max_len, policy="full", k_max=1,
                             beyond_max_position=True)
             engine.generate(prompts, 4, speculative=False, prefill="random")  # warm-up, graphs
@@ -90,14 +98,15 @@ def main(argv=None) -> None:
             step = plain.decode_seconds / plain.iterations
             floor = (engine.weight_bytes + args.batch * (context + args.new_tokens / 2)
                      * engine.kv_bytes_per_token) / bandwidth
-            print(f"context {context} (combine {method}): plain {plain.tokens_per_second:.0f} "
+            print(f"context {context} (combine {method}, linear {path}): plain "
+                  f"{plain.tokens_per_second:.0f} "
                   f"tokens/s, {1e3 * step:.2f} ms/step, floor {1e3 * floor:.2f} ms "
                   f"({floor / step:.0%})")
-            rows.append({"context": context, "mode": "plain", "combine": method,
+            rows.append({"context": context, "mode": "plain", "combine": method, "linear": path,
                          "tokens_per_second": plain.tokens_per_second, "step_seconds": step,
                          "floor_seconds": floor, "timing": plain.timing})
             del engine
-        split_kv.COMBINE = combine_default
+        split_kv.COMBINE, model_mod.LINEAR = combine_default, linear_default
         if trace is None:
             continue
         for s in ss:

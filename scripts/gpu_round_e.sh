@@ -18,9 +18,10 @@
 #   5  (carry part-ae; at once; ~450 s)                          bash scripts/gpu_round_e.sh 5
 #      the weights joined; GPU 0: SmolLM2's setup (free-running, 96 requests through 32 slots,
 #      50 configurations) -> $OUT/measured-smollm2.json; GPU 1: the same Vegas table at 128K
-#   6  (if ≥ 300 s are left; ~150 s)                             bash scripts/gpu_round_e.sh 6
-#      issue #4: the skinny GEMM (specsim/kernels/skinny_gemm.py) against cuBLAS at the
-#      projections of Qwen3-8B (GPU 0) and SmolLM2 (GPU 1), tests in bf16 first -> $OUT/skinny*
+#   6  (if ≥ 300 s are left; ~220 s)                             bash scripts/gpu_round_e.sh 6
+#      issue #4: the skinny GEMM (specsim/kernels/skinny_gemm.py) against cuBLAS at Qwen3-8B's
+#      projections (GPU 0); its tests and the engine's plain step at batch 4, 32K with each
+#      combine and projection path, SPECSIM_COMBINE x SPECSIM_LINEAR (GPU 1) -> $OUT/*
 #
 # Here, afterwards:
 #   python -m specsim.validate merge benchmarks/validation-measured-h200-r7.json \
@@ -64,14 +65,15 @@ case "${1:-}" in
     tail -n 30 /tmp/engine-vegas-131072.log
     ;;
 6)
-    CUDA_VISIBLE_DEVICES=1 timeout 60 python3 -m pytest -q -p no:cacheprovider \
-        tests/test_kernels_gemm.py 2>&1 | tail -n 2
-    CUDA_VISIBLE_DEVICES=0 timeout 250 python3 benchmarks/bench_skinny_gemm.py --models qwen3-8b \
+    CUDA_VISIBLE_DEVICES=0 timeout 220 python3 benchmarks/bench_skinny_gemm.py --models qwen3-8b \
         --out "$OUT/skinny-qwen3-8b" > /tmp/skinny-0.log 2>&1 &
-    CUDA_VISIBLE_DEVICES=1 timeout 250 python3 benchmarks/bench_skinny_gemm.py \
-        --models smollm2-135m --out "$OUT/skinny-smollm2" > /tmp/skinny-1.log 2>&1
+    CUDA_VISIBLE_DEVICES=1 timeout 90 python3 -m pytest -q -p no:cacheprovider \
+        tests/test_kernels_gemm.py tests/test_engine_gpu.py -k "gemm or skinny" 2>&1 | tail -n 2
+    CUDA_VISIBLE_DEVICES=1 timeout 200 python3 scripts/engine_benchmark.py --compile --fuse \
+        --contexts 32768 --batch 4 --new-tokens 64 --combine loop,block --linear torch,skinny \
+        --out "$OUT/engine-plain-variants.json" 2>&1 | grep "^context"
     wait
-    grep -h "M=" /tmp/skinny-0.log /tmp/skinny-1.log | grep -v "    "
+    grep -h "M=" /tmp/skinny-0.log | grep -v "^    "
     ;;
 *)
     echo "usage: bash scripts/gpu_round_e.sh 1|5|6 (see the header)"; exit 2

@@ -184,3 +184,21 @@ def test_fused_append_graphs_and_matches_the_torch_writes(model, policy):
                    fused_append=fused).generate(batch, 48, k=6) for fused in (False, True)]
     assert runs[0].tokens == runs[1].tokens
     assert [t.m.tolist() for t in runs[0].traces] == [t.m.tolist() for t in runs[1].traces]
+
+
+def test_skinny_linear_compiles_graphs_and_decodes_as_torch(monkeypatch):
+    """SPECSIM_LINEAR=skinny in the engine as real runs use it (fused projections, compiled
+    layers, CUDA graphs): the skinny GEMM runs as an opaque operator inside the compiled
+    layers and the graphs, and greedy decoding (fp32, full-precision products) gives the
+    torch path's tokens."""
+    from specsim.engine import model as M
+    net = build_model(SMALL_QWEN3, seed=2, std=0.1, dtype=torch.float32, device="cuda")
+    net.fuse_projections()
+    net.compile_layers()
+    batch = prompts((900, 1300, 700, 1100))
+    runs = {}
+    for mode in ("torch", "skinny"):
+        monkeypatch.setattr(M, "LINEAR", mode)
+        engine = Engine(net, batch=4, max_len=1500, policy="vegas", s=0.1, k_max=4)
+        runs[mode] = engine.generate(batch, 24, k=4)
+    assert runs["skinny"].tokens == runs["torch"].tokens

@@ -7,7 +7,7 @@ batch 4 (H200, BENCHMARKS.md) spends per layer 11.1 µs in o_proj (33.5 MB: 3.0 
 in q|k|v (50 MB: 3.2 TB/s) and 28.0 + 1.8 µs in down_proj and its split-K reduction (100 MB:
 3.4 TB/s) under cuBLAS, where a weight stream at the measured 4.2 TB/s would take 8.0, 12.0 and
 24.0 µs. This kernel is on trial against cuBLAS (``benchmarks/bench_skinny_gemm.py``); the
-engine does not use it yet.
+engine uses it for its fused projections with ``SPECSIM_LINEAR=skinny`` (off by default).
 
 How. Program ``j`` owns output columns ``j·BLOCK_N ..`` (rows of ``W``, which is ``[N, K]``
 row-major as ``nn.Linear`` keeps it) and walks K in ``BLOCK_K`` steps: each step loads a
@@ -30,7 +30,7 @@ MAX_M = 64
 def _skinny_gemm_kernel(X, W, Y, M, N, K,
                         stride_xm, stride_wn, stride_ym,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                        EVEN_K: tl.constexpr):
+                        EVEN_K: tl.constexpr, IEEE: tl.constexpr):
     pid = tl.program_id(0)
     rows = tl.arange(0, BLOCK_M)
     cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -48,7 +48,10 @@ def _skinny_gemm_kernel(X, W, Y, M, N, K,
             k_ok = (k0 + ks) < K
             x = tl.load(x_ptr + k0, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
             w = tl.load(w_ptr + k0, mask=col_ok[:, None] & k_ok[None, :], other=0.0)
-        acc += tl.dot(x, tl.trans(w))
+        if IEEE:   # fp32 operands: full fp32 products, as torch's fp32 matmul (no TF32)
+            acc += tl.dot(x, tl.trans(w), input_precision="ieee")
+        else:
+            acc += tl.dot(x, tl.trans(w))
     tl.store(Y + rows[:, None] * stride_ym + cols[None, :], acc.to(Y.dtype.element_ty),
              mask=row_ok[:, None] & col_ok[None, :])
 
@@ -86,8 +89,20 @@ def skinny_gemm(x: torch.Tensor, weight: torch.Tensor, *, out: torch.Tensor | No
     _skinny_gemm_kernel[(triton.cdiv(n, block_n),)](
         x2, weight, out, m, n, k, x2.stride(0), weight.stride(0), out.stride(0),
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=k % block_k == 0,
-        num_warps=num_warps, num_stages=num_stages)
+        IEEE=x.dtype == torch.float32, num_warps=num_warps, num_stages=num_stages)
     return out.view(*lead, n)
+
+
+@torch.library.custom_op("specsim::skinny_gemm", mutates_args=())
+def skinny_gemm_op(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """:func:`skinny_gemm` of 2-D ``x`` as a torch operator, so that ``torch.compile``d code
+    (the engine's layers) calls it as one opaque op."""
+    return skinny_gemm(x, weight)
+
+
+@skinny_gemm_op.register_fake
+def _skinny_gemm_shape(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return x.new_empty(x.shape[0], weight.shape[0])
 
 
 def skinny_gemm_reference(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -95,4 +110,4 @@ def skinny_gemm_reference(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor
     return x.float() @ weight.float().t()
 
 
-__all__ = ["MAX_M", "default_block_n", "skinny_gemm", "skinny_gemm_reference"]
+__all__ = ["MAX_M", "default_block_n", "skinny_gemm", "skinny_gemm_op", "skinny_gemm_reference"]
