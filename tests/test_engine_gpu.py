@@ -192,6 +192,10 @@ def test_skinny_linear_compiles_graphs_and_decodes_as_torch(monkeypatch):
     layers and the graphs, and greedy decoding (fp32, full-precision products) gives the
     torch path's tokens."""
     from specsim.engine import model as M
+    from specsim.kernels import skinny_gemm as G
+    calls = []
+    real = G.skinny_gemm
+    monkeypatch.setattr(G, "skinny_gemm", lambda *a, **kw: calls.append(1) or real(*a, **kw))
     net = build_model(SMALL_QWEN3, seed=2, std=0.1, dtype=torch.float32, device="cuda")
     net.fuse_projections()
     net.compile_layers()
@@ -201,4 +205,5 @@ def test_skinny_linear_compiles_graphs_and_decodes_as_torch(monkeypatch):
         monkeypatch.setattr(M, "LINEAR", mode)
         engine = Engine(net, batch=4, max_len=1500, policy="vegas", s=0.1, k_max=4)
         runs[mode] = engine.generate(batch, 24, k=4)
+        assert bool(calls) == (mode == "skinny")   # run (while capturing) only when asked
     assert runs["skinny"].tokens == runs["torch"].tokens
