@@ -44,8 +44,8 @@ case "${1:-}" in
     bash scripts/gpu_smollm2_stage.sh put
     # the kernels changed after session 9's last GPU run (the combines' shared tail): check
     # them in bf16 before spending the call
-    timeout 120 python3 -m pytest -q -x -p no:cacheprovider tests/test_kernels_attention.py \
-        -k "matches_reference or combine" 2>&1 | tail -n 2 | tee /tmp/smoke.log
+    timeout 240 python3 -m pytest -q -x -p no:cacheprovider tests/test_kernels_attention.py \
+        -k "verify_matches_reference or combine" 2>&1 | tail -n 2 | tee /tmp/smoke.log
     grep -q " passed" /tmp/smoke.log && ! grep -q "failed" /tmp/smoke.log || exit 1
     (CUDA_VISIBLE_DEVICES=1 bash scripts/gpu_validate_call.sh "$plan" qwen3-8b quest 1 \
         > /tmp/qwen3-8b.log 2>&1
