@@ -127,9 +127,8 @@ def plan_cmd(trace_path, hardware, policies, k_forced, k_free, ss, context, batc
             f"{out} exists: a plan records what was predicted before its runs, and results may "
             f"have been measured against it; write the new one with --out FILE, or pass "
             f"--force to replace it")
-    from specsim.validate import build_plan, write_json
     from specsim.traces.importers import load_trace
-    from specsim.validate import repo_file
+    from specsim.validate import build_plan, repo_file, write_json
     trace_path, trace_named = repo_file(trace_path or str(DEFAULT_TRACE))
     names = [p.strip() for p in policies.split(",") if p.strip()]
     # the free run decodes the prompts the trace recorded (for the grid's groups), so that

@@ -65,10 +65,12 @@ def make_cost_model(model, hardware, tp: int = 1, costs: str = "auto"):
 
 def engine_summary(calibration) -> str:
     """How the calibrated engine wrote its one new position and ranked its lists (its
-    ``provenance.engine``; files from before these settings: torch writes, topk)."""
+    ``provenance.engine``, ``engine_setting``)."""
+    from specsim.costs.calibrated import engine_setting
     engine = calibration.provenance.get("engine", {})
-    writes = "fused cache append" if engine.get("fused_append") else "torch cache writes"
-    return f"{writes}, {engine.get('ranking', 'topk')} ranking"
+    writes = "fused cache append" if engine_setting(engine, "fused_append") \
+        else "torch cache writes"
+    return f"{writes}, {engine_setting(engine, 'ranking')} ranking"
 
 
 def _shown(path) -> str:

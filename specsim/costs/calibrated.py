@@ -206,9 +206,9 @@ def merge_calibrations(primary: Calibration, extra: Calibration, note: str,
     Quest's steps only when both runs padded their caches alike (``cache_align``; absent in
     runs before the padding: an odd number of Quest pages made its draft step 14% slower).
     Plain and draft steps only when both wrote their one new position alike
-    (``fused_append``: one Triton kernel, or the torch writes; absent = torch). A policy's
-    refresh (and Quest's draft step, which ranks pages) only when both ranked its lists alike
-    (``ranking``, ``SPECSIM_RANKING`` resolved per policy; absent = topk).
+    (``fused_append``: one Triton kernel, or the torch writes). A policy's refresh (and
+    Quest's draft step, which ranks pages) only when both ranked its lists alike (``ranking``,
+    ``SPECSIM_RANKING`` resolved per policy). Settings a file predates: ``ENGINE_DEFAULTS``.
 
     An op is not taken either when ``primary`` measured it at other q (its series mean
     something else there: SparseSpec-L's refresh once at q = 1, now by ranked rows at q = 3,
@@ -221,7 +221,7 @@ def merge_calibrations(primary: Calibration, extra: Calibration, note: str,
     chain = [e.get("draft_timed_as_chain_of") for e in engines]
     if chain[0] != chain[1]:
         kinds.discard("draft")
-    append = [bool(e.get("fused_append")) for e in engines]
+    append = [engine_setting(e, "fused_append") for e in engines]
     if append[0] != append[1]:   # one-position writes (plain and draft steps) timed otherwise
         kinds -= {"plain", "draft"}
     align = [e.get("cache_align") for e in engines]
@@ -234,7 +234,7 @@ def merge_calibrations(primary: Calibration, extra: Calibration, note: str,
     skipped = {op: "excluded" for op in exclude_ops if op in theirs}
     # a policy's lists ranked another way there (SPECSIM_RANKING): its refresh and, for Quest
     # (pages ranked at every draft step), its draft step are other timings
-    ranked = [e.get("ranking") for e in engines]
+    ranked = [engine_setting(e, "ranking") for e in engines]
     for op in theirs:
         family, _, policy = op.partition(":")
         if family in ("draft", "selection") and policy and op not in skipped and \
@@ -319,7 +319,14 @@ ENGINE_SETTING_FAMILIES = {
     "fused_append": ("plain", "draft"),      # one-position writes of plain and draft steps
     "ranking": ("selection", "draft"),       # each refresh; Quest's draft step ranks pages
 }
-_ENGINE_DEFAULTS = {"fused_append": False, "ranking": "topk"}   # absent in older files
+#: How files from before a setting was recorded ran (torch writes, topk ranking).
+ENGINE_DEFAULTS = {"fused_append": False, "ranking": "topk"}
+
+
+def engine_setting(engine: dict, key: str):
+    """A calibration's ``provenance.engine`` setting ``key`` (:data:`ENGINE_DEFAULTS` where the
+    file predates it)."""
+    return engine.get(key, ENGINE_DEFAULTS[key])
 
 
 def _replaced_engine(old: dict, new: dict, wanted: set[str],
@@ -328,8 +335,8 @@ def _replaced_engine(old: dict, new: dict, wanted: set[str],
     differently, when the replaced ``wanted`` families cover what they touch (else an error:
     the file would mix timings of two engines and describe one of them); None if none
     differ."""
-    changed = {key: new.get(key, default) for key, default in _ENGINE_DEFAULTS.items()
-               if new.get(key, default) != old.get(key, default)}
+    changed = {key: engine_setting(new, key) for key in ENGINE_DEFAULTS
+               if engine_setting(new, key) != engine_setting(old, key)}
     if not changed:
         return None
     for key, value in changed.items():
@@ -339,7 +346,7 @@ def _replaced_engine(old: dict, new: dict, wanted: set[str],
                    else "keeping the old rows at other shapes")
             raise SpecsimError(
                 f"the new calibration ran with {key}={value!r}, the old one with "
-                f"{key}={old.get(key, _ENGINE_DEFAULTS[key])!r}; {why} would mix the two in "
+                f"{key}={engine_setting(old, key)!r}; {why} would mix the two in "
                 f"one file: replace all of {', '.join(ENGINE_SETTING_FAMILIES[key])} "
                 f"without keeping other shapes")
     return {**old, **changed}
