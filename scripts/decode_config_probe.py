@@ -27,6 +27,7 @@ import torch  # noqa: E402
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks"))
 import bench_kernels as bk  # noqa: E402
 from specsim.kernels import split_kv  # noqa: E402
+from specsim.kernels.sparse_attention import plan_sparse, sparse_attention  # noqa: E402
 from specsim.kernels.verify_attention import (new_logits_buffer, plan_verify,  # noqa: E402
                                               verify_attention)
 
@@ -52,8 +53,13 @@ def main():
     parser.add_argument("--head-dims", default="128")
     parser.add_argument("--contexts", default="8192,32768,131072")
     parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--heads", default="", help="query,KV heads (default: bench_kernels' "
+                        "32,8 at hd128 and 64,8 at hd64), e.g. 9,3 for SmolLM2")
+    parser.add_argument("--sparse", type=float, default=0.0, help="also the sparse draft "
+                        "kernel at this fraction of the context (token-granular, sorted)")
     parser.add_argument("--budget-s", type=float, default=400.0)
     parser.add_argument("--out", default=os.environ.get("OUT", "benchmarks/out"))
+    parser.add_argument("--no-verify", action="store_true", help="only the sparse kernel")
     parser.add_argument("--dry-run", action="store_true")
     args = parser.parse_args()
     if DRY:
@@ -63,6 +69,8 @@ def main():
     rows, results = [], []
     for head_dim in map(int, args.head_dims.split(",")):
         heads, kv_heads = bk.HEADS[head_dim]
+        if args.heads:
+            heads, kv_heads = map(int, args.heads.split(","))
         if DRY:
             heads, kv_heads = 8, 2
         for context in map(int, args.contexts.split(",")):
@@ -71,7 +79,7 @@ def main():
             rot = bk.Rotation(batch, kv_heads, context, head_dim)
             lengths = torch.full((batch,), context, dtype=torch.int32, device=device)
             kv_bytes = 2 * batch * kv_heads * context * head_dim * 2
-            for q_len, mode in CASES[head_dim]:
+            for q_len, mode in [] if args.no_verify else CASES[head_dim]:
                 q = torch.randn(batch, q_len, heads, head_dim, device=device, dtype=dtype)
                 collect = () if mode == "off" else None
                 default = plan_verify(batch, heads, kv_heads, head_dim, q_len, context,
@@ -96,6 +104,9 @@ def main():
                     return us, error
 
                 base_us, _ = time_plan(default, "loop")
+                waves = plan_verify(batch, heads, kv_heads, head_dim, q_len, context,
+                                    device=device, collect_rows=collect, splits="waves")
+                waves_us, _ = time_plan(waves, "loop")
                 cases = grid(head_dim, context, batch * kv_heads, DRY)
                 for block_n, warps, stages, splits in cases:
                     if time.time() - t0 > args.budget_s:
@@ -154,11 +165,17 @@ def main():
                 rows.append((f"hd{head_dim} {context // 1024}K q{q_len} {mode}",
                              f"{tbps(base_us):.2f} ({d.split.block_n},{d.num_warps},"
                              f"{d.num_stages},{d.split.num_splits})",
+                             f"{tbps(waves_us):.2f} ({waves.split.block_n},{waves.num_warps},"
+                             f"{waves.num_stages},{waves.split.num_splits})",
                              f"{tbps(best[0]):.2f} {best[1]}",
                              f"{tbps(best_block[0]):.2f} {best_block[1]}",
                              f"{tbps(cudnn):.2f}", f"{worst_error:.1e}", len(timed)))
                 bk.log(" | ".join(map(str, rows[-1])))
-            del rot
+            if args.sparse:
+                rows.append(probe_sparse(args, rot, batch, heads, kv_heads, head_dim, context,
+                                         results, t0))
+                bk.log(" | ".join(map(str, rows[-1])))
+            rot = None   # free the caches before the next context
             if not DRY:
                 torch.cuda.empty_cache()
     os.makedirs(args.out, exist_ok=True)
@@ -166,10 +183,74 @@ def main():
         json.dump(results, handle, indent=1)
     print("\nTB/s on KV bytes; configs (block_n, warps, stages, splits); batch "
           f"{args.batch}; {time.time() - t0:.0f} s")
-    print(f"{'case':24} {'default':24} {'best (loop combine)':30} {'best (block combine)':30} "
-          f"{'cudnn':6} {'max err':8} n")
+    print(f"{'case':24} {'default (sm)':22} {'default (waves)':22} {'best (loop combine)':28} "
+          f"{'best (block combine)':28} {'cudnn':6} {'max err':8} n")
     for row in rows:
-        print(f"{row[0]:24} {row[1]:24} {row[2]:30} {row[3]:30} {row[4]:6} {row[5]:8} {row[6]}")
+        print(f"{row[0]:24} {row[1]:22} {row[2]:22} {row[3]:28} {row[4]:28} {row[5]:6} "
+              f"{row[6]:8} {row[7]}")
+
+
+def probe_sparse(args, rot, batch, heads, kv_heads, head_dim, context, results, t0):
+    """The sparse draft kernel over ``args.sparse · context`` sorted random positions per
+    sequence: its default plan, whole-wave chunks, and a grid (TB/s on the selected bytes)."""
+    device, dtype = bk.DEVICE, bk.DTYPE
+    count = max(1, math.ceil(args.sparse * context))
+    indices = torch.rand(batch, context, device=device).topk(count, -1).indices.int()
+    indices = indices.sort(-1).values
+    counts = torch.full((batch,), count, dtype=torch.int32, device=device)
+    q = torch.randn(batch, heads, head_dim, device=device, dtype=dtype)
+    nbytes = 2 * batch * kv_heads * count * head_dim * 2
+    k0, v0 = rot.caches[0]
+    default = plan_sparse(batch, heads, kv_heads, head_dim, count, device=device)
+    ref = sparse_attention(q, k0, v0, indices, counts, default).float()
+
+    def time_plan(plan):
+        out = torch.full_like(q, float("nan"))
+        sparse_attention(q, k0, v0, indices, counts, plan, out=out)
+        error = float((out.float() - ref).norm() / ref.norm())
+
+        def fn():
+            k, v = rot.next()
+            sparse_attention(q, k, v, indices, counts, plan, out=out)
+        return bk.time_us(fn, target_ms=8, replays=5)[0], error
+
+    def tbps(us):
+        return nbytes / (us * 1e-6) / 1e12
+    base_us, _ = time_plan(default)
+    longest = max(1, math.ceil(count / default.split.block_n) // 4)
+    n_waves = split_kv.wave_splits(batch * kv_heads, split_kv.multiprocessor_count(device),
+                                   longest)
+    waves = plan_sparse(batch, heads, kv_heads, head_dim, count, device=device,
+                        num_splits=n_waves)
+    waves_us, _ = time_plan(waves)
+    timed = []
+    configs = [(64, 4, 3, 1)] if DRY else [
+        (bn, w, st, n) for bn, w, st in itertools.product((64, 128), (4, 8), (2, 3, 4))
+        for n in (1, 2, 4, 8, 12, 16, 24, 32, 64) if n * 2 <= math.ceil(count / bn)]
+    for block_n, warps, stages, splits in configs:
+        if time.time() - t0 > args.budget_s:
+            break
+        try:
+            plan = plan_sparse(batch, heads, kv_heads, head_dim, count, device=device,
+                               block_n=block_n, num_warps=warps, num_stages=stages,
+                               num_splits=splits)
+            us, error = time_plan(plan)
+        except Exception as exc:
+            bk.log(f"  sparse {(block_n, warps, stages, splits)}: {type(exc).__name__}")
+            continue
+        timed.append((us, (block_n, warps, stages, splits), error))
+        results.append({"head_dim": head_dim, "context": context, "q": 1,
+                        "mode": f"sparse {args.sparse:g}", "block_n": block_n, "warps": warps,
+                        "stages": stages, "splits": splits,
+                        "splits_planned": plan.split.num_splits, "us": us, "error": error})
+    timed.sort()
+    best = timed[0] if timed else (math.nan, None, math.nan)
+    d = default
+    return (f"hd{head_dim} {context // 1024}K sparse {args.sparse:g}",
+            f"{tbps(base_us):.2f} ({d.split.block_n},{d.num_warps},{d.num_stages},"
+            f"{d.split.num_splits})",
+            f"{tbps(waves_us):.2f} (.., {n_waves})", f"{tbps(best[0]):.2f} {best[1]}", "-", "-",
+            f"{max([e for _, _, e in timed] or [math.nan]):.1e}", len(timed))
 
 
 if __name__ == "__main__":

@@ -209,7 +209,8 @@ def test_calibration_from_an_older_engine_is_flagged():
 SHIPPED = ("llama-3.1-8b", "qwen3-4b", "qwen3-8b", "smollm2-135m")
 
 
-@pytest.mark.skipif(bool({"SPECSIM_FUSED_APPEND", "SPECSIM_RANKING"} & set(os.environ)),
+@pytest.mark.skipif(bool({"SPECSIM_FUSED_APPEND", "SPECSIM_RANKING", "SPECSIM_VERIFY_SPLITS"}
+                         & set(os.environ)),
                     reason="engine settings overridden in the environment")
 def test_shipped_calibrations_time_the_engine_defaults():
     """Every shipped H200 file was measured with the engine's default one-position append and
@@ -218,17 +219,20 @@ def test_shipped_calibrations_time_the_engine_defaults():
     from specsim.costs import engine_summary, make_cost_model
     from specsim.engine.decode import CACHE_ALIGN, FUSED_APPEND
     from specsim.kernels.selection import RANKING
+    from specsim.kernels.verify_attention import VERIFY_SPLITS
     for name in SHIPPED:
         cal = read_calibration(str(REPO_ROOT / "models" / "calibrations" / "h200"
                                    / f"{name}.json"))
         engine = cal.provenance["engine"]
         assert (engine.get("fused_append", False), engine.get("ranking", "topk"),
-                engine.get("cache_align")) == (FUSED_APPEND, RANKING, CACHE_ALIGN), name
+                engine.get("cache_align"), engine.get("verify_splits", "sm")) == \
+            (FUSED_APPEND, RANKING, CACHE_ALIGN, VERIFY_SPLITS), name
         _, note = make_cost_model(load_model(name), HW, 1, "auto")   # and predict says so
-        assert "fused cache append, best ranking" in note, note
+        assert "fused cache append, best ranking, chunks per multiprocessor" in note, note
     old = synthetic()
     del old.provenance["engine"]
-    assert engine_summary(old) == "torch cache writes, topk ranking"   # files before them
+    assert engine_summary(old) == \
+        "torch cache writes, topk ranking, chunks per multiprocessor"   # files before them
 
 
 def test_calibrate_check_command(tmp_path):
@@ -565,6 +569,13 @@ def test_replacing_every_family_an_engine_setting_touches_takes_the_setting():
     # the same settings: nothing to carry over, the file's own provenance stays
     same = Calibration(dict(new.provenance, engine=old_engine), new.ceilings, new.measurements)
     assert replace_ops(base, same, ["plain"], "x").provenance["engine"] == old_engine
+    # whole-wave chunks change both full-attention families: plain and verify go together
+    waves = Calibration(dict(again.provenance, engine=dict(old_engine, verify_splits="waves")),
+                        again.ceilings, again.measurements)
+    with pytest.raises(SpecsimError, match="verify_splits='waves'.*not replacing plain"):
+        replace_ops(base, waves, ["verify"], "verify only")
+    assert replace_ops(base, waves, ["plain", "verify"], "x").provenance["engine"][
+        "verify_splits"] == "waves"
 
 
 def test_overheads_in_files_and_the_held_out_check(tmp_path):
@@ -991,8 +1002,10 @@ def test_measure_end_to_end_on_the_cpu(tmp_path, monkeypatch):
         cal.measurements)
     from specsim.engine.decode import FUSED_APPEND
     from specsim.kernels.selection import RANKING
-    assert (back.provenance["engine"]["ranking"], back.provenance["engine"]["fused_append"]) \
-        == (RANKING, FUSED_APPEND)
+    from specsim.kernels.verify_attention import VERIFY_SPLITS
+    engine = back.provenance["engine"]
+    assert (engine["ranking"], engine["fused_append"], engine["verify_splits"]) \
+        == (RANKING, FUSED_APPEND, VERIFY_SPLITS)
     ops = {(m.op, m.q) for m in back.measurements}
     for policy in grid.policies:
         assert {(f"overhead:speculative:{policy}", 3), (f"overhead:speculative:{policy}", 6)} \

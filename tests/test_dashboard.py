@@ -372,6 +372,19 @@ def test_validate_report_points(tmp_path):
     assert [(p.label, p.measured_ms, p.predicted_ms, p.group) for p in points] == [
         ("smollm2 vegas s=0.03 k=2", 8.03, 8.64, "smollm2 vegas"),
         ("smollm2 quest s=0.1 k=8", 75.5, 77.1, "smollm2 quest")]
+    # a report of two models: the dashboard's model sees only its own setup
+    other = {"name": "qwen3-8b", "setup": {"model": "qwen3-8b"}, "excluded": [], "rows": [
+        {"policy": "vegas", "s": 0.1, "k": 4, "iteration_ms_measured": 60.0,
+         "iteration_ms_predicted": 61.0}]}
+    doc["setups"][0]["setup"] = {"model": "smollm2-135m"}
+    path.write_text(json.dumps({"setups": doc["setups"] + [other]}))
+    for model, labels in (("smollm2-135m", ["smollm2 vegas s=0.03 k=2", "smollm2 quest s=0.1 k=8"]),
+                          ("qwen3-8b", ["qwen3-8b vegas s=0.1 k=4"]),
+                          ("llama-3.1-8b", ["smollm2 vegas s=0.03 k=2", "smollm2 quest s=0.1 k=8",
+                                            "qwen3-8b vegas s=0.1 k=4"])):
+        _, points = load_validation(path, ReadContext(model=load_model(model)))
+        assert [p.label for p in points] == labels, model
+    path.write_text(json.dumps(doc))
     del doc["setups"][0]["rows"][1]["iteration_ms_predicted"]
     path.write_text(json.dumps(doc))
     with pytest.raises(SpecsimError, match="validate report --json"):
@@ -495,8 +508,9 @@ def test_dashboard_shows_the_shipped_validation_by_default(tmp_path):
     ids = {name: [s["id"] for s in page["slots"]] for name, page in pages.items()}
     assert ids["default"][-2:] == ["fig-validation", "fig-validation-errors"]
     assert "fig-validation" not in ids["none"] and "fig-validation" not in ids["l40s"]
-    assert "Source: validation-report-h200-r6.json" in (tmp_path / "default.html").read_text()
-    assert "smollm2 vegas s=0.05 k=2" in json.dumps(pages["default"]["figures"])
+    assert "Source: validation-report-h200-r7.json" in (tmp_path / "default.html").read_text()
+    figures = json.dumps(pages["default"]["figures"])
+    assert "smollm2 vegas s=0.1 k=15" in figures and "qwen3-8b vegas" not in figures
 
 
 @pytest.mark.parametrize("args,message", [

@@ -5,6 +5,7 @@ interpreter has no bf16 arithmetic and its cost grows with loop iterations); on 
 tests run in bf16 at realistic shapes. Outputs are poisoned with NaN before every run, so an
 element the kernel forgets to write fails the test.
 """
+import importlib
 import math
 import os
 
@@ -64,7 +65,7 @@ VERIFY_CASES_GPU = [
 VERIFY_CASES = VERIFY_CASES_GPU if GPU else VERIFY_CASES_CPU
 
 
-def _check_verify(case, collect, seed, separate=None, align=1):
+def _check_verify(case, collect, seed, separate=None, align=1, splits=None):
     heads, kv_heads, head_dim, q_len, lengths, num_splits, block_n = case
     lengths = [max(q_len, n) for n in lengths]
     batch, max_len = len(lengths), -(-(max(lengths) + 3) // align) * align
@@ -74,7 +75,7 @@ def _check_verify(case, collect, seed, separate=None, align=1):
     length_tensor = torch.tensor(lengths, dtype=torch.int32, device=DEVICE)
     plan = plan_verify(batch, heads, kv_heads, head_dim, q_len, max(lengths), device=DEVICE,
                        collect_rows=collect, collect_separate=separate, block_n=block_n,
-                       num_splits=num_splits)
+                       num_splits=num_splits, splits=splits)
     out = torch.full_like(q, float("nan"))
     lse = torch.full((batch, heads, q_len), float("nan"), device=DEVICE)
     logits = None
@@ -139,6 +140,64 @@ def test_verify_is_causal_among_query_tokens():
     after = verify_attention(q, k, v, lengths, plan)
     assert torch.equal(before[:, :-1], after[:, :-1])
     assert not torch.equal(before[:, -1], after[:, -1])
+
+
+@pytest.mark.parametrize("collect", [(), None], ids=["plain", "collect-2-query"])
+@pytest.mark.parametrize("case", VERIFY_CASES[:3])
+def test_verify_with_whole_wave_chunks(case, collect):
+    """SPECSIM_VERIFY_SPLITS=waves: its chunk counts and key blocks (on the GPU, the 4 chunks
+    and 128-key blocks of batch 4 × 8 KV heads) give the reference's outputs."""
+    plan = _check_verify(case[:5] + (None, None), collect, seed=11, splits="waves")
+    assert plan.split.num_splits >= 1
+
+
+def test_wave_splits_fill_whole_waves():
+    """Chunks per (sequence, KV head) so that the programs fill the multiprocessors in whole
+    waves: 32 (sequence, KV head) pairs on 132 SMs take 4 chunks (128 programs, one wave),
+    not 5 (160 programs: a second wave 21% full)."""
+    W = split_kv.wave_splits
+    assert W(32, 132, 64) == 4
+    assert W(33, 132, 64) == 4          # 132 programs: exactly one wave
+    assert W(8, 132, 64) == 16          # batch 1 × 8 KV heads
+    assert W(8, 132, 3) == 3            # short context: capped by the blocks
+    assert W(132, 132, 64) == 1
+    assert W(96, 132, 8) == 4           # 384 programs in 3 waves (97% full), not 1 (73%)
+    assert W(1, 132, 64) >= 60          # one sequence, one KV head: about as many as allowed
+    for p in (5, 32, 50, 96, 200, 1000):
+        n = W(p, 132, 64)
+        waves = math.ceil(p * n / 132)
+        assert waves / n <= math.ceil(p / 132) + 1e-12, p     # never slower than one chunk
+        assert p * n / (waves * 132) >= 0.7, (p, n)           # the waves are mostly full
+
+
+def test_plan_verify_split_rules(monkeypatch):
+    """"sm" (the default) keeps DEFAULT_CONFIGS' programs per multiprocessor; "waves" cuts
+    whole waves with WAVE_CONFIGS' key blocks; a caller's programs_per_sm or num_splits wins."""
+    monkeypatch.setattr(split_kv, "multiprocessor_count", lambda device: 132)
+    V = importlib.import_module("specsim.kernels.verify_attention")   # not the function
+    monkeypatch.setattr(V, "VERIFY_SPLITS", "sm")
+    plan = plan_verify(4, 32, 8, 128, 1, 32768, device=DEVICE)
+    assert (plan.split.block_n, plan.split.num_splits) == (64, 17)
+    plan = plan_verify(4, 32, 8, 128, 1, 32768, device=DEVICE, splits="waves")
+    assert (plan.split.block_n, plan.num_warps, plan.num_stages, plan.split.num_splits) == \
+        (128, 4, 3, 4)
+    assert plan_verify(4, 32, 8, 128, 8, 32768, device=DEVICE).block_m == 64     # padded
+    plan = plan_verify(4, 32, 8, 128, 8, 32768, device=DEVICE, splits="waves")
+    assert (plan.block_m, plan.split.num_splits) == (32, 4)
+    # a shape without a WAVE_CONFIGS entry keeps its blocks and padding, cut in whole waves
+    sm = plan_verify(4, 32, 8, 128, 16, 32768, device=DEVICE, collect_rows=None)
+    waves = plan_verify(4, 32, 8, 128, 16, 32768, device=DEVICE, collect_rows=None,
+                        splits="waves")
+    assert (waves.split.block_n, waves.block_m) == (sm.split.block_n, sm.block_m)
+    assert waves.split.num_splits == 4
+    monkeypatch.setattr(V, "VERIFY_SPLITS", "waves")   # the environment's setting
+    assert plan_verify(4, 32, 8, 128, 1, 32768, device=DEVICE).split.num_splits == 4
+    assert plan_verify(4, 32, 8, 128, 1, 32768, device=DEVICE,   # 17 asked, 16 blocks each
+                       programs_per_sm=4).split.num_splits == 16
+    assert plan_verify(4, 32, 8, 128, 1, 32768, device=DEVICE,
+                       num_splits=7).split.num_splits == 7
+    with pytest.raises(ValueError, match="sm or waves"):
+        plan_verify(4, 32, 8, 128, 1, 32768, device=DEVICE, splits="many")
 
 
 def test_plan_rejects_bad_shapes():

@@ -64,13 +64,15 @@ def make_cost_model(model, hardware, tp: int = 1, costs: str = "auto"):
 
 
 def engine_summary(calibration) -> str:
-    """How the calibrated engine wrote its one new position and ranked its lists (its
-    ``provenance.engine``, ``engine_setting``)."""
+    """How the calibrated engine wrote its one new position, ranked its lists and cut keys
+    into chunks (its ``provenance.engine``, ``engine_setting``)."""
     from specsim.costs.calibrated import engine_setting
     engine = calibration.provenance.get("engine", {})
     writes = "fused cache append" if engine_setting(engine, "fused_append") \
         else "torch cache writes"
-    return f"{writes}, {engine_setting(engine, 'ranking')} ranking"
+    splits = {"sm": "chunks per multiprocessor", "waves": "whole-wave chunks"}.get(
+        engine_setting(engine, "verify_splits"), engine_setting(engine, "verify_splits"))
+    return f"{writes}, {engine_setting(engine, 'ranking')} ranking, {splits}"
 
 
 def _shown(path) -> str:

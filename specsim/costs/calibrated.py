@@ -318,9 +318,11 @@ def replace_ops(base: Calibration, new: Calibration, families: list[str], note: 
 ENGINE_SETTING_FAMILIES = {
     "fused_append": ("plain", "draft"),      # one-position writes of plain and draft steps
     "ranking": ("selection", "draft"),       # each refresh; Quest's draft step ranks pages
+    "verify_splits": ("plain", "verify"),    # how full-attention passes cut keys into chunks
 }
-#: How files from before a setting was recorded ran (torch writes, topk ranking).
-ENGINE_DEFAULTS = {"fused_append": False, "ranking": "topk"}
+#: How files from before a setting was recorded ran (torch writes, topk ranking, chunks by
+#: programs per multiprocessor).
+ENGINE_DEFAULTS = {"fused_append": False, "ranking": "topk", "verify_splits": "sm"}
 
 
 def engine_setting(engine: dict, key: str):

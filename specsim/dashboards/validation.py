@@ -196,9 +196,15 @@ def _accepts_validate_report(doc) -> bool:
 def _read_validate_report(doc, path: str, context: ReadContext) -> list[ValidationPoint]:
     """The seconds per iteration of every measured (policy, k, s) in each setup's steady
     window against what the plan predicted (``specsim validate report --json``), grouped by
-    setup and policy."""
+    setup and policy. A report of several models shows only the dashboard model's setups
+    (all of them when none is of that model)."""
     out = []
-    for n, st in enumerate(doc["setups"]):
+    setups = [st for st in doc["setups"] if isinstance(st, dict)]
+    if context.model is not None:
+        own = [st for st in setups
+               if (st.get("setup") or {}).get("model") == context.model.name]
+        setups = own or setups
+    for n, st in enumerate(setups):
         name = st.get("name", f"setup {n}")
         for row in st.get("rows", []) + st.get("excluded", []):
             try:

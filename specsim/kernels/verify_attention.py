@@ -238,6 +238,23 @@ DEFAULT_CONFIGS = {
 }
 FALLBACK_CONFIG = (64, 4, 3, 2, None)
 
+#: How ``plan_verify`` cuts each (sequence, KV head)'s keys into chunks by default:
+#: ``"sm"``, ``DEFAULT_CONFIGS``' programs per multiprocessor; ``"waves"``, the fewest whole
+#: waves of programs (``split_kv.wave_splits``) with the key blocks of ``WAVE_CONFIGS``, swept
+#: at 8K, 32K and 128K (``scripts/decode_config_probe.py``: batch 4 × 8 KV heads, q = 1 and
+#: 8, +7–60% over "sm" on an H200). ``SPECSIM_VERIFY_SPLITS`` sets it; ``plan_verify``'s
+#: ``splits`` argument overrides it.
+VERIFY_SPLITS = os.environ.get("SPECSIM_VERIFY_SPLITS", "sm")
+if VERIFY_SPLITS not in ("sm", "waves"):
+    raise ValueError(f"SPECSIM_VERIFY_SPLITS={VERIFY_SPLITS!r}: expected sm or waves")
+#: "waves"' (block_n, num_warps, num_stages) where they differ from ``DEFAULT_CONFIGS``
+#: (no tile padding); the other shapes keep theirs.
+WAVE_CONFIGS = {
+    (128, 16, "off"): (128, 4, 3), (128, 32, "off"): (128, 4, 3),
+    (128, 32, "separate"): (128, 4, 3), (64, 16, "off"): (128, 4, 4),
+    (64, 32, "off"): (128, 4, 4),
+}
+
 
 def plan_verify(batch: int, num_heads: int, num_kv_heads: int, head_dim: int, q_len: int,
                 max_context: int, *, device: torch.device | str | None = None,
@@ -245,7 +262,7 @@ def plan_verify(batch: int, num_heads: int, num_kv_heads: int, head_dim: int, q_
                 block_m: int | None = None, block_n: int | None = None,
                 num_splits: int | None = None, num_warps: int | None = None,
                 num_stages: int | None = None, programs_per_sm: float | None = None,
-                element_size: int = 2) -> VerifyPlan:
+                element_size: int = 2, splits: str | None = None) -> VerifyPlan:
     """Plan verify launches for sequences of up to ``max_context`` keys.
 
     ``collect_rows``: query rows whose logits are written (``()`` = none, ``None`` = the
@@ -255,10 +272,14 @@ def plan_verify(batch: int, num_heads: int, num_kv_heads: int, head_dim: int, q_
     programs per multiprocessor default to ``DEFAULT_CONFIGS``; pass them to override.
     ``element_size``: bytes per cache element (4 for fp32 caches: fewer stages / smaller key
     blocks so the tiles fit in shared memory).
-    ``block_m`` pads the tile to more rows (at least ``group · q``). ``num_splits`` (default:
-    about ``programs_per_sm`` programs per multiprocessor) sets how many chunks each
-    (sequence, KV head)'s keys are cut into.
+    ``block_m`` pads the tile to more rows (at least ``group · q``). ``num_splits`` sets how
+    many chunks each (sequence, KV head)'s keys are cut into; by default ``splits``
+    (:data:`VERIFY_SPLITS`) chooses it: about ``programs_per_sm`` programs per multiprocessor
+    ("sm"), or the fewest whole waves ("waves", unless ``programs_per_sm`` is given).
     """
+    splits = splits or VERIFY_SPLITS
+    if splits not in ("sm", "waves"):
+        raise ValueError(f"splits must be sm or waves, got {splits!r}")
     if num_heads % num_kv_heads:
         raise ValueError(f"num_heads {num_heads} is not a multiple of kv heads {num_kv_heads}")
     if not 1 <= q_len <= MAX_Q_LEN:
@@ -278,6 +299,9 @@ def plan_verify(batch: int, num_heads: int, num_kv_heads: int, head_dim: int, q_
     rows = max(16, next_power_of_2(group * q_len))
     mode = "off" if not collect_rows else "separate" if collect_separate else "main"
     default = DEFAULT_CONFIGS.get((head_dim, rows, mode), FALLBACK_CONFIG)
+    if splits == "waves":
+        tuned = WAVE_CONFIGS.get((head_dim, rows, mode))
+        default = (tuned or default[:3]) + (None, None if tuned else default[4])
     if block_n or num_warps or num_stages or programs_per_sm:  # caller's config: no padding
         default = default[:4] + (None,)
     block_m = max(rows, next_power_of_2(block_m or default[4] or 1))
