@@ -161,9 +161,11 @@ def test_wave_splits_fill_whole_waves():
     assert W(8, 132, 64) == 16          # batch 1 × 8 KV heads
     assert W(8, 132, 3) == 3            # short context: capped by the blocks
     assert W(132, 132, 64) == 1
-    assert W(96, 132, 8) == 4           # 384 programs in 3 waves (97% full), not 1 (73%)
+    assert W(96, 132, 8) == 1           # one wave 73% full: no partials, no combine
+    assert W(93, 132, 8) == 1 and W(92, 132, 64) > 1    # 70% of the SMs (92.4): one chunk
+    assert W(400, 132, 64) == 1
     assert W(1, 132, 64) >= 60          # one sequence, one KV head: about as many as allowed
-    for p in (5, 32, 50, 96, 200, 1000):
+    for p in (5, 32, 50, 90):
         n = W(p, 132, 64)
         waves = math.ceil(p * n / 132)
         assert waves / n <= math.ceil(p / 132) + 1e-12, p     # never slower than one chunk
@@ -190,6 +192,9 @@ def test_plan_verify_split_rules(monkeypatch):
                         splits="waves")
     assert (waves.split.block_n, waves.block_m) == (sm.split.block_n, sm.block_m)
     assert waves.split.num_splits == 4
+    # SmolLM2 at batch 32 (3 KV heads, hd64): one wave 73% full, one chunk of 256-key blocks
+    plan = plan_verify(32, 9, 3, 64, 1, 4096, device=DEVICE, splits="waves")
+    assert (plan.split.num_splits, plan.split.block_n, plan.partial_out) == (1, 256, None)
     monkeypatch.setattr(V, "VERIFY_SPLITS", "waves")   # the environment's setting
     assert plan_verify(4, 32, 8, 128, 1, 32768, device=DEVICE).split.num_splits == 4
     assert plan_verify(4, 32, 8, 128, 1, 32768, device=DEVICE,   # 17 asked, 16 blocks each

@@ -46,7 +46,8 @@ class SplitPlan:
 
 
 def wave_splits(batch_kv_heads: int, multiprocessors: int, max_splits: int,
-                wave_cost: float = 0.02, tolerance: float = 0.02) -> int:
+                wave_cost: float = 0.02, tolerance: float = 0.02,
+                single_wave: float = 0.7) -> int:
     """The chunk count whose programs finish soonest, counting whole waves.
 
     ``batch_kv_heads · n`` equal programs run in ``w(n) = ceil(batch_kv_heads · n / SMs)``
@@ -55,9 +56,13 @@ def wave_splits(batch_kv_heads: int, multiprocessors: int, max_splits: int,
     fewest chunks within ``tolerance`` of the best win (less for the combine to read).
     Batch 4 × 8 KV heads on 132 multiprocessors: 4 chunks (one wave of 128 programs); 8 and
     16 chunks (2 and 4 full waves) ran 2% and 6% slower on an H200, 17 chunks (5 waves, the
-    last one 12% full) 8–22% slower (``scripts/decode_config_probe.py``).
+    last one 12% full) 8–22% slower (``scripts/decode_config_probe.py``). When one chunk
+    each already fills ``single_wave`` of the multiprocessors, one it is: no partials and no
+    combine (batch 32 × 3 KV heads: 1 chunk of 256-key blocks 28.7 µs, 4 chunks 30.8).
     """
     p = max(1, batch_kv_heads)
+    if p >= single_wave * multiprocessors:
+        return 1
     costs = []
     for n in range(1, max(1, max_splits) + 1):
         waves = math.ceil(p * n / multiprocessors)

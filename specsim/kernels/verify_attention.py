@@ -242,7 +242,8 @@ FALLBACK_CONFIG = (64, 4, 3, 2, None)
 #: ``"sm"``, ``DEFAULT_CONFIGS``' programs per multiprocessor; ``"waves"``, the fewest whole
 #: waves of programs (``split_kv.wave_splits``) with the key blocks of ``WAVE_CONFIGS``, swept
 #: at 8K, 32K and 128K (``scripts/decode_config_probe.py``: batch 4 × 8 KV heads, q = 1 and
-#: 8, +7–60% over "sm" on an H200). ``SPECSIM_VERIFY_SPLITS`` sets it; ``plan_verify``'s
+#: 8, +7–60% over "sm" on an H200; batch 32 × 3 KV heads, hd64, 4K and 8K: one chunk of
+#: 256-key blocks, +13–24%). ``SPECSIM_VERIFY_SPLITS`` sets it; ``plan_verify``'s
 #: ``splits`` argument overrides it.
 VERIFY_SPLITS = os.environ.get("SPECSIM_VERIFY_SPLITS", "sm")
 if VERIFY_SPLITS not in ("sm", "waves"):
@@ -251,8 +252,8 @@ if VERIFY_SPLITS not in ("sm", "waves"):
 #: (no tile padding); the other shapes keep theirs.
 WAVE_CONFIGS = {
     (128, 16, "off"): (128, 4, 3), (128, 32, "off"): (128, 4, 3),
-    (128, 32, "separate"): (128, 4, 3), (64, 16, "off"): (128, 4, 4),
-    (64, 32, "off"): (128, 4, 4),
+    (128, 32, "separate"): (128, 4, 3), (64, 16, "off"): (256, 4, 3),
+    (64, 32, "off"): (256, 4, 3),
 }
 
 
