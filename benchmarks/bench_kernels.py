@@ -174,10 +174,9 @@ def run_shape(args, head_dim, context, best, results, t0):
     # verify, our kernel
     verify_us = {}
     variants = (("", "off", ()), (" +c2q", "c2q-sep", None), (" +c2q main-tile", "c2q-main", None),
-                (" +c2q tma", "c2q-tma", None), (" +all", "all", "all"),
+                (" +all", "all", "all"),
                 (" block-combine", "block", ()))
-    verify_module = sys.modules["specsim.kernels.verify_attention"]
-    store_default, combine_default = verify_module.C2Q_STORE, split_kv.COMBINE
+    combine_default = split_kv.COMBINE
     for q_len in args.q_lens:
         for suffix, mode, collect in variants:
             if q_len not in ((1, 8) if mode == "block" else (8, 16) if suffix else (q_len,)):
@@ -186,14 +185,12 @@ def run_shape(args, head_dim, context, best, results, t0):
             try:
                 rows_collect = tuple(range(q_len)) if collect == "all" else collect
                 config = best_config(best, head_dim, q_len, group,
-                                     {"c2q-tma": "c2q-sep", "block": "off"}.get(mode, mode))
+                                     {"block": "off"}.get(mode, mode))
                 plan = plan_verify(batch, heads, kv_heads, head_dim, q_len, context,
                                    collect_rows=rows_collect,
-                                   collect_separate={"c2q-sep": True, "c2q-tma": True,
+                                   collect_separate={"c2q-sep": True,
                                                      "c2q-main": False}.get(mode),
                                    **config)
-                # the separate tile's logits by TMA stores (SPECSIM_C2Q_STORE=tma) or not
-                verify_module.C2Q_STORE = "tma" if mode == "c2q-tma" else store_default
                 # the split-KV chunks merged by the block combine (SPECSIM_COMBINE=block) or not
                 split_kv.COMBINE = "block" if mode == "block" else combine_default
                 q = torch.randn(batch, q_len, heads, head_dim, device=DEVICE, dtype=DTYPE)
@@ -218,7 +215,7 @@ def run_shape(args, head_dim, context, best, results, t0):
             record(name, us, method, extra=extra)
             verify_us[(q_len, suffix)] = us
             logits = None  # free before the next variant allocates its own
-    verify_module.C2Q_STORE, split_kv.COMBINE = store_default, combine_default
+    split_kv.COMBINE = combine_default
 
     # torch SDPA peers (uniform lengths: SDPA has no ragged batch)
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -484,9 +481,9 @@ def summary(results, copy_tbps, head_dims, contexts):
              "each cell: TB/s on the KV bytes read, then µs (selection: time as a multiple "
              "of one verify q=8 +c2q pass)"]
     names = ["verify q=1", "verify q=2", "verify q=4", "verify q=8", "verify q=16",
-             "verify q=8 +c2q", "verify q=8 +c2q main-tile", "verify q=8 +c2q tma",
+             "verify q=8 +c2q", "verify q=8 +c2q main-tile",
              "verify q=8 +all", "verify q=16 +c2q", "verify q=16 +c2q main-tile",
-             "verify q=16 +c2q tma", "verify q=16 +all", "verify q=1 block-combine",
+             "verify q=16 +all", "verify q=1 block-combine",
              "verify q=8 block-combine",
              "sdpa-cudnn q=1", "sdpa-flash q=1", "sdpa-cudnn q=8", "sdpa-flash q=8",
              "flex q=1", "flex q=8", "sparse s=.07 seq sorted", "sparse s=.07 seq unsorted",
@@ -517,16 +514,13 @@ def summary(results, copy_tbps, head_dims, contexts):
             q1, q8, q16 = (rows[f"verify q={q}"]["us"] for q in (1, 8, 16))
             c2q = rows["verify q=8 +c2q"]["us"]
             c2q16 = rows["verify q=16 +c2q"]["us"]
-            tma = [rows.get(f"verify q={q} +c2q tma", {}).get("us", float("nan")) / ref
-                   for q, ref in ((8, q8), (16, q16))]
             sdpa = [rows[n]["tbps"] for n in ("sdpa-cudnn q=1", "sdpa-flash q=1")
                     if "tbps" in rows.get(n, {})]
             checks.append(
                 f"{tag}: q8 {rows['verify q=8']['tbps']:.2f} TB/s (>=3.5) | q16/q1 "
                 f"{q16 / q1:.2f} (<=1.15) | q1 vs best sdpa "
                 f"{rows['verify q=1']['tbps'] / max(sdpa) if sdpa else float('nan'):.2f} "
-                f"(>=0.90) | c2q/off q8 {c2q / q8:.3f} q16 {c2q16 / q16:.3f} (tma "
-                f"{tma[0]:.3f} / {tma[1]:.3f}) (<=1.05) | sparse "
+                f"(>=0.90) | c2q/off q8 {c2q / q8:.3f} q16 {c2q16 / q16:.3f} (<=1.05) | sparse "
                 f"{rows['sparse s=.07 seq sorted']['tbps']:.2f} TB/s (>=2.5)")
         except (KeyError, ValueError):
             checks.append(f"{tag}: incomplete")

@@ -49,10 +49,10 @@ case "${1:-}" in
     grep -q " passed" /tmp/smoke.log && ! grep -q "failed" /tmp/smoke.log || exit 1
     (CUDA_VISIBLE_DEVICES=1 bash scripts/gpu_validate_call.sh "$plan" qwen3-8b quest 1 \
         > /tmp/qwen3-8b.log 2>&1
-     # issue #3: Collect-2-Query by TMA stores (SPECSIM_C2Q_STORE=tma) beside the direct
-     # store, in bf16 (the tests) and timed (bench_kernels' "+c2q tma" rows)
+     # issue #3 (session 10 ran the TMA store trial here too: 25-33% slower than the direct
+     # store and wrong on the H200, so it was dropped; these are the remaining tests)
      CUDA_VISIBLE_DEVICES=1 timeout 60 python3 -m pytest -q -p no:cacheprovider \
-        tests/test_kernels_attention.py -k "tma or collect or combine" 2>&1 | tail -n 2 > /tmp/kernels.log
+        tests/test_kernels_attention.py -k "collect or combine" 2>&1 | tail -n 2 > /tmp/kernels.log
      CUDA_VISIBLE_DEVICES=1 timeout 230 python3 benchmarks/bench_kernels.py --head-dims 128,64 \
         --contexts 131072,32768,8192 --q-lens 1,8,16 --no-check --budget-s 190 --out "$OUT/kernels" \
         >> /tmp/kernels.log 2>&1) &

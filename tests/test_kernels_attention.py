@@ -277,24 +277,6 @@ def test_verify_with_the_block_combine(case, monkeypatch):
     _check_verify(case, None, seed=seed)
 
 
-@pytest.mark.parametrize("case", VERIFY_CASES)
-def test_verify_collect_two_rows_by_tma_store(case, monkeypatch):
-    """SPECSIM_C2Q_STORE=tma: the separate tile's logits written by TMA stores from a
-    device-side descriptor per (sequence, KV head), clipped at its rows and at the length
-    (the NaN past each length must survive); taken only where the buffer allows it."""
-    import sys
-    VA = sys.modules["specsim.kernels.verify_attention"]   # the module, not the function
-    monkeypatch.setattr(VA, "C2Q_STORE", "tma")
-    taken = []
-    real = VA._use_tma_store
-    monkeypatch.setattr(VA, "_use_tma_store", lambda *a: taken.append(real(*a)) or taken[-1])
-    _check_verify(case, None, seed=fresh_seed(), separate=True, align=8)
-    assert taken == [True]
-    _check_verify(case, None, seed=fresh_seed(), separate=True, align=1)   # rows unaligned
-    assert taken[1] is (((max(max(case[3], n) for n in case[4]) + 3) * (2 if GPU else 4))
-                        % 16 == 0)
-
-
 @pytest.mark.parametrize("case", SPARSE_CASES)
 def test_sparse_with_the_block_combine(case, monkeypatch):
     monkeypatch.setattr(split_kv, "COMBINE", "block")

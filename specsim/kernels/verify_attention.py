@@ -72,7 +72,7 @@ def _verify_kernel(Q, K, V, Lengths, Out, Lse, PartOut, PartLse, Logits,
                    DIRECT_OUTPUT: tl.constexpr, WRITE_LSE: tl.constexpr,
                    COLLECT_MASK: tl.constexpr, COLLECT_SEPARATE: tl.constexpr,
                    N_COLLECT: tl.constexpr, COLLECT_TOKENS: tl.constexpr,
-                   BLOCK_C: tl.constexpr, COLLECT_TMA: tl.constexpr):
+                   BLOCK_C: tl.constexpr):
     pid = tl.program_id(0)
     split = tl.program_id(1)
     b = (pid // NUM_KV_HEADS).to(tl.int64)  # 64-bit: batch strides can pass 2**31
@@ -112,15 +112,6 @@ def _verify_kernel(Q, K, V, Lengths, Out, Lse, PartOut, PartLse, Logits,
                     c_slot += (tok > i).to(tl.int32)
             c_head = head
         c_rows = Logits + b * stride_gb + c_head * stride_gh + c_slot * stride_gr
-        if COLLECT_TMA:
-            # The separate tile's rows are this KV head's GROUP·N_COLLECT consecutive rows of
-            # the logits buffer: one tensor-memory-accelerator store per key block, clipped
-            # by the hardware at those rows and at the sequence's length (no layout
-            # conversion through shared memory and registers before a coalesced store).
-            c_desc = tl.make_tensor_descriptor(
-                Logits + b * stride_gb + kvh * GROUP * stride_gh,
-                shape=[GROUP * N_COLLECT, length], strides=[stride_gr, 1],
-                block_shape=[BLOCK_C, BLOCK_N])
 
     k_base = K + b * stride_kb + kvh * stride_kh
     v_base = V + b * stride_vb + kvh * stride_vh
@@ -141,11 +132,8 @@ def _verify_kernel(Q, K, V, Lengths, Out, Lse, PartOut, PartLse, Logits,
                 s_c = tl.dot(q_c, tl.trans(k))
             else:
                 s_c = s
-            if COLLECT_TMA:
-                c_desc.store([0, n0], (s_c * sm_scale).to(Logits.dtype.element_ty))
-            else:
-                tl.store(c_rows[:, None] + keys[None, :],
-                         (s_c * sm_scale).to(Logits.dtype.element_ty), mask=c_ok[:, None])
+            tl.store(c_rows[:, None] + keys[None, :],
+                     (s_c * sm_scale).to(Logits.dtype.element_ty), mask=c_ok[:, None])
         v = tl.load(v_base + keys[:, None] * stride_vt + dims[None, :])
         acc, m_i, l_i = softmax_update(acc, m_i, l_i, s, qk_scale, v)
     # The rest (at most a block or two): split boundary and causal mask.
@@ -160,12 +148,9 @@ def _verify_kernel(Q, K, V, Lengths, Out, Lse, PartOut, PartLse, Logits,
                 s_c = tl.dot(q_c, tl.trans(k))
             else:
                 s_c = s
-            if COLLECT_TMA:   # split chunks are whole blocks: only ``length`` cuts a block
-                c_desc.store([0, n0], (s_c * sm_scale).to(Logits.dtype.element_ty))
-            else:
-                tl.store(c_rows[:, None] + keys[None, :],
-                         (s_c * sm_scale).to(Logits.dtype.element_ty),
-                         mask=c_ok[:, None] & key_ok[None, :])
+            tl.store(c_rows[:, None] + keys[None, :],
+                     (s_c * sm_scale).to(Logits.dtype.element_ty),
+                     mask=c_ok[:, None] & key_ok[None, :])
         visible = (keys[None, :] <= q_pos[:, None]) & key_ok[None, :]
         s = tl.where(visible, s, float("-inf"))
         v = tl.load(v_base + keys[:, None] * stride_vt + dims[None, :], mask=key_ok[:, None],
@@ -376,44 +361,11 @@ def verify_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         WRITE_LSE=lse is not None, COLLECT_MASK=plan.collect_mask,
         COLLECT_SEPARATE=plan.collect_separate, N_COLLECT=max(1, len(plan.collect_rows)),
         COLLECT_TOKENS=plan.collect_tokens, BLOCK_C=plan.block_c,
-        COLLECT_TMA=_use_tma_store(plan, logits, split.block_n),
         num_warps=plan.num_warps, num_stages=plan.num_stages)
     if not direct:
         combine(plan.partial_out, plan.partial_lse, lengths, False, out, lse, split,
                 num_kv_heads=plan.num_kv_heads, q_len=q_len, group=plan.group)
     return out
-
-
-#: How Collect-2-Query's separate tile is written: "direct" (``tl.store``, the default the
-#: shipped calibrations time) or "tma" (a tensor-memory-accelerator store per key block from a
-#: device-side descriptor over the KV head's rows; on trial: the direct store cost +21% at
-#: hd128 q = 8, 128K, BENCHMARKS.md). "tma" needs the logits buffer's rows contiguous per
-#: (sequence, head) and 16-byte aligned (``new_logits_buffer`` with a max_len multiple of 8);
-#: elsewhere, and for the main-tile mode, the direct store runs. ``SPECSIM_C2Q_STORE`` sets it.
-C2Q_STORE = os.environ.get("SPECSIM_C2Q_STORE", "direct")
-if C2Q_STORE not in ("direct", "tma"):
-    raise ValueError(f"SPECSIM_C2Q_STORE={C2Q_STORE!r}: expected direct or tma")
-
-
-def _tma_scratch(size: int, alignment: int, stream) -> torch.Tensor:
-    """Global memory for the descriptors kernels build on the device (``triton.set_allocator``)."""
-    return torch.empty(size, dtype=torch.int8, device="cuda")
-
-
-def _use_tma_store(plan: VerifyPlan, logits: torch.Tensor, block_n: int) -> bool:
-    """Whether this launch writes the collected logits by TMA (``C2Q_STORE``, where the
-    buffer's layout allows it)."""
-    if C2Q_STORE != "tma" or not plan.collect_separate:
-        return False
-    size = logits.element_size()
-    row = logits.stride(2)
-    if not (logits.stride(1) == len(plan.collect_rows) * row and logits.stride(0) % row == 0
-            and (row * size) % 16 == 0 and logits.data_ptr() % 16 == 0
-            and block_n * size >= 16):
-        return False
-    if logits.is_cuda:
-        triton.set_allocator(_tma_scratch)
-    return True
 
 
 def new_logits_buffer(plan: VerifyPlan, max_len: int, *,
