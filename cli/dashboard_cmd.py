@@ -22,8 +22,8 @@ DEFAULT_OUT = "specsim-dashboard.html"
 #: validation run of the model on the hardware shown first (`specsim validate report --json`
 #: of plans made before their runs; VALIDATION.md).
 SHIPPED_VALIDATION = {
-    ("smollm2-135m", "h200"): "benchmarks/validation-report-h200-r6.json",
-    ("qwen3-8b", "h200"): "benchmarks/validation-report-h200-r5-qwen3-8b.json",
+    ("smollm2-135m", "h200"): "benchmarks/validation-report-h200-r7.json",
+    ("qwen3-8b", "h200"): "benchmarks/validation-report-h200-r7.json",
 }
 FORMATS = ("auto", "specsim", "vllm-metrics", "vllm-requests", "specbench")
 
