@@ -1121,3 +1121,34 @@ def test_held_out_check_scores_quests_empty_refresh_in_microseconds(tmp_path):
     assert "selection:quest" not in report["per_op"]
     quest = report["overheads"]["selection:quest"]
     assert quest["points"] > 0 and quest["worst_abs_error_ms"] < 0.003
+
+
+def test_compare_calibrations_script(tmp_path, capsys):
+    """scripts/compare_calibrations.py: new / old medians per verify tile and batch (the
+    check before a launch setting becomes the default), failing past --fail-above."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        "compare_calibrations", REPO_ROOT / "scripts" / "compare_calibrations.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    old = synthetic(contexts=(4096, 32768), batches=(1, 4), qs=(1, 8))
+    rows = []
+    for m in old.measurements:
+        factor = {("plain", 1): 1.2, ("verify", 8): 0.9}.get(
+            (m.op, m.batch if m.op == "plain" else m.q), 1.0)
+        rows.append(dataclasses.replace(m, samples_ms=[x * factor for x in m.samples_ms]))
+    new = Calibration(old.provenance, old.ceilings, rows)
+    old.write(str(tmp_path / "old.json"))
+    new.write(str(tmp_path / "new.json"))
+    ratios = script.compare(old, new)
+    group = MODEL.num_heads // MODEL.num_kv_heads
+    off = (MODEL.head_dim, 16, "off")
+    c2q8 = (MODEL.head_dim, max(16, 1 << math.ceil(math.log2(group * 8))), "separate")
+    assert ratios[off + (1,)] == pytest.approx([1.2, 1.2])          # plain at batch 1
+    assert ratios[off + (4,)] == pytest.approx([1.0, 1.0])
+    assert ratios[c2q8 + (4,)] == pytest.approx([0.9, 0.9])        # Collect-2-Query q = 8
+    assert ratios[(MODEL.head_dim, 16, "main", 1)] == pytest.approx([1.0, 1.0])   # q = 1
+    assert script.main([str(tmp_path / "old.json"), str(tmp_path / "new.json")]) == 0
+    assert script.main([str(tmp_path / "old.json"), str(tmp_path / "new.json"),
+                        "--fail-above", "1.05"]) == 1
+    assert "exceeds 1.05" in capsys.readouterr().out

@@ -163,7 +163,7 @@ def test_wave_splits_fill_whole_waves():
     assert W(132, 132, 64) == 1
     assert W(96, 132, 8) == 1           # one wave 73% full: no partials, no combine
     assert W(93, 132, 8) == 1 and W(92, 132, 64) > 1    # 70% of the SMs (92.4): one chunk
-    assert W(400, 132, 64) == 1
+    assert W(192, 132, 64) == 2         # past one wave: 3 waves 97% full, not 2 at 73%
     assert W(1, 132, 64) >= 60          # one sequence, one KV head: about as many as allowed
     for p in (5, 32, 50, 90):
         n = W(p, 132, 64)
@@ -186,15 +186,22 @@ def test_plan_verify_split_rules(monkeypatch):
     assert plan_verify(4, 32, 8, 128, 8, 32768, device=DEVICE).block_m == 64     # padded
     plan = plan_verify(4, 32, 8, 128, 8, 32768, device=DEVICE, splits="waves")
     assert (plan.block_m, plan.split.num_splits) == (32, 4)
-    # a shape without a WAVE_CONFIGS entry keeps its blocks and padding, cut in whole waves
+    # a tile without a WAVE_CONFIGS entry (here Collect-2-Query's 64-row one) keeps "sm"
     sm = plan_verify(4, 32, 8, 128, 16, 32768, device=DEVICE, collect_rows=None)
     waves = plan_verify(4, 32, 8, 128, 16, 32768, device=DEVICE, collect_rows=None,
                         splits="waves")
-    assert (waves.split.block_n, waves.block_m) == (sm.split.block_n, sm.block_m)
-    assert waves.split.num_splits == 4
-    # SmolLM2 at batch 32 (3 KV heads, hd64): one wave 73% full, one chunk of 256-key blocks
+    assert (waves.split, waves.block_m, waves.num_warps) == (sm.split, sm.block_m, sm.num_warps)
+    # SmolLM2 at batch 32 (3 KV heads, hd64): one wave 73% full, one chunk of 256-key blocks;
+    # at batch 64 two chunks of 128-key blocks
     plan = plan_verify(32, 9, 3, 64, 1, 4096, device=DEVICE, splits="waves")
     assert (plan.split.num_splits, plan.split.block_n, plan.partial_out) == (1, 256, None)
+    plan = plan_verify(64, 9, 3, 64, 1, 4096, device=DEVICE, splits="waves")
+    assert (plan.split.num_splits, plan.split.block_n, plan.num_stages) == (2, 128, 4)
+    plan = plan_verify(4, 64, 8, 64, 1, 32768, device=DEVICE, splits="waves")
+    assert (plan.split.num_splits, plan.split.block_n) == (4, 128)
+    # a caller's num_splits=1 keeps the tile's own blocks
+    assert plan_verify(32, 9, 3, 64, 1, 4096, device=DEVICE, splits="waves",
+                       num_splits=1).split.block_n == 128
     monkeypatch.setattr(V, "VERIFY_SPLITS", "waves")   # the environment's setting
     assert plan_verify(4, 32, 8, 128, 1, 32768, device=DEVICE).split.num_splits == 4
     assert plan_verify(4, 32, 8, 128, 1, 32768, device=DEVICE,   # 17 asked, 16 blocks each

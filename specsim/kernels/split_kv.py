@@ -57,11 +57,13 @@ def wave_splits(batch_kv_heads: int, multiprocessors: int, max_splits: int,
     Batch 4 × 8 KV heads on 132 multiprocessors: 4 chunks (one wave of 128 programs); 8 and
     16 chunks (2 and 4 full waves) ran 2% and 6% slower on an H200, 17 chunks (5 waves, the
     last one 12% full) 8–22% slower (``scripts/decode_config_probe.py``). When one chunk
-    each already fills ``single_wave`` of the multiprocessors, one it is: no partials and no
-    combine (batch 32 × 3 KV heads: 1 chunk of 256-key blocks 28.7 µs, 4 chunks 30.8).
+    each makes one wave ``single_wave`` to 100% full, one it is: no partials and no combine
+    (batch 32 × 3 KV heads: 1 chunk of 256-key blocks 28.7 µs, 4 chunks 30.8). Past one wave
+    the count is the formula's (batch 64 × 3 KV heads: 2 chunks, 3 waves 97% full; one chunk
+    ran 2 waves 73% full, up to 17% slower).
     """
     p = max(1, batch_kv_heads)
-    if p >= single_wave * multiprocessors:
+    if single_wave * multiprocessors <= p <= multiprocessors:
         return 1
     costs = []
     for n in range(1, max(1, max_splits) + 1):

@@ -224,22 +224,29 @@ DEFAULT_CONFIGS = {
 FALLBACK_CONFIG = (64, 4, 3, 2, None)
 
 #: How ``plan_verify`` cuts each (sequence, KV head)'s keys into chunks by default:
-#: ``"sm"``, ``DEFAULT_CONFIGS``' programs per multiprocessor; ``"waves"``, the fewest whole
-#: waves of programs (``split_kv.wave_splits``) with the key blocks of ``WAVE_CONFIGS``, swept
-#: at 8K, 32K and 128K (``scripts/decode_config_probe.py``: batch 4 × 8 KV heads, q = 1 and
-#: 8, +7–60% over "sm" on an H200; batch 32 × 3 KV heads, hd64, 4K and 8K: one chunk of
-#: 256-key blocks, +13–24%). ``SPECSIM_VERIFY_SPLITS`` sets it; ``plan_verify``'s
+#: ``"sm"``, ``DEFAULT_CONFIGS``' programs per multiprocessor; ``"waves"``, for the tiles of
+#: ``WAVE_CONFIGS``, the fewest whole waves of programs (``split_kv.wave_splits``) with those
+#: key blocks (the other tiles keep "sm"). ``SPECSIM_VERIFY_SPLITS`` sets it; ``plan_verify``'s
 #: ``splits`` argument overrides it.
 VERIFY_SPLITS = os.environ.get("SPECSIM_VERIFY_SPLITS", "sm")
 if VERIFY_SPLITS not in ("sm", "waves"):
     raise ValueError(f"SPECSIM_VERIFY_SPLITS={VERIFY_SPLITS!r}: expected sm or waves")
-#: "waves"' (block_n, num_warps, num_stages) where they differ from ``DEFAULT_CONFIGS``
-#: (no tile padding); the other shapes keep theirs.
+#: (head_dim, tile rows, collect mode) -> (block_n, num_warps, num_stages) under "waves" (no
+#: tile padding). Swept per context (``scripts/decode_config_probe.py``, H200, batch 4 × 8 KV
+#: heads, 8K/32K/128K, q = 1 and 8: 4 chunks of 128-key blocks beat the "sm" plans by 7–60%),
+#: and kept to the tiles where the session-10 calibrations (SmolLM2, Qwen3-4B: every measured
+#: batch and context) ran faster in whole waves. Elsewhere whole waves of the "sm" key blocks
+#: ran up to 33% slower at batch 32–64 (SmolLM2's collecting tiles) and 7% at Qwen3-4B's
+#: 16-row collecting tiles, so those keep "sm".
 WAVE_CONFIGS = {
     (128, 16, "off"): (128, 4, 3), (128, 32, "off"): (128, 4, 3),
-    (128, 32, "separate"): (128, 4, 3), (64, 16, "off"): (256, 4, 3),
-    (64, 32, "off"): (256, 4, 3), (64, 64, "off"): (128, 4, 4),
+    (128, 32, "separate"): (128, 4, 3), (128, 64, "main"): (128, 4, 3),
+    (64, 16, "off"): (128, 4, 4), (64, 32, "off"): (128, 4, 4), (64, 64, "off"): (128, 4, 4),
 }
+#: Key blocks when a tile of ``WAVE_CONFIGS`` runs as one chunk (one wave 70–100% full): a
+#: program then streams its whole context, and at hd64 256-key blocks keep enough bytes in
+#: flight (SmolLM2 batch 32, 4K: 28.7 µs against 32.8 with 128-key blocks).
+SINGLE_CHUNK_CONFIGS = {(64, 16, "off"): (256, 4, 3), (64, 32, "off"): (256, 4, 3)}
 
 
 def plan_verify(batch: int, num_heads: int, num_kv_heads: int, head_dim: int, q_len: int,
@@ -261,7 +268,8 @@ def plan_verify(batch: int, num_heads: int, num_kv_heads: int, head_dim: int, q_
     ``block_m`` pads the tile to more rows (at least ``group · q``). ``num_splits`` sets how
     many chunks each (sequence, KV head)'s keys are cut into; by default ``splits``
     (:data:`VERIFY_SPLITS`) chooses it: about ``programs_per_sm`` programs per multiprocessor
-    ("sm"), or the fewest whole waves ("waves", unless ``programs_per_sm`` is given).
+    ("sm"), or, for the tiles of :data:`WAVE_CONFIGS`, the fewest whole waves ("waves",
+    unless ``programs_per_sm`` is given).
     """
     splits = splits or VERIFY_SPLITS
     if splits not in ("sm", "waves"):
@@ -285,10 +293,11 @@ def plan_verify(batch: int, num_heads: int, num_kv_heads: int, head_dim: int, q_
     rows = max(16, next_power_of_2(group * q_len))
     mode = "off" if not collect_rows else "separate" if collect_separate else "main"
     default = DEFAULT_CONFIGS.get((head_dim, rows, mode), FALLBACK_CONFIG)
-    if splits == "waves":
-        tuned = WAVE_CONFIGS.get((head_dim, rows, mode))
-        default = (tuned or default[:3]) + (None, None if tuned else default[4])
-    if block_n or num_warps or num_stages or programs_per_sm:  # caller's config: no padding
+    waves = splits == "waves" and (head_dim, rows, mode) in WAVE_CONFIGS
+    if waves:
+        default = WAVE_CONFIGS[(head_dim, rows, mode)] + (None, None)
+    caller = bool(block_n or num_warps or num_stages or programs_per_sm)
+    if caller:  # the caller's config: no padding
         default = default[:4] + (None,)
     block_m = max(rows, next_power_of_2(block_m or default[4] or 1))
     block_n = block_n or default[0]
@@ -298,6 +307,12 @@ def plan_verify(batch: int, num_heads: int, num_kv_heads: int, head_dim: int, q_
     block_n, num_stages = fit_shared_memory(block_m, block_n, head_dim, num_stages, element_size)
     split = plan_splits(max_context, batch * num_kv_heads, block_n, device,
                         num_splits=num_splits, programs_per_sm=programs_per_sm)
+    single = SINGLE_CHUNK_CONFIGS.get((head_dim, rows, mode))
+    if waves and not caller and num_splits is None and split.num_splits == 1 and single:
+        block_n, num_warps, num_stages = single
+        block_n, num_stages = fit_shared_memory(block_m, block_n, head_dim, num_stages,
+                                                element_size)
+        split = plan_splits(max_context, batch * num_kv_heads, block_n, device, num_splits=1)
     partial_out = partial_lse = None
     if split.num_splits > 1:
         partial_out, partial_lse = workspace(batch * num_kv_heads, split, block_m, head_dim,

@@ -1,0 +1,94 @@
+"""Compare two calibrations of one model, tile by tile: how each full-attention step moved.
+
+An engine setting that changes how verify attention is launched (``SPECSIM_VERIFY_SPLITS``,
+block sizes) changes the plain and verify rows of every shipped calibration. Before such a
+setting becomes the default, re-measure the files with it and compare them with the shipped
+ones here: for each verify tile (head_dim, tile rows, collect mode; see
+``verify_attention.plan_verify``) and batch, the ratio new / old of the medians of every shape
+both files measured. Ratios above 1 are slowdowns; ``--fail-above`` turns any tile whose mean
+exceeds it into a non-zero exit.
+
+    python scripts/compare_calibrations.py models/calibrations/h200/qwen3-4b.json NEW.json [--family plain,verify]
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import sys
+
+from specsim.costs.calibrated import read_calibration
+from specsim.kernels._runtime import next_power_of_2
+from specsim.kernels.verify_attention import WAVE_CONFIGS, default_collect_rows
+from specsim.policies import SPARSESPEC_WINDOW
+from specsim.specs import load_model
+
+
+
+def collected(op: str, q: int) -> tuple[int, ...]:
+    """The rows the engine's verify of ``op`` collects (``engine.selection.collect_rows``)."""
+    policy = op.split(":", 1)[1] if ":" in op else ("plain" if op == "plain" else "vegas")
+    if policy == "vegas":
+        return default_collect_rows(q)
+    if policy == "last-token":
+        return tuple(range(q))
+    if policy == "sparsespec":
+        return tuple(range(max(0, q - SPARSESPEC_WINDOW), q))
+    return ()
+
+
+def tile(op: str, q: int, group: int, head_dim: int) -> tuple[int, int, str]:
+    rows = collected(op, q)
+    mode = "off" if not rows else "separate" if len(rows) < q else "main"
+    return head_dim, max(16, next_power_of_2(group * q)), mode
+
+
+def compare(old, new, families=("plain", "verify")) -> dict:
+    """{(head_dim, rows, mode, batch): [new / old median per shape both measured]}."""
+    spec = load_model(old.provenance["model"])
+    group = spec.num_heads // spec.num_kv_heads
+
+    def key(m):
+        return m.op, m.batch, m.context, m.q, m.s
+    before = {key(m): m for m in old.measurements if m.op.split(":")[0] in families}
+    out = collections.defaultdict(list)
+    for m in new.measurements:
+        if key(m) in before:
+            q = m.q or 1
+            out[tile(m.op, q, group, spec.head_dim) + (m.batch,)].append(
+                m.median_ms / before[key(m)].median_ms)
+    return dict(out)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("old")
+    parser.add_argument("new")
+    parser.add_argument("--family", default="plain,verify")
+    parser.add_argument("--fail-above", type=float, default=None,
+                        help="exit 1 if a tile's mean ratio exceeds this (e.g. 1.03)")
+    args = parser.parse_args(argv)
+    old, new = read_calibration(args.old), read_calibration(args.new)
+    if old.provenance.get("model") != new.provenance.get("model"):
+        parser.error(f"models differ: {old.provenance.get('model')} vs "
+                     f"{new.provenance.get('model')}")
+    ratios = compare(old, new, tuple(args.family.split(",")))
+    if not ratios:
+        print("no shape measured in both files")
+        return 1
+    worst = 0.0
+    print(f"{'hd':>3} {'rows':>4} {'mode':9} {'batch':>5} {'in WAVE_CONFIGS':16} "
+          f"{'n':>3} {'mean':>6} {'min':>6} {'max':>6}")
+    for (hd, rows, mode, batch), r in sorted(ratios.items()):
+        mean = sum(r) / len(r)
+        worst = max(worst, mean)
+        print(f"{hd:3d} {rows:4d} {mode:9} {batch:5d} "
+              f"{'yes' if (hd, rows, mode) in WAVE_CONFIGS else '':16} {len(r):3d} "
+              f"{mean:6.3f} {min(r):6.3f} {max(r):6.3f}")
+    if args.fail_above is not None and worst > args.fail_above:
+        print(f"a tile's mean ratio {worst:.3f} exceeds {args.fail_above}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
