@@ -9,8 +9,8 @@ import torch
 if not torch.cuda.is_available():  # before triton kernels are defined
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import numpy as np  # noqa: E402
 import pytest  # noqa: E402
+import seeding  # noqa: E402
 
 from specsim.kernels.skinny_gemm import (MAX_M, default_block_n, skinny_gemm,  # noqa: E402
                                          skinny_gemm_reference)
@@ -29,9 +29,8 @@ CASES_GPU = [(4, 6144, 4096, None, 128), (4, 4096, 4096, None, 128),
 CASES = CASES_GPU if GPU else CASES_CPU
 
 
-def fresh_generator(device=DEVICE):
-    return torch.Generator(device=device).manual_seed(
-        int(np.random.SeedSequence().entropy % 2**31))
+def fresh_generator(device=DEVICE, offset=0):
+    return seeding.generator(offset, device)
 
 
 @pytest.mark.parametrize("case", CASES)

@@ -12,6 +12,7 @@ if not torch.cuda.is_available():  # before triton kernels are defined
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest  # noqa: E402
+import seeding  # noqa: E402
 
 from specsim.kernels import (KVCache, append_positions, attention_mass,  # noqa: E402
                              attention_mass_reference, page_bounds_reference, quest_select,
@@ -22,10 +23,9 @@ from specsim.policies import POLICIES, get_policy  # noqa: E402
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def make_generator(seed):
-    generator = torch.Generator(device=DEVICE)
-    generator.manual_seed(seed)
-    return generator
+def make_generator(offset):
+    """Fresh inputs every run (``seeding``), distinct per case."""
+    return seeding.generator(offset, DEVICE)
 
 
 def lists_as_sets(indices, counts):

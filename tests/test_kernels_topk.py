@@ -6,6 +6,7 @@ import os
 
 import numpy as np
 import pytest
+import seeding
 import torch
 
 from specsim.kernels._runtime import INTERPRETED
@@ -62,7 +63,7 @@ def check(score, lengths, counts, capacity, keep_first=0, keep_last=0, block=256
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_ragged_rows_per_kv_head(dtype):
-    g = torch.Generator().manual_seed(int(np.random.SeedSequence().entropy % 2**31))
+    g = seeding.generator(0)
     n = 700
     score = torch.randn(3, 2, n, generator=g).to(dtype).to(DEVICE)
     lengths = torch.tensor([1, 333, 700], device=DEVICE)           # 333: not a block multiple
@@ -71,7 +72,7 @@ def test_ragged_rows_per_kv_head(dtype):
 
 
 def test_one_list_per_sequence_and_whole_rows():
-    g = torch.Generator().manual_seed(int(np.random.SeedSequence().entropy % 2**31))
+    g = seeding.generator(0)
     score = torch.randn(4, 520, generator=g, dtype=torch.float64).float().to(DEVICE)
     lengths = torch.tensor([520, 519, 2, 257], device=DEVICE)
     counts = torch.tensor([520, 30, 5, 1], device=DEVICE)             # 5 > length 2: clamped
@@ -82,7 +83,7 @@ def test_one_list_per_sequence_and_whole_rows():
 def test_ties_signs_and_zero():
     """Integer-valued scores (many ties at the threshold: the lowest positions win), all
     negative rows, −0 and +0, and kept positions beyond the budget's share."""
-    g = torch.Generator().manual_seed(int(np.random.SeedSequence().entropy % 2**31))
+    g = seeding.generator(0)
     n = 300
     score = torch.randint(-3, 3, (2, 3, n), generator=g).float()
     score[1] = -score[1].abs() - 1.0                                   # all negative
@@ -97,7 +98,7 @@ def test_ties_signs_and_zero():
 def test_matches_the_torch_topk_path_of_vegas():
     """Same sets as the torch path the engine runs today (random scores: no ties)."""
     from specsim.kernels.selection import _finish, _top_positions
-    g = torch.Generator().manual_seed(int(np.random.SeedSequence().entropy % 2**31))
+    g = seeding.generator(0)
     score = torch.randn(3, 900, generator=g).to(DEVICE)
     lengths = torch.tensor([900, 455, 600], device=DEVICE)
     counts = torch.tensor([300, 300, 256], device=DEVICE)
@@ -183,7 +184,7 @@ def test_fused_quest_selection_matches_the_torch_path(dtype, group, head_dim, sp
     from specsim.kernels.selection import quest_select, selected_counts
     from specsim.kernels.topk_select import quest_select_fused
     from specsim.policies import get_policy
-    g = torch.Generator().manual_seed(int(np.random.SeedSequence().entropy % 2**31))
+    g = seeding.generator(0)
     kv, page, max_context = 2, 16, 1003
     pages = -(-max_context // page)
     lengths = torch.tensor([1, 16, 17, 300, 1003], dtype=torch.int32)
@@ -243,7 +244,7 @@ def test_best_ranking_picks_each_policys_measured_fastest(monkeypatch):
     real = T.radix_top_positions
     monkeypatch.setattr(T, "radix_top_positions",
                         lambda *a, **kw: calls.append("radix") or real(*a, **kw))
-    g = torch.Generator().manual_seed(int(np.random.SeedSequence().entropy % 2**31))
+    g = seeding.generator(0)
     lengths = torch.tensor([700, 300], device=DEVICE)
     logits = torch.randn(2, 4, 2, 700, generator=g).to(DEVICE)
     S.vegas_select(logits, lengths, 0.1)

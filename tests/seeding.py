@@ -1,0 +1,24 @@
+"""Fresh random inputs for every test run, reproducible when one fails.
+
+``RUN_SEED`` is drawn once per pytest session (or read from ``SPECSIM_TEST_SEED``);
+``conftest.py`` prints it in the report header, so a failing case reruns with the same
+inputs: ``SPECSIM_TEST_SEED=<seed> pytest ...``. Tests derive their generators from it with
+a per-call offset, so cases within a run still differ from each other.
+"""
+import os
+
+import numpy as np
+import torch
+
+RUN_SEED = int(os.environ.get("SPECSIM_TEST_SEED")
+               or np.random.SeedSequence().entropy % 2**31)
+
+
+def seed(offset: int = 0) -> int:
+    """This run's seed for the caller's ``offset``."""
+    return (RUN_SEED + 1_000_003 * int(offset)) % 2**31
+
+
+def generator(offset: int = 0, device="cpu") -> torch.Generator:
+    """A torch generator on ``device`` seeded for this run and ``offset``."""
+    return torch.Generator(device=device).manual_seed(seed(offset))
