@@ -157,16 +157,21 @@ def plan_cmd(trace_path, hardware, policies, k_forced, k_free, ss, context, batc
 def report_cmd(plan_path, measured, md_out, as_json):
     """Compare the plan's predictions with the measurements."""
     import json
-    import os
 
     from specsim.atomic import write_text_atomic
     from specsim.traces.format import read_trace
-    from specsim.validate import FORMAT_KEY, MEASURED_KEY, _sha, markdown, read_json, report
+    from specsim.errors import SpecsimError
+    from specsim.validate import (FORMAT_KEY, MEASURED_KEY, _sha, markdown, read_json,
+                                  repo_file, report)
     plan, got = read_json(plan_path, FORMAT_KEY), read_json(measured, MEASURED_KEY)
     trace = None   # the plan's trace, when it is here as it was: answers vs its records
-    if plan.get("trace") and os.path.exists(plan["trace"]):
-        if _sha(plan["trace"]) == plan.get("trace_sha256"):
-            trace = read_trace(plan["trace"])
+    try:           # as named (plans name it relative to the repository), or in the repository
+        trace_file = repo_file(plan["trace"])[0] if plan.get("trace") else None
+    except SpecsimError:
+        trace_file = None
+    if trace_file:
+        if _sha(trace_file) == plan.get("trace_sha256"):
+            trace = read_trace(trace_file)
         else:
             click.echo(f"note: {plan['trace']} changed since the plan; answers are not "
                        f"compared with its records", err=True)

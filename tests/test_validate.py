@@ -477,3 +477,18 @@ def test_plan_command_names_the_shipped_prompts_and_trace(tmp_path, monkeypatch)
     for entry, model in zip(plan["setups"], ("qwen3-8b", "smollm2-135m")):  # the costs' file
         assert entry["calibration"] == f"models/calibrations/h200/{model}.json"
         assert entry["calibration_sha256"] == V._sha(V.repo_file(entry["calibration"])[0])
+
+
+def test_report_finds_the_plans_trace_from_any_directory(tmp_path, monkeypatch):
+    """A plan names its trace relative to the repository; `validate report` run elsewhere
+    still compares the answers with the trace's records (round 7's plan and runs)."""
+    from click.testing import CliRunner
+
+    from specsim.cli.main import cli
+    from specsim.specs import REPO_ROOT
+    monkeypatch.chdir(tmp_path)
+    r = CliRunner().invoke(cli, [
+        "validate", "report", "--plan", str(REPO_ROOT / "benchmarks/validation-plan-h200-r7.json"),
+        "--measured", str(REPO_ROOT / "benchmarks/validation-measured-h200-r7.json")])
+    assert r.exit_code == 0, r.output
+    assert "Answers decoded exactly as the trace recorded them" in r.output
