@@ -21,7 +21,8 @@ from specsim.kernels import (plan_sparse, plan_verify, sparse_attention,  # noqa
                              sparse_attention_reference, verify_attention,
                              verify_attention_reference)
 from specsim.kernels import split_kv  # noqa: E402
-from specsim.kernels.verify_attention import default_collect_rows  # noqa: E402
+from specsim.kernels.verify_attention import (default_collect_rows,  # noqa: E402
+                                              new_logits_buffer, summed_logits)
 
 GPU = torch.cuda.is_available()
 DEVICE = "cuda" if GPU else "cpu"
@@ -107,6 +108,41 @@ def test_verify_collect_two_rows(case, separate):
     plan = _check_verify(case, None, seed=2, separate=separate)
     assert plan.collect_rows == default_collect_rows(case[3])
     assert plan.collect_separate == separate
+
+
+@pytest.mark.parametrize("rows", [None, "all"], ids=["collect-2-query", "all-rows"])
+@pytest.mark.parametrize("case", VERIFY_CASES)
+def test_verify_collect_sum(case, rows):
+    """collect_sum: one fp32 row per KV head, Σ over its query heads and the collected rows of
+    the scaled logits (what Vegas ranks by), from the summed query; equal to the reference's
+    logits summed, nothing written past each length, attention outputs unchanged."""
+    heads, kv_heads, head_dim, q_len, lengths, num_splits, block_n = case
+    lengths = [max(q_len, n) for n in lengths]
+    batch, max_len = len(lengths), max(lengths) + 3
+    generator = make_generator(31)
+    k, v = random_cache(batch, kv_heads, max_len, head_dim, generator)
+    q = torch.randn(batch, q_len, heads, head_dim, generator=generator, device=DEVICE).to(DTYPE)
+    length_tensor = torch.tensor(lengths, dtype=torch.int32, device=DEVICE)
+    collect = tuple(range(q_len)) if rows == "all" else None
+    plan = plan_verify(batch, heads, kv_heads, head_dim, q_len, max(lengths), device=DEVICE,
+                       collect_rows=collect, collect_sum=True, block_n=block_n,
+                       num_splits=num_splits)
+    assert plan.collect_sum and not plan.collect_separate
+    scores = new_logits_buffer(plan, max_len, device=DEVICE).fill_(float("nan"))
+    assert scores.shape == (batch, kv_heads, 1, max_len) and scores.dtype == torch.float32
+    out = torch.full_like(q, float("nan"))
+    verify_attention(q, k, v, length_tensor, plan, out=out, logits=scores)
+    ref_out, ref_logits, _ = verify_attention_reference(q, k, v, length_tensor,
+                                                        collect_rows=plan.collect_rows)
+    assert relative_error(out, ref_out) < TOLERANCE
+    expected = summed_logits(ref_logits, kv_heads)
+    for b, length in enumerate(lengths):
+        assert torch.isfinite(scores[b, :, :, :length]).all()
+        assert relative_error(scores[b, :, :, :length], expected[b, :, :, :length]) < TOLERANCE
+        assert torch.isnan(scores[b, :, :, length:]).all(), "wrote past the length"
+    with pytest.raises(ValueError, match="collect_rows"):
+        plan_verify(batch, heads, kv_heads, head_dim, q_len, 64, device=DEVICE,
+                    collect_sum=True)
 
 
 @pytest.mark.parametrize("case", [VERIFY_CASES[1], VERIFY_CASES[3]])

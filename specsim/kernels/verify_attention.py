@@ -72,7 +72,7 @@ def _verify_kernel(Q, K, V, Lengths, Out, Lse, PartOut, PartLse, Logits,
                    DIRECT_OUTPUT: tl.constexpr, WRITE_LSE: tl.constexpr,
                    COLLECT_MASK: tl.constexpr, COLLECT_SEPARATE: tl.constexpr,
                    N_COLLECT: tl.constexpr, COLLECT_TOKENS: tl.constexpr,
-                   BLOCK_C: tl.constexpr):
+                   BLOCK_C: tl.constexpr, COLLECT_SUM: tl.constexpr):
     pid = tl.program_id(0)
     split = tl.program_id(1)
     b = (pid // NUM_KV_HEADS).to(tl.int64)  # 64-bit: batch strides can pass 2**31
@@ -91,7 +91,13 @@ def _verify_kernel(Q, K, V, Lengths, Out, Lse, PartOut, PartLse, Logits,
     q_pos = length - Q_LEN + tok              # absolute position of each row's token
     qk_scale = sm_scale * 1.4426950408889634  # logits in base-2 units
 
-    if COLLECT_MASK != 0:
+    if COLLECT_SUM:
+        # Σ over the group's heads and the collected rows of scale·q·k = scale·(Σ q)·k: one
+        # fp32 row per KV head, from one summed query vector (the main tile's collected rows).
+        c_ok = (((tl.full([BLOCK_M], COLLECT_MASK, tl.int32) >> tok) & 1) != 0) & row_ok
+        q_sum = tl.sum(tl.where(c_ok[:, None], q.to(tl.float32), 0.0), 0)
+        c_row = Logits + b * stride_gb + kvh * stride_gh
+    elif COLLECT_MASK != 0:
         if COLLECT_SEPARATE:
             # A second, smaller tile holding only the collected rows (head, i-th collected
             # token); its logits are one extra small dot per block, stored in full.
@@ -127,7 +133,9 @@ def _verify_kernel(Q, K, V, Lengths, Out, Lse, PartOut, PartLse, Logits,
         keys = n0 + offs_n
         k = tl.load(k_base + keys[:, None] * stride_kt + dims[None, :])
         s = tl.dot(q, tl.trans(k))
-        if COLLECT_MASK != 0:
+        if COLLECT_SUM:
+            tl.store(c_row + keys, tl.sum(k.to(tl.float32) * q_sum[None, :], 1) * sm_scale)
+        elif COLLECT_MASK != 0:
             if COLLECT_SEPARATE:
                 s_c = tl.dot(q_c, tl.trans(k))
             else:
@@ -143,7 +151,10 @@ def _verify_kernel(Q, K, V, Lengths, Out, Lse, PartOut, PartLse, Logits,
         k = tl.load(k_base + keys[:, None] * stride_kt + dims[None, :], mask=key_ok[:, None],
                     other=0.0)
         s = tl.dot(q, tl.trans(k))
-        if COLLECT_MASK != 0:
+        if COLLECT_SUM:
+            tl.store(c_row + keys, tl.sum(k.to(tl.float32) * q_sum[None, :], 1) * sm_scale,
+                     mask=key_ok)
+        elif COLLECT_MASK != 0:
             if COLLECT_SEPARATE:
                 s_c = tl.dot(q_c, tl.trans(k))
             else:
@@ -187,6 +198,7 @@ class VerifyPlan:
     collect_separate: bool = False
     partial_out: torch.Tensor | None = field(repr=False, default=None)
     partial_lse: torch.Tensor | None = field(repr=False, default=None)
+    collect_sum: bool = False
 
     @property
     def group(self) -> int:
@@ -255,13 +267,17 @@ def plan_verify(batch: int, num_heads: int, num_kv_heads: int, head_dim: int, q_
                 block_m: int | None = None, block_n: int | None = None,
                 num_splits: int | None = None, num_warps: int | None = None,
                 num_stages: int | None = None, programs_per_sm: float | None = None,
-                element_size: int = 2, splits: str | None = None) -> VerifyPlan:
+                element_size: int = 2, splits: str | None = None,
+                collect_sum: bool = False) -> VerifyPlan:
     """Plan verify launches for sequences of up to ``max_context`` keys.
 
     ``collect_rows``: query rows whose logits are written (``()`` = none, ``None`` = the
     Collect-2-Query default ``default_collect_rows(q_len)``). ``collect_separate``: compute the
     collected rows' logits with a second small tile (default when only some rows are collected)
-    rather than storing them from the main tile under a row mask. Block sizes, warps, stages and
+    rather than storing them from the main tile under a row mask. ``collect_sum``: write, instead
+    of per-head logits, one fp32 row per KV head: the sum over its query heads and the collected
+    rows (what Vegas ranks by), ``Σ_{h, r} scale·q_{r,h}·k_n = scale·(Σ_{h, r} q_{r,h})·k_n``
+    (``new_logits_buffer`` sizes it). Block sizes, warps, stages and
     programs per multiprocessor default to ``DEFAULT_CONFIGS``; pass them to override.
     ``element_size``: bytes per cache element (4 for fp32 caches: fewer stages / smaller key
     blocks so the tiles fit in shared memory).
@@ -285,13 +301,17 @@ def plan_verify(batch: int, num_heads: int, num_kv_heads: int, head_dim: int, q_
     collect_rows = tuple(sorted(set(int(r) for r in collect_rows)))
     if any(not 0 <= r < q_len for r in collect_rows):
         raise ValueError(f"collect_rows {collect_rows} outside 0..{q_len - 1}")
+    if collect_sum and not collect_rows:
+        raise ValueError("collect_sum sums collected rows: give collect_rows")
     if collect_separate is None:
         collect_separate = 0 < len(collect_rows) < q_len
-    collect_separate = bool(collect_separate and collect_rows)
+    collect_separate = bool(collect_separate and collect_rows and not collect_sum)
     device = default_device(device)
     group = num_heads // num_kv_heads
     rows = max(16, next_power_of_2(group * q_len))
-    mode = "off" if not collect_rows else "separate" if collect_separate else "main"
+    # the summed row costs a few FMAs per key on top of the plain tile: its configs
+    mode = "off" if not collect_rows or collect_sum else \
+        "separate" if collect_separate else "main"
     default = DEFAULT_CONFIGS.get((head_dim, rows, mode), FALLBACK_CONFIG)
     waves = splits == "waves" and (head_dim, rows, mode) in WAVE_CONFIGS
     if waves:
@@ -319,7 +339,7 @@ def plan_verify(batch: int, num_heads: int, num_kv_heads: int, head_dim: int, q_
                                              device)
     return VerifyPlan(batch, num_heads, num_kv_heads, head_dim, q_len, collect_rows, split,
                       block_m, num_warps, num_stages, collect_separate, partial_out,
-                      partial_lse)
+                      partial_lse, bool(collect_sum))
 
 
 def verify_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -332,7 +352,8 @@ def verify_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     ``lengths`` counts each sequence's keys including its ``q`` tokens being verified and must
     not exceed the ``max_context`` the plan was made for (not checked: that would synchronise).
     When the plan collects rows, pass ``logits`` [batch, num_heads, len(collect_rows), ≥ max
-    length] (``new_logits_buffer``); the kernel writes the collected rows into it. ``lse``
+    length] (``new_logits_buffer``); the kernel writes the collected rows into it (with
+    ``collect_sum``: fp32 [batch, num_kv_heads, 1, ≥ max length], their sums per KV head). ``lse``
     [batch, num_heads, q] fp32, when given, receives each row's natural log-sum-exp.
     ``collect_rows`` is used only when ``plan`` is None (a plan is then made on the spot).
     """
@@ -353,7 +374,12 @@ def verify_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         if logits is None:
             raise ValueError("this plan collects logits: pass logits= (see new_logits_buffer)")
         gstrides = logits.stride()[:3]
-        assert logits.stride(-1) == 1 and logits.shape[2] == len(plan.collect_rows)
+        assert logits.stride(-1) == 1
+        if plan.collect_sum:
+            assert logits.shape[1:3] == (plan.num_kv_heads, 1) and \
+                logits.dtype == torch.float32, "collect_sum: fp32 [batch, kv_heads, 1, n]"
+        else:
+            assert logits.shape[2] == len(plan.collect_rows)
     else:
         logits, gstrides = out, (0, 0, 0)
     lse_strides = lse.stride() if lse is not None else (0, 0, 0)
@@ -375,7 +401,7 @@ def verify_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         BLOCK_M=plan.block_m, BLOCK_N=split.block_n, DIRECT_OUTPUT=direct,
         WRITE_LSE=lse is not None, COLLECT_MASK=plan.collect_mask,
         COLLECT_SEPARATE=plan.collect_separate, N_COLLECT=max(1, len(plan.collect_rows)),
-        COLLECT_TOKENS=plan.collect_tokens, BLOCK_C=plan.block_c,
+        COLLECT_TOKENS=plan.collect_tokens, BLOCK_C=plan.block_c, COLLECT_SUM=plan.collect_sum,
         num_warps=plan.num_warps, num_stages=plan.num_stages)
     if not direct:
         combine(plan.partial_out, plan.partial_lse, lengths, False, out, lse, split,
@@ -387,11 +413,23 @@ def new_logits_buffer(plan: VerifyPlan, max_len: int, *,
                       device: torch.device | str | None = None,
                       dtype: torch.dtype | None = None) -> torch.Tensor:
     """A ``[batch, num_heads, len(collect_rows), max_len]`` buffer for collected logits: bf16,
-    or fp32 under the interpreter (which has no bf16 arithmetic)."""
+    or fp32 under the interpreter (which has no bf16 arithmetic); for a ``collect_sum`` plan
+    fp32 ``[batch, num_kv_heads, 1, max_len]``."""
+    if plan.collect_sum:
+        return torch.empty(plan.batch, plan.num_kv_heads, 1, max_len, dtype=torch.float32,
+                           device=default_device(device))
     if dtype is None:
         dtype = torch.float32 if INTERPRETED else torch.bfloat16
     return torch.empty(plan.batch, plan.num_heads, len(plan.collect_rows), max_len,
                        dtype=dtype, device=default_device(device))
+
+
+def summed_logits(logits: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
+    """Per-head collected logits [batch, heads, rows, n] summed over each KV head's query
+    heads and the rows, in fp32: [batch, num_kv_heads, 1, n] (what ``collect_sum`` writes)."""
+    batch, heads, rows, n = logits.shape
+    grouped = logits.float().view(batch, num_kv_heads, heads // num_kv_heads * rows, n)
+    return grouped.sum(2, keepdim=True)
 
 
 def verify_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -430,4 +468,4 @@ def verify_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: 
 
 
 __all__ = ["DEFAULT_CONFIGS", "FALLBACK_CONFIG", "MAX_Q_LEN", "VerifyPlan", "default_collect_rows", "new_logits_buffer",
-           "plan_verify", "verify_attention", "verify_attention_reference"]
+           "plan_verify", "summed_logits", "verify_attention", "verify_attention_reference"]
