@@ -174,7 +174,7 @@ def run_shape(args, head_dim, context, best, results, t0):
     # verify, our kernel
     verify_us = {}
     variants = (("", "off", ()), (" +c2q", "c2q-sep", None), (" +c2q main-tile", "c2q-main", None),
-                (" +all", "all", "all"),
+                (" +c2q sum", "c2q-sum", None), (" +all", "all", "all"),
                 (" block-combine", "block", ()))
     combine_default = split_kv.COMBINE
     for q_len in args.q_lens:
@@ -185,12 +185,12 @@ def run_shape(args, head_dim, context, best, results, t0):
             try:
                 rows_collect = tuple(range(q_len)) if collect == "all" else collect
                 config = best_config(best, head_dim, q_len, group,
-                                     {"block": "off"}.get(mode, mode))
+                                     {"block": "off", "c2q-sum": "off"}.get(mode, mode))
                 plan = plan_verify(batch, heads, kv_heads, head_dim, q_len, context,
                                    collect_rows=rows_collect,
                                    collect_separate={"c2q-sep": True,
                                                      "c2q-main": False}.get(mode),
-                                   **config)
+                                   collect_sum=mode == "c2q-sum", **config)
                 # the split-KV chunks merged by the block combine (SPECSIM_COMBINE=block) or not
                 split_kv.COMBINE = "block" if mode == "block" else combine_default
                 q = torch.randn(batch, q_len, heads, head_dim, device=DEVICE, dtype=DTYPE)
@@ -211,7 +211,7 @@ def run_shape(args, head_dim, context, best, results, t0):
                                 "num_warps": plan.num_warps, "num_stages": plan.num_stages,
                                 "collect_separate": plan.collect_separate}}
             if logits is not None:
-                extra["logit_bytes"] = logits.numel() * 2
+                extra["logit_bytes"] = logits.numel() * logits.element_size()
             record(name, us, method, extra=extra)
             verify_us[(q_len, suffix)] = us
             logits = None  # free before the next variant allocates its own
@@ -481,8 +481,9 @@ def summary(results, copy_tbps, head_dims, contexts):
              "each cell: TB/s on the KV bytes read, then µs (selection: time as a multiple "
              "of one verify q=8 +c2q pass)"]
     names = ["verify q=1", "verify q=2", "verify q=4", "verify q=8", "verify q=16",
-             "verify q=8 +c2q", "verify q=8 +c2q main-tile",
+             "verify q=8 +c2q", "verify q=8 +c2q main-tile", "verify q=8 +c2q sum",
              "verify q=8 +all", "verify q=16 +c2q", "verify q=16 +c2q main-tile",
+             "verify q=16 +c2q sum",
              "verify q=16 +all", "verify q=1 block-combine",
              "verify q=8 block-combine",
              "sdpa-cudnn q=1", "sdpa-flash q=1", "sdpa-cudnn q=8", "sdpa-flash q=8",
@@ -514,13 +515,16 @@ def summary(results, copy_tbps, head_dims, contexts):
             q1, q8, q16 = (rows[f"verify q={q}"]["us"] for q in (1, 8, 16))
             c2q = rows["verify q=8 +c2q"]["us"]
             c2q16 = rows["verify q=16 +c2q"]["us"]
+            summed = [rows.get(f"verify q={q} +c2q sum", {}).get("us", float("nan")) / ref
+                      for q, ref in ((8, q8), (16, q16))]
             sdpa = [rows[n]["tbps"] for n in ("sdpa-cudnn q=1", "sdpa-flash q=1")
                     if "tbps" in rows.get(n, {})]
             checks.append(
                 f"{tag}: q8 {rows['verify q=8']['tbps']:.2f} TB/s (>=3.5) | q16/q1 "
                 f"{q16 / q1:.2f} (<=1.15) | q1 vs best sdpa "
                 f"{rows['verify q=1']['tbps'] / max(sdpa) if sdpa else float('nan'):.2f} "
-                f"(>=0.90) | c2q/off q8 {c2q / q8:.3f} q16 {c2q16 / q16:.3f} (<=1.05) | sparse "
+                f"(>=0.90) | c2q/off q8 {c2q / q8:.3f} q16 {c2q16 / q16:.3f} (sum "
+                f"{summed[0]:.3f} / {summed[1]:.3f}) (<=1.05) | sparse "
                 f"{rows['sparse s=.07 seq sorted']['tbps']:.2f} TB/s (>=2.5)")
         except (KeyError, ValueError):
             checks.append(f"{tag}: incomplete")

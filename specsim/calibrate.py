@@ -204,6 +204,7 @@ def measure(spec: ModelSpec, grid: CalibrationGrid, config: dict | None = None,
     from specsim.engine import Engine, build_model
     from specsim.engine.decode import CACHE_ALIGN, FUSED_APPEND
     from specsim.kernels.selection import RANKING
+    from specsim.engine.selection import C2Q
     from specsim.kernels.verify_attention import VERIFY_SPLITS
 
     if config is None:
@@ -232,7 +233,8 @@ def measure(spec: ModelSpec, grid: CalibrationGrid, config: dict | None = None,
     prov["engine"] = {"fuse_projections": fuse, "compile_layers": compile, "cuda_graphs": True,
                       "draft_chain": True, "draft_timed_as_chain_of": DRAFT_CHAIN,
                       "cache_align": CACHE_ALIGN, "ranking": RANKING,
-                      "fused_append": FUSED_APPEND, "verify_splits": VERIFY_SPLITS}
+                      "fused_append": FUSED_APPEND, "verify_splits": VERIFY_SPLITS,
+                      "c2q": C2Q}
 
     def measure_one(batch, context):
         rows = _measure_shape(torch, Engine, model, grid, batch, context)

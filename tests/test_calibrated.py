@@ -209,8 +209,8 @@ def test_calibration_from_an_older_engine_is_flagged():
 SHIPPED = ("llama-3.1-8b", "qwen3-4b", "qwen3-8b", "smollm2-135m")
 
 
-@pytest.mark.skipif(bool({"SPECSIM_FUSED_APPEND", "SPECSIM_RANKING", "SPECSIM_VERIFY_SPLITS"}
-                         & set(os.environ)),
+@pytest.mark.skipif(bool({"SPECSIM_FUSED_APPEND", "SPECSIM_RANKING", "SPECSIM_VERIFY_SPLITS",
+                          "SPECSIM_C2Q"} & set(os.environ)),
                     reason="engine settings overridden in the environment")
 def test_shipped_calibrations_time_the_engine_defaults():
     """Every shipped H200 file was measured with the engine's default one-position append and
@@ -219,20 +219,24 @@ def test_shipped_calibrations_time_the_engine_defaults():
     from specsim.costs import engine_summary, make_cost_model
     from specsim.engine.decode import CACHE_ALIGN, FUSED_APPEND
     from specsim.kernels.selection import RANKING
+    from specsim.engine.selection import C2Q
     from specsim.kernels.verify_attention import VERIFY_SPLITS
     for name in SHIPPED:
         cal = read_calibration(str(REPO_ROOT / "models" / "calibrations" / "h200"
                                    / f"{name}.json"))
         engine = cal.provenance["engine"]
         assert (engine.get("fused_append", False), engine.get("ranking", "topk"),
-                engine.get("cache_align"), engine.get("verify_splits", "sm")) == \
-            (FUSED_APPEND, RANKING, CACHE_ALIGN, VERIFY_SPLITS), name
+                engine.get("cache_align"), engine.get("verify_splits", "sm"),
+                engine.get("c2q", "rows")) == \
+            (FUSED_APPEND, RANKING, CACHE_ALIGN, VERIFY_SPLITS, C2Q), name
         _, note = make_cost_model(load_model(name), HW, 1, "auto")   # and predict says so
         assert "fused cache append, best ranking, chunks per multiprocessor" in note, note
     old = synthetic()
     del old.provenance["engine"]
     assert engine_summary(old) == \
         "torch cache writes, topk ranking, chunks per multiprocessor"   # files before them
+    old.provenance["engine"] = {"c2q": "sum"}
+    assert engine_summary(old).endswith("summed Collect-2-Query")
 
 
 def test_calibrate_check_command(tmp_path):
@@ -1002,10 +1006,11 @@ def test_measure_end_to_end_on_the_cpu(tmp_path, monkeypatch):
         cal.measurements)
     from specsim.engine.decode import FUSED_APPEND
     from specsim.kernels.selection import RANKING
+    from specsim.engine.selection import C2Q
     from specsim.kernels.verify_attention import VERIFY_SPLITS
     engine = back.provenance["engine"]
-    assert (engine["ranking"], engine["fused_append"], engine["verify_splits"]) \
-        == (RANKING, FUSED_APPEND, VERIFY_SPLITS)
+    assert (engine["ranking"], engine["fused_append"], engine["verify_splits"],
+            engine["c2q"]) == (RANKING, FUSED_APPEND, VERIFY_SPLITS, C2Q)
     ops = {(m.op, m.q) for m in back.measurements}
     for policy in grid.policies:
         assert {(f"overhead:speculative:{policy}", 3), (f"overhead:speculative:{policy}", 6)} \

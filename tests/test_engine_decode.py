@@ -665,3 +665,48 @@ def test_radix_ranking_in_the_engine_gives_the_same_run(tiny, ragged, plain_ragg
         assert all(a == b[:len(a)] for a, b in zip(runs[ranking].tokens, plain_ragged.tokens))
     assert [t.m.tolist() for t in runs["radix"].traces] == \
         [t.m.tolist() for t in runs["topk"].traces]
+
+
+def test_summed_collect_2_query_gives_the_same_run(tiny, ragged, plain_ragged, monkeypatch):
+    """SPECSIM_C2Q=sum: Vegas' verify writes one summed row per KV head instead of two rows
+    per query head; the refresh ranks the same positions, so the run is lossless and accepts
+    exactly as with the rows (torch path); the buffer is [layers, B, KV, 1, n] fp32."""
+    from specsim.engine import selection as S
+
+    runs = {}
+    for mode in ("rows", "sum"):
+        monkeypatch.setattr(S, "C2Q", mode)
+        runs[mode] = speculative_decode(tiny, ragged, 24, policy=SMALL["vegas"], k=4, s=0.1)
+        assert all(a == b[:len(a)] for a, b in zip(runs[mode].tokens, plain_ragged.tokens))
+    assert [t.m.tolist() for t in runs["sum"].traces] == \
+        [t.m.tolist() for t in runs["rows"].traces]
+    engine = Engine(tiny, batch=2, max_len=256, policy="vegas", s=0.1, k_max=4)
+    assert engine.selection.summed and engine.selection.logits.shape == (
+        tiny.args.num_layers, 2, tiny.args.num_kv_heads, 1, 256)
+    assert engine.selection.logits.dtype == torch.float32
+    # the proxy check compares the two rows with all rows: it keeps per-head rows
+    checked = Engine(tiny, batch=2, max_len=256, policy="vegas", s=0.1, k_max=4,
+                     proxy_check=True)
+    assert not checked.selection.summed
+    monkeypatch.setattr(S, "C2Q", "rows")
+    assert not Engine(tiny, batch=2, max_len=256, policy="vegas", s=0.1,
+                      k_max=4).selection.summed
+
+
+def test_summed_collect_2_query_through_the_kernel(monkeypatch):
+    """The same with the Triton verify kernel's collect_sum (interpreter, head_dim 64)."""
+    from specsim.engine import selection as S
+
+    config = dict(TINY, head_dim=64, num_attention_heads=4, num_key_value_heads=2,
+                  vocab_size=128)
+    model = build_model(config, seed=2, std=0.1)
+    prompts = prompts_of((70, 93), vocab=128)
+    expected = plain_decode(model, prompts, 10).tokens
+    runs = {}
+    for mode in ("rows", "sum"):
+        monkeypatch.setattr(S, "C2Q", mode)
+        runs[mode] = speculative_decode(model, prompts, 10, policy=SMALL["vegas"], k=3, s=0.3,
+                                        use_triton=True)
+        assert runs[mode].tokens == expected
+    assert [t.m.tolist() for t in runs["sum"].traces] == \
+        [t.m.tolist() for t in runs["rows"].traces]

@@ -72,7 +72,8 @@ def engine_summary(calibration) -> str:
         else "torch cache writes"
     splits = {"sm": "chunks per multiprocessor", "waves": "whole-wave chunks"}.get(
         engine_setting(engine, "verify_splits"), engine_setting(engine, "verify_splits"))
-    return f"{writes}, {engine_setting(engine, 'ranking')} ranking, {splits}"
+    summed = ", summed Collect-2-Query" if engine_setting(engine, "c2q") == "sum" else ""
+    return f"{writes}, {engine_setting(engine, 'ranking')} ranking, {splits}{summed}"
 
 
 def _shown(path) -> str:

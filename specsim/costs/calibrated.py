@@ -319,10 +319,12 @@ ENGINE_SETTING_FAMILIES = {
     "fused_append": ("plain", "draft"),      # one-position writes of plain and draft steps
     "ranking": ("selection", "draft"),       # each refresh; Quest's draft step ranks pages
     "verify_splits": ("plain", "verify"),    # how full-attention passes cut keys into chunks
+    "c2q": ("verify", "selection"),          # Vegas' collected rows, or their sum, and its refresh
 }
 #: How files from before a setting was recorded ran (torch writes, topk ranking, chunks by
-#: programs per multiprocessor).
-ENGINE_DEFAULTS = {"fused_append": False, "ranking": "topk", "verify_splits": "sm"}
+#: programs per multiprocessor, Collect-2-Query's rows per head).
+ENGINE_DEFAULTS = {"fused_append": False, "ranking": "topk", "verify_splits": "sm",
+                   "c2q": "rows"}
 
 
 def engine_setting(engine: dict, key: str):

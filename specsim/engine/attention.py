@@ -40,11 +40,12 @@ KERNEL_HEAD_DIMS = (64, 128)
 
 def verify_attention_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            lengths: torch.Tensor, *, collect_rows: tuple[int, ...] = (),
-                           logits: torch.Tensor | None = None, lse: torch.Tensor | None = None
-                           ) -> torch.Tensor:
+                           logits: torch.Tensor | None = None, lse: torch.Tensor | None = None,
+                           collect_sum: bool = False) -> torch.Tensor:
     """Verify attention, batched: q [B, T, H, D] at positions ``L_b − T + t`` over keys
     ``n ≤ L_b − T + t``. Writes ``logits[b, h, i, n] = scale·q_{rows[i]}·k_n`` (no causal
-    mask) for ``n < max L`` and ``lse`` [B, H, T] when given (as the kernel does). Reads the
+    mask; with ``collect_sum`` their sum per KV head into ``logits[b, g, 0, n]``) for
+    ``n < max L`` and ``lse`` [B, H, T] when given (as the kernel does). Reads the
     lengths on the host, so it is not CUDA-graph capturable."""
     batch, q_len, heads, dim = q.shape
     groups = k_cache.shape[1]
@@ -55,7 +56,9 @@ def verify_attention_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     qg = q.float().view(batch, q_len, groups, group, dim).permute(0, 2, 3, 1, 4)
     s = qg.reshape(batch, groups, group * q_len, dim) @ keys.transpose(-1, -2) / math.sqrt(dim)
     s = s.view(batch, groups, group, q_len, n)
-    if collect_rows:
+    if collect_rows and collect_sum:    # [B, KV, 1, n]: summed over heads and rows
+        logits[..., 0, :n] = s[:, :, :, list(collect_rows)].sum((2, 3))
+    elif collect_rows:
         logits[..., :n] = s[:, :, :, list(collect_rows)].reshape(batch, heads, -1, n)
     position = lengths.long()[:, None] - q_len + torch.arange(q_len, device=q.device)
     visible = torch.arange(n, device=q.device) <= position[..., None]      # [B, T, n]
@@ -183,18 +186,21 @@ class AttentionBackend:
         the torch path reads lengths on the host and must run eagerly."""
         return self.use_triton and (q_len is None or q_len <= MAX_Q_LEN)
 
-    def verify(self, q, k_cache, v_cache, lengths, *, collect_rows=(), logits=None, lse=None):
+    def verify(self, q, k_cache, v_cache, lengths, *, collect_rows=(), logits=None, lse=None,
+               collect_sum=False):
         q_len = q.shape[1]
+        collect_sum = bool(collect_sum and collect_rows)
         if not self.use_triton or q_len > MAX_Q_LEN:
             return verify_attention_torch(q, k_cache, v_cache, lengths, collect_rows=collect_rows,
-                                          logits=logits, lse=lse)
-        key = (q_len, tuple(collect_rows))
+                                          logits=logits, lse=lse, collect_sum=collect_sum)
+        key = (q_len, tuple(collect_rows), collect_sum)
         plan = self._verify_plans.get(key)
         if plan is None:
             plan = self._verify_plans[key] = plan_verify(*self.shape, q_len, self.max_len,
                                                          device=self.device,
                                                          collect_rows=collect_rows,
-                                                         element_size=k_cache.element_size())
+                                                         element_size=k_cache.element_size(),
+                                                         collect_sum=collect_sum)
         return verify_attention(q.contiguous(), k_cache, v_cache, lengths, plan,
                                 logits=logits if collect_rows else None, lse=lse)
 

@@ -278,12 +278,7 @@ class Engine:
                             lse: torch.Tensor) -> None:
         """The last prompt rows' logits [H, R, T] and lse [H, R] → the selection buffers
         (the policy's last ``prefill_rows`` of them)."""
-        selection, length = self.selection, logits.shape[-1]
-        rows = self._prefill_rows
-        selection.logits[layer, b, :, :rows, :length] = logits[:, -rows:].to(
-            selection.logits.dtype)
-        if selection.lse is not None:
-            selection.lse[layer, b, :, :rows] = lse[:, -rows:]
+        self.selection.store_prefill_rows(layer, b, logits, lse, self._prefill_rows)
 
     def _verify_attend(self, q_len: int, rows: tuple[int, ...]):
         cache, selection, backend = self.cache, self.selection, self.backend
@@ -293,7 +288,8 @@ class Engine:
             logits = selection.layer_logits(layer, len(rows)) if rows else None
             lse = selection.layer_lse(layer, q_len) if rows else None
             return backend.verify(q, cache.k(layer), cache.v(layer), cache.lengths,
-                                  collect_rows=rows, logits=logits, lse=lse)
+                                  collect_rows=rows, logits=logits, lse=lse,
+                                  collect_sum=selection.summed)
         return attend
 
     def _draft_attend(self):

@@ -31,6 +31,7 @@ without the check.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -43,6 +44,16 @@ from specsim.policies import SPARSESPEC_WINDOW, Policy, get_policy
 #: Policies whose lists are refreshed from collected verify logits.
 COLLECTING = ("vegas", "vegas-all", "last-token", "sparsespec")
 
+#: What Vegas' verify pass writes for its refresh: "rows", Collect-2-Query's two rows of
+#: bf16 logits per query head, summed over heads and rows by the refresh; "sum", that sum
+#: itself, one fp32 row per KV head, from the summed query (``plan_verify(collect_sum=True)``:
+#: 4–8× fewer bytes stored, no per-head tile; the refresh sums the KV heads). Rankings are
+#: the same up to rounding (the sum is formed in fp32 before any bf16 rounding).
+#: ``SPECSIM_C2Q`` sets it; the proxy check always collects rows.
+C2Q = os.environ.get("SPECSIM_C2Q", "rows")
+if C2Q not in ("rows", "sum"):
+    raise ValueError(f"SPECSIM_C2Q={C2Q!r}: expected rows or sum")
+
 #: Key distance bands of the proxy check: distance d = L − n of key position n from the next
 #: token's position L (the cache length), split at these edges: (recent, 128], (128, 512],
 #: (512, 2048], (2048, ∞). Keys with d ≤ recent are in every selection and left out.
@@ -53,7 +64,7 @@ class DraftSelection:
     def __init__(self, policy: str | Policy, s: float, *, num_layers: int, batch: int,
                  num_heads: int, num_kv_heads: int, max_len: int, k_max: int,
                  backend: attention.AttentionBackend, logits_dtype: torch.dtype,
-                 device: torch.device, proxy_check: bool = False):
+                 device: torch.device, proxy_check: bool = False, c2q: str | None = None):
         self.policy = get_policy(policy) if isinstance(policy, str) else policy
         self.s, self.backend = s, backend
         self.num_layers, self.batch, self.max_len = num_layers, batch, max_len
@@ -61,6 +72,11 @@ class DraftSelection:
         self.kind = self.policy.name
         self.indices = self.counts = self.logits = self.lse = None
         self.proxy: ProxyCheck | None = None
+        c2q = c2q or C2Q
+        if c2q not in ("rows", "sum"):
+            raise SpecsimError(f"c2q must be rows or sum, got {c2q!r}")
+        #: Vegas' verify writes the summed row per KV head (``C2Q`` "sum")
+        self.summed = self.kind == "vegas" and c2q == "sum" and not proxy_check
         if proxy_check and self.kind not in ("vegas", "vegas-all"):
             raise SpecsimError(f"the proxy check compares Vegas' two collected rows with all "
                                f"verify rows; it runs with vegas or vegas-all, not "
@@ -75,8 +91,12 @@ class DraftSelection:
         if self.kind in COLLECTING:
             rows = {"vegas": 2, "vegas-all": k_max + 1, "last-token": k_max + 1,
                     "sparsespec": SPARSESPEC_WINDOW}[self.kind]
-            self.logits = torch.zeros(num_layers, batch, num_heads, rows, max_len,
-                                      dtype=logits_dtype, device=device)
+            if self.summed:
+                self.logits = torch.zeros(num_layers, batch, num_kv_heads, 1, max_len,
+                                          dtype=torch.float32, device=device)
+            else:
+                self.logits = torch.zeros(num_layers, batch, num_heads, rows, max_len,
+                                          dtype=logits_dtype, device=device)
             if self.kind == "sparsespec":
                 self.lse = torch.zeros(num_layers, batch, num_heads, max(k_max + 1, rows),
                                        dtype=torch.float32, device=device)
@@ -111,10 +131,27 @@ class DraftSelection:
                                 "vegas-all": min(self.k_max + 1, SPARSESPEC_WINDOW)}[self.kind])
 
     def layer_logits(self, layer: int, rows: int) -> torch.Tensor:
-        """Where verify writes its collected rows for ``layer``: [B, H, rows, max_len]."""
+        """Where verify writes its collected rows for ``layer``: [B, H, rows, max_len] (summed:
+        [B, KV, 1, max_len])."""
         if self.proxy is not None:
             return self.proxy.logits[layer, :, :, :rows]
+        if self.summed:
+            return self.logits[layer]
         return self.logits[layer, :, :, :rows]
+
+    def store_prefill_rows(self, layer: int, b: int, logits: torch.Tensor,
+                           lse: torch.Tensor, rows: int) -> None:
+        """The last ``rows`` of a prompt's row logits [H, R, T] and lse [H, R] into slot ``b``
+        (summed over heads and rows per KV head when ``summed``)."""
+        length = logits.shape[-1]
+        if self.summed:
+            heads = logits.shape[0]
+            self.logits[layer, b, :, 0, :length] = logits[:, -rows:].float().reshape(
+                self.num_kv_heads, heads // self.num_kv_heads * rows, length).sum(1)
+            return
+        self.logits[layer, b, :, :rows, :length] = logits[:, -rows:].to(self.logits.dtype)
+        if self.lse is not None:
+            self.lse[layer, b, :, :rows] = lse[:, -rows:]
 
     def check_proxy(self, lengths: torch.Tensor, q_len: int) -> dict[str, torch.Tensor]:
         """After a verify of ``q_len`` rows and its rollback: the proxy check's overlap
@@ -146,7 +183,7 @@ class DraftSelection:
                                                            policy=self.policy)
             chosen, counts = chosen.expand(layers, -1, -1), counts.expand(layers, -1)
         elif self.kind in ("vegas", "vegas-all", "last-token"):
-            logits = self.logits[:, :, :, :rows]
+            logits = self.logits if self.summed else self.logits[:, :, :, :rows]
             if self.kind == "last-token":
                 # each sequence's row of its last accepted token, gathered in one pass into a
                 # contiguous [L, B, H, 1, n] (indexing a permuted view, then reshaping it,
