@@ -26,6 +26,8 @@ case "${1:-}" in
 trial)
     (CUDA_VISIBLE_DEVICES=1 timeout 90 python3 -m pytest -q -p no:cacheprovider \
         tests/test_kernels_attention.py -k "verify or wave or split" 2>&1 | tail -n 2
+     CUDA_VISIBLE_DEVICES=1 timeout 90 python3 -m pytest -q -p no:cacheprovider \
+        tests/test_engine_gpu.py -k "summed or graphs_replay" 2>&1 | tail -n 2
      CUDA_VISIBLE_DEVICES=1 timeout 150 python3 benchmarks/bench_kernels.py --head-dims 128,64 \
         --contexts 131072,32768 --q-lens 1,8,16 --no-check --budget-s 120 --out "$OUT/kernels" \
         2>&1 | grep -E "verify|targets|^hd") > /tmp/k.log 2>&1 &

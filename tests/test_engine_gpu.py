@@ -174,6 +174,26 @@ def test_radix_ranking_graphs_and_matches_topk(model, policy, monkeypatch):
             [t.m.tolist() for t in runs["topk"].traces]
 
 
+def test_summed_collect_2_query_graphs_and_matches_the_rows(model, monkeypatch):
+    """SPECSIM_C2Q=sum on the GPU path (kernel collect_sum, CUDA graphs, whole-wave splits as
+    the next default): Vegas decodes and accepts as with Collect-2-Query's rows (fp32 model:
+    the two sums differ only by rounding, far below the ranking gaps here)."""
+    import specsim.engine.selection as selection
+    import specsim.kernels.verify_attention as VA
+
+    monkeypatch.setattr(VA, "VERIFY_SPLITS", "waves")
+    batch = prompts((1500, 2100, 1800))
+    runs = {}
+    for mode in ("rows", "sum"):
+        monkeypatch.setattr(selection, "C2Q", mode)
+        engine = Engine(model, batch=3, max_len=2200, policy="vegas", s=0.1, k_max=6)
+        assert engine.selection.summed == (mode == "sum")
+        runs[mode] = engine.generate(batch, 48, k=6)
+    assert runs["sum"].tokens == runs["rows"].tokens
+    assert [t.m.tolist() for t in runs["sum"].traces] == \
+        [t.m.tolist() for t in runs["rows"].traces]
+
+
 @pytest.mark.parametrize("policy", ["quest", "vegas"])
 def test_fused_append_graphs_and_matches_the_torch_writes(model, policy):
     """Engine(fused_append=True): one kernel writes each draft/plain step's K/V rows (and
