@@ -203,8 +203,8 @@ def measure(spec: ModelSpec, grid: CalibrationGrid, config: dict | None = None,
 
     from specsim.engine import Engine, build_model
     from specsim.engine.decode import CACHE_ALIGN, FUSED_APPEND
-    from specsim.kernels.selection import RANKING
     from specsim.engine.selection import C2Q
+    from specsim.kernels.selection import RANKING
     from specsim.kernels.verify_attention import VERIFY_SPLITS
 
     if config is None:

@@ -680,6 +680,18 @@ def test_summed_collect_2_query_gives_the_same_run(tiny, ragged, plain_ragged, m
         assert all(a == b[:len(a)] for a, b in zip(runs[mode].tokens, plain_ragged.tokens))
     assert [t.m.tolist() for t in runs["sum"].traces] == \
         [t.m.tolist() for t in runs["rows"].traces]
+    # a kept prefill (its rows recorded for every policy) feeds the summed buffer alike
+    first = Engine(tiny, batch=3, max_len=760, policy="vegas", s=0.1, k_max=4)
+    kept = first.generate(ragged, 24, k=4, keep_prefill=True)
+    other = Engine(tiny, batch=2, max_len=760, policy="vegas", s=0.1, k_max=4)
+    again = other.generate(ragged[1:], 24, k=4, prefill=kept.prefill.subset([1, 2]))
+    assert again.tokens == kept.tokens[1:]
+    assert [t.m.tolist() for t in again.traces] == [t.m.tolist() for t in kept.traces[1:]]
+    monkeypatch.setattr(S, "C2Q", "rows")
+    by_rows = Engine(tiny, batch=3, max_len=760, policy="vegas", s=0.1, k_max=4).generate(
+        ragged, 24, k=4)
+    assert [t.m.tolist() for t in kept.traces] == [t.m.tolist() for t in by_rows.traces]
+    monkeypatch.setattr(S, "C2Q", "sum")
     engine = Engine(tiny, batch=2, max_len=256, policy="vegas", s=0.1, k_max=4)
     assert engine.selection.summed and engine.selection.logits.shape == (
         tiny.args.num_layers, 2, tiny.args.num_kv_heads, 1, 256)

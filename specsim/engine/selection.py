@@ -39,6 +39,7 @@ import torch
 
 from specsim.engine import attention
 from specsim.errors import SpecsimError
+from specsim.kernels.verify_attention import summed_logits
 from specsim.policies import SPARSESPEC_WINDOW, Policy, get_policy
 
 #: Policies whose lists are refreshed from collected verify logits.
@@ -145,9 +146,8 @@ class DraftSelection:
         (summed over heads and rows per KV head when ``summed``)."""
         length = logits.shape[-1]
         if self.summed:
-            heads = logits.shape[0]
-            self.logits[layer, b, :, 0, :length] = logits[:, -rows:].float().reshape(
-                self.num_kv_heads, heads // self.num_kv_heads * rows, length).sum(1)
+            self.logits[layer, b, :, :, :length] = summed_logits(logits[None, :, -rows:],
+                                                                 self.num_kv_heads)[0]
             return
         self.logits[layer, b, :, :rows, :length] = logits[:, -rows:].to(self.logits.dtype)
         if self.lse is not None:

@@ -428,7 +428,7 @@ def summed_logits(logits: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
     """Per-head collected logits [batch, heads, rows, n] summed over each KV head's query
     heads and the rows, in fp32: [batch, num_kv_heads, 1, n] (what ``collect_sum`` writes)."""
     batch, heads, rows, n = logits.shape
-    grouped = logits.float().view(batch, num_kv_heads, heads // num_kv_heads * rows, n)
+    grouped = logits.float().reshape(batch, num_kv_heads, heads // num_kv_heads * rows, n)
     return grouped.sum(2, keepdim=True)
 
 
