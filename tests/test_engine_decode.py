@@ -318,13 +318,20 @@ def test_adaptive_k_stop_rule():
     assert moved.rejected == pytest.approx(0.9 * 3.0 + 0.1 * 2.9)
 
 
-def test_prefill_reuse_gives_the_same_run(tiny, ragged):
-    first = Engine(tiny, batch=3, max_len=760, policy="quest", s=0.1, k_max=4)
-    a = first.generate(ragged, 20, k=4, keep_prefill=True)
-    other = Engine(tiny, batch=2, max_len=760, policy="quest", s=0.1, k_max=4)
-    b = other.generate(ragged[1:], 20, k=4, prefill=a.prefill.subset([1, 2]))
+def check_prefill_reuse(model, prompts, policy: str, new_tokens: int):
+    """A run keeping its prefill, then the last two prompts again from that prefill on a
+    smaller engine: the same tokens and acceptance. Returns the first run."""
+    first = Engine(model, batch=3, max_len=760, policy=policy, s=0.1, k_max=4)
+    a = first.generate(prompts, new_tokens, k=4, keep_prefill=True)
+    other = Engine(model, batch=2, max_len=760, policy=policy, s=0.1, k_max=4)
+    b = other.generate(prompts[1:], new_tokens, k=4, prefill=a.prefill.subset([1, 2]))
     assert b.tokens == a.tokens[1:]
     assert [t.m.tolist() for t in b.traces] == [t.m.tolist() for t in a.traces[1:]]
+    return a
+
+
+def test_prefill_reuse_gives_the_same_run(tiny, ragged):
+    check_prefill_reuse(tiny, ragged, "quest", 20)
 
 
 def test_timing_and_bytes(tiny, ragged):
@@ -681,12 +688,7 @@ def test_summed_collect_2_query_gives_the_same_run(tiny, ragged, plain_ragged, m
     assert [t.m.tolist() for t in runs["sum"].traces] == \
         [t.m.tolist() for t in runs["rows"].traces]
     # a kept prefill (its rows recorded for every policy) feeds the summed buffer alike
-    first = Engine(tiny, batch=3, max_len=760, policy="vegas", s=0.1, k_max=4)
-    kept = first.generate(ragged, 24, k=4, keep_prefill=True)
-    other = Engine(tiny, batch=2, max_len=760, policy="vegas", s=0.1, k_max=4)
-    again = other.generate(ragged[1:], 24, k=4, prefill=kept.prefill.subset([1, 2]))
-    assert again.tokens == kept.tokens[1:]
-    assert [t.m.tolist() for t in again.traces] == [t.m.tolist() for t in kept.traces[1:]]
+    kept = check_prefill_reuse(tiny, ragged, "vegas", 24)
     monkeypatch.setattr(S, "C2Q", "rows")
     by_rows = Engine(tiny, batch=3, max_len=760, policy="vegas", s=0.1, k_max=4).generate(
         ragged, 24, k=4)
