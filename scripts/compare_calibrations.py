@@ -17,23 +17,17 @@ import collections
 import sys
 
 from specsim.costs.calibrated import read_calibration
+from specsim.engine.selection import policy_collect_rows
 from specsim.kernels._runtime import next_power_of_2
-from specsim.kernels.verify_attention import WAVE_CONFIGS, default_collect_rows
-from specsim.policies import SPARSESPEC_WINDOW
+from specsim.kernels.verify_attention import WAVE_CONFIGS
 from specsim.specs import load_model
 
 
 
 def collected(op: str, q: int) -> tuple[int, ...]:
-    """The rows the engine's verify of ``op`` collects (``engine.selection.collect_rows``)."""
+    """The rows the engine's verify of ``op`` collects (the shared ``verify`` op is Vegas')."""
     policy = op.split(":", 1)[1] if ":" in op else ("plain" if op == "plain" else "vegas")
-    if policy == "vegas":
-        return default_collect_rows(q)
-    if policy == "last-token":
-        return tuple(range(q))
-    if policy == "sparsespec":
-        return tuple(range(max(0, q - SPARSESPEC_WINDOW), q))
-    return ()
+    return policy_collect_rows(policy, q)
 
 
 def tile(op: str, q: int, group: int, head_dim: int) -> tuple[int, int, str]:

@@ -217,11 +217,9 @@ def probe_sparse(args, rot, batch, heads, kv_heads, head_dim, context, results, 
     def tbps(us):
         return nbytes / (us * 1e-6) / 1e12
     base_us, _ = time_plan(default)
-    longest = max(1, math.ceil(count / default.split.block_n) // 4)
-    n_waves = split_kv.wave_splits(batch * kv_heads, split_kv.multiprocessor_count(device),
-                                   longest)
     waves = plan_sparse(batch, heads, kv_heads, head_dim, count, device=device,
-                        num_splits=n_waves)
+                        programs_per_sm=None)          # plan_splits' whole-wave count
+    n_waves = waves.split.num_splits
     waves_us, _ = time_plan(waves)
     timed = []
     configs = [(64, 4, 3, 1)] if DRY else [

@@ -61,6 +61,17 @@ if C2Q not in ("rows", "sum"):
 DISTANCE_BANDS = (128, 512, 2048)
 
 
+def policy_collect_rows(kind: str, q_len: int) -> tuple[int, ...]:
+    """The verify rows whose logits policy ``kind`` collects (module docstring, item 1)."""
+    if kind in ("vegas-all", "last-token"):
+        return tuple(range(q_len))
+    if kind == "vegas":
+        return attention.default_collect_rows(q_len)
+    if kind == "sparsespec":
+        return tuple(range(max(0, q_len - SPARSESPEC_WINDOW), q_len))
+    return ()
+
+
 class DraftSelection:
     def __init__(self, policy: str | Policy, s: float, *, num_layers: int, batch: int,
                  num_heads: int, num_kv_heads: int, max_len: int, k_max: int,
@@ -109,13 +120,9 @@ class DraftSelection:
 
     # ---- what the verify pass collects ------------------------------------------------------
     def collect_rows(self, q_len: int) -> tuple[int, ...]:
-        if self.kind in ("vegas-all", "last-token") or self.proxy is not None:
+        if self.proxy is not None:
             return tuple(range(q_len))
-        if self.kind == "vegas":
-            return attention.default_collect_rows(q_len)
-        if self.kind == "sparsespec":
-            return tuple(range(max(0, q_len - SPARSESPEC_WINDOW), q_len))
-        return ()
+        return policy_collect_rows(self.kind, q_len)
 
     def ranked_rows(self, q_len: int) -> int:
         """How many collected rows of the selection buffer ``refresh`` ranks by after a

@@ -124,8 +124,9 @@ def plan_sparse(batch: int, num_heads: int, num_kv_heads: int, head_dim: int,
                 max_selected: int, *, device: torch.device | str | None = None,
                 block_n: int | None = None, num_splits: int | None = None,
                 num_warps: int | None = None, num_stages: int | None = None,
-                programs_per_sm: float = 2.0, element_size: int = 2) -> SparsePlan:
-    """Plan sparse draft launches for lists of up to ``max_selected`` positions."""
+                programs_per_sm: float | None = 2.0, element_size: int = 2) -> SparsePlan:
+    """Plan sparse draft launches for lists of up to ``max_selected`` positions
+    (``programs_per_sm=None``: whole waves of programs, ``split_kv.wave_splits``)."""
     if num_heads % num_kv_heads:
         raise ValueError(f"num_heads {num_heads} is not a multiple of kv heads {num_kv_heads}")
     if head_dim not in (64, 128):
