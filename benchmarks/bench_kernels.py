@@ -330,8 +330,12 @@ def run_shape(args, head_dim, context, best, results, t0):
     k0 = rot.caches[0][0]
     pages = k0.view(batch, kv_heads, context // 16, 16, head_dim)
     page_min, page_max = pages.amin(3), pages.amax(3)
+    # SPECSIM_C2Q=sum: the verify wrote one fp32 row per KV head (the two rows' sum over its
+    # query heads); the refresh sums the KV heads and ranks
+    summed = torch.randn(batch, kv_heads, 1, context, device=DEVICE, dtype=torch.float32)
     selections = {"select streamingllm": lambda: streamingllm_select(lengths, args.sparsity,
-                                                                     max_context=context)}
+                                                                     max_context=context),
+                  "select vegas sum": lambda: vegas_select(summed, lengths, args.sparsity)}
     for ranking in ("topk", "sort", "radix"):
         suffix = "" if ranking == "topk" else f" ({ranking})"
         selections.update({
@@ -489,7 +493,7 @@ def summary(results, copy_tbps, head_dims, contexts):
              "sdpa-cudnn q=1", "sdpa-flash q=1", "sdpa-cudnn q=8", "sdpa-flash q=8",
              "flex q=1", "flex q=8", "sparse s=.07 seq sorted", "sparse s=.07 seq unsorted",
              "sparse s=.07 kvhead sorted", "sparse s=.07 seq sorted block-combine",
-             "gather+sdpa s=.07", "select vegas",
+             "gather+sdpa s=.07", "select vegas", "select vegas sum",
              "select vegas (sort)", "select sparsespec", "select sparsespec (sort)",
              "select streamingllm", "select quest", "select quest (sort)"]
     tags = [shape_tag(d, c) for d in head_dims for c in contexts]

@@ -23,6 +23,7 @@ import torch
 from specsim.engine import Engine, build_model
 from specsim.engine.decode import cache_positions, forced_prompts, truncate_trace
 from specsim.engine import model as model_mod
+from specsim.engine import selection as selection_mod
 from specsim.kernels import split_kv
 from specsim.specs import catalog_dir
 from specsim.traces.format import read_trace
@@ -63,6 +64,10 @@ def main(argv=None) -> None:
                         help="plain decoding once per split-KV combine in this list, in this "
                              "order (e.g. loop,block,loop,block: SPECSIM_COMBINE's values, "
                              "alternated to see drift); default: the configured one")
+    parser.add_argument("--c2q", default=None,
+                        help="each speculative configuration once per Collect-2-Query mode in "
+                             "this list (rows,sum: SPECSIM_C2Q's values), alternating in one "
+                             "process (one compile); default: the configured one")
     parser.add_argument("--linear", default=None,
                         help="and once per projection path in this list (torch,skinny: "
                              "SPECSIM_LINEAR's values); default: the configured one")
@@ -78,6 +83,7 @@ def main(argv=None) -> None:
     print(f"{args.model}, random bf16 weights; copy bandwidth {bandwidth / 1e12:.2f} TB/s")
     rows = []
     combine_default, linear_default = split_kv.COMBINE, model_mod.LINEAR
+    c2q_default = selection_mod.C2Q
     ks = [int(k) for k in args.ks.split(",")]
     ss = [float(s) for s in args.ss.split(",")]
     trace = read_trace(args.trace) if args.trace else None
@@ -114,24 +120,28 @@ def main(argv=None) -> None:
             if not requests:
                 print(f"  s={s}: no {args.policy} requests in the trace")
                 continue
-            for k in ks:
+            for k, c2q in [(k, c) for k in ks
+                           for c in (args.c2q.split(",") if args.c2q else [selection_mod.C2Q])]:
                 chosen = [truncate_trace(requests[b % len(requests)], k)
                           for b in range(args.batch)]
                 ids = forced_prompts(chosen, model.args.vocab_size, length=context)
                 need = cache_positions(context, max(t.tokens for t in chosen) + 1, k)
+                selection_mod.C2Q = c2q      # read by the engine's DraftSelection
                 spec_engine = Engine(model, batch=args.batch, max_len=need,
                                      policy=args.policy, s=s, k_max=k, beyond_max_position=True)
+                selection_mod.C2Q = c2q_default
                 warm = [truncate_trace(t, k) for t in chosen]
                 for t in warm:   # a short replay first: compiles kernels, captures graphs
                     t.k, t.m, t.context = t.k[:3], t.m[:3], t.context[:3]
                 spec_engine.generate(ids, 1, forced=warm, prefill="random")
                 result = spec_engine.generate(ids, 1, forced=chosen, prefill="random")
                 speedup = result.tokens_per_second / plain.tokens_per_second
-                print(f"  s={s} k={k}: {result.tokens_per_second:.0f} tokens/s, "
+                print(f"  s={s} k={k} c2q {c2q}: {result.tokens_per_second:.0f} tokens/s, "
                       f"{result.tokens_per_iteration:.2f} tokens/iteration, "
                       f"speedup {speedup:.2f}x, split "
                       + ", ".join(f"{p} {v:.3f}s" for p, v in result.timing.items()))
                 rows.append({"context": context, "mode": args.policy, "s": s, "k": k,
+                             "c2q": c2q,
                              "tokens_per_second": result.tokens_per_second,
                              "tokens_per_iteration": result.tokens_per_iteration,
                              "speedup": speedup, "timing": result.timing})
