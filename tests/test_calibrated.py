@@ -230,7 +230,7 @@ def test_shipped_calibrations_time_the_engine_defaults():
                 engine.get("c2q", "rows")) == \
             (FUSED_APPEND, RANKING, CACHE_ALIGN, VERIFY_SPLITS, C2Q), name
         _, note = make_cost_model(load_model(name), HW, 1, "auto")   # and predict says so
-        assert "fused cache append, best ranking, chunks per multiprocessor" in note, note
+        assert "fused cache append, best ranking, whole-wave chunks" in note, note
     old = synthetic()
     del old.provenance["engine"]
     assert engine_summary(old) == \
@@ -1157,3 +1157,17 @@ def test_compare_calibrations_script(tmp_path, capsys):
     assert script.main([str(tmp_path / "old.json"), str(tmp_path / "new.json"),
                         "--fail-above", "1.05"]) == 1
     assert "exceeds 1.05" in capsys.readouterr().out
+    # plain at batch 1 (+20%) is a WAVE_CONFIGS tile at hd128 ("off", 16 rows): still gated
+    changed = (MODEL.head_dim, 16, "off") in script.WAVE_CONFIGS
+    assert script.main([str(tmp_path / "old.json"), str(tmp_path / "new.json"),
+                        "--fail-above", "1.05", "--changed-only"]) == (1 if changed else 0)
+    slower = [dataclasses.replace(m, samples_ms=[x * 1.1 for x in m.samples_ms])
+              if m.op == "verify" and m.q == 1 else m for m in old.measurements]
+    Calibration(old.provenance, old.ceilings, slower).write(str(tmp_path / "drift.json"))
+    capsys.readouterr()
+    # a tile outside WAVE_CONFIGS 10% slower: drift, reported, gated only without the flag
+    assert script.main([str(tmp_path / "old.json"), str(tmp_path / "drift.json"),
+                        "--fail-above", "1.05", "--changed-only"]) == 0
+    assert "drift between the runs): mean ratios 1.100..1.100" in capsys.readouterr().out
+    assert script.main([str(tmp_path / "old.json"), str(tmp_path / "drift.json"),
+                        "--fail-above", "1.05"]) == 1

@@ -208,7 +208,7 @@ def test_wave_splits_fill_whole_waves():
 
 
 def test_plan_verify_split_rules(monkeypatch):
-    """"sm" (the default) keeps DEFAULT_CONFIGS' programs per multiprocessor; "waves" cuts
+    """"sm" keeps DEFAULT_CONFIGS' programs per multiprocessor; "waves" (the default) cuts
     whole waves with WAVE_CONFIGS' key blocks; a caller's programs_per_sm or num_splits wins."""
     monkeypatch.setattr(split_kv, "multiprocessor_count", lambda device: 132)
     V = importlib.import_module("specsim.kernels.verify_attention")   # not the function
@@ -237,7 +237,7 @@ def test_plan_verify_split_rules(monkeypatch):
     # a caller's num_splits=1 keeps the tile's own blocks
     assert plan_verify(32, 9, 3, 64, 1, 4096, device=DEVICE, splits="waves",
                        num_splits=1).split.block_n == 128
-    monkeypatch.setattr(V, "VERIFY_SPLITS", "waves")   # the environment's setting
+    monkeypatch.setattr(V, "VERIFY_SPLITS", "waves")   # the default / environment's setting
     assert plan_verify(4, 32, 8, 128, 1, 32768, device=DEVICE).split.num_splits == 4
     assert plan_verify(4, 32, 8, 128, 1, 32768, device=DEVICE,   # 17 asked, 16 blocks each
                        programs_per_sm=4).split.num_splits == 16

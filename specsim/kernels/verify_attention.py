@@ -236,11 +236,12 @@ DEFAULT_CONFIGS = {
 FALLBACK_CONFIG = (64, 4, 3, 2, None)
 
 #: How ``plan_verify`` cuts each (sequence, KV head)'s keys into chunks by default:
-#: ``"sm"``, ``DEFAULT_CONFIGS``' programs per multiprocessor; ``"waves"``, for the tiles of
-#: ``WAVE_CONFIGS``, the fewest whole waves of programs (``split_kv.wave_splits``) with those
-#: key blocks (the other tiles keep "sm"). ``SPECSIM_VERIFY_SPLITS`` sets it; ``plan_verify``'s
-#: ``splits`` argument overrides it.
-VERIFY_SPLITS = os.environ.get("SPECSIM_VERIFY_SPLITS", "sm")
+#: ``"waves"`` (the default since session 11, when all four shipped H200 calibrations were
+#: re-measured with it), for the tiles of ``WAVE_CONFIGS``, the fewest whole waves of programs
+#: (``split_kv.wave_splits``) with those key blocks, the other tiles as "sm"; ``"sm"``,
+#: ``DEFAULT_CONFIGS``' programs per multiprocessor for every tile. ``SPECSIM_VERIFY_SPLITS``
+#: sets it; ``plan_verify``'s ``splits`` argument overrides it.
+VERIFY_SPLITS = os.environ.get("SPECSIM_VERIFY_SPLITS", "waves")
 if VERIFY_SPLITS not in ("sm", "waves"):
     raise ValueError(f"SPECSIM_VERIFY_SPLITS={VERIFY_SPLITS!r}: expected sm or waves")
 #: (head_dim, tile rows, collect mode) -> (block_n, num_warps, num_stages) under "waves" (no
