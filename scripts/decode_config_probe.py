@@ -34,6 +34,19 @@ from specsim.kernels.verify_attention import (new_logits_buffer, plan_verify,  #
 CASES = {128: [(1, "off"), (8, "off"), (8, "separate")], 64: [(1, "off"), (8, "off")]}
 
 
+def parse_cases(text: str) -> list[tuple[int, str]]:
+    """``"8:separate,8:main,16:main"`` -> [(8, "separate"), ...]: q and collect mode (off: no
+    logits; separate / main: Collect-2-Query's default rows, computed in a second small tile
+    or stored from the main tile under a row mask)."""
+    cases = []
+    for item in text.split(","):
+        q, _, mode = item.partition(":")
+        if mode not in ("off", "separate", "main") or not q.isdigit():
+            raise SystemExit(f"--cases: expected q:off|separate|main items, got {item!r}")
+        cases.append((int(q), mode))
+    return cases
+
+
 def grid(head_dim, context, batch_kv, dry):
     if dry:
         return [(64, 4, 2, n) for n in (1, 2)]
@@ -60,6 +73,9 @@ def main():
     parser.add_argument("--budget-s", type=float, default=400.0)
     parser.add_argument("--out", default=os.environ.get("OUT", "benchmarks/out"))
     parser.add_argument("--no-verify", action="store_true", help="only the sparse kernel")
+    parser.add_argument("--cases", default="", help="q:mode list instead of the head dim's "
+                        "defaults (modes off, separate, main), e.g. 8:separate,8:main,16:main "
+                        "for Collect-2-Query's tile choice")
     parser.add_argument("--dry-run", action="store_true")
     args = parser.parse_args()
     if DRY:
@@ -79,11 +95,13 @@ def main():
             rot = bk.Rotation(batch, kv_heads, context, head_dim)
             lengths = torch.full((batch,), context, dtype=torch.int32, device=device)
             kv_bytes = 2 * batch * kv_heads * context * head_dim * 2
-            for q_len, mode in [] if args.no_verify else CASES[head_dim]:
+            cases = parse_cases(args.cases) if args.cases else CASES[head_dim]
+            for q_len, mode in [] if args.no_verify else cases:
                 q = torch.randn(batch, q_len, heads, head_dim, device=device, dtype=dtype)
                 collect = () if mode == "off" else None
+                tile = {} if mode == "off" else {"collect_separate": mode == "separate"}
                 default = plan_verify(batch, heads, kv_heads, head_dim, q_len, context,
-                                      device=device, collect_rows=collect)
+                                      device=device, collect_rows=collect, **tile)
                 logits = new_logits_buffer(default, context, device=device) \
                     if default.collect_rows else None
                 k0, v0 = rot.caches[0]
@@ -105,17 +123,17 @@ def main():
 
                 base_us, _ = time_plan(default, "loop")
                 waves = plan_verify(batch, heads, kv_heads, head_dim, q_len, context,
-                                    device=device, collect_rows=collect, splits="waves")
+                                    device=device, collect_rows=collect, splits="waves", **tile)
                 waves_us, _ = time_plan(waves, "loop")
-                cases = grid(head_dim, context, batch * kv_heads, DRY)
-                for block_n, warps, stages, splits in cases:
+                for block_n, warps, stages, splits in grid(head_dim, context, batch * kv_heads,
+                                                           DRY):
                     if time.time() - t0 > args.budget_s:
                         break
                     try:
                         plan = plan_verify(batch, heads, kv_heads, head_dim, q_len, context,
                                            device=device, collect_rows=collect,
                                            block_n=block_n, num_warps=warps,
-                                           num_stages=stages, num_splits=splits)
+                                           num_stages=stages, num_splits=splits, **tile)
                         us, error = time_plan(plan, "loop")
                     except Exception as exc:   # out of resources and the like
                         bk.log(f"  hd{head_dim} {context} q{q_len} {mode} "
@@ -133,7 +151,8 @@ def main():
                     block_n, warps, stages, splits = config
                     plan = plan_verify(batch, heads, kv_heads, head_dim, q_len, context,
                                        device=device, collect_rows=collect, block_n=block_n,
-                                       num_warps=warps, num_stages=stages, num_splits=splits)
+                                       num_warps=warps, num_stages=stages, num_splits=splits,
+                                       **tile)
                     b_us, b_error = time_plan(plan, "block")
                     block.append((b_us, config, b_error))
                     results.append({"head_dim": head_dim, "context": context, "q": q_len,
