@@ -44,6 +44,11 @@ def copy_bandwidth(device, gib: float = 4.0) -> float:
     return 2 * a.numel() * a.element_size() / sorted(times[2:])[len(times[2:]) // 2]
 
 
+def each(values: str | None, configured: str) -> list[str]:
+    """A switch's values to alternate: the comma-separated list given, else the configured one."""
+    return values.split(",") if values else [configured]
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="qwen3-8b")
@@ -91,9 +96,8 @@ def main(argv=None) -> None:
         prompts = [[0] * context] * args.batch
         max_len = context + args.new_tokens * (max(ks) + 1) + max(ks) + 2
         variants = [(method, path)
-                    for method in (args.combine.split(",") if args.combine
-                                   else [split_kv.COMBINE])
-                    for path in (args.linear.split(",") if args.linear else [model_mod.LINEAR])]
+                    for method in each(args.combine, split_kv.COMBINE)
+                    for path in each(args.linear, model_mod.LINEAR)]
         for method, path in variants:
             split_kv.COMBINE, model_mod.LINEAR = method, path
             engine = Engine(model, batch=args.batch, max_len=max_len, policy="full", k_max=1,
@@ -120,8 +124,7 @@ def main(argv=None) -> None:
             if not requests:
                 print(f"  s={s}: no {args.policy} requests in the trace")
                 continue
-            for k, c2q in [(k, c) for k in ks
-                           for c in (args.c2q.split(",") if args.c2q else [selection_mod.C2Q])]:
+            for k, c2q in [(k, c) for k in ks for c in each(args.c2q, c2q_default)]:
                 chosen = [truncate_trace(requests[b % len(requests)], k)
                           for b in range(args.batch)]
                 ids = forced_prompts(chosen, model.args.vocab_size, length=context)

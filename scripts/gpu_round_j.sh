@@ -10,8 +10,9 @@
 #      a repeat is the noise) -> $OUT/c2q.json; bench_kernels under waves at 128K/32K/8K,
 #      hd128 and hd64, q 1, 8, 16 ("+c2q sum" and "select vegas sum" beside the rows)
 #      -> $OUT/kernels/bench_kernels.json
-#   2  (~560 s)  C2Q=rows|sum bash scripts/gpu_round_j.sh cal smollm2-135m,qwen3-4b 150,380
-#   3  (~560 s)  C2Q=rows|sum bash scripts/gpu_round_j.sh cal qwen3-8b,llama-3.1-8b 270,270
+#   2  (351 s)   C2Q=rows|sum bash scripts/gpu_round_j.sh cal smollm2-135m,qwen3-4b 170,300
+#   3  (243 s)   C2Q=rows|sum bash scripts/gpu_round_j.sh cal qwen3-8b,llama-3.1-8b 250,250
+#      (session 11 ran both with C2Q=rows: sum lost in call 1; the times are those runs')
 #      plain and verify rows (with C2Q=sum, selection too) under waves, the models one after
 #      the other -> $OUT/cal/<model>.json (written after every shape: a cut call keeps them)
 #

@@ -17,8 +17,11 @@
 # add (head_dim, rows, "main") to WAVE_CONFIGS, make plan_verify store Vegas' rows from the main
 # tile for those tiles (collect_separate's default), test it (tests/test_kernels_attention.py:
 # the plan rule and the logits in the interpreter), then re-measure the verify rows of the
-# four calibrations (`C2Q=rows bash scripts/gpu_round_j.sh cal ...` with --only verify: about
-# 60-100 s per model) and gate them with compare_calibrations.py --changed-only.
+# four calibrations, per model (about 60-120 s each):
+#   PYTHONPATH=. python3 scripts/calibrate_shipped.py --out-dir "$OUT/cal" --models <m> \
+#       --only verify --budget-s 200 --repeats 10
+# and gate them with compare_calibrations.py --changed-only before merge_calibrations.py
+# --replace verify.
 set -u
 export PYTHONPATH=. PYTHONUNBUFFERED=1
 case "${1:-}" in
