@@ -114,7 +114,7 @@ def test_verify_collect_two_rows(case, separate):
 @pytest.mark.parametrize("case", VERIFY_CASES)
 def test_verify_collect_sum(case, rows):
     """collect_sum: one fp32 row per KV head, Σ over its query heads and the collected rows of
-    the scaled logits (what Vegas ranks by), from the summed query; equal to the reference's
+    the scaled logits (what Vegas ranks by), from the collecting tile; equal to the reference's
     logits summed, nothing written past each length, attention outputs unchanged."""
     heads, kv_heads, head_dim, q_len, lengths, num_splits, block_n = case
     lengths = [max(q_len, n) for n in lengths]
@@ -127,7 +127,8 @@ def test_verify_collect_sum(case, rows):
     plan = plan_verify(batch, heads, kv_heads, head_dim, q_len, max(lengths), device=DEVICE,
                        collect_rows=collect, collect_sum=True, block_n=block_n,
                        num_splits=num_splits)
-    assert plan.collect_sum and not plan.collect_separate
+    # Collect-2-Query's rows from the separate tile, all rows from the main one
+    assert plan.collect_sum and plan.collect_separate == (rows != "all" and q_len > 1)
     scores = new_logits_buffer(plan, max_len, device=DEVICE).fill_(float("nan"))
     assert scores.shape == (batch, kv_heads, 1, max_len) and scores.dtype == torch.float32
     out = torch.full_like(q, float("nan"))

@@ -91,16 +91,11 @@ def _verify_kernel(Q, K, V, Lengths, Out, Lse, PartOut, PartLse, Logits,
     q_pos = length - Q_LEN + tok              # absolute position of each row's token
     qk_scale = sm_scale * 1.4426950408889634  # logits in base-2 units
 
-    if COLLECT_SUM:
-        # Σ over the group's heads and the collected rows of scale·q·k = scale·(Σ q)·k: one
-        # fp32 row per KV head, from one summed query vector (the main tile's collected rows).
-        c_ok = (((tl.full([BLOCK_M], COLLECT_MASK, tl.int32) >> tok) & 1) != 0) & row_ok
-        q_sum = tl.sum(tl.where(c_ok[:, None], q.to(tl.float32), 0.0), 0)
-        c_row = Logits + b * stride_gb + kvh * stride_gh
-    elif COLLECT_MASK != 0:
+    if COLLECT_MASK != 0:
         if COLLECT_SEPARATE:
             # A second, smaller tile holding only the collected rows (head, i-th collected
-            # token); its logits are one extra small dot per block, stored in full.
+            # token); its logits are one extra small dot per block, stored in full (or, with
+            # COLLECT_SUM, summed over the tile's rows: one fp32 row per KV head).
             crow = tl.arange(0, BLOCK_C)
             c_slot = crow % N_COLLECT
             c_head = kvh * GROUP + crow // N_COLLECT
@@ -117,7 +112,10 @@ def _verify_kernel(Q, K, V, Lengths, Out, Lse, PartOut, PartLse, Logits,
                 if (COLLECT_MASK >> i) & 1:
                     c_slot += (tok > i).to(tl.int32)
             c_head = head
-        c_rows = Logits + b * stride_gb + c_head * stride_gh + c_slot * stride_gr
+        if COLLECT_SUM:
+            c_row = Logits + b * stride_gb + kvh * stride_gh
+        else:
+            c_rows = Logits + b * stride_gb + c_head * stride_gh + c_slot * stride_gr
 
     k_base = K + b * stride_kb + kvh * stride_kh
     v_base = V + b * stride_vb + kvh * stride_vh
@@ -134,7 +132,11 @@ def _verify_kernel(Q, K, V, Lengths, Out, Lse, PartOut, PartLse, Logits,
         k = tl.load(k_base + keys[:, None] * stride_kt + dims[None, :])
         s = tl.dot(q, tl.trans(k))
         if COLLECT_SUM:
-            tl.store(c_row + keys, tl.sum(k.to(tl.float32) * q_sum[None, :], 1) * sm_scale)
+            if COLLECT_SEPARATE:
+                s_c = tl.dot(q_c, tl.trans(k))
+            else:
+                s_c = s
+            tl.store(c_row + keys, tl.sum(tl.where(c_ok[:, None], s_c, 0.0), 0) * sm_scale)
         elif COLLECT_MASK != 0:
             if COLLECT_SEPARATE:
                 s_c = tl.dot(q_c, tl.trans(k))
@@ -152,7 +154,11 @@ def _verify_kernel(Q, K, V, Lengths, Out, Lse, PartOut, PartLse, Logits,
                     other=0.0)
         s = tl.dot(q, tl.trans(k))
         if COLLECT_SUM:
-            tl.store(c_row + keys, tl.sum(k.to(tl.float32) * q_sum[None, :], 1) * sm_scale,
+            if COLLECT_SEPARATE:
+                s_c = tl.dot(q_c, tl.trans(k))
+            else:
+                s_c = s
+            tl.store(c_row + keys, tl.sum(tl.where(c_ok[:, None], s_c, 0.0), 0) * sm_scale,
                      mask=key_ok)
         elif COLLECT_MASK != 0:
             if COLLECT_SEPARATE:
@@ -277,8 +283,9 @@ def plan_verify(batch: int, num_heads: int, num_kv_heads: int, head_dim: int, q_
     collected rows' logits with a second small tile (default when only some rows are collected)
     rather than storing them from the main tile under a row mask. ``collect_sum``: write, instead
     of per-head logits, one fp32 row per KV head: the sum over its query heads and the collected
-    rows (what Vegas ranks by), ``Σ_{h, r} scale·q_{r,h}·k_n = scale·(Σ_{h, r} q_{r,h})·k_n``
-    (``new_logits_buffer`` sizes it). Block sizes, warps, stages and
+    rows (what Vegas ranks by), ``Σ_{h, r} scale·q_{r,h}·k_n`` (the collecting tile's logits summed
+    over its rows, from the separate tile or the main one as for per-head logits;
+    ``new_logits_buffer`` sizes it). Block sizes, warps, stages and
     programs per multiprocessor default to ``DEFAULT_CONFIGS``; pass them to override.
     ``element_size``: bytes per cache element (4 for fp32 caches: fewer stages / smaller key
     blocks so the tiles fit in shared memory).
@@ -306,11 +313,12 @@ def plan_verify(batch: int, num_heads: int, num_kv_heads: int, head_dim: int, q_
         raise ValueError("collect_sum sums collected rows: give collect_rows")
     if collect_separate is None:
         collect_separate = 0 < len(collect_rows) < q_len
-    collect_separate = bool(collect_separate and collect_rows and not collect_sum)
+    collect_separate = bool(collect_separate and collect_rows)
     device = default_device(device)
     group = num_heads // num_kv_heads
     rows = max(16, next_power_of_2(group * q_len))
-    # the summed row costs a few FMAs per key on top of the plain tile: its configs
+    # the summed row (the separate tile's small dot, summed over its rows, one fp32 row per
+    # KV head) ran within 4-5% of off on the plain tile's configs (c2q_store_probe, hd128 q8)
     mode = "off" if not collect_rows or collect_sum else \
         "separate" if collect_separate else "main"
     default = DEFAULT_CONFIGS.get((head_dim, rows, mode), FALLBACK_CONFIG)
