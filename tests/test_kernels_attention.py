@@ -238,6 +238,19 @@ def test_plan_verify_split_rules(monkeypatch):
     # a caller's num_splits=1 keeps the tile's own blocks
     assert plan_verify(32, 9, 3, 64, 1, 4096, device=DEVICE, splits="waves",
                        num_splits=1).split.block_n == 128
+    # collect_sum's tiles run whole waves: at q = 16 the 64-row hd128 tile on 128-key blocks
+    # (not the off tile's "sm" plan of 64-key blocks in one chunk), the 128-row hd64 one on
+    # 8 warps (not 256-key blocks); under "sm" they keep the plain tile's plans
+    for heads, head_dim, expected in ((32, 128, (128, 4, 3, 4)), (64, 64, (128, 8, 3, 4))):
+        plan = plan_verify(4, heads, 8, head_dim, 16, 131072, device=DEVICE, collect_rows=None,
+                           collect_sum=True, splits="waves")
+        assert (plan.split.block_n, plan.num_warps, plan.num_stages,
+                plan.split.num_splits) == expected, head_dim
+        sm = plan_verify(4, heads, 8, head_dim, 16, 131072, device=DEVICE, collect_rows=None,
+                         collect_sum=True, splits="sm")
+        off = plan_verify(4, heads, 8, head_dim, 16, 131072, device=DEVICE, splits="sm")
+        assert (sm.split, sm.num_warps, sm.num_stages) == (off.split, off.num_warps,
+                                                          off.num_stages)
     monkeypatch.setattr(V, "VERIFY_SPLITS", "waves")   # the default / environment's setting
     assert plan_verify(4, 32, 8, 128, 1, 32768, device=DEVICE).split.num_splits == 4
     assert plan_verify(4, 32, 8, 128, 1, 32768, device=DEVICE,   # 17 asked, 16 blocks each

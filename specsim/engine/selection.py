@@ -47,9 +47,11 @@ COLLECTING = ("vegas", "vegas-all", "last-token", "sparsespec")
 
 #: What Vegas' verify pass writes for its refresh: "rows", Collect-2-Query's two rows of
 #: bf16 logits per query head, summed over heads and rows by the refresh; "sum", that sum
-#: itself, one fp32 row per KV head, from the summed query (``plan_verify(collect_sum=True)``:
-#: 4–8× fewer bytes stored, no per-head tile; the refresh sums the KV heads). Rankings are
-#: the same up to rounding (the sum is formed in fp32 before any bf16 rounding).
+#: itself, one fp32 row per KV head, the collecting tile's logits summed over its rows
+#: (``plan_verify(collect_sum=True)``: 4–8× fewer bytes stored; the refresh sums the KV heads;
+#: on the H200 1.04–1.06× the plain verify pass at hd128 q = 8 against the rows' 1.09×,
+#: BENCHMARKS.md session 12). Rankings are the same up to rounding (the sum is formed in fp32
+#: before any bf16 rounding).
 #: ``SPECSIM_C2Q`` sets it; the proxy check always collects rows.
 C2Q = os.environ.get("SPECSIM_C2Q", "rows")
 if C2Q not in ("rows", "sum"):

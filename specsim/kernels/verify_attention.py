@@ -261,6 +261,12 @@ WAVE_CONFIGS = {
     (128, 16, "off"): (128, 4, 3), (128, 32, "off"): (128, 4, 3),
     (128, 32, "separate"): (128, 4, 3), (128, 64, "main"): (128, 4, 3),
     (64, 16, "off"): (128, 4, 4), (64, 32, "off"): (128, 4, 4), (64, 64, "off"): (128, 4, 4),
+    # collect_sum (session 12, c2q_store_probe --sum-configs, batch 4, 128K and 32K): the off
+    # tiles' key blocks, and at the 64-row hd128 / 128-row hd64 tiles 1.005 / 1.014× off
+    # where their "sm" off plans ran 1.16 / 3.5×
+    (128, 16, "sum"): (128, 4, 3), (128, 32, "sum"): (128, 4, 3), (128, 64, "sum"): (128, 4, 3),
+    (64, 16, "sum"): (128, 4, 4), (64, 32, "sum"): (128, 4, 4), (64, 64, "sum"): (128, 4, 4),
+    (64, 128, "sum"): (128, 8, 3),
 }
 #: Key blocks when a tile of ``WAVE_CONFIGS`` runs as one chunk (one wave 70–100% full): a
 #: program then streams its whole context, and at hd64 256-key blocks keep enough bytes in
@@ -319,9 +325,10 @@ def plan_verify(batch: int, num_heads: int, num_kv_heads: int, head_dim: int, q_
     rows = max(16, next_power_of_2(group * q_len))
     # the summed row (the separate tile's small dot, summed over its rows, one fp32 row per
     # KV head) ran within 4-5% of off on the plain tile's configs (c2q_store_probe, hd128 q8)
-    mode = "off" if not collect_rows or collect_sum else \
+    mode = "off" if not collect_rows else "sum" if collect_sum else \
         "separate" if collect_separate else "main"
-    default = DEFAULT_CONFIGS.get((head_dim, rows, mode), FALLBACK_CONFIG)
+    base_mode = "off" if mode == "sum" else mode     # "sm" plans: the plain tile's
+    default = DEFAULT_CONFIGS.get((head_dim, rows, base_mode), FALLBACK_CONFIG)
     waves = splits == "waves" and (head_dim, rows, mode) in WAVE_CONFIGS
     if waves:
         default = WAVE_CONFIGS[(head_dim, rows, mode)] + (None, None)
@@ -336,7 +343,7 @@ def plan_verify(batch: int, num_heads: int, num_kv_heads: int, head_dim: int, q_
     block_n, num_stages = fit_shared_memory(block_m, block_n, head_dim, num_stages, element_size)
     split = plan_splits(max_context, batch * num_kv_heads, block_n, device,
                         num_splits=num_splits, programs_per_sm=programs_per_sm)
-    single = SINGLE_CHUNK_CONFIGS.get((head_dim, rows, mode))
+    single = SINGLE_CHUNK_CONFIGS.get((head_dim, rows, base_mode))
     if waves and not caller and num_splits is None and split.num_splits == 1 and single:
         block_n, num_warps, num_stages = single
         block_n, num_stages = fit_shared_memory(block_m, block_n, head_dim, num_stages,
