@@ -19,6 +19,9 @@ production kernel:
     5 late       1 with the store after the value load and the softmax update
     6 sum-main   fp32 Σ over the main tile's collected rows [batch, kv_heads, n]
     7 sum-sep    fp32 Σ over the separate tile's rows [batch, kv_heads, n]
+    rows-l2      1 with every block of a program stored into the same [16, block_n] slot of a
+                 0.5 MB buffer (wrong logits, no DRAM writes: is the cost the DRAM or the SM's
+                 store path?)
 
     PYTHONPATH=. python3 scripts/c2q_store_probe.py --out DIR        # GPU
     PYTHONPATH=. python3 scripts/c2q_store_probe.py --dry-run        # CPU, interpreter, tiny
@@ -44,7 +47,8 @@ from specsim.kernels.verify_attention import (new_logits_buffer, plan_verify,  #
                                               verify_attention, verify_attention_reference)
 
 NAMES = ["off", "rows", "dot-only", "store-only", "keys", "late", "sum-main", "sum-sep",
-         "prod-off", "prod-rows", "prod-sum"]
+         "prod-off", "prod-rows", "prod-sum", "rows-l2"]
+PROBED = NAMES[:8] + ["rows-l2"]          # the probe kernel's variants (the rest: production)
 
 
 @triton.jit
@@ -63,7 +67,11 @@ def _store(ptrs, value, mask, STORE: tl.constexpr):
 def _collect(s, k, q_c, keys, key_ok, c_rows, c_ok, crow, Logits, length, sm_scale,
              VARIANT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr,
              STORE: tl.constexpr):
-    if VARIANT == 1 or VARIANT == 5:
+    if VARIANT == 11:      # the same slot every block: the bytes stay in L2
+        s_c = tl.dot(q_c, tl.trans(k))
+        _store(c_rows[:, None] + (keys % BLOCK_N)[None, :], (s_c * sm_scale).to(tl.bfloat16),
+               c_ok[:, None] & key_ok[None, :], STORE)
+    elif VARIANT == 1 or VARIANT == 5:
         s_c = tl.dot(q_c, tl.trans(k))
         _store(c_rows[:, None] + keys[None, :], (s_c * sm_scale).to(tl.bfloat16),
                c_ok[:, None] & key_ok[None, :], STORE)
@@ -121,6 +129,8 @@ def _probe_kernel(Q, K, V, Lengths, PartOut, PartLse, Logits,
         c_rows = Logits + b * stride_gb + kvh * stride_gh + crow
     elif VARIANT == 6 or VARIANT == 7:
         c_rows = Logits + b * stride_gb + kvh * stride_gh
+    elif VARIANT == 11:   # one [BLOCK_C, BLOCK_N] slot per program
+        c_rows = Logits + ((pid * num_splits + split) * BLOCK_C + crow) * BLOCK_N
     else:                 # [b, h, i, n]
         c_rows = Logits + b * stride_gb + c_head * stride_gh + (crow % 2) * stride_gr
     if VARIANT == 6:
@@ -203,8 +213,12 @@ def run_variant(variant, plan, q, k, v, lengths, out, logits, store=0, split_loo
             num_kv_heads=plan.num_kv_heads, q_len=q_len, group=plan.group)
 
 
-def buffer(variant, batch, heads, kv_heads, n, device):
+def buffer(variant, batch, heads, kv_heads, n, device, plan=None):
     dtype = torch.float32 if DRY else torch.bfloat16
+    if variant == 11:                # a slot per program (0.5 MB at batch 4 x 8 KV heads)
+        programs = batch * kv_heads * plan.split.num_splits
+        return torch.empty(programs, max(16, heads // kv_heads * 2), plan.split.block_n,
+                           dtype=dtype, device=device)
     if variant in (6, 7):
         return torch.empty(batch, kv_heads, n, dtype=torch.float32, device=device)
     if variant == 4:
@@ -253,9 +267,9 @@ def main():
     device, dtype = bk.DEVICE, bk.DTYPE
     specs = args.variants.split(",")
     for spec in specs:
-        if spec.split(".")[0] not in NAMES[:8] or not set(spec.split(".")[1:]) <= {
+        if spec.split(".")[0] not in PROBED or not set(spec.split(".")[1:]) <= {
                 "cs", "ef", "wt", "w8", "s4", "masked"}:
-            raise SystemExit(f"--variants: unknown {spec!r} (names: {', '.join(NAMES[:8])})")
+            raise SystemExit(f"--variants: unknown {spec!r} (names: {', '.join(PROBED)})")
     t0 = time.time()
     results, table = [], []
     for head_dim in map(int, args.head_dims.split(",")):
@@ -349,7 +363,7 @@ def main():
                                             num_splits=plan.split.num_splits)
                     extra = {"store": store, "split_loops": "masked" not in mods}
                     out = torch.full_like(q, float("nan"))
-                    logits = buffer(variant, batch, heads, kv_heads, context, device)
+                    logits = buffer(variant, batch, heads, kv_heads, context, device, vplan)
                     logits.fill_(float("nan"))
                     try:
                         run_variant(variant, vplan, q, k0, v0, lengths, out, logits, **extra)

@@ -16,7 +16,7 @@ import argparse
 import collections
 import sys
 
-from specsim.costs.calibrated import read_calibration
+from specsim.costs.calibrated import engine_setting, read_calibration
 from specsim.engine.selection import policy_collect_rows
 from specsim.kernels._runtime import next_power_of_2
 from specsim.kernels.verify_attention import WAVE_CONFIGS
@@ -30,16 +30,24 @@ def collected(op: str, q: int) -> tuple[int, ...]:
     return policy_collect_rows(policy, q)
 
 
-def tile(op: str, q: int, group: int, head_dim: int) -> tuple[int, int, str]:
+def tile(op: str, q: int, group: int, head_dim: int, c2q: str = "rows"
+         ) -> tuple[int, int, str]:
+    """The verify tile that ran ``op`` at ``q`` (with ``c2q`` "sum", Vegas' collecting tiles
+    wrote the summed row: mode "sum")."""
     rows = collected(op, q)
     mode = "off" if not rows else "separate" if len(rows) < q else "main"
+    vegas = op in ("verify", "verify:vegas")
+    if rows and c2q == "sum" and vegas:
+        mode = "sum"
     return head_dim, max(16, next_power_of_2(group * q)), mode
 
 
 def compare(old, new, families=("plain", "verify")) -> dict:
-    """{(head_dim, rows, mode, batch): [new / old median per shape both measured]}."""
+    """{(head_dim, rows, mode, batch): [new / old median per shape both measured]}; the tile
+    is the one ``new`` ran (its ``c2q`` setting: a "sum" file's Vegas tiles are "sum")."""
     spec = load_model(old.provenance["model"])
     group = spec.num_heads // spec.num_kv_heads
+    c2q = engine_setting(new.provenance.get("engine", {}), "c2q")
 
     def key(m):
         return m.op, m.batch, m.context, m.q, m.s
@@ -48,7 +56,7 @@ def compare(old, new, families=("plain", "verify")) -> dict:
     for m in new.measurements:
         if key(m) in before:
             q = m.q or 1
-            out[tile(m.op, q, group, spec.head_dim) + (m.batch,)].append(
+            out[tile(m.op, q, group, spec.head_dim, c2q) + (m.batch,)].append(
                 m.median_ms / before[key(m)].median_ms)
     return dict(out)
 

@@ -1171,3 +1171,12 @@ def test_compare_calibrations_script(tmp_path, capsys):
     assert "drift between the runs): mean ratios 1.100..1.100" in capsys.readouterr().out
     assert script.main([str(tmp_path / "old.json"), str(tmp_path / "drift.json"),
                         "--fail-above", "1.05"]) == 1
+    # a file measured with the summed Collect-2-Query: Vegas' collecting tiles are "sum" ones
+    # (WAVE_CONFIGS tiles: gated), the plain tiles keep their mode
+    prov = {**old.provenance, "engine": {**old.provenance.get("engine", {}), "c2q": "sum"}}
+    summed = script.compare(old, Calibration(prov, old.ceilings, rows))
+    sum8 = c2q8[:2] + ("sum",)
+    assert summed[sum8 + (4,)] == pytest.approx([0.9, 0.9]) and c2q8 + (4,) not in summed
+    assert summed[(MODEL.head_dim, 16, "sum", 1)] == pytest.approx([1.0, 1.0])   # q = 1
+    assert summed[off + (1,)] == pytest.approx([1.2, 1.2])
+    assert sum8 in script.WAVE_CONFIGS

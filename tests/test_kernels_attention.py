@@ -404,3 +404,31 @@ def test_fp32_caches_get_configs_that_fit_in_shared_memory():
     bn, stages = fit_shared_memory(64, 128, 128, 3, 4)
     tile = lambda bn, st, size: (st * 2 * bn * 128 + 64 * 128 + 64 * bn) * size  # noqa: E731
     assert tile(bn, stages, 4) <= tile(128, 3, 2) and stages >= 1 and bn >= 16
+
+
+@pytest.mark.skipif(GPU, reason="the dry run is the CPU's check of the probe script")
+def test_c2q_store_probe_dry_run(tmp_path):
+    """scripts/c2q_store_probe.py runs every collect variant (interpreter, tiny ragged shapes):
+    each one's attention output matches the production kernel's and, where it writes real
+    logits, they match the reference's (per-head rows, key-major, or summed per KV head)."""
+    import json
+    import subprocess
+    import sys
+
+    from specsim.specs import REPO_ROOT
+    variants = "off,rows,dot-only,store-only,keys,late,sum-main,sum-sep,rows-l2,off.masked"
+    done = subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "c2q_store_probe.py"),
+                           "--dry-run", "--head-dims", "128", "--q-lens", "8", "--variants",
+                           variants, "--sum-configs", "64:4:3:2", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = json.loads((tmp_path / "c2q_store_probe.json").read_text())
+    by_name = {r["variant"]: r for r in rows}
+    assert set(by_name) == set(variants.split(",")) | {"prod-off", "prod-rows", "prod-sum",
+                                                       "sum 64:4:3:2"}
+    assert all(r["out_error"] < 1e-2 for r in rows)
+    checked = [n for n, r in by_name.items() if r.get("logits_error", math.nan) ==
+               r.get("logits_error")]
+    assert set(checked) == {"rows", "keys", "late", "sum-main", "sum-sep"}
+    assert all(by_name[n]["logits_error"] < 2e-2 for n in checked)
