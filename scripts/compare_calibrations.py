@@ -30,14 +30,14 @@ def collected(op: str, q: int) -> tuple[int, ...]:
     return policy_collect_rows(policy, q)
 
 
-def tile(op: str, q: int, group: int, head_dim: int, c2q: str = "rows"
-         ) -> tuple[int, int, str]:
-    """The verify tile that ran ``op`` at ``q`` (with ``c2q`` "sum", Vegas' collecting tiles
-    wrote the summed row: mode "sum")."""
+def tile(op: str, q: int, group: int, head_dim: int, c2q: str = "rows",
+         shared_policy: str = "vegas") -> tuple[int, int, str]:
+    """The verify tile that ran ``op`` at ``q``. With ``c2q`` "sum" Vegas' collecting tiles
+    wrote the summed row (mode "sum"): the shared ``verify`` op, when the calibration timed it
+    on Vegas (``shared_policy``, its grid's first policy other than Quest)."""
     rows = collected(op, q)
     mode = "off" if not rows else "separate" if len(rows) < q else "main"
-    vegas = op in ("verify", "verify:vegas")
-    if rows and c2q == "sum" and vegas:
+    if rows and c2q == "sum" and op == "verify" and shared_policy == "vegas":
         mode = "sum"
     return head_dim, max(16, next_power_of_2(group * q)), mode
 
@@ -48,6 +48,8 @@ def compare(old, new, families=("plain", "verify")) -> dict:
     spec = load_model(old.provenance["model"])
     group = spec.num_heads // spec.num_kv_heads
     c2q = engine_setting(new.provenance.get("engine", {}), "c2q")
+    policies = new.provenance.get("grid", {}).get("policies") or ["vegas"]
+    shared = ([p for p in policies if p != "quest"] or policies)[0]   # as calibrate times it
 
     def key(m):
         return m.op, m.batch, m.context, m.q, m.s
@@ -56,7 +58,7 @@ def compare(old, new, families=("plain", "verify")) -> dict:
     for m in new.measurements:
         if key(m) in before:
             q = m.q or 1
-            out[tile(m.op, q, group, spec.head_dim, c2q) + (m.batch,)].append(
+            out[tile(m.op, q, group, spec.head_dim, c2q, shared) + (m.batch,)].append(
                 m.median_ms / before[key(m)].median_ms)
     return dict(out)
 
@@ -86,7 +88,7 @@ def main(argv=None) -> int:
           f"{'n':>3} {'mean':>6} {'min':>6} {'max':>6}")
     for (hd, rows, mode, batch), r in sorted(ratios.items()):
         mean = sum(r) / len(r)
-        changed = (hd, rows, mode) in WAVE_CONFIGS
+        changed = mode == "sum" or (hd, rows, mode) in WAVE_CONFIGS   # sum: another kernel
         if changed or not args.changed_only:
             worst = max(worst, mean)
         if not changed:

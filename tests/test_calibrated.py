@@ -1180,3 +1180,6 @@ def test_compare_calibrations_script(tmp_path, capsys):
     assert summed[(MODEL.head_dim, 16, "sum", 1)] == pytest.approx([1.0, 1.0])   # q = 1
     assert summed[off + (1,)] == pytest.approx([1.2, 1.2])
     assert sum8 in script.WAVE_CONFIGS
+    # the shared verify timed on another policy (the grid's first but Quest) kept its tiles
+    other = {**prov, "grid": {**prov.get("grid", {}), "policies": ["quest", "sparsespec"]}}
+    assert c2q8 + (4,) in script.compare(old, Calibration(other, old.ceilings, rows))

@@ -129,6 +129,9 @@ def test_verify_collect_sum(case, rows):
                        num_splits=num_splits)
     # Collect-2-Query's rows from the separate tile, all rows from the main one
     assert plan.collect_sum and plan.collect_separate == (rows != "all" and q_len > 1)
+    every = tuple(range(q_len))
+    assert not plan_verify(batch, heads, kv_heads, head_dim, q_len, 64, device=DEVICE,
+                           collect_rows=every, collect_separate=True).collect_separate
     scores = new_logits_buffer(plan, max_len, device=DEVICE).fill_(float("nan"))
     assert scores.shape == (batch, kv_heads, 1, max_len) and scores.dtype == torch.float32
     out = torch.full_like(q, float("nan"))
@@ -428,7 +431,7 @@ def test_c2q_store_probe_dry_run(tmp_path):
     assert set(by_name) == set(variants.split(",")) | {"prod-off", "prod-rows", "prod-sum",
                                                        "sum 64:4:3:2"}
     assert all(r["out_error"] < 1e-2 for r in rows)
-    checked = [n for n, r in by_name.items() if r.get("logits_error", math.nan) ==
-               r.get("logits_error")]
-    assert set(checked) == {"rows", "keys", "late", "sum-main", "sum-sep"}
+    checked = [n for n, r in by_name.items() if r.get("logits_error") is not None]
+    assert set(checked) == {"rows", "keys", "late", "sum-main", "sum-sep", "prod-rows",
+                            "prod-sum", "sum 64:4:3:2"}
     assert all(by_name[n]["logits_error"] < 2e-2 for n in checked)
