@@ -22,6 +22,11 @@
 #       --only verify --budget-s 200 --repeats 10
 # and gate them with compare_calibrations.py --changed-only before merge_calibrations.py
 # --replace verify.
+#
+# Ran in session 12 (487 s of device time): only the hd128 128K cases got their grids inside
+# the 270 s budget, and the hd64 half printed nothing (cut by its timeout). At q = 8 the best
+# main-tile config was 4.03 TB/s against 4.08 separate and 4.52 off: no rescue. What followed
+# (c2q_store_probe.py, BENCHMARKS.md session 12) found the store itself is the cost.
 set -u
 export PYTHONPATH=. PYTHONUNBUFFERED=1
 case "${1:-}" in
