@@ -319,9 +319,9 @@ def plan_verify(batch: int, num_heads: int, num_kv_heads: int, head_dim: int, q_
         raise ValueError("collect_sum sums collected rows: give collect_rows")
     if collect_separate is None:
         collect_separate = 0 < len(collect_rows) < q_len
-    # every row collected: the main tile holds them (a separate tile of all q rows would pack
-    # 16 row numbers into collect_tokens' 64 bits)
-    collect_separate = bool(collect_separate and collect_rows and len(collect_rows) < q_len)
+    # a separate tile packs its row numbers 4 bits each into collect_tokens' signed 64 bits:
+    # 16 collected rows (all of q = 16) stay in the main tile
+    collect_separate = bool(collect_separate and collect_rows and len(collect_rows) < MAX_Q_LEN)
     device = default_device(device)
     group = num_heads // num_kv_heads
     rows = max(16, next_power_of_2(group * q_len))
