@@ -16,6 +16,7 @@ import argparse
 import collections
 import sys
 
+from specsim.calibrate import shared_verify_policy
 from specsim.costs.calibrated import engine_setting, read_calibration
 from specsim.engine.selection import policy_collect_rows
 from specsim.kernels._runtime import next_power_of_2
@@ -34,7 +35,7 @@ def tile(op: str, q: int, group: int, head_dim: int, c2q: str = "rows",
          shared_policy: str = "vegas") -> tuple[int, int, str]:
     """The verify tile that ran ``op`` at ``q``. With ``c2q`` "sum" Vegas' collecting tiles
     wrote the summed row (mode "sum"): the shared ``verify`` op, when the calibration timed it
-    on Vegas (``shared_policy``, its grid's first policy other than Quest)."""
+    on Vegas (``shared_policy``: ``calibrate.shared_verify_policy`` of its grid)."""
     rows = collected(op, q)
     mode = "off" if not rows else "separate" if len(rows) < q else "main"
     if rows and c2q == "sum" and op == "verify" and shared_policy == "vegas":
@@ -48,8 +49,7 @@ def compare(old, new, families=("plain", "verify")) -> dict:
     spec = load_model(old.provenance["model"])
     group = spec.num_heads // spec.num_kv_heads
     c2q = engine_setting(new.provenance.get("engine", {}), "c2q")
-    policies = new.provenance.get("grid", {}).get("policies") or ["vegas"]
-    shared = ([p for p in policies if p != "quest"] or policies)[0]   # as calibrate times it
+    shared = shared_verify_policy(new.provenance.get("grid", {}).get("policies") or ["vegas"])
 
     def key(m):
         return m.op, m.batch, m.context, m.q, m.s

@@ -121,6 +121,12 @@ class CalibrationGrid:
         return context in self.overhead_contexts()
 
 
+def shared_verify_policy(policies) -> str:
+    """The policy whose engine times the shared ``verify`` op: the first that keeps no page
+    bounds (Quest's cache updates them on every K write: its own verify is ``verify:quest``)."""
+    return ([p for p in policies if p != "quest"] or list(policies))[0]
+
+
 def _bisection_ranks(values: list) -> dict:
     """Rank of each value in coarse-to-fine order: the ends first, then the middle of each
     gap (in index terms), recursively."""
@@ -395,10 +401,7 @@ def _measure_policy(torch, Engine, model, grid: CalibrationGrid, batch: int, con
             if saved is not None:
                 counts.copy_(saved)
 
-        # the shared verify is timed on the first policy that keeps no page bounds (Quest's
-        # cache updates them on every K write: its own verify is ``verify:quest`` below)
-        shared = [p for p in grid.policies if p != "quest"] or grid.policies
-        first = policy == shared[0] and s == grid.sparsities[0]
+        first = policy == shared_verify_policy(grid.policies) and s == grid.sparsities[0]
         if first and grid.wants("verify"):
             for q in grid.qs:
                 record("verify", _time(torch, lambda: engine.verify(q), grid.repeats,

@@ -59,6 +59,33 @@ def default_collect_rows(q_len: int) -> tuple[int, ...]:
 
 
 @triton.jit
+def _store_collected(s, k, q_c, c_ptrs, c_ok, keys, key_ok, sm_scale,
+                     COLLECT_SEPARATE: tl.constexpr, COLLECT_SUM: tl.constexpr,
+                     MASK_KEYS: tl.constexpr):
+    """Write one key block's collected logits: the separate tile's dot (``q_c``) or the main
+    tile's raw scores ``s``, scaled; per-head rows at ``c_ptrs`` [rows] or, with COLLECT_SUM,
+    their sum over the rows (``c_ptrs`` one pointer per KV head); keys under ``key_ok`` only
+    when MASK_KEYS (whole blocks store unmasked along the keys: vectorised)."""
+    if COLLECT_SEPARATE:
+        s_c = tl.dot(q_c, tl.trans(k))
+    else:
+        s_c = s
+    if COLLECT_SUM:
+        row = tl.sum(tl.where(c_ok[:, None], s_c, 0.0), 0) * sm_scale
+        if MASK_KEYS:
+            tl.store(c_ptrs + keys, row, mask=key_ok)
+        else:
+            tl.store(c_ptrs + keys, row)
+    else:
+        if MASK_KEYS:
+            mask = c_ok[:, None] & key_ok[None, :]
+        else:
+            mask = c_ok[:, None]
+        tl.store(c_ptrs[:, None] + keys[None, :], (s_c * sm_scale).to(c_ptrs.dtype.element_ty),
+                 mask=mask)
+
+
+@triton.jit
 def _verify_kernel(Q, K, V, Lengths, Out, Lse, PartOut, PartLse, Logits,
                    stride_qb, stride_qt, stride_qh,
                    stride_kb, stride_kh, stride_kt,
@@ -112,10 +139,11 @@ def _verify_kernel(Q, K, V, Lengths, Out, Lse, PartOut, PartLse, Logits,
                 if (COLLECT_MASK >> i) & 1:
                     c_slot += (tok > i).to(tl.int32)
             c_head = head
+            q_c = q                                  # (unused: the main tile's own scores)
         if COLLECT_SUM:
-            c_row = Logits + b * stride_gb + kvh * stride_gh
+            c_ptrs = Logits + b * stride_gb + kvh * stride_gh
         else:
-            c_rows = Logits + b * stride_gb + c_head * stride_gh + c_slot * stride_gr
+            c_ptrs = Logits + b * stride_gb + c_head * stride_gh + c_slot * stride_gr
 
     k_base = K + b * stride_kb + kvh * stride_kh
     v_base = V + b * stride_vb + kvh * stride_vh
@@ -131,19 +159,9 @@ def _verify_kernel(Q, K, V, Lengths, Out, Lse, PartOut, PartLse, Logits,
         keys = n0 + offs_n
         k = tl.load(k_base + keys[:, None] * stride_kt + dims[None, :])
         s = tl.dot(q, tl.trans(k))
-        if COLLECT_SUM:
-            if COLLECT_SEPARATE:
-                s_c = tl.dot(q_c, tl.trans(k))
-            else:
-                s_c = s
-            tl.store(c_row + keys, tl.sum(tl.where(c_ok[:, None], s_c, 0.0), 0) * sm_scale)
-        elif COLLECT_MASK != 0:
-            if COLLECT_SEPARATE:
-                s_c = tl.dot(q_c, tl.trans(k))
-            else:
-                s_c = s
-            tl.store(c_rows[:, None] + keys[None, :],
-                     (s_c * sm_scale).to(Logits.dtype.element_ty), mask=c_ok[:, None])
+        if COLLECT_MASK != 0:
+            _store_collected(s, k, q_c, c_ptrs, c_ok, keys, keys, sm_scale, COLLECT_SEPARATE,
+                             COLLECT_SUM, False)
         v = tl.load(v_base + keys[:, None] * stride_vt + dims[None, :])
         acc, m_i, l_i = softmax_update(acc, m_i, l_i, s, qk_scale, v)
     # The rest (at most a block or two): split boundary and causal mask.
@@ -153,21 +171,9 @@ def _verify_kernel(Q, K, V, Lengths, Out, Lse, PartOut, PartLse, Logits,
         k = tl.load(k_base + keys[:, None] * stride_kt + dims[None, :], mask=key_ok[:, None],
                     other=0.0)
         s = tl.dot(q, tl.trans(k))
-        if COLLECT_SUM:
-            if COLLECT_SEPARATE:
-                s_c = tl.dot(q_c, tl.trans(k))
-            else:
-                s_c = s
-            tl.store(c_row + keys, tl.sum(tl.where(c_ok[:, None], s_c, 0.0), 0) * sm_scale,
-                     mask=key_ok)
-        elif COLLECT_MASK != 0:
-            if COLLECT_SEPARATE:
-                s_c = tl.dot(q_c, tl.trans(k))
-            else:
-                s_c = s
-            tl.store(c_rows[:, None] + keys[None, :],
-                     (s_c * sm_scale).to(Logits.dtype.element_ty),
-                     mask=c_ok[:, None] & key_ok[None, :])
+        if COLLECT_MASK != 0:        # before the causal mask: raw logits
+            _store_collected(s, k, q_c, c_ptrs, c_ok, keys, key_ok, sm_scale, COLLECT_SEPARATE,
+                             COLLECT_SUM, True)
         visible = (keys[None, :] <= q_pos[:, None]) & key_ok[None, :]
         s = tl.where(visible, s, float("-inf"))
         v = tl.load(v_base + keys[:, None] * stride_vt + dims[None, :], mask=key_ok[:, None],
