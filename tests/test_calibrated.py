@@ -237,6 +237,10 @@ def test_shipped_calibrations_time_the_engine_defaults():
         "torch cache writes, topk ranking, chunks per multiprocessor"   # files before them
     old.provenance["engine"] = {"c2q": "sum"}
     assert engine_summary(old).endswith("summed Collect-2-Query")
+    # the roofline beneath the fits prices Vegas' refresh as the file's engine ran it
+    assert CalibratedCostModel(old, MODEL, HW).roofline.c2q == "sum"
+    del old.provenance["engine"]
+    assert CalibratedCostModel(old, MODEL, HW).roofline.c2q == "rows"
 
 
 def test_calibrate_check_command(tmp_path):
@@ -580,6 +584,21 @@ def test_replacing_every_family_an_engine_setting_touches_takes_the_setting():
         replace_ops(base, waves, ["verify"], "verify only")
     assert replace_ops(base, waves, ["plain", "verify"], "x").provenance["engine"][
         "verify_splits"] == "waves"
+    # the summed Collect-2-Query changes the verify passes and Vegas' refresh alone: the
+    # other policies' refresh rows (measured at other contexts, say) stay
+    spec_rows = [Measurement("selection:sparsespec", 4, 3072, 3, 0.05, [0.2])]
+    base = Calibration(base.provenance, base.ceilings, base.measurements + spec_rows)
+    summed = Calibration(dict(again.provenance, engine=dict(old_engine, c2q="sum")),
+                         again.ceilings, again.measurements)
+    with pytest.raises(SpecsimError, match="c2q='sum'.*not replacing selection:vegas"):
+        replace_ops(base, summed, ["verify"], "verify only")
+    out = replace_ops(base, summed, ["verify", "selection:vegas"], "x")
+    assert out.provenance["engine"]["c2q"] == "sum"
+    assert [m for m in out.measurements if m.op == "selection:sparsespec"] == spec_rows
+    assert [m for m in out.measurements if m.op == "selection:vegas"] == \
+        [m for m in summed.measurements if m.op == "selection:vegas"]
+    assert replace_ops(base, summed, ["verify", "selection"], "x").provenance["engine"][
+        "c2q"] == "sum"                         # a whole family covers its ops
 
 
 def test_overheads_in_files_and_the_held_out_check(tmp_path):

@@ -87,14 +87,24 @@ def test_sliding_window_layers_are_not_sparsified():
 
 def test_selection_costs_by_policy():
     spec = tiny()
-    cm = RooflineCostModel(spec, hw())
+    cm = RooflineCostModel(spec, hw(), c2q="rows")
     assert cm.selection([1000], 0.1, "streamingllm", 4).seconds == 0.0
     vegas = cm.selection([1000], 0.1, "vegas", 4)
     # collected: 2 rows · 4 heads · 1000 keys · 2 layers · 2 B, written then read;
     # scores: 1000 · 2 layers · 4 B, written then read; indices max(100, 256) + 32 = 288
     assert vegas.other_bytes == 2 * (2 * 4 * 1000 * 2 * 2) + 2 * (1000 * 2 * 4) + 288 * 2 * 4
+    # the summed row (the default): 2 KV heads · 1000 keys · 2 layers · 4 B, written then read
+    summed = RooflineCostModel(spec, hw()).selection([1000], 0.1, "vegas", 4)
+    assert summed.other_bytes == 2 * (2 * 1000 * 2 * 4) + 2 * (1000 * 2 * 4) + 288 * 2 * 4
+    assert "summed per KV head" in summed.notes[0] and "× 4 heads" in vegas.notes[0]
+    with pytest.raises(ValueError, match="c2q"):
+        RooflineCostModel(spec, hw(), c2q="both")
     last = cm.selection([1000], 0.1, "last-token", 4)
     assert last.other_bytes < vegas.other_bytes
+    # only Vegas' refresh reads a summed row: the others are priced the same either way
+    for name in ("last-token", "sparsespec", "quest"):
+        assert RooflineCostModel(spec, hw()).selection([1000], 0.1, name, 4).other_bytes == \
+            cm.selection([1000], 0.1, name, 4).other_bytes
     sparse = cm.selection([1000], 0.1, "sparsespec", 4)   # min(16, k+1) = 5 rows, per KV head
     assert sparse.other_bytes == (2 * (5 * 4 * 1000 * 2 * 2) + 2 * (2 * 1000 * 2 * 4)
                                   + 100 * 2 * 2 * 4)

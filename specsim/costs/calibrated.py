@@ -313,13 +313,14 @@ def replace_ops(base: Calibration, new: Calibration, families: list[str], note: 
 
 
 #: Engine settings (``provenance.engine``) that change how some step families run, and those
-#: families: a file may take another run's rows under other settings only when it takes every
+#: families (or single ops, ``family:policy``, where the setting touches one policy's rows
+#: only): a file may take another run's rows under other settings only when it takes every
 #: row of every family they touch, and then it takes the settings too.
 ENGINE_SETTING_FAMILIES = {
     "fused_append": ("plain", "draft"),      # one-position writes of plain and draft steps
     "ranking": ("selection", "draft"),       # each refresh; Quest's draft step ranks pages
     "verify_splits": ("plain", "verify"),    # how full-attention passes cut keys into chunks
-    "c2q": ("verify", "selection"),          # Vegas' collected rows, or their sum, and its refresh
+    "c2q": ("verify", "selection:vegas"),    # Vegas' collected rows, or their sum, and its refresh
 }
 #: How files from before a setting was recorded ran (torch writes, topk ranking, chunks by
 #: programs per multiprocessor, Collect-2-Query's rows per head).
@@ -344,7 +345,8 @@ def _replaced_engine(old: dict, new: dict, wanted: set[str],
     if not changed:
         return None
     for key, value in changed.items():
-        uncovered = [f for f in ENGINE_SETTING_FAMILIES[key] if f not in wanted]
+        uncovered = [f for f in ENGINE_SETTING_FAMILIES[key]
+                     if f not in wanted and f.split(":", 1)[0] not in wanted]
         if uncovered or keep_other_shapes:
             why = (f"not replacing {', '.join(uncovered)}" if uncovered
                    else "keeping the old rows at other shapes")
@@ -527,7 +529,10 @@ class CalibratedCostModel:
             raise SpecsimError("calibrations are measured on one GPU; use the roofline model "
                                "for tensor parallelism")
         self.calibration, self.model, self.hardware = calibration, model, hardware
-        self.roofline = RooflineCostModel(model, hardware, tp)
+        # the roofline beneath the fits prices Vegas' refresh as the calibrated engine ran it
+        self.roofline = RooflineCostModel(
+            model, hardware, tp, c2q=engine_setting(calibration.provenance.get("engine", {}),
+                                                    "c2q"))
         self.warnings = provenance_warnings(calibration, model)
         self.overheads = self.roofline.overheads
         self._full = [t == FULL_ATTENTION for t in model.layer_types]

@@ -45,15 +45,16 @@ from specsim.policies import SPARSESPEC_WINDOW, Policy, get_policy
 #: Policies whose lists are refreshed from collected verify logits.
 COLLECTING = ("vegas", "vegas-all", "last-token", "sparsespec")
 
-#: What Vegas' verify pass writes for its refresh: "rows", Collect-2-Query's two rows of
-#: bf16 logits per query head, summed over heads and rows by the refresh; "sum", that sum
-#: itself, one fp32 row per KV head, the collecting tile's logits summed over its rows
-#: (``plan_verify(collect_sum=True)``: 4–8× fewer bytes stored; the refresh sums the KV heads;
-#: on the H200 1.04–1.06× the plain verify pass at hd128 q = 8 against the rows' 1.09×,
-#: BENCHMARKS.md session 12). Rankings are the same up to rounding (the sum is formed in fp32
-#: before any bf16 rounding).
+#: What Vegas' verify pass writes for its refresh: "sum" (the default since session 13, when
+#: the four shipped H200 calibrations' verify and Vegas-refresh rows were re-measured with
+#: it), one fp32 row per KV head, the collecting tile's logits summed over its rows and query
+#: heads (``plan_verify(collect_sum=True)``: 4–8× fewer bytes stored, the refresh sums the KV
+#: heads; on the H200 1.04–1.07× the plain verify pass at hd128 q = 8 against the rows'
+#: 1.09–1.10×, BENCHMARKS.md sessions 12–13); "rows", Collect-2-Query's two rows of bf16
+#: logits per query head, which the refresh sums over heads and rows. Rankings are the same
+#: up to rounding (the sum is formed in fp32 before any bf16 rounding).
 #: ``SPECSIM_C2Q`` sets it; the proxy check always collects rows.
-C2Q = os.environ.get("SPECSIM_C2Q", "rows")
+C2Q = os.environ.get("SPECSIM_C2Q", "sum")
 if C2Q not in ("rows", "sum"):
     raise ValueError(f"SPECSIM_C2Q={C2Q!r}: expected rows or sum")
 
