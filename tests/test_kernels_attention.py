@@ -65,17 +65,23 @@ VERIFY_CASES_GPU = [
 VERIFY_CASES = VERIFY_CASES_GPU if GPU else VERIFY_CASES_CPU
 
 
-def _check_verify(case, collect, seed, separate=None, align=1, splits=None):
+def _check_verify(case, collect, seed, separate=None, align=1, splits=None, shared=None,
+                  v_layout="same"):
     heads, kv_heads, head_dim, q_len, lengths, num_splits, block_n = case
     lengths = [max(q_len, n) for n in lengths]
     batch, max_len = len(lengths), -(-(max(lengths) + 3) // align) * align
     generator = make_generator(seed)
     k, v = random_cache(batch, kv_heads, max_len, head_dim, generator)
+    if v_layout == "other":   # V a view of a padded buffer: every stride but the last differs
+        padded = torch.randn(batch, kv_heads, max_len + 5, 2 * head_dim, generator=generator,
+                             device=DEVICE).to(DTYPE)
+        v = padded[:, :, :max_len, :head_dim]
+        assert v.stride()[:3] != k.stride()[:3] and v.stride(-1) == 1
     q = torch.randn(batch, q_len, heads, head_dim, generator=generator, device=DEVICE).to(DTYPE)
     length_tensor = torch.tensor(lengths, dtype=torch.int32, device=DEVICE)
     plan = plan_verify(batch, heads, kv_heads, head_dim, q_len, max(lengths), device=DEVICE,
                        collect_rows=collect, collect_separate=separate, block_n=block_n,
-                       num_splits=num_splits, splits=splits)
+                       num_splits=num_splits, splits=splits, shared_kv_strides=shared)
     out = torch.full_like(q, float("nan"))
     lse = torch.full((batch, heads, q_len), float("nan"), device=DEVICE)
     logits = None
@@ -147,6 +153,20 @@ def test_verify_collect_sum(case, rows):
     with pytest.raises(ValueError, match="collect_rows"):
         plan_verify(batch, heads, kv_heads, head_dim, q_len, 64, device=DEVICE,
                     collect_sum=True)
+
+
+@pytest.mark.parametrize("v_layout", ["same", "other"])
+@pytest.mark.parametrize("case", VERIFY_CASES)
+def test_verify_shared_kv_strides(case, v_layout):
+    """shared_kv_strides: V addressed with K's offsets when its strides equal K's (the
+    engine's caches); a V cache laid out otherwise still takes its own strides."""
+    plan = _check_verify(case, None, seed=41, shared=True, v_layout=v_layout)
+    assert plan.shared_kv_strides
+    _check_verify(case, (), seed=42, shared=True, v_layout=v_layout)
+    module = importlib.import_module("specsim.kernels.verify_attention")
+    heads, kv_heads, head_dim, q_len = case[:4]
+    default = plan_verify(2, heads, kv_heads, head_dim, q_len, 64, device=DEVICE)
+    assert default.shared_kv_strides == module.SHARED_KV_STRIDES
 
 
 @pytest.mark.parametrize("case", [VERIFY_CASES[1], VERIFY_CASES[3]])
@@ -435,3 +455,34 @@ def test_c2q_store_probe_dry_run(tmp_path):
     assert set(checked) == {"rows", "keys", "late", "sum-main", "sum-sep", "prod-rows",
                             "prod-sum", "sum 64:4:3:2"}
     assert all(by_name[n]["logits_error"] < 2e-2 for n in checked)
+
+
+def test_kernel_resources_compiles_for_hopper_on_the_cpu(tmp_path):
+    """scripts/kernel_resources.py compiles the verify kernel for sm_90 without a GPU, with
+    Triton's argument specialisation (without it the K/V loads are neither vectorised nor
+    pipelined: no LDGSTS), both V addressings, and reads back registers and the SASS mix."""
+    import json
+    import subprocess
+    import sys
+
+    import triton
+
+    from specsim.specs import REPO_ROOT
+    if not os.path.exists(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia",
+                                       "bin", "ptxas")):
+        pytest.skip("this Triton wheel ships no ptxas")
+    out = tmp_path / "rows.json"
+    done = subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "kernel_resources.py"),
+                           "--head-dims", "64", "--q-lens", "4", "--modes", "off,sum",
+                           "--block-n", "64", "--json", str(out)],
+                          capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = json.loads(out.read_text())
+    assert {(r["mode"], r["shared_kv_strides"]) for r in rows} == {
+        ("off", False), ("off", True), ("sum", False), ("sum", True)}
+    for r in rows:
+        assert 0 < r["registers"] <= 255 and r["instructions"] > 100
+        assert r["LDGSTS"] > 0, "the K/V loads were not pipelined (specialisation lost)"
+        assert r["HMMA"] + r["HGMMA"] > 0            # the dots run on the tensor cores
+

@@ -99,7 +99,8 @@ def _verify_kernel(Q, K, V, Lengths, Out, Lse, PartOut, PartLse, Logits,
                    DIRECT_OUTPUT: tl.constexpr, WRITE_LSE: tl.constexpr,
                    COLLECT_MASK: tl.constexpr, COLLECT_SEPARATE: tl.constexpr,
                    N_COLLECT: tl.constexpr, COLLECT_TOKENS: tl.constexpr,
-                   BLOCK_C: tl.constexpr, COLLECT_SUM: tl.constexpr):
+                   BLOCK_C: tl.constexpr, COLLECT_SUM: tl.constexpr,
+                   SAME_KV_STRIDES: tl.constexpr):
     pid = tl.program_id(0)
     split = tl.program_id(1)
     b = (pid // NUM_KV_HEADS).to(tl.int64)  # 64-bit: batch strides can pass 2**31
@@ -146,7 +147,12 @@ def _verify_kernel(Q, K, V, Lengths, Out, Lse, PartOut, PartLse, Logits,
             c_ptrs = Logits + b * stride_gb + c_head * stride_gh + c_slot * stride_gr
 
     k_base = K + b * stride_kb + kvh * stride_kh
-    v_base = V + b * stride_vb + kvh * stride_vh
+    if SAME_KV_STRIDES:   # V laid out like K: one offset tensor serves both loads
+        v_base = V + b * stride_kb + kvh * stride_kh
+        v_stride_t = stride_kt
+    else:
+        v_base = V + b * stride_vb + kvh * stride_vh
+        v_stride_t = stride_vt
     offs_n = tl.arange(0, BLOCK_N)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -162,7 +168,7 @@ def _verify_kernel(Q, K, V, Lengths, Out, Lse, PartOut, PartLse, Logits,
         if COLLECT_MASK != 0:
             _store_collected(s, k, q_c, c_ptrs, c_ok, keys, keys, sm_scale, COLLECT_SEPARATE,
                              COLLECT_SUM, False)
-        v = tl.load(v_base + keys[:, None] * stride_vt + dims[None, :])
+        v = tl.load(v_base + keys[:, None] * v_stride_t + dims[None, :])
         acc, m_i, l_i = softmax_update(acc, m_i, l_i, s, qk_scale, v)
     # The rest (at most a block or two): split boundary and causal mask.
     for n0 in range(full_end, end, BLOCK_N):
@@ -176,7 +182,7 @@ def _verify_kernel(Q, K, V, Lengths, Out, Lse, PartOut, PartLse, Logits,
                              COLLECT_SUM, True)
         visible = (keys[None, :] <= q_pos[:, None]) & key_ok[None, :]
         s = tl.where(visible, s, float("-inf"))
-        v = tl.load(v_base + keys[:, None] * stride_vt + dims[None, :], mask=key_ok[:, None],
+        v = tl.load(v_base + keys[:, None] * v_stride_t + dims[None, :], mask=key_ok[:, None],
                     other=0.0)
         acc, m_i, l_i = softmax_update(acc, m_i, l_i, s, qk_scale, v)
 
@@ -211,6 +217,7 @@ class VerifyPlan:
     partial_out: torch.Tensor | None = field(repr=False, default=None)
     partial_lse: torch.Tensor | None = field(repr=False, default=None)
     collect_sum: bool = False
+    shared_kv_strides: bool = False
 
     @property
     def group(self) -> int:
@@ -256,6 +263,16 @@ FALLBACK_CONFIG = (64, 4, 3, 2, None)
 VERIFY_SPLITS = os.environ.get("SPECSIM_VERIFY_SPLITS", "waves")
 if VERIFY_SPLITS not in ("sm", "waves"):
     raise ValueError(f"SPECSIM_VERIFY_SPLITS={VERIFY_SPLITS!r}: expected sm or waves")
+#: Whether verify addresses the V cache with the K cache's offsets when their strides are
+#: equal (the engine's caches), instead of computing a second offset tensor from V's own
+#: strides. Compiled offline for sm_90 (hd128, 64-row tile, 128-key blocks, 4 warps): 269 → 13
+#: LEA instructions and the summed-C2Q tile's spills 96 → 36 bytes; c2q_store_probe's kernel,
+#: which already shared them, ran that tile 10% faster than production on the same plan
+#: (session 13). Off by default until the shipped calibrations are re-measured with it;
+#: ``SPECSIM_SHARED_KV_STRIDES=1`` turns it on.
+SHARED_KV_STRIDES = os.environ.get("SPECSIM_SHARED_KV_STRIDES", "0") == "1"
+if os.environ.get("SPECSIM_SHARED_KV_STRIDES", "0") not in ("0", "1"):
+    raise ValueError("SPECSIM_SHARED_KV_STRIDES: expected 0 or 1")
 #: (head_dim, tile rows, collect mode) -> (block_n, num_warps, num_stages) under "waves" (no
 #: tile padding). Swept per context (``scripts/decode_config_probe.py``, H200, batch 4 × 8 KV
 #: heads, 8K/32K/128K, q = 1 and 8: 4 chunks of 128-key blocks beat the "sm" plans by 7–60%),
@@ -287,7 +304,8 @@ def plan_verify(batch: int, num_heads: int, num_kv_heads: int, head_dim: int, q_
                 num_splits: int | None = None, num_warps: int | None = None,
                 num_stages: int | None = None, programs_per_sm: float | None = None,
                 element_size: int = 2, splits: str | None = None,
-                collect_sum: bool = False) -> VerifyPlan:
+                collect_sum: bool = False,
+                shared_kv_strides: bool | None = None) -> VerifyPlan:
     """Plan verify launches for sequences of up to ``max_context`` keys.
 
     ``collect_rows``: query rows whose logits are written (``()`` = none, ``None`` = the
@@ -300,7 +318,9 @@ def plan_verify(batch: int, num_heads: int, num_kv_heads: int, head_dim: int, q_
     ``new_logits_buffer`` sizes it). Block sizes, warps, stages and
     programs per multiprocessor default to ``DEFAULT_CONFIGS``; pass them to override.
     ``element_size``: bytes per cache element (4 for fp32 caches: fewer stages / smaller key
-    blocks so the tiles fit in shared memory).
+    blocks so the tiles fit in shared memory). ``shared_kv_strides`` (default
+    :data:`SHARED_KV_STRIDES`): when the V cache's strides equal the K cache's, address V with
+    K's offsets (checked at each call; other layouts take their own strides).
     ``block_m`` pads the tile to more rows (at least ``group · q``). ``num_splits`` sets how
     many chunks each (sequence, KV head)'s keys are cut into; by default ``splits``
     (:data:`VERIFY_SPLITS`) chooses it: about ``programs_per_sm`` programs per multiprocessor
@@ -361,9 +381,11 @@ def plan_verify(batch: int, num_heads: int, num_kv_heads: int, head_dim: int, q_
     if split.num_splits > 1:
         partial_out, partial_lse = workspace(batch * num_kv_heads, split, block_m, head_dim,
                                              device)
+    if shared_kv_strides is None:
+        shared_kv_strides = SHARED_KV_STRIDES
     return VerifyPlan(batch, num_heads, num_kv_heads, head_dim, q_len, collect_rows, split,
                       block_m, num_warps, num_stages, collect_separate, partial_out,
-                      partial_lse, bool(collect_sum))
+                      partial_lse, bool(collect_sum), bool(shared_kv_strides))
 
 
 def verify_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -426,6 +448,7 @@ def verify_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         WRITE_LSE=lse is not None, COLLECT_MASK=plan.collect_mask,
         COLLECT_SEPARATE=plan.collect_separate, N_COLLECT=max(1, len(plan.collect_rows)),
         COLLECT_TOKENS=plan.collect_tokens, BLOCK_C=plan.block_c, COLLECT_SUM=plan.collect_sum,
+        SAME_KV_STRIDES=plan.shared_kv_strides and k_cache.stride()[:3] == v_cache.stride()[:3],
         num_warps=plan.num_warps, num_stages=plan.num_stages)
     if not direct:
         combine(plan.partial_out, plan.partial_lse, lengths, False, out, lse, split,
