@@ -316,11 +316,25 @@ def test_sparse_matches_reference(case):
     _check_sparse(case, seed=5)
 
 
-def _check_sparse(case, seed):
+@pytest.mark.parametrize("v_layout", ["same", "other"])
+@pytest.mark.parametrize("case", SPARSE_CASES)
+def test_sparse_shared_kv_strides(case, v_layout):
+    """As for verify: V addressed with K's offsets only where its strides equal K's."""
+    plan = _check_sparse(case, seed=43, shared=True, v_layout=v_layout)
+    assert plan.shared_kv_strides
+    runtime = importlib.import_module("specsim.kernels._runtime")
+    assert plan_sparse(2, case[0], case[1], case[2], 64, device=DEVICE).shared_kv_strides == \
+        runtime.SHARED_KV_STRIDES
+
+
+def _check_sparse(case, seed, shared=None, v_layout="same"):
     heads, kv_heads, head_dim, lengths, counts, per_kv_head, sort, num_splits, block_n = case
     batch, max_len = len(lengths), max(lengths)
     generator = make_generator(seed)
     k, v = random_cache(batch, kv_heads, max_len, head_dim, generator)
+    if v_layout == "other":   # V a view of a padded buffer: every stride but the last differs
+        v = torch.randn(batch, kv_heads, max_len + 5, 2 * head_dim, generator=generator,
+                        device=DEVICE).to(DTYPE)[:, :, :max_len, :head_dim]
     q = torch.randn(batch, heads, head_dim, generator=generator, device=DEVICE).to(DTYPE)
     counts = torch.tensor(counts, dtype=torch.int32, device=DEVICE)
     lists = counts.shape[1] if per_kv_head else None
@@ -335,13 +349,14 @@ def _check_sparse(case, seed):
                 chosen = chosen.sort().values
             (indices[b, g] if per_kv_head else indices[b])[:n] = chosen
     plan = plan_sparse(batch, heads, kv_heads, head_dim, capacity, device=DEVICE,
-                       block_n=block_n, num_splits=num_splits)
+                       block_n=block_n, num_splits=num_splits, shared_kv_strides=shared)
     out = torch.full_like(q, float("nan"))
     sparse_attention(q, k, v, indices, counts, plan, out=out)
     ref = sparse_attention_reference(q, k, v, indices, counts,
                                      torch.tensor(lengths, device=DEVICE))
     assert torch.isfinite(out).all()
     assert relative_error(out, ref) < TOLERANCE
+    return plan
 
 
 @pytest.mark.parametrize("case", VERIFY_CASES)

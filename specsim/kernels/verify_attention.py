@@ -45,7 +45,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specsim.kernels._runtime import INTERPRETED, default_device, next_power_of_2, tl, triton
+from specsim.kernels._runtime import (INTERPRETED, SHARED_KV_STRIDES, default_device,
+                                      next_power_of_2, tl, triton)
 from specsim.kernels.split_kv import (SplitPlan, combine, fit_shared_memory, plan_splits,
                                      softmax_update,
                                       store_partial, workspace)
@@ -263,16 +264,6 @@ FALLBACK_CONFIG = (64, 4, 3, 2, None)
 VERIFY_SPLITS = os.environ.get("SPECSIM_VERIFY_SPLITS", "waves")
 if VERIFY_SPLITS not in ("sm", "waves"):
     raise ValueError(f"SPECSIM_VERIFY_SPLITS={VERIFY_SPLITS!r}: expected sm or waves")
-#: Whether verify addresses the V cache with the K cache's offsets when their strides are
-#: equal (the engine's caches), instead of computing a second offset tensor from V's own
-#: strides. Compiled offline for sm_90 (hd128, 64-row tile, 128-key blocks, 4 warps): 269 → 13
-#: LEA instructions and the summed-C2Q tile's spills 96 → 36 bytes; c2q_store_probe's kernel,
-#: which already shared them, ran that tile 10% faster than production on the same plan
-#: (session 13). Off by default until the shipped calibrations are re-measured with it;
-#: ``SPECSIM_SHARED_KV_STRIDES=1`` turns it on.
-SHARED_KV_STRIDES = os.environ.get("SPECSIM_SHARED_KV_STRIDES", "0") == "1"
-if os.environ.get("SPECSIM_SHARED_KV_STRIDES", "0") not in ("0", "1"):
-    raise ValueError("SPECSIM_SHARED_KV_STRIDES: expected 0 or 1")
 #: (head_dim, tile rows, collect mode) -> (block_n, num_warps, num_stages) under "waves" (no
 #: tile padding). Swept per context (``scripts/decode_config_probe.py``, H200, batch 4 × 8 KV
 #: heads, 8K/32K/128K, q = 1 and 8: 4 chunks of 128-key blocks beat the "sm" plans by 7–60%),
