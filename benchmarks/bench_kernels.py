@@ -31,6 +31,7 @@ from specsim.kernels import (new_logits_buffer, plan_sparse, plan_verify, quest_
                              streamingllm_select, vegas_select, verify_attention,
                              verify_attention_reference)
 from specsim.kernels import split_kv
+from specsim.kernels.verify_attention import summed_logits
 
 HEADS = {128: (32, 8), 64: (64, 8)}       # head_dim -> (query heads, KV heads)
 ROTATE_BYTES = 1.5e9                      # rotate caches until this many bytes: >> L2 (60 MB)
@@ -173,24 +174,30 @@ def run_shape(args, head_dim, context, best, results, t0):
 
     # verify, our kernel
     verify_us = {}
+    # " shared-kv": V addressed with K's offsets (shared_kv_strides, SPECSIM_SHARED_KV_STRIDES)
     variants = (("", "off", ()), (" +c2q", "c2q-sep", None), (" +c2q main-tile", "c2q-main", None),
                 (" +c2q sum", "c2q-sum", None), (" +all", "all", "all"),
-                (" block-combine", "block", ()))
+                (" block-combine", "block", ()), (" shared-kv", "off-kv", ()),
+                (" +c2q sum shared-kv", "c2q-sum-kv", None))
     combine_default = split_kv.COMBINE
     for q_len in args.q_lens:
         for suffix, mode, collect in variants:
-            if q_len not in ((1, 8) if mode == "block" else (8, 16) if suffix else (q_len,)):
+            if q_len not in ((1, 8) if mode == "block" else (1, 8, 16) if mode == "off-kv"
+                             else (8, 16) if suffix else (q_len,)):
                 continue
             name = f"verify q={q_len}{suffix}"
             try:
                 rows_collect = tuple(range(q_len)) if collect == "all" else collect
                 config = best_config(best, head_dim, q_len, group,
-                                     {"block": "off", "c2q-sum": "off"}.get(mode, mode))
+                                     {"block": "off", "c2q-sum": "off", "off-kv": "off",
+                                      "c2q-sum-kv": "off"}.get(mode, mode))
                 plan = plan_verify(batch, heads, kv_heads, head_dim, q_len, context,
                                    collect_rows=rows_collect,
                                    collect_separate={"c2q-sep": True,
                                                      "c2q-main": False}.get(mode),
-                                   collect_sum=mode == "c2q-sum", **config)
+                                   collect_sum=mode.startswith("c2q-sum"),
+                                   shared_kv_strides=True if mode.endswith("-kv") else None,
+                                   **config)
                 # the split-KV chunks merged by the block combine (SPECSIM_COMBINE=block) or not
                 split_kv.COMBINE = "block" if mode == "block" else combine_default
                 q = torch.randn(batch, q_len, heads, head_dim, device=DEVICE, dtype=DTYPE)
@@ -296,12 +303,17 @@ def run_shape(args, head_dim, context, best, results, t0):
                                   ("sparse s=.07 seq unsorted", per_seq_unsorted, counts_seq),
                                   ("sparse s=.07 kvhead sorted", per_head_sorted, counts_head),
                                   ("sparse s=.07 seq sorted block-combine", per_seq_sorted,
+                                   counts_seq),
+                                  ("sparse s=.07 seq sorted shared-kv", per_seq_sorted,
                                    counts_seq)):
         split_kv.COMBINE = "block" if name.endswith("block-combine") else combine_default
+        plan_now = splan if not name.endswith("shared-kv") else plan_sparse(
+            batch, heads, kv_heads, head_dim, capacity, shared_kv_strides=True,
+            **sparse_config)
 
-        def fn():
+        def fn(plan_now=plan_now):
             k, v = rot.next()
-            sparse_attention(q1, k, v, indices, counts, splan, out=out1)
+            sparse_attention(q1, k, v, indices, counts, plan_now, out=out1)
         try:
             us, method = time_us(fn)
         except Exception as error:
@@ -368,18 +380,26 @@ def check_correctness(batch, head_dim, context):
     lengths = torch.tensor([context - 3 * i for i in range(batch)], dtype=torch.int32,
                            device=DEVICE)
     errors = {}
-    for q_len, separate in ((1, None), (8, True), (8, False), (16, True)):
+    # (q, separate tile, summed per KV head, V addressed with K's offsets)
+    for q_len, separate, summed, shared in ((1, None, False, None), (8, True, False, None),
+                                            (8, False, False, None), (16, True, False, None),
+                                            (8, None, True, None), (16, None, True, True),
+                                            (16, True, False, True)):
         plan = plan_verify(batch, heads, kv_heads, head_dim, q_len, context, collect_rows=None,
-                           collect_separate=separate)
+                           collect_separate=separate, collect_sum=summed,
+                           shared_kv_strides=shared)
         q = torch.randn(batch, q_len, heads, head_dim, device=DEVICE, dtype=DTYPE)
         out = torch.full_like(q, float("nan"))
         logits = new_logits_buffer(plan, context, device=DEVICE).fill_(float("nan"))
         verify_attention(q, k, v, lengths, plan, out=out, logits=logits)
         ref, ref_logits, _ = verify_attention_reference(q, k, v, lengths,
                                                         collect_rows=plan.collect_rows)
+        if summed:
+            ref_logits = summed_logits(ref_logits, kv_heads)
         written = torch.cat([logits[b, ..., :n] for b, n in enumerate(lengths.tolist())], -1)
         expect = torch.cat([ref_logits[b, ..., :n] for b, n in enumerate(lengths.tolist())], -1)
-        tile = {True: " sep", False: " main"}.get(separate, "")
+        tile = {True: " sep", False: " main"}.get(separate, "") + (" sum" if summed else "") \
+            + (" shared-kv" if shared else "")
         errors[f"verify q={q_len}{tile}"] = relative_error(out, ref)
         errors[f"logits q={q_len}{tile}"] = relative_error(written, expect)
         assert torch.isfinite(out).all() and torch.isfinite(written).all()
@@ -388,9 +408,11 @@ def check_correctness(batch, head_dim, context):
     counts = torch.tensor([count - 5 * i for i in range(batch)], dtype=torch.int32,
                           device=DEVICE)
     q = torch.randn(batch, heads, head_dim, device=DEVICE, dtype=DTYPE)
-    out = sparse_attention(q, k, v, indices, counts, plan_sparse(batch, heads, kv_heads,
-                                                                 head_dim, count))
-    errors["sparse"] = relative_error(out, sparse_attention_reference(q, k, v, indices, counts))
+    ref = sparse_attention_reference(q, k, v, indices, counts)
+    for shared in (None, True):
+        out = sparse_attention(q, k, v, indices, counts, plan_sparse(
+            batch, heads, kv_heads, head_dim, count, shared_kv_strides=shared))
+        errors["sparse" + (" shared-kv" if shared else "")] = relative_error(out, ref)
     return errors
 
 
@@ -489,10 +511,13 @@ def summary(results, copy_tbps, head_dims, contexts):
              "verify q=8 +all", "verify q=16 +c2q", "verify q=16 +c2q main-tile",
              "verify q=16 +c2q sum",
              "verify q=16 +all", "verify q=1 block-combine",
-             "verify q=8 block-combine",
+             "verify q=8 block-combine", "verify q=1 shared-kv", "verify q=8 shared-kv",
+             "verify q=16 shared-kv", "verify q=8 +c2q sum shared-kv",
+             "verify q=16 +c2q sum shared-kv",
              "sdpa-cudnn q=1", "sdpa-flash q=1", "sdpa-cudnn q=8", "sdpa-flash q=8",
              "flex q=1", "flex q=8", "sparse s=.07 seq sorted", "sparse s=.07 seq unsorted",
              "sparse s=.07 kvhead sorted", "sparse s=.07 seq sorted block-combine",
+             "sparse s=.07 seq sorted shared-kv",
              "gather+sdpa s=.07", "select vegas", "select vegas sum",
              "select vegas (sort)", "select sparsespec", "select sparsespec (sort)",
              "select streamingllm", "select quest", "select quest (sort)"]
@@ -532,6 +557,18 @@ def summary(results, copy_tbps, head_dims, contexts):
                 f"{rows['sparse s=.07 seq sorted']['tbps']:.2f} TB/s (>=2.5)")
         except (KeyError, ValueError):
             checks.append(f"{tag}: incomplete")
+            continue
+        shared = {name: rows.get(f"{name} shared-kv", {}).get("us", float("nan"))
+                  for name in ("verify q=1", "verify q=8", "verify q=16", "verify q=8 +c2q sum",
+                               "verify q=16 +c2q sum", "sparse s=.07 seq sorted")}
+        checks.append(
+            f"{tag} shared-kv: q8 {rows['verify q=8']['bytes'] / shared['verify q=8'] / 1e6:.2f}"
+            f" TB/s | q16/q1 {shared['verify q=16'] / shared['verify q=1']:.2f} | sum/off q8 "
+            f"{shared['verify q=8 +c2q sum'] / shared['verify q=8']:.3f} q16 "
+            f"{shared['verify q=16 +c2q sum'] / shared['verify q=16']:.3f} | sparse "
+            f"{rows['sparse s=.07 seq sorted']['bytes'] / shared['sparse s=.07 seq sorted'] / 1e6:.2f}"
+            f" TB/s | each vs own strides: q1 {shared['verify q=1'] / q1:.3f} q8 "
+            f"{shared['verify q=8'] / q8:.3f} q16 {shared['verify q=16'] / q16:.3f}")
     return "\n".join(lines + ["targets:"] + checks)
 
 
