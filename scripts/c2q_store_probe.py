@@ -270,9 +270,14 @@ def main():
     parser.add_argument("--sum-configs", default="", help="also the production collect_sum "
                         "kernel on these block_n:warps:stages:splits plans, e.g. "
                         "128:4:3:4,64:4:3:8")
+    parser.add_argument("--off-configs", default="", help="also the production kernel with "
+                        "collecting off on these block_n:warps:stages:splits plans")
+    parser.add_argument("--shared-kv", action="store_true", help="production's plans address "
+                        "V with K's offsets (shared_kv_strides; the probe kernel always does)")
     parser.add_argument("--out", default=os.environ.get("OUT", "benchmarks/out"))
     parser.add_argument("--dry-run", action="store_true")
     args = parser.parse_args()
+    shared = True if args.shared_kv else None
     if DRY:
         bk.DEVICE, bk.DTYPE, bk.DRY_RUN = "cpu", torch.float32, True
     device, dtype = bk.DEVICE, bk.DTYPE
@@ -314,29 +319,34 @@ def main():
                                                       collect_rows=rows)[1]
                 # the production kernel's own plans (whole waves), off and collecting
                 prod = {8: (plan_verify(batch, heads, kv_heads, head_dim, q_len, context,
-                                        device=device, collect_rows=()), None)}
+                                        device=device, collect_rows=(),
+                                        shared_kv_strides=shared), None)}
                 cplan = plan_verify(batch, heads, kv_heads, head_dim, q_len, context,
-                                    device=device, collect_rows=rows)
+                                    device=device, collect_rows=rows, shared_kv_strides=shared)
                 prod[9] = (cplan, new_logits_buffer(cplan, context, device=device))
                 splan = plan_verify(batch, heads, kv_heads, head_dim, q_len, context,
-                                    device=device, collect_rows=rows, collect_sum=True)
+                                    device=device, collect_rows=rows, collect_sum=True,
+                                    shared_kv_strides=shared)
                 prod[10] = (splan, new_logits_buffer(splan, context, device=device))
                 extra_specs = []
-                for text in filter(None, args.sum_configs.split(",")):
-                    bn, w, st, n = map(int, text.split(":"))
-                    name = f"sum {text}"
-                    NAMES.append(name) if name not in NAMES else None
-                    try:
-                        xplan = plan_verify(batch, heads, kv_heads, head_dim, q_len, context,
-                                            device=device, collect_rows=rows, collect_sum=True,
-                                            block_n=bn, num_warps=w, num_stages=st,
-                                            num_splits=min(n, -(-context // bn)))
-                    except Exception as exc:
-                        bk.log(f"{name}: {type(exc).__name__}")
-                        continue
-                    prod[NAMES.index(name)] = (xplan, new_logits_buffer(xplan, context,
-                                                                        device=device))
-                    extra_specs.append(name)
+                for kind, configs in (("sum", args.sum_configs), ("off", args.off_configs)):
+                    for text in filter(None, configs.split(",")):
+                        bn, w, st, n = map(int, text.split(":"))
+                        name = f"{kind} {text}"
+                        NAMES.append(name) if name not in NAMES else None
+                        try:
+                            xplan = plan_verify(
+                                batch, heads, kv_heads, head_dim, q_len, context,
+                                device=device, collect_rows=rows if kind == "sum" else (),
+                                collect_sum=kind == "sum", block_n=bn, num_warps=w,
+                                num_stages=st, num_splits=min(n, -(-context // bn)),
+                                shared_kv_strides=shared)
+                        except Exception as exc:
+                            bk.log(f"{name}: {type(exc).__name__}")
+                            continue
+                        prod[NAMES.index(name)] = (xplan, new_logits_buffer(
+                            xplan, context, device=device) if kind == "sum" else None)
+                        extra_specs.append(name)
                 line = {}
                 for spec in specs + ["prod-off", "prod-rows", "prod-sum"] + extra_specs:
                     variant = NAMES.index(spec.split(".")[0])
@@ -366,6 +376,7 @@ def main():
                         results.append({"head_dim": head_dim, "context": context, "q": q_len,
                                         "variant": spec, "us": us,
                                         "out_error": error, "logits_error": lerr,
+                                        "shared_kv_strides": pplan.shared_kv_strides,
                                         "plan": [pplan.split.block_n, pplan.num_warps,
                                                  pplan.num_stages, pplan.split.num_splits,
                                                  pplan.collect_separate]})
@@ -421,13 +432,14 @@ def main():
         json.dump(results, handle, indent=1)
     print(f"\nµs per verify call and ratio to off; {time.time() - t0:.0f} s")
     shown = specs + ["prod-off", "prod-rows", "prod-sum"] + [
-        f"sum {t}" for t in filter(None, args.sum_configs.split(","))]
+        f"sum {t}" for t in filter(None, args.sum_configs.split(","))] + [
+        f"off {t}" for t in filter(None, args.off_configs.split(","))]
     print("ratio: each variant to the probe's off on the same loop structure and plan, "
           "prod-rows to prod-off")
     print(f"{'case':18}" + "".join(f"{v:>18}" for v in shown))
     for case, line in table:
         def ratio(v):
-            base = "prod-off" if v.startswith(("prod-", "sum ")) else \
+            base = "prod-off" if v.startswith(("prod-", "sum ", "off ")) else \
                 "off.masked" if v.endswith(".masked") and "off.masked" in line else "off"
             return line.get(v, math.nan) / line.get(base, math.nan)
         print(f"{case:18}" + "".join(f"{line.get(v, math.nan):9.1f} ({ratio(v):5.3f})"

@@ -457,14 +457,18 @@ def test_c2q_store_probe_dry_run(tmp_path):
     variants = "off,rows,dot-only,store-only,keys,late,sum-main,sum-sep,rows-l2,off.masked"
     done = subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "c2q_store_probe.py"),
                            "--dry-run", "--head-dims", "128", "--q-lens", "8", "--variants",
-                           variants, "--sum-configs", "64:4:3:2", "--out", str(tmp_path)],
+                           variants, "--sum-configs", "64:4:3:2", "--off-configs",
+                           "64:4:3:2", "--shared-kv", "--out", str(tmp_path)],
                           capture_output=True, text=True, timeout=600,
                           env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
     assert done.returncode == 0, done.stderr[-2000:]
     rows = json.loads((tmp_path / "c2q_store_probe.json").read_text())
     by_name = {r["variant"]: r for r in rows}
     assert set(by_name) == set(variants.split(",")) | {"prod-off", "prod-rows", "prod-sum",
-                                                       "sum 64:4:3:2"}
+                                                       "sum 64:4:3:2", "off 64:4:3:2"}
+    production = [r for r in rows if "shared_kv_strides" in r]     # --shared-kv reached them
+    assert len(production) == 5 and all(r["shared_kv_strides"] for r in production)
+    assert by_name["off 64:4:3:2"]["logits_error"] is None
     assert all(r["out_error"] < 1e-2 for r in rows)
     checked = [n for n, r in by_name.items() if r.get("logits_error") is not None]
     assert set(checked) == {"rows", "keys", "late", "sum-main", "sum-sep", "prod-rows",
