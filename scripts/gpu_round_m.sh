@@ -25,6 +25,9 @@
 #   then here, per model: compare_calibrations.py OLD NEW --changed-only (gate 1.03 on the
 #      changed tiles), merge_calibrations.py NEW OLD OLD --replace plain,verify,draft, and
 #      `specsim calibrate --check`; record in BENCHMARKS.md and plan a validation round.
+# Also worth a probe while the machine is warm: hd64's q = 16 tile (128 rows, q16/q1 1.7-2.0)
+# runs 256-key blocks on 8 warps, which kernel_resources.py shows at 255 registers with 40 B
+# of spills; 128-key blocks on 8 warps compile to 246 registers and none.
 set -u
 export PYTHONPATH=. PYTHONUNBUFFERED=1
 case "${1:-}" in
