@@ -36,7 +36,7 @@ from triton.compiler import ASTSource  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from specsim.kernels.verify_attention import (_verify_kernel, default_collect_rows,  # noqa: E402
-                                              plan_verify)
+                                              launch_constexprs, plan_verify)
 
 HEADS = {128: (32, 8), 64: (64, 8)}          # bench_kernels' shapes: query / KV heads
 COUNTED = ("LEA", "IMAD", "LDGSTS", "LDG", "STG", "HGMMA", "HMMA", "LDL", "STL")
@@ -70,13 +70,7 @@ def launch_args(plan, context: int, logits_fp32: bool):
     pointers = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "Lengths": "*i32", "Out": "*bf16",
                 "Lse": "*bf16", "PartOut": "*fp32", "PartLse": "*fp32",
                 "Logits": "*fp32" if logits_fp32 else "*bf16"}
-    direct = plan.split.num_splits == 1
-    const = dict(NUM_KV_HEADS=kv, Q_LEN=q, GROUP=plan.group, HEAD_DIM=d, BLOCK_M=plan.block_m,
-                 BLOCK_N=plan.split.block_n, DIRECT_OUTPUT=direct, WRITE_LSE=False,
-                 COLLECT_MASK=plan.collect_mask, COLLECT_SEPARATE=plan.collect_separate,
-                 N_COLLECT=max(1, len(plan.collect_rows)), COLLECT_TOKENS=plan.collect_tokens,
-                 BLOCK_C=plan.block_c, COLLECT_SUM=plan.collect_sum,
-                 SAME_KV_STRIDES=plan.shared_kv_strides)
+    const = launch_constexprs(plan, write_lse=False, same_kv=plan.shared_kv_strides)
     return pointers, ints, const
 
 

@@ -35,8 +35,8 @@ import torch
 from specsim.kernels._runtime import (SHARED_KV_STRIDES, default_device, next_power_of_2,
                                       tl, triton)
 from specsim.kernels.split_kv import (SplitPlan, combine, fit_shared_memory, plan_splits,
-                                     softmax_update,
-                                      store_partial, workspace)
+                                      same_kv_strides, softmax_update, store_partial,
+                                      v_addressing, workspace)
 
 
 @triton.jit
@@ -68,12 +68,8 @@ def _sparse_kernel(Q, K, V, Indices, Counts, Out, PartOut, PartLse,
 
     index_base = Indices + b * stride_ib + kvh * stride_ih
     k_base = K + b * stride_kb + kvh * stride_kh
-    if SAME_KV_STRIDES:   # V laid out like K: one offset tensor serves both gathers
-        v_base = V + b * stride_kb + kvh * stride_kh
-        v_stride_t = stride_kt
-    else:
-        v_base = V + b * stride_vb + kvh * stride_vh
-        v_stride_t = stride_vt
+    v_base, v_stride_t = v_addressing(V, b, kvh, stride_kb, stride_kh, stride_kt, stride_vb,
+                                      stride_vh, stride_vt, SAME_KV_STRIDES)
     offs_n = tl.arange(0, BLOCK_N)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -201,7 +197,7 @@ def sparse_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         split.split_size, split.num_splits, sm_scale,
         NUM_KV_HEADS=num_kv_heads, GROUP=plan.group, HEAD_DIM=head_dim,
         BLOCK_M=plan.block_m, BLOCK_N=split.block_n, DIRECT_OUTPUT=direct,
-        SAME_KV_STRIDES=plan.shared_kv_strides and k_cache.stride()[:3] == v_cache.stride()[:3],
+        SAME_KV_STRIDES=same_kv_strides(plan.shared_kv_strides, k_cache, v_cache),
         num_warps=plan.num_warps, num_stages=plan.num_stages)
     if not direct:
         combine(plan.partial_out, plan.partial_lse, counts, per_kv_head, out.unsqueeze(1), None,

@@ -48,8 +48,8 @@ import torch
 from specsim.kernels._runtime import (INTERPRETED, SHARED_KV_STRIDES, default_device,
                                       next_power_of_2, tl, triton)
 from specsim.kernels.split_kv import (SplitPlan, combine, fit_shared_memory, plan_splits,
-                                     softmax_update,
-                                      store_partial, workspace)
+                                      same_kv_strides, softmax_update, store_partial,
+                                      v_addressing, workspace)
 
 MAX_Q_LEN = 16
 
@@ -148,12 +148,8 @@ def _verify_kernel(Q, K, V, Lengths, Out, Lse, PartOut, PartLse, Logits,
             c_ptrs = Logits + b * stride_gb + c_head * stride_gh + c_slot * stride_gr
 
     k_base = K + b * stride_kb + kvh * stride_kh
-    if SAME_KV_STRIDES:   # V laid out like K: one offset tensor serves both loads
-        v_base = V + b * stride_kb + kvh * stride_kh
-        v_stride_t = stride_kt
-    else:
-        v_base = V + b * stride_vb + kvh * stride_vh
-        v_stride_t = stride_vt
+    v_base, v_stride_t = v_addressing(V, b, kvh, stride_kb, stride_kh, stride_kt, stride_vb,
+                                      stride_vh, stride_vt, SAME_KV_STRIDES)
     offs_n = tl.arange(0, BLOCK_N)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -379,6 +375,16 @@ def plan_verify(batch: int, num_heads: int, num_kv_heads: int, head_dim: int, q_
                       partial_lse, bool(collect_sum), bool(shared_kv_strides))
 
 
+def launch_constexprs(plan: VerifyPlan, *, write_lse: bool, same_kv: bool) -> dict:
+    """The compile-time arguments ``verify_attention`` launches ``_verify_kernel`` with."""
+    return dict(NUM_KV_HEADS=plan.num_kv_heads, Q_LEN=plan.q_len, GROUP=plan.group,
+                HEAD_DIM=plan.head_dim, BLOCK_M=plan.block_m, BLOCK_N=plan.split.block_n,
+                DIRECT_OUTPUT=plan.split.num_splits == 1, WRITE_LSE=write_lse,
+                COLLECT_MASK=plan.collect_mask, COLLECT_SEPARATE=plan.collect_separate,
+                N_COLLECT=max(1, len(plan.collect_rows)), COLLECT_TOKENS=plan.collect_tokens,
+                BLOCK_C=plan.block_c, COLLECT_SUM=plan.collect_sum, SAME_KV_STRIDES=same_kv)
+
+
 def verify_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                      lengths: torch.Tensor, plan: VerifyPlan | None = None, *,
                      out: torch.Tensor | None = None, logits: torch.Tensor | None = None,
@@ -434,12 +440,8 @@ def verify_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         out.stride(0), out.stride(1), out.stride(2),
         *lse_strides, *gstrides,
         split.split_size, split.num_splits, sm_scale,
-        NUM_KV_HEADS=plan.num_kv_heads, Q_LEN=q_len, GROUP=plan.group, HEAD_DIM=head_dim,
-        BLOCK_M=plan.block_m, BLOCK_N=split.block_n, DIRECT_OUTPUT=direct,
-        WRITE_LSE=lse is not None, COLLECT_MASK=plan.collect_mask,
-        COLLECT_SEPARATE=plan.collect_separate, N_COLLECT=max(1, len(plan.collect_rows)),
-        COLLECT_TOKENS=plan.collect_tokens, BLOCK_C=plan.block_c, COLLECT_SUM=plan.collect_sum,
-        SAME_KV_STRIDES=plan.shared_kv_strides and k_cache.stride()[:3] == v_cache.stride()[:3],
+        **launch_constexprs(plan, write_lse=lse is not None,
+                            same_kv=same_kv_strides(plan.shared_kv_strides, k_cache, v_cache)),
         num_warps=plan.num_warps, num_stages=plan.num_stages)
     if not direct:
         combine(plan.partial_out, plan.partial_lse, lengths, False, out, lse, split,
