@@ -24,6 +24,12 @@ the reference (q ≥ 3):
     rows-l2      1 with every block of a program stored into the same [16, block_n] slot of a
                  0.5 MB buffer (wrong logits, no DRAM writes: is the cost the DRAM or the SM's
                  store path?)
+    sum-l2       7 with every block of a program stored into one [block_n] fp32 slot (no DRAM
+                 writes: is the summed row's cost its bytes or its work?)
+    sum-nostore  7 with the store predicated off at run time (the dot and the sum only)
+    sum-bf16     7 stored as bf16 (half the bytes)
+    sum-seq      7 summed over the KV heads too, by fp32 atomic adds into one row per
+                 sequence [batch, n] (an eighth of the bytes; the timed call zeroes it first)
 
     PYTHONPATH=. python3 scripts/c2q_store_probe.py --out DIR        # GPU
     PYTHONPATH=. python3 scripts/c2q_store_probe.py --dry-run        # CPU, interpreter, tiny
@@ -49,8 +55,9 @@ from specsim.kernels.verify_attention import (new_logits_buffer, plan_verify,  #
                                               verify_attention, verify_attention_reference)
 
 NAMES = ["off", "rows", "dot-only", "store-only", "keys", "late", "sum-main", "sum-sep",
-         "prod-off", "prod-rows", "prod-sum", "rows-l2"]
-PROBED = NAMES[:8] + ["rows-l2"]          # the probe kernel's variants (the rest: production)
+         "prod-off", "prod-rows", "prod-sum", "rows-l2", "sum-l2", "sum-nostore", "sum-bf16",
+         "sum-seq"]
+PROBED = NAMES[:8] + NAMES[11:16]        # the probe kernel's variants (the rest: production)
 
 
 @triton.jit
@@ -88,10 +95,19 @@ def _collect(s, k, q_c, keys, key_ok, c_rows, c_ok, crow, Logits, length, sm_sca
     elif VARIANT == 6:
         _store(c_rows + keys, tl.sum(tl.where(c_ok[:, None], s, 0.0), 0) * sm_scale,
                key_ok, STORE)
-    elif VARIANT == 7:
+    elif VARIANT == 7 or VARIANT >= 12:
         s_c = tl.dot(q_c, tl.trans(k))
-        _store(c_rows + keys, tl.sum(tl.where(c_ok[:, None], s_c, 0.0), 0) * sm_scale,
-               key_ok, STORE)
+        row = tl.sum(tl.where(c_ok[:, None], s_c, 0.0), 0) * sm_scale
+        if VARIANT == 12:
+            _store(c_rows + keys % BLOCK_N, row, key_ok, STORE)
+        elif VARIANT == 13:
+            _store(c_rows + keys, row, key_ok & (length < 0), STORE)
+        elif VARIANT == 14:
+            _store(c_rows + keys, row.to(tl.bfloat16), key_ok, STORE)
+        elif VARIANT == 15:
+            tl.atomic_add(c_rows + keys, row, mask=key_ok, sem="relaxed")
+        else:
+            _store(c_rows + keys, row, key_ok, STORE)
 
 
 @triton.jit
@@ -129,7 +145,11 @@ def _probe_kernel(Q, K, V, Lengths, PartOut, PartLse, Logits,
                   + dims[None, :], mask=c_ok[:, None], other=0.0)
     if VARIANT == 4:      # [b, kvh, n, c]: c = crow, keys along stride_gn
         c_rows = Logits + b * stride_gb + kvh * stride_gh + crow
-    elif VARIANT == 6 or VARIANT == 7:
+    elif VARIANT == 12:   # one [BLOCK_N] fp32 slot per program
+        c_rows = Logits + (pid * num_splits + split) * BLOCK_N
+    elif VARIANT == 15:   # one row per sequence
+        c_rows = Logits + b * stride_gb
+    elif VARIANT == 6 or VARIANT == 7 or VARIANT == 13 or VARIANT == 14:
         c_rows = Logits + b * stride_gb + kvh * stride_gh
     elif VARIANT == 11:   # one [BLOCK_C, BLOCK_N] slot per program
         c_rows = Logits + ((pid * num_splits + split) * BLOCK_C + crow) * BLOCK_N
@@ -221,8 +241,14 @@ def buffer(variant, batch, heads, kv_heads, n, device, plan=None):
         programs = batch * kv_heads * plan.split.num_splits
         return torch.empty(programs, max(16, heads // kv_heads * 2), plan.split.block_n,
                            dtype=dtype, device=device)
-    if variant in (6, 7):
-        return torch.empty(batch, kv_heads, n, dtype=torch.float32, device=device)
+    if variant == 12:                # a [block_n] fp32 slot per program
+        programs = batch * kv_heads * plan.split.num_splits
+        return torch.empty(programs, 1, plan.split.block_n, dtype=torch.float32, device=device)
+    if variant == 15:                # one row per sequence
+        return torch.empty(batch, 1, n, dtype=torch.float32, device=device)
+    if variant in (6, 7, 13, 14):
+        return torch.empty(batch, kv_heads, n, device=device,
+                           dtype=dtype if variant == 14 else torch.float32)
     if variant == 4:
         return torch.empty(batch, kv_heads, n, heads // kv_heads * 2, dtype=dtype,
                            device=device)
@@ -234,7 +260,7 @@ def check_logits(variant, logits, ref_rows, kv_heads, lengths):
     variant's logits against the reference rows [b, h, 2, n]; None where the variant writes
     no real logits. Variants 9 / 10 are production's rows / collect_sum buffers."""
     batch, heads, _, _ = ref_rows.shape
-    if variant not in (1, 4, 5, 6, 7, 9, 10):
+    if variant not in (1, 4, 5, 6, 7, 9, 10, 14, 15):
         return None
     worst = 0.0
     for b, length in enumerate(lengths.tolist()):
@@ -244,6 +270,9 @@ def check_logits(variant, logits, ref_rows, kv_heads, lengths):
         elif variant == 4:
             got = logits[b, :, :length].float().reshape(kv_heads, length, heads // kv_heads, 2)
             got = got.permute(0, 2, 3, 1).reshape(heads, 2, length)
+        elif variant == 15:                      # one sum per sequence, [1, n]
+            got = logits[b, 0, :length].float()
+            ref = ref.reshape(-1, length).sum(0)
         else:                                    # sums per KV head, [kvh, n] or [kvh, 1, n]
             got = logits[b].reshape(kv_heads, -1)[:, :length].float()
             ref = ref.reshape(kv_heads, -1, length).sum(1)
@@ -398,6 +427,8 @@ def main():
                     out = torch.full_like(q, float("nan"))
                     logits = buffer(variant, batch, heads, kv_heads, context, device, vplan)
                     logits.fill_(float("nan"))
+                    if variant == 15:        # atomic adds: start from zero (timed too)
+                        logits.zero_()
                     try:
                         run_variant(variant, vplan, q, k0, v0, lengths, out, logits, **extra)
                     except Exception as exc:      # out of shared memory and the like
@@ -410,6 +441,8 @@ def main():
 
                     def fn():
                         k, v = rot.next()
+                        if variant == 15:
+                            logits.zero_()
                         run_variant(variant, vplan, q, k, v, lengths, out, logits, **extra)
                     us, _ = bk.time_us(fn, target_ms=8, replays=7)
                     line[spec] = us

@@ -448,13 +448,15 @@ def test_fp32_caches_get_configs_that_fit_in_shared_memory():
 def test_c2q_store_probe_dry_run(tmp_path):
     """scripts/c2q_store_probe.py runs every collect variant (interpreter, tiny ragged shapes):
     each one's attention output matches the production kernel's and, where it writes real
-    logits, they match the reference's (per-head rows, key-major, or summed per KV head)."""
+    logits, they match the reference's (per-head rows, key-major, summed per KV head in fp32
+    or bf16, or summed over every head of the sequence by atomic adds)."""
     import json
     import subprocess
     import sys
 
     from specsim.specs import REPO_ROOT
-    variants = "off,rows,dot-only,store-only,keys,late,sum-main,sum-sep,rows-l2,off.masked"
+    variants = ("off,rows,dot-only,store-only,keys,late,sum-main,sum-sep,rows-l2,sum-l2,"
+                "sum-nostore,sum-bf16,sum-seq,off.masked")
     done = subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "c2q_store_probe.py"),
                            "--dry-run", "--head-dims", "128", "--q-lens", "8", "--variants",
                            variants, "--sum-configs", "64:4:3:2", "--off-configs",
@@ -473,8 +475,8 @@ def test_c2q_store_probe_dry_run(tmp_path):
     assert by_name["off 64:4:3:2"]["logits_error"] is None
     assert all(r["out_error"] < 1e-2 for r in rows)
     checked = [n for n, r in by_name.items() if r.get("logits_error") is not None]
-    assert set(checked) == {"rows", "keys", "late", "sum-main", "sum-sep", "prod-rows",
-                            "prod-sum", "sum 64:4:3:2"}
+    assert set(checked) == {"rows", "keys", "late", "sum-main", "sum-sep", "sum-bf16",
+                            "sum-seq", "prod-rows", "prod-sum", "sum 64:4:3:2"}
     assert all(by_name[n]["logits_error"] < 2e-2 for n in checked)
 
 
