@@ -342,9 +342,9 @@ def run_shape(args, head_dim, context, best, results, t0):
     k0 = rot.caches[0][0]
     pages = k0.view(batch, kv_heads, context // 16, 16, head_dim)
     page_min, page_max = pages.amin(3), pages.amax(3)
-    # SPECSIM_C2Q=sum: the verify wrote one fp32 row per KV head (the two rows' sum over its
-    # query heads); the refresh sums the KV heads and ranks
-    summed = torch.randn(batch, kv_heads, 1, context, device=DEVICE, dtype=torch.float32)
+    # SPECSIM_C2Q=sum: the verify wrote one fp32 row per sequence (the two rows' sum over
+    # every query head); the refresh ranks it as it is
+    summed = torch.randn(batch, 1, 1, context, device=DEVICE, dtype=torch.float32)
     selections = {"select streamingllm": lambda: streamingllm_select(lengths, args.sparsity,
                                                                      max_context=context),
                   "select vegas sum": lambda: vegas_select(summed, lengths, args.sparsity)}
@@ -395,7 +395,7 @@ def check_correctness(batch, head_dim, context):
         ref, ref_logits, _ = verify_attention_reference(q, k, v, lengths,
                                                         collect_rows=plan.collect_rows)
         if summed:
-            ref_logits = summed_logits(ref_logits, kv_heads)
+            ref_logits = summed_logits(ref_logits)
         written = torch.cat([logits[b, ..., :n] for b, n in enumerate(lengths.tolist())], -1)
         expect = torch.cat([ref_logits[b, ..., :n] for b, n in enumerate(lengths.tolist())], -1)
         tile = {True: " sep", False: " main"}.get(separate, "") + (" sum" if summed else "") \

@@ -258,7 +258,8 @@ def buffer(variant, batch, heads, kv_heads, n, device, plan=None):
 def check_logits(variant, logits, ref_rows, kv_heads, lengths):
     """The worst relative error, over the sequences (each up to its own length), of a
     variant's logits against the reference rows [b, h, 2, n]; None where the variant writes
-    no real logits. Variants 9 / 10 are production's rows / collect_sum buffers."""
+    no real logits. Variants 9 / 10 are production's rows / collect_sum (per sequence)
+    buffers."""
     batch, heads, _, _ = ref_rows.shape
     if variant not in (1, 4, 5, 6, 7, 9, 10, 14, 15):
         return None
@@ -270,8 +271,8 @@ def check_logits(variant, logits, ref_rows, kv_heads, lengths):
         elif variant == 4:
             got = logits[b, :, :length].float().reshape(kv_heads, length, heads // kv_heads, 2)
             got = got.permute(0, 2, 3, 1).reshape(heads, 2, length)
-        elif variant == 15:                      # one sum per sequence, [1, n]
-            got = logits[b, 0, :length].float()
+        elif variant in (10, 15):                # one sum per sequence, [1, n]
+            got = logits[b].reshape(-1)[:length].float()
             ref = ref.reshape(-1, length).sum(0)
         else:                                    # sums per KV head, [kvh, n] or [kvh, 1, n]
             got = logits[b].reshape(kv_heads, -1)[:, :length].float()

@@ -9,9 +9,19 @@
 # sum-nostore (dot and sum only), sum-bf16 (half the bytes) and sum-seq (an eighth: atomic adds
 # over the KV heads into one row per sequence, the ranking Vegas actually uses).
 #
-#   1  (~560 s)  bash scripts/gpu_round_n.sh trial
-#   then here: pick the summed row's form; flip SHARED_KV_STRIDES if it wins (round M's header)
-#   2, 3         bash scripts/gpu_round_m.sh cal ...   (round M's header: what to re-measure)
+#   1  (270 s)   bash scripts/gpu_round_n.sh trial
+#      found: the summed row's cost is its DRAM bytes (sum-l2 1.000, sum-nostore 1.001, sum-sep
+#      1.061, sum-bf16 1.046, sum-seq 1.027 at hd128 128K q8); shared V offsets mixed (q16 off
+#      3% slower, summed 3% faster): left off; the 64-row hd128 off tile 5% faster on whole
+#      waves of 128-key blocks
+#   then here: collect_sum writes sum-seq's row (one per sequence, atomic adds); WAVE_CONFIGS
+#      gains (128, 64, "off")
+#   2  (~400 s)  bash scripts/gpu_round_n.sh check     GPU tests, the kernel table, SmolLM2's
+#      Vegas verify and refresh re-measured
+#   3  (~560 s)  bash scripts/gpu_round_n.sh cal qwen3-4b,qwen3-8b,llama-3.1-8b 160,160,160
+#      verify (every policy: the 64-row off tile moved) and the refreshes
+#   then here, per model: compare_calibrations.py OLD NEW --changed-only, merge_calibrations.py
+#      NEW OLD OLD --replace verify,selection:vegas (SmolLM2: Vegas' rows only), calibrate --check
 set -u
 export PYTHONPATH=. PYTHONUNBUFFERED=1
 case "${1:-}" in
@@ -36,8 +46,32 @@ trial)
         --contexts 131072,32768,8192 --q-lens 1,8,16 --no-check --budget-s 125 \
         --out "$OUT/kernels" 2>&1 | tee "$OUT/kernels.log" | sed -n '/^targets/,$p'
     ;;
+check)
+    nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
+    timeout 100 python3 -m pytest -q -p no:cacheprovider tests/test_kernels_attention.py \
+        -k "collect or matches_reference or wave or split" 2>&1 | tail -n 3 | tee "$OUT/tests.log"
+    grep -q " failed" "$OUT/tests.log" && { echo "kernel tests failed: stop"; exit 1; }
+    timeout 100 python3 -m pytest -q -p no:cacheprovider tests/test_engine_gpu.py \
+        -k "summed or graphs_replay" 2>&1 | tail -n 3 | tee -a "$OUT/tests.log"
+    grep -q " failed" "$OUT/tests.log" && { echo "engine tests failed: stop"; exit 1; }
+    timeout 160 python3 benchmarks/bench_kernels.py --head-dims 128,64 \
+        --contexts 131072,32768,8192 --q-lens 1,8,16 --no-check --budget-s 125 \
+        --out "$OUT/kernels" 2>&1 | tee "$OUT/kernels.log" | sed -n '/^targets/,$p'
+    timeout 160 python3 scripts/calibrate_shipped.py --out-dir "$OUT/cal" \
+        --models smollm2-135m --policies vegas --budget-s 120 --repeats 10 \
+        --only verify,selection 2>&1 | grep -v "^\[" | tail -n 2
+    ;;
+cal)
+    IFS=, read -r -a models <<< "${2:?models}"
+    IFS=, read -r -a budgets <<< "${3:?budgets}"
+    for i in "${!models[@]}"; do
+        timeout $(( ${budgets[$i]} + 30 )) python3 scripts/calibrate_shipped.py \
+            --out-dir "$OUT/cal" --models "${models[$i]}" --budget-s "${budgets[$i]}" \
+            --repeats 10 --only verify,selection 2>&1 | grep -v "^\[" | tail -n 2
+    done
+    ;;
 *)
-    echo "usage: bash scripts/gpu_round_n.sh trial   (see the header)"
+    echo "usage: bash scripts/gpu_round_n.sh trial | check | cal M1,M2 B1,B2   (see the header)"
     exit 2
     ;;
 esac

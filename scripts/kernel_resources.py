@@ -63,7 +63,7 @@ def launch_args(plan, context: int, logits_fp32: bool):
         "split_size": plan.split.split_size, "num_splits": plan.split.num_splits,
     }
     if plan.collect_rows:
-        rows = kv if plan.collect_sum else h
+        rows = 1 if plan.collect_sum else h
         n_rows = 1 if plan.collect_sum else len(plan.collect_rows)
         ints.update(stride_gb=rows * n_rows * context, stride_gh=n_rows * context,
                     stride_gr=context)

@@ -93,10 +93,11 @@ def test_selection_costs_by_policy():
     # collected: 2 rows · 4 heads · 1000 keys · 2 layers · 2 B, written then read;
     # scores: 1000 · 2 layers · 4 B, written then read; indices max(100, 256) + 32 = 288
     assert vegas.other_bytes == 2 * (2 * 4 * 1000 * 2 * 2) + 2 * (1000 * 2 * 4) + 288 * 2 * 4
-    # the summed row (the default): 2 KV heads · 1000 keys · 2 layers · 4 B, written then read
+    # the summed row (the default): one row per sequence, 1000 keys · 2 layers · 4 B, zeroed,
+    # written and read; the refresh ranks it as it is (no scores of its own)
     summed = RooflineCostModel(spec, hw()).selection([1000], 0.1, "vegas", 4)
-    assert summed.other_bytes == 2 * (2 * 1000 * 2 * 4) + 2 * (1000 * 2 * 4) + 288 * 2 * 4
-    assert "summed per KV head" in summed.notes[0] and "× 4 heads" in vegas.notes[0]
+    assert summed.other_bytes == 3 * (1000 * 2 * 4) + 288 * 2 * 4
+    assert "summed over every head" in summed.notes[0] and "× 4 heads" in vegas.notes[0]
     with pytest.raises(ValueError, match="c2q"):
         RooflineCostModel(spec, hw(), c2q="both")
     last = cm.selection([1000], 0.1, "last-token", 4)

@@ -675,9 +675,9 @@ def test_radix_ranking_in_the_engine_gives_the_same_run(tiny, ragged, plain_ragg
 
 
 def test_summed_collect_2_query_gives_the_same_run(tiny, ragged, plain_ragged, monkeypatch):
-    """SPECSIM_C2Q=sum: Vegas' verify writes one summed row per KV head instead of two rows
+    """SPECSIM_C2Q=sum: Vegas' verify writes one summed row per sequence instead of two rows
     per query head; the refresh ranks the same positions, so the run is lossless and accepts
-    exactly as with the rows (torch path); the buffer is [layers, B, KV, 1, n] fp32."""
+    exactly as with the rows (torch path); the buffer is [layers, B, 1, 1, n] fp32."""
     from specsim.engine import selection as S
 
     runs = {}
@@ -696,7 +696,7 @@ def test_summed_collect_2_query_gives_the_same_run(tiny, ragged, plain_ragged, m
     monkeypatch.setattr(S, "C2Q", "sum")
     engine = Engine(tiny, batch=2, max_len=256, policy="vegas", s=0.1, k_max=4)
     assert engine.selection.summed and engine.selection.logits.shape == (
-        tiny.args.num_layers, 2, tiny.args.num_kv_heads, 1, 256)
+        tiny.args.num_layers, 2, 1, 1, 256)
     assert engine.selection.logits.dtype == torch.float32
     # the proxy check compares the two rows with all rows: it keeps per-head rows
     checked = Engine(tiny, batch=2, max_len=256, policy="vegas", s=0.1, k_max=4,

@@ -119,9 +119,10 @@ def test_verify_collect_two_rows(case, separate):
 @pytest.mark.parametrize("rows", [None, "all"], ids=["collect-2-query", "all-rows"])
 @pytest.mark.parametrize("case", VERIFY_CASES)
 def test_verify_collect_sum(case, rows):
-    """collect_sum: one fp32 row per KV head, Σ over its query heads and the collected rows of
-    the scaled logits (what Vegas ranks by), from the collecting tile; equal to the reference's
-    logits summed, nothing written past each length, attention outputs unchanged."""
+    """collect_sum: one fp32 row per sequence, Σ over every query head and the collected rows
+    of the scaled logits (what Vegas ranks by), from the collecting tile, added across the KV
+    heads; equal to the reference's logits summed, zero past each length (the buffer is zeroed
+    by the call, whatever it held), attention outputs unchanged."""
     heads, kv_heads, head_dim, q_len, lengths, num_splits, block_n = case
     lengths = [max(q_len, n) for n in lengths]
     batch, max_len = len(lengths), max(lengths) + 3
@@ -139,17 +140,22 @@ def test_verify_collect_sum(case, rows):
     assert not plan_verify(batch, heads, kv_heads, head_dim, 16, 64, device=DEVICE,
                            collect_rows=every, collect_separate=True).collect_separate
     scores = new_logits_buffer(plan, max_len, device=DEVICE).fill_(float("nan"))
-    assert scores.shape == (batch, kv_heads, 1, max_len) and scores.dtype == torch.float32
+    assert scores.shape == (batch, 1, 1, max_len) and scores.dtype == torch.float32
     out = torch.full_like(q, float("nan"))
     verify_attention(q, k, v, length_tensor, plan, out=out, logits=scores)
     ref_out, ref_logits, _ = verify_attention_reference(q, k, v, length_tensor,
                                                         collect_rows=plan.collect_rows)
     assert relative_error(out, ref_out) < TOLERANCE
-    expected = summed_logits(ref_logits, kv_heads)
+    expected = summed_logits(ref_logits)
+    assert expected.shape == (batch, 1, 1, max_len)
     for b, length in enumerate(lengths):
         assert torch.isfinite(scores[b, :, :, :length]).all()
         assert relative_error(scores[b, :, :, :length], expected[b, :, :, :length]) < TOLERANCE
-        assert torch.isnan(scores[b, :, :, length:]).all(), "wrote past the length"
+        assert (scores[b, :, :, length:] == 0).all(), "wrote past the length"
+    # a second call adds nothing to the first's sums (the call zeroes the row first)
+    verify_attention(q, k, v, length_tensor, plan, out=out, logits=scores)
+    for b, length in enumerate(lengths):
+        assert relative_error(scores[b, :, :, :length], expected[b, :, :, :length]) < TOLERANCE
     with pytest.raises(ValueError, match="collect_rows"):
         plan_verify(batch, heads, kv_heads, head_dim, q_len, 64, device=DEVICE,
                     collect_sum=True)
@@ -261,6 +267,11 @@ def test_plan_verify_split_rules(monkeypatch):
     # a caller's num_splits=1 keeps the tile's own blocks
     assert plan_verify(32, 9, 3, 64, 1, 4096, device=DEVICE, splits="waves",
                        num_splits=1).split.block_n == 128
+    # the 64-row hd128 tile (q 9-16) with collecting off runs whole waves of 128-key blocks
+    # (session 14), as its collect_sum twin does
+    plan = plan_verify(4, 32, 8, 128, 16, 131072, device=DEVICE, splits="waves")
+    assert (plan.split.block_n, plan.num_warps, plan.num_stages,
+            plan.split.num_splits) == (128, 4, 3, 4)
     # collect_sum's tiles run whole waves: at q = 16 the 64-row hd128 tile on 128-key blocks
     # (not the off tile's "sm" plan of 64-key blocks in one chunk), the 128-row hd64 one on
     # 8 warps (not 256-key blocks); under "sm" they keep the plain tile's plans

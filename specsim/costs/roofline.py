@@ -39,7 +39,7 @@ class RooflineCostModel:
         if c2q not in ("rows", "sum"):
             raise ValueError(f"c2q must be rows or sum, got {c2q!r}")
         #: what Vegas' verify writes (the engine's ``SPECSIM_C2Q``, default "sum"): its two
-        #: collected rows per query head in bf16, or their sum, one fp32 row per KV head
+        #: collected rows per query head in bf16, or their sum, one fp32 row per sequence
         self.c2q = c2q
         if tp < 1:
             raise ValueError("tensor parallelism tp must be ≥ 1")
@@ -123,7 +123,8 @@ class RooflineCostModel:
           rows (bf16, every query head, every key, full-attention layers); selection reads them,
           averages over heads (fp32 scores per position), ranks (top-k) and writes indices.
           Vegas with ``c2q="sum"`` (the engine's default): the verify pass writes the rows'
-          sum instead, one fp32 row per KV head, which the refresh sums over the KV heads.
+          sum over every head instead, one fp32 row per sequence (zeroed, then added into by
+          the KV heads in L2, then written), which the refresh ranks as it is.
         - sparsespec: the same with the last ``min(W, k+1)`` verify rows, normalised and summed
           per KV head, one ranking per KV head.
         - quest: at each of the k draft steps, read the min/max key of every page of every KV
@@ -155,16 +156,18 @@ class RooflineCostModel:
             rows = (min(SPARSESPEC_WINDOW, k + 1) if pol.per_kv_head
                     else pol.collected_rows or k + 1)
             summed = pol.name == "vegas" and self.c2q == "sum"
-            collected = (kv_heads * total_ctx * n_full * SCORE_BYTES if summed else
-                         rows * heads * total_ctx * n_full * LOGIT_BYTES)   # written in verify
             lists = kv_heads if pol.per_kv_head else 1
             scores = lists * total_ctx * n_full * SCORE_BYTES
             idx = float(selected.sum()) * lists * n_full * INDEX_BYTES
-            other = 2 * collected + 2 * scores + idx   # write+read logits, write+read scores
+            if summed:     # the scores themselves: zeroed, written (verify), read (refresh)
+                other = 3 * scores + idx
+            else:          # logits written in verify and read, scores written and read
+                collected = rows * heads * total_ctx * n_full * LOGIT_BYTES
+                other = 2 * collected + 2 * scores + idx
             flops = 0.0
             launches = 1
             note = (f"{pol.name}: {rows} collected row(s) "
-                    + (f"summed per KV head ({kv_heads:.0f} fp32 rows)" if summed else
+                    + ("summed over every head (one fp32 row)" if summed else
                        f"× {heads:.0f} heads")
                     + f", {'per KV head' if pol.per_kv_head else 'one ranking per layer'}")
         memory_s = other / self.hardware.bandwidth

@@ -44,7 +44,7 @@ def verify_attention_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            collect_sum: bool = False) -> torch.Tensor:
     """Verify attention, batched: q [B, T, H, D] at positions ``L_b − T + t`` over keys
     ``n ≤ L_b − T + t``. Writes ``logits[b, h, i, n] = scale·q_{rows[i]}·k_n`` (no causal
-    mask; with ``collect_sum`` their sum per KV head into ``logits[b, g, 0, n]``) for
+    mask; with ``collect_sum`` their sum over heads and rows into ``logits[b, 0, 0, n]``) for
     ``n < max L`` and ``lse`` [B, H, T] when given (as the kernel does). Reads the
     lengths on the host, so it is not CUDA-graph capturable."""
     batch, q_len, heads, dim = q.shape
@@ -56,8 +56,8 @@ def verify_attention_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     qg = q.float().view(batch, q_len, groups, group, dim).permute(0, 2, 3, 1, 4)
     s = qg.reshape(batch, groups, group * q_len, dim) @ keys.transpose(-1, -2) / math.sqrt(dim)
     s = s.view(batch, groups, group, q_len, n)
-    if collect_rows and collect_sum:    # [B, KV, 1, n]: summed over heads and rows
-        logits[..., 0, :n] = s[:, :, :, list(collect_rows)].sum((2, 3))
+    if collect_rows and collect_sum:    # [B, 1, 1, n]: summed over every head and the rows
+        logits[:, 0, 0, :n] = s[:, :, :, list(collect_rows)].sum((1, 2, 3))
     elif collect_rows:
         logits[..., :n] = s[:, :, :, list(collect_rows)].reshape(batch, heads, -1, n)
     position = lengths.long()[:, None] - q_len + torch.arange(q_len, device=q.device)

@@ -45,14 +45,14 @@ from specsim.policies import SPARSESPEC_WINDOW, Policy, get_policy
 #: Policies whose lists are refreshed from collected verify logits.
 COLLECTING = ("vegas", "vegas-all", "last-token", "sparsespec")
 
-#: What Vegas' verify pass writes for its refresh: "sum" (the default since session 13, when
-#: the four shipped H200 calibrations' verify and Vegas-refresh rows were re-measured with
-#: it), one fp32 row per KV head, the collecting tile's logits summed over its rows and query
-#: heads (``plan_verify(collect_sum=True)``: 4–8× fewer bytes stored, the refresh sums the KV
-#: heads; on the H200 1.04–1.07× the plain verify pass at hd128 q = 8 against the rows'
-#: 1.09–1.10×, BENCHMARKS.md sessions 12–13); "rows", Collect-2-Query's two rows of bf16
-#: logits per query head, which the refresh sums over heads and rows. Rankings are the same
-#: up to rounding (the sum is formed in fp32 before any bf16 rounding).
+#: What Vegas' verify pass writes for its refresh: "sum" (the default since session 13), one
+#: fp32 row per sequence, the collecting tile's logits summed over its rows and query heads
+#: and added across the KV heads (``plan_verify(collect_sum=True)``: Vegas' ranking itself,
+#: 32–64× fewer bytes stored than the rows, which the refresh ranks as it is; on the H200
+#: 1.03× the plain verify pass at hd128 q = 8 against the rows' 1.10×, BENCHMARKS.md session
+#: 14); "rows", Collect-2-Query's two rows of bf16 logits per query head, which the refresh
+#: sums over heads and rows. Rankings are the same up to rounding (the sum is formed in fp32
+#: before any bf16 rounding; its atomic adds' order varies between runs).
 #: ``SPECSIM_C2Q`` sets it; the proxy check always collects rows.
 C2Q = os.environ.get("SPECSIM_C2Q", "sum")
 if C2Q not in ("rows", "sum"):
@@ -107,7 +107,7 @@ class DraftSelection:
             rows = {"vegas": 2, "vegas-all": k_max + 1, "last-token": k_max + 1,
                     "sparsespec": SPARSESPEC_WINDOW}[self.kind]
             if self.summed:
-                self.logits = torch.zeros(num_layers, batch, num_kv_heads, 1, max_len,
+                self.logits = torch.zeros(num_layers, batch, 1, 1, max_len,
                                           dtype=torch.float32, device=device)
             else:
                 self.logits = torch.zeros(num_layers, batch, num_heads, rows, max_len,
@@ -143,7 +143,7 @@ class DraftSelection:
 
     def layer_logits(self, layer: int, rows: int) -> torch.Tensor:
         """Where verify writes its collected rows for ``layer``: [B, H, rows, max_len] (summed:
-        [B, KV, 1, max_len])."""
+        [B, 1, 1, max_len])."""
         if self.proxy is not None:
             return self.proxy.logits[layer, :, :, :rows]
         if self.summed:
@@ -153,11 +153,10 @@ class DraftSelection:
     def store_prefill_rows(self, layer: int, b: int, logits: torch.Tensor,
                            lse: torch.Tensor, rows: int) -> None:
         """The last ``rows`` of a prompt's row logits [H, R, T] and lse [H, R] into slot ``b``
-        (summed over heads and rows per KV head when ``summed``)."""
+        (summed over heads and rows when ``summed``)."""
         length = logits.shape[-1]
         if self.summed:
-            self.logits[layer, b, :, :, :length] = summed_logits(logits[None, :, -rows:],
-                                                                 self.num_kv_heads)[0]
+            self.logits[layer, b, :, :, :length] = summed_logits(logits[None, :, -rows:])[0]
             return
         self.logits[layer, b, :, :rows, :length] = logits[:, -rows:].to(self.logits.dtype)
         if self.lse is not None:

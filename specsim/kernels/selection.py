@@ -131,10 +131,14 @@ def _top_positions(score: torch.Tensor, lengths: torch.Tensor, keep_first: int,
 def vegas_select(logits: torch.Tensor, lengths: torch.Tensor, s: float, *,
                  max_context: int | None = None, policy: Policy | None = None,
                  ranking: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Vegas: one list per sequence from the collected logits [batch, heads, rows, ≥ max len]."""
+    """Vegas: one list per sequence from the collected logits [batch, heads, rows, ≥ max len]
+    (or their sum, [batch, 1, 1, ≥ max len] fp32: ranked as it is)."""
     policy = policy or get_policy("vegas")
     max_context = max_context or logits.shape[-1]
-    score = logits[..., :max_context].sum(dim=(1, 2), dtype=torch.float32)     # [batch, n]
+    if logits.shape[1:3] == (1, 1) and logits.dtype == torch.float32:
+        score = logits[:, 0, 0, :max_context]                                   # [batch, n]
+    else:
+        score = logits[..., :max_context].sum(dim=(1, 2), dtype=torch.float32)
     counts = selected_counts(policy, lengths, s)
     capacity = policy.selected(max_context, s)
     return _ranked_lists(score, lengths, counts, capacity, 0, policy.recent,

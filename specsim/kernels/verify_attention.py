@@ -18,6 +18,11 @@ and every key ``n < L_b``:  ``logits[b, h, i, n] = s_{collect_rows[i], n}`` (bf1
 The causal mask is *not* applied to these (keys after ``p_t`` hold their raw logits; they are
 the newest tokens, which every selection policy keeps in its recent window). Entries at
 ``n ≥ L_b`` are left untouched. Without ``collect_rows`` the store is compiled out.
+With ``collect_sum`` it writes instead what Vegas ranks by, one fp32 row per sequence,
+``logits[b, 0, 0, n] = Σ_h Σ_i s_{collect_rows[i], n}`` over every query head: each program
+adds its KV head's share by fp32 atomic adds (in L2) into the row, which ``verify_attention``
+zeroes first (entries at ``n ≥ L_b`` stay 0). The order of the adds varies from run to run,
+so the last bits of the sums may too.
 
 Layouts. ``q``: [batch, q, num_heads, head_dim] (any strides, last dim contiguous).
 KV cache: ``k_cache``/``v_cache`` [batch, kv_heads, max_len, head_dim] (see ``kv_cache``),
@@ -65,18 +70,21 @@ def _store_collected(s, k, q_c, c_ptrs, c_ok, keys, key_ok, sm_scale,
                      MASK_KEYS: tl.constexpr):
     """Write one key block's collected logits: the separate tile's dot (``q_c``) or the main
     tile's raw scores ``s``, scaled; per-head rows at ``c_ptrs`` [rows] or, with COLLECT_SUM,
-    their sum over the rows (``c_ptrs`` one pointer per KV head); keys under ``key_ok`` only
-    when MASK_KEYS (whole blocks store unmasked along the keys: vectorised)."""
+    their sum over the rows added atomically into the sequence's row (``c_ptrs``: one pointer;
+    the other KV heads' programs add theirs); keys under ``key_ok`` only when MASK_KEYS (whole
+    blocks store unmasked along the keys: vectorised)."""
     if COLLECT_SEPARATE:
         s_c = tl.dot(q_c, tl.trans(k))
     else:
         s_c = s
     if COLLECT_SUM:
+        # an eighth of a per-KV-head row's DRAM bytes at 8 KV heads: the adds meet in L2
+        # (c2q_store_probe sum-seq: 1.027x off at hd128 128K q8, per KV head 1.061x)
         row = tl.sum(tl.where(c_ok[:, None], s_c, 0.0), 0) * sm_scale
         if MASK_KEYS:
-            tl.store(c_ptrs + keys, row, mask=key_ok)
+            tl.atomic_add(c_ptrs + keys, row, mask=key_ok, sem="relaxed")
         else:
-            tl.store(c_ptrs + keys, row)
+            tl.atomic_add(c_ptrs + keys, row, sem="relaxed")
     else:
         if MASK_KEYS:
             mask = c_ok[:, None] & key_ok[None, :]
@@ -143,7 +151,7 @@ def _verify_kernel(Q, K, V, Lengths, Out, Lse, PartOut, PartLse, Logits,
             c_head = head
             q_c = q                                  # (unused: the main tile's own scores)
         if COLLECT_SUM:
-            c_ptrs = Logits + b * stride_gb + kvh * stride_gh
+            c_ptrs = Logits + b * stride_gb          # one row per sequence
         else:
             c_ptrs = Logits + b * stride_gb + c_head * stride_gh + c_slot * stride_gr
 
@@ -269,6 +277,9 @@ if VERIFY_SPLITS not in ("sm", "waves"):
 #: 16-row collecting tiles, so those keep "sm".
 WAVE_CONFIGS = {
     (128, 16, "off"): (128, 4, 3), (128, 32, "off"): (128, 4, 3),
+    # session 14 (c2q_store_probe --off-configs, q 12/16): 0.94-0.96x the "sm" plan's time at
+    # 8K/32K/128K
+    (128, 64, "off"): (128, 4, 3),
     (128, 32, "separate"): (128, 4, 3), (128, 64, "main"): (128, 4, 3),
     (64, 16, "off"): (128, 4, 4), (64, 32, "off"): (128, 4, 4), (64, 64, "off"): (128, 4, 4),
     # collect_sum (session 12, c2q_store_probe --sum-configs, batch 4, 128K and 32K): the off
@@ -299,10 +310,10 @@ def plan_verify(batch: int, num_heads: int, num_kv_heads: int, head_dim: int, q_
     Collect-2-Query default ``default_collect_rows(q_len)``). ``collect_separate``: compute the
     collected rows' logits with a second small tile (default when only some rows are collected)
     rather than storing them from the main tile under a row mask. ``collect_sum``: write, instead
-    of per-head logits, one fp32 row per KV head: the sum over its query heads and the collected
-    rows (what Vegas ranks by), ``Σ_{h, r} scale·q_{r,h}·k_n`` (the collecting tile's logits summed
-    over its rows, from the separate tile or the main one as for per-head logits;
-    ``new_logits_buffer`` sizes it). Block sizes, warps, stages and
+    of per-head logits, one fp32 row per sequence: the sum over every query head and the
+    collected rows (what Vegas ranks by), ``Σ_{h, r} scale·q_{r,h}·k_n`` (the collecting tile's
+    logits summed over its rows, from the separate tile or the main one as for per-head logits,
+    added across the KV heads atomically; ``new_logits_buffer`` sizes it). Block sizes, warps, stages and
     programs per multiprocessor default to ``DEFAULT_CONFIGS``; pass them to override.
     ``element_size``: bytes per cache element (4 for fp32 caches: fewer stages / smaller key
     blocks so the tiles fit in shared memory). ``shared_kv_strides`` (default
@@ -396,7 +407,8 @@ def verify_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     not exceed the ``max_context`` the plan was made for (not checked: that would synchronise).
     When the plan collects rows, pass ``logits`` [batch, num_heads, len(collect_rows), ≥ max
     length] (``new_logits_buffer``); the kernel writes the collected rows into it (with
-    ``collect_sum``: fp32 [batch, num_kv_heads, 1, ≥ max length], their sums per KV head). ``lse``
+    ``collect_sum``: fp32 [batch, 1, 1, ≥ max length], their sum per sequence; zeroed here
+    first, the whole buffer). ``lse``
     [batch, num_heads, q] fp32, when given, receives each row's natural log-sum-exp.
     ``collect_rows`` is used only when ``plan`` is None (a plan is then made on the spot).
     """
@@ -419,8 +431,9 @@ def verify_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         gstrides = logits.stride()[:3]
         assert logits.stride(-1) == 1
         if plan.collect_sum:
-            assert logits.shape[1:3] == (plan.num_kv_heads, 1) and \
-                logits.dtype == torch.float32, "collect_sum: fp32 [batch, kv_heads, 1, n]"
+            assert logits.shape[1:3] == (1, 1) and logits.dtype == torch.float32, \
+                "collect_sum: fp32 [batch, 1, 1, n]"
+            logits.zero_()          # the KV heads' programs add into it
         else:
             assert logits.shape[2] == len(plan.collect_rows)
     else:
@@ -454,9 +467,9 @@ def new_logits_buffer(plan: VerifyPlan, max_len: int, *,
                       dtype: torch.dtype | None = None) -> torch.Tensor:
     """A ``[batch, num_heads, len(collect_rows), max_len]`` buffer for collected logits: bf16,
     or fp32 under the interpreter (which has no bf16 arithmetic); for a ``collect_sum`` plan
-    fp32 ``[batch, num_kv_heads, 1, max_len]``."""
+    fp32 ``[batch, 1, 1, max_len]``."""
     if plan.collect_sum:
-        return torch.empty(plan.batch, plan.num_kv_heads, 1, max_len, dtype=torch.float32,
+        return torch.empty(plan.batch, 1, 1, max_len, dtype=torch.float32,
                            device=default_device(device))
     if dtype is None:
         dtype = torch.float32 if INTERPRETED else torch.bfloat16
@@ -464,12 +477,10 @@ def new_logits_buffer(plan: VerifyPlan, max_len: int, *,
                        dtype=dtype, device=default_device(device))
 
 
-def summed_logits(logits: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
-    """Per-head collected logits [batch, heads, rows, n] summed over each KV head's query
-    heads and the rows, in fp32: [batch, num_kv_heads, 1, n] (what ``collect_sum`` writes)."""
-    batch, heads, rows, n = logits.shape
-    grouped = logits.float().reshape(batch, num_kv_heads, heads // num_kv_heads * rows, n)
-    return grouped.sum(2, keepdim=True)
+def summed_logits(logits: torch.Tensor) -> torch.Tensor:
+    """Per-head collected logits [batch, heads, rows, n] summed over every query head and the
+    rows, in fp32: [batch, 1, 1, n] (what ``collect_sum`` writes)."""
+    return logits.float().sum((1, 2), keepdim=True)
 
 
 def verify_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
