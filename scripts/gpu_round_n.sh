@@ -18,8 +18,14 @@
 #      gains (128, 64, "off")
 #   2  (~400 s)  bash scripts/gpu_round_n.sh check     GPU tests, the kernel table, SmolLM2's
 #      Vegas verify and refresh re-measured
-#   3  (~560 s)  bash scripts/gpu_round_n.sh cal qwen3-4b,qwen3-8b,llama-3.1-8b 160,160,160
+#      found: tests pass (bf16); SmolLM2 re-measured; but the table's summed q = 16 ran 1.23x
+#      off: unmasked, the adds compiled to 176 B of spills (132 B masked), and an A/B in one
+#      process (_big/atomic_ab.py, not kept) ran production 1.236x, the masked form 1.023x
+#   then here: whole blocks add under an always-true mask; so everything is re-measured:
+#   3  (~450 s)  bash scripts/gpu_round_n.sh cal smollm2-135m:vegas,qwen3-8b,llama-3.1-8b 90,130,130
 #      verify (every policy: the 64-row off tile moved) and the refreshes
+#   4  (~300 s, at once, warm)  bash scripts/gpu_round_n.sh cal qwen3-4b 130; bash
+#      scripts/gpu_round_n.sh table 110
 #   then here, per model: compare_calibrations.py OLD NEW --changed-only, merge_calibrations.py
 #      NEW OLD OLD --replace verify,selection:vegas (SmolLM2: Vegas' rows only), calibrate --check
 set -u
@@ -61,14 +67,21 @@ check)
         --models smollm2-135m --policies vegas --budget-s 120 --repeats 10 \
         --only verify,selection 2>&1 | grep -v "^\[" | tail -n 2
     ;;
-cal)
+cal)      # M1[:policy+policy],M2 B1,B2: verify and the refreshes (of the named policies)
     IFS=, read -r -a models <<< "${2:?models}"
     IFS=, read -r -a budgets <<< "${3:?budgets}"
     for i in "${!models[@]}"; do
+        model=${models[$i]%%:*}; policies=""
+        [ "$model" != "${models[$i]}" ] && policies="--policies ${models[$i]#*:}"
         timeout $(( ${budgets[$i]} + 30 )) python3 scripts/calibrate_shipped.py \
-            --out-dir "$OUT/cal" --models "${models[$i]}" --budget-s "${budgets[$i]}" \
+            --out-dir "$OUT/cal" --models "$model" ${policies//+/,} --budget-s "${budgets[$i]}" \
             --repeats 10 --only verify,selection 2>&1 | grep -v "^\[" | tail -n 2
     done
+    ;;
+table)
+    timeout 160 python3 benchmarks/bench_kernels.py --head-dims 128,64 \
+        --contexts 131072,32768,8192 --q-lens 1,8,16 --no-check --budget-s "${2:-125}" \
+        --out "$OUT/kernels" 2>&1 | tee "$OUT/kernels.log" | sed -n '/^targets/,$p'
     ;;
 *)
     echo "usage: bash scripts/gpu_round_n.sh trial | check | cal M1,M2 B1,B2   (see the header)"
