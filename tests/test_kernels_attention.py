@@ -491,6 +491,28 @@ def test_c2q_store_probe_dry_run(tmp_path):
     assert all(by_name[n]["logits_error"] < 2e-2 for n in checked)
 
 
+@pytest.mark.skipif(GPU, reason="the dry run is the CPU's check of the probe script")
+def test_c2q_sum_ab_dry_run(tmp_path):
+    """scripts/c2q_sum_ab.py (interpreter, tiny ragged shapes): production's per-sequence
+    summed row, the same call as bench_kernels makes it, session 13's per-KV-head copy of the
+    kernel and the probe's sum-seq each match the reference's sums (the script exits non-zero
+    otherwise) and are timed beside the kernel with collecting off."""
+    import json
+    import subprocess
+    import sys
+
+    from specsim.specs import REPO_ROOT
+    done = subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "c2q_sum_ab.py"),
+                           "--dry-run", "--shapes", "128:300:8,64:300:4", "--out",
+                           str(tmp_path)], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = json.loads((tmp_path / "c2q_sum_ab.json").read_text())
+    assert [r["shape"] for r in rows] == ["128:300:8", "64:300:4"]
+    names = {"off", "sum", "sum-bench", "sum-kvhead", "probe-seq", "probe-off"}
+    assert all(set(r) == names | {"shape"} and all(r[n] > 0 for n in names) for r in rows)
+
+
 def test_kernel_resources_compiles_for_hopper_on_the_cpu(tmp_path):
     """scripts/kernel_resources.py compiles the verify kernel for sm_90 without a GPU, with
     Triton's argument specialisation (without it the K/V loads are neither vectorised nor

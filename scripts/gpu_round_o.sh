@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Round O (next session, one H200): why bench_kernels reads the per-sequence summed row at
+# 1.06-1.10x off where c2q_sum_ab.py read the same kernel at 1.02-1.03x, and Qwen3-8B's verify
+# and refresh rows re-measured on session 14's kernels (its budget ran out at 2 of 13 shapes).
+#
+#   1  (~300 s)  bash scripts/gpu_round_o.sh trial
+#      c2q_sum_ab.py: production's summed row timed its own way ("sum") and bench_kernels' way
+#      ("sum-bench": new_logits_buffer, 25 ms graphs) in one process; then bench_kernels' table
+#      (every shape, 8K too). If "sum-bench" is the slow one, the harness is the cause: find
+#      which of its two differences it is and fix the benchmark, not the number.
+#   2  (~330 s, at once, warm)  bash scripts/gpu_round_n.sh cal qwen3-8b 280
+#   then here: compare_calibrations.py OLD NEW --family verify, merge_calibrations.py NEW OLD
+#      OLD --replace verify,selection:vegas, specsim calibrate --check; then plan validation
+#      round 9 (Qwen3-8B, the per-sequence row) before running it.
+set -u
+export PYTHONPATH=. PYTHONUNBUFFERED=1
+case "${1:-}" in
+trial)
+    nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
+    timeout 120 python3 scripts/c2q_sum_ab.py --out "$OUT/ab" 2>&1 | grep -v "^\["
+    timeout 230 python3 benchmarks/bench_kernels.py --head-dims 128,64 \
+        --contexts 131072,32768,8192 --q-lens 1,8,16 --no-check --budget-s 190 \
+        --out "$OUT/kernels" 2>&1 | tee "$OUT/kernels.log" | sed -n '/^targets/,$p'
+    ;;
+*)
+    echo "usage: bash scripts/gpu_round_o.sh trial   (see the header)"
+    exit 2
+    ;;
+esac
