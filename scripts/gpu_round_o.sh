@@ -3,11 +3,16 @@
 # 1.06-1.10x off where c2q_sum_ab.py read the same kernel at 1.02-1.03x, and Qwen3-8B's verify
 # and refresh rows re-measured on session 14's kernels (its budget ran out at 2 of 13 shapes).
 #
-#   1  (~300 s)  bash scripts/gpu_round_o.sh trial
+#   1  (~460 s)  bash scripts/gpu_round_o.sh trial
 #      c2q_sum_ab.py: production's summed row timed its own way ("sum") and bench_kernels' way
 #      ("sum-bench": new_logits_buffer, 25 ms graphs) in one process; then bench_kernels' table
 #      (every shape, 8K too). If "sum-bench" is the slow one, the harness is the cause: find
 #      which of its two differences it is and fix the benchmark, not the number.
+#      Then decode_config_probe on hd64's 128-row q = 16 tile (q16/q1 1.7-1.9 in session 14's
+#      table): kernel_resources.py shows its 256-key blocks on 8 warps at 255 registers with
+#      40 B of spills, 128-key blocks on 8 warps at 246 and none; if another config wins at
+#      128K and 32K, put it in WAVE_CONFIGS and re-measure SmolLM2's verify (q >= 11 at hd64
+#      runs a 64-row tile there: check which shipped model runs the 128-row one first).
 #   2  (~330 s, at once, warm)  bash scripts/gpu_round_n.sh cal qwen3-8b 280
 #   then here: compare_calibrations.py OLD NEW --family verify, merge_calibrations.py NEW OLD
 #      OLD --replace verify,selection:vegas, specsim calibrate --check; then plan validation
@@ -21,6 +26,8 @@ trial)
     timeout 230 python3 benchmarks/bench_kernels.py --head-dims 128,64 \
         --contexts 131072,32768,8192 --q-lens 1,8,16 --no-check --budget-s 190 \
         --out "$OUT/kernels" 2>&1 | tee "$OUT/kernels.log" | sed -n '/^targets/,$p'
+    timeout 110 python3 scripts/decode_config_probe.py --head-dims 64 --cases 16:off \
+        --contexts 131072,32768 --budget-s 90 --out "$OUT/hd64q16" 2>&1 | tail -n 8
     ;;
 *)
     echo "usage: bash scripts/gpu_round_o.sh trial   (see the header)"
