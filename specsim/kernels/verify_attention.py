@@ -316,8 +316,9 @@ def plan_verify(batch: int, num_heads: int, num_kv_heads: int, head_dim: int, q_
     of per-head logits, one fp32 row per sequence: the sum over every query head and the
     collected rows (what Vegas ranks by), ``Σ_{h, r} scale·q_{r,h}·k_n`` (the collecting tile's
     logits summed over its rows, from the separate tile or the main one as for per-head logits,
-    added across the KV heads atomically; ``new_logits_buffer`` sizes it). Block sizes, warps, stages and
-    programs per multiprocessor default to ``DEFAULT_CONFIGS``; pass them to override.
+    added across the KV heads atomically; ``new_logits_buffer`` sizes it). Block sizes, warps,
+    stages and programs per multiprocessor default to ``DEFAULT_CONFIGS``; pass them to
+    override.
     ``element_size``: bytes per cache element (4 for fp32 caches: fewer stages / smaller key
     blocks so the tiles fit in shared memory). ``shared_kv_strides`` (default
     :data:`SHARED_KV_STRIDES`): when the V cache's strides equal the K cache's, address V with
