@@ -51,8 +51,9 @@ COLLECTING = ("vegas", "vegas-all", "last-token", "sparsespec")
 #: 32–64× fewer bytes stored than the rows, which the refresh ranks as it is; on the H200
 #: 1.03× the plain verify pass at hd128 q = 8 against the rows' 1.10× in c2q_sum_ab.py, though
 #: bench_kernels read 1.06–1.10×, BENCHMARKS.md session 14); "rows", Collect-2-Query's two
-#: rows of bf16 logits per query head, which the refresh sums over heads and rows. Rankings are the same up to rounding (the sum is formed in fp32
-#: before any bf16 rounding; its atomic adds' order varies between runs).
+#: rows of bf16 logits per query head, which the refresh sums over heads and rows. Rankings
+#: are the same up to rounding (the sum is formed in fp32 before any bf16 rounding; its atomic
+#: adds' order varies between runs).
 #: ``SPECSIM_C2Q`` sets it; the proxy check always collects rows.
 C2Q = os.environ.get("SPECSIM_C2Q", "sum")
 if C2Q not in ("rows", "sum"):
