@@ -380,7 +380,7 @@ def check_correctness(batch, head_dim, context):
     lengths = torch.tensor([context - 3 * i for i in range(batch)], dtype=torch.int32,
                            device=DEVICE)
     errors = {}
-    # (q, separate tile, summed per KV head, V addressed with K's offsets)
+    # (q, separate tile, summed row per sequence, V addressed with K's offsets)
     for q_len, separate, summed, shared in ((1, None, False, None), (8, True, False, None),
                                             (8, False, False, None), (16, True, False, None),
                                             (8, None, True, None), (16, None, True, True),

@@ -91,7 +91,7 @@ class DraftSelection:
         c2q = c2q or C2Q
         if c2q not in ("rows", "sum"):
             raise SpecsimError(f"c2q must be rows or sum, got {c2q!r}")
-        #: Vegas' verify writes the summed row per KV head (``C2Q`` "sum")
+        #: Vegas' verify writes the summed row per sequence (``C2Q`` "sum")
         self.summed = self.kind == "vegas" and c2q == "sum" and not proxy_check
         if proxy_check and self.kind not in ("vegas", "vegas-all"):
             raise SpecsimError(f"the proxy check compares Vegas' two collected rows with all "

@@ -135,7 +135,7 @@ def _verify_kernel(Q, K, V, Lengths, Out, Lse, PartOut, PartLse, Logits,
         if COLLECT_SEPARATE:
             # A second, smaller tile holding only the collected rows (head, i-th collected
             # token); its logits are one extra small dot per block, stored in full (or, with
-            # COLLECT_SUM, summed over the tile's rows: one fp32 row per KV head).
+            # COLLECT_SUM, summed over the tile's rows and added into one fp32 row per sequence).
             crow = tl.arange(0, BLOCK_C)
             c_slot = crow % N_COLLECT
             c_head = kvh * GROUP + crow // N_COLLECT
