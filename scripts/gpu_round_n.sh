@@ -30,9 +30,17 @@
 #      NEW OLD OLD --replace verify,selection:vegas (SmolLM2: Vegas' rows only), calibrate --check
 set -u
 export PYTHONPATH=. PYTHONUNBUFFERED=1
+gpu_state() {
+    nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
+}
+kernel_table() {    # bench_kernels' table within a budget of $1 seconds
+    timeout 160 python3 benchmarks/bench_kernels.py --head-dims 128,64 \
+        --contexts 131072,32768,8192 --q-lens 1,8,16 --no-check --budget-s "$1" \
+        --out "$OUT/kernels" 2>&1 | tee "$OUT/kernels.log" | sed -n '/^targets/,$p'
+}
 case "${1:-}" in
 trial)
-    nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
+    gpu_state
     timeout 100 python3 -m pytest -q -p no:cacheprovider tests/test_kernels_attention.py \
         -k "shared_kv or collect_sum or matches_reference" 2>&1 | tail -n 3
     echo "== the summed row: bytes or work"
@@ -48,21 +56,17 @@ trial)
             --off-configs 128:4:3:4,64:4:3:4 --sum-configs 128:4:3:4,64:4:3:4,64:4:3:8 \
             --out "$OUT/probe-$kv" 2>&1 | sed -n '/^µs per/,$p'
     done
-    timeout 160 python3 benchmarks/bench_kernels.py --head-dims 128,64 \
-        --contexts 131072,32768,8192 --q-lens 1,8,16 --no-check --budget-s 125 \
-        --out "$OUT/kernels" 2>&1 | tee "$OUT/kernels.log" | sed -n '/^targets/,$p'
+    kernel_table 125
     ;;
 check)
-    nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
+    gpu_state
     timeout 100 python3 -m pytest -q -p no:cacheprovider tests/test_kernels_attention.py \
         -k "collect or matches_reference or wave or split" 2>&1 | tail -n 3 | tee "$OUT/tests.log"
     grep -q " failed" "$OUT/tests.log" && { echo "kernel tests failed: stop"; exit 1; }
     timeout 100 python3 -m pytest -q -p no:cacheprovider tests/test_engine_gpu.py \
         -k "summed or graphs_replay" 2>&1 | tail -n 3 | tee -a "$OUT/tests.log"
     grep -q " failed" "$OUT/tests.log" && { echo "engine tests failed: stop"; exit 1; }
-    timeout 160 python3 benchmarks/bench_kernels.py --head-dims 128,64 \
-        --contexts 131072,32768,8192 --q-lens 1,8,16 --no-check --budget-s 125 \
-        --out "$OUT/kernels" 2>&1 | tee "$OUT/kernels.log" | sed -n '/^targets/,$p'
+    kernel_table 125
     timeout 160 python3 scripts/calibrate_shipped.py --out-dir "$OUT/cal" \
         --models smollm2-135m --policies vegas --budget-s 120 --repeats 10 \
         --only verify,selection 2>&1 | grep -v "^\[" | tail -n 2
@@ -79,12 +83,10 @@ cal)      # M1[:policy+policy],M2 B1,B2: verify and the refreshes (of the named 
     done
     ;;
 table)
-    timeout 160 python3 benchmarks/bench_kernels.py --head-dims 128,64 \
-        --contexts 131072,32768,8192 --q-lens 1,8,16 --no-check --budget-s "${2:-125}" \
-        --out "$OUT/kernels" 2>&1 | tee "$OUT/kernels.log" | sed -n '/^targets/,$p'
+    kernel_table "${2:-125}"
     ;;
 *)
-    echo "usage: bash scripts/gpu_round_n.sh trial | check | cal M1,M2 B1,B2   (see the header)"
+    echo "usage: bash scripts/gpu_round_n.sh trial | check | cal M1[:P1+P2],M2 B1,B2 | table [BUDGET]   (see the header)"
     exit 2
     ;;
 esac
