@@ -13,13 +13,22 @@ heads (``verify_attention``). This times, per shape, on production's own plans:
 
 each twice (the smaller median kept), every summed row checked against the reference first.
 
+``--harness`` instead separates the two ways ``sum-bench`` differs from ``sum`` (session 15's
+first run: 516 against 497 us at hd128 128K q8, bench_kernels' table 528): the buffer (NaN-filled
+``torch.full`` or ``new_logits_buffer``'s ``torch.empty``) and the graph's length (8 or 25 ms of
+calls), for ``off`` and ``sum`` alike, plus back-to-back launches without a graph ("events"),
+every combination once per round, the rounds alternating the order; the median over rounds is
+printed with the spread (max - min) beside it.
+
     PYTHONPATH=. python3 scripts/c2q_sum_ab.py                  # GPU
+    PYTHONPATH=. python3 scripts/c2q_sum_ab.py --harness        # GPU: buffer x graph length
     PYTHONPATH=. python3 scripts/c2q_sum_ab.py --dry-run        # CPU, interpreter, tiny
 """
 import argparse
 import importlib.util
 import json
 import os
+import statistics
 import sys
 import tempfile
 
@@ -63,12 +72,32 @@ def per_kv_head_module():
     return module
 
 
+def harness_rounds(calls, rot, rounds):
+    """Median and spread over ``rounds`` of each call timed in graphs of 8 and 25 ms and as
+    back-to-back launches ("events"), each round in the order the last one reversed."""
+    timings = [(f"{name} {how}", call, how) for name, call in calls.items()
+               for how in ("8ms", "25ms", "events")]
+    samples = {label: [] for label, _, _ in timings}
+    for turn in range(rounds):
+        for label, call, how in (timings if turn % 2 == 0 else timings[::-1]):
+            def fn(call=call):
+                k, v = rot.next()
+                call(k, v)
+            target = 8.0 if how == "8ms" else 25.0
+            samples[label].append(bk.time_us(fn, target_ms=target, graph=how != "events")[0])
+    return {label: {"median": statistics.median(values), "spread": max(values) - min(values),
+                    "samples": values} for label, values in samples.items()}
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shapes", default="128:131072:8,128:32768:8,128:131072:16,64:131072:8",
                         help="head_dim:context:q, comma-separated")
     parser.add_argument("--out", default=os.environ.get("OUT", "benchmarks/out"))
     parser.add_argument("--dry-run", action="store_true")
+    parser.add_argument("--harness", action="store_true",
+                        help="time off and sum over buffer x graph length (see the docstring)")
+    parser.add_argument("--rounds", type=int, default=3, help="--harness: rounds")
     args = parser.parse_args()
     if DRY:
         bk.DEVICE, bk.DTYPE, bk.DRY_RUN = "cpu", torch.float32, True
@@ -118,6 +147,12 @@ def main():
         }
         checks = {"sum": (rows, per_seq), "sum-bench": (bench_rows, per_seq),
                   "sum-kvhead": (kv_rows, per_kv), "probe-seq": (seq_rows, per_seq)}
+        if args.harness:
+            empty_rows = production.new_logits_buffer(summed, context, device=device)
+            calls = {"off": calls["off"], "sum": calls["sum"],
+                     "sum-empty": lambda k, v: production.verify_attention(
+                         q, k, v, lengths, summed, out=out, logits=empty_rows)}
+            checks = {"sum": (rows, per_seq), "sum-empty": (empty_rows, per_seq)}
         line = {}
         for name, call in calls.items():
             call(k0, v0)
@@ -132,11 +167,21 @@ def main():
             def fn(call=call):
                 k, v = rot.next()
                 call(k, v)
-            target = 25.0 if name == "sum-bench" else 8.0
-            line[name] = min(bk.time_us(fn, target_ms=target)[0] for _ in range(2))
+            if not args.harness:
+                target = 25.0 if name == "sum-bench" else 8.0
+                line[name] = min(bk.time_us(fn, target_ms=target)[0] for _ in range(2))
+        if args.harness:
+            line = harness_rounds(calls, rot, args.rounds)
         results.append({"shape": shape, **line})
-        print(f"hd{head_dim} {context // 1024}K q{q_len}: " + "  ".join(
-            f"{n} {us:.1f} ({us / line['off']:.3f})" for n, us in line.items()), flush=True)
+        if args.harness:
+            print(f"hd{head_dim} {context // 1024}K q{q_len}: " + "  ".join(
+                f"{n} {t['median']:.1f}±{t['spread']:.1f} "
+                f"({t['median'] / line['off ' + n.split()[-1]]['median']:.3f})"
+                for n, t in line.items()), flush=True)
+        else:
+            print(f"hd{head_dim} {context // 1024}K q{q_len}: " + "  ".join(
+                f"{n} {us:.1f} ({us / line['off']:.3f})" for n, us in line.items()),
+                flush=True)
         rot = None
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "c2q_sum_ab.json"), "w") as handle:
