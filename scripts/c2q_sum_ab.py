@@ -153,6 +153,9 @@ def main():
                      "sum-empty": lambda k, v: production.verify_attention(
                          q, k, v, lengths, summed, out=out, logits=empty_rows)}
             checks = {"sum": (rows, per_seq), "sum-empty": (empty_rows, per_seq)}
+            print("buffers (address mod 2 MiB): " + ", ".join(
+                f"{n} {t.data_ptr() % (2 << 20):#x}" for n, t in
+                (("sum", rows), ("sum-empty", empty_rows), ("out", out), ("k", k0))))
         line = {}
         for name, call in calls.items():
             call(k0, v0)
