@@ -17,8 +17,7 @@ each twice (the smaller median kept), every summed row checked against the refer
 first run: 516 against 497 us at hd128 128K q8, bench_kernels' table 528): the buffer (NaN-filled
 ``torch.full`` or ``new_logits_buffer``'s ``torch.empty``) and the graph's length (8 or 25 ms of
 calls), for ``off`` and ``sum`` alike, plus back-to-back launches without a graph ("events"),
-and the summed row with the KV heads' programs staggered along the keys (``collect_stagger``;
-"sum-instep" instead where staggering is the default), every combination once per round, the rounds alternating the order; the median over rounds is
+every combination once per round, the rounds alternating the order; the median over rounds is
 printed with the spread (max - min) beside it.
 
     PYTHONPATH=. python3 scripts/c2q_sum_ab.py                  # GPU
@@ -63,14 +62,21 @@ def per_kv_head_module():
         if old not in text:
             raise SystemExit(f"verify_attention changed: {old!r} not found")
         text = text.replace(old, new)
-    return load_copy(text, "verify_attention_kvhead")
+    path = os.path.join(tempfile.mkdtemp(), "verify_attention_kvhead.py")
+    with open(path, "w") as handle:
+        handle.write(text)
+    spec = importlib.util.spec_from_file_location("verify_attention_kvhead", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module           # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
 
 
-def harness_rounds(calls, rot, rounds, hows):
-    """Median and spread over ``rounds`` of each call timed in graphs of 8 or 25 ms ("8ms",
-    "25ms") and as back-to-back launches ("events"), as ``hows`` lists, each round in the order
-    the last one reversed."""
-    timings = [(f"{name} {how}", call, how) for name, call in calls.items() for how in hows]
+def harness_rounds(calls, rot, rounds):
+    """Median and spread over ``rounds`` of each call timed in graphs of 8 and 25 ms and as
+    back-to-back launches ("events"), each round in the order the last one reversed."""
+    timings = [(f"{name} {how}", call, how) for name, call in calls.items()
+               for how in ("8ms", "25ms", "events")]
     samples = {label: [] for label, _, _ in timings}
     for turn in range(rounds):
         for label, call, how in (timings if turn % 2 == 0 else timings[::-1]):
@@ -83,40 +89,6 @@ def harness_rounds(calls, rot, rounds, hows):
                     "samples": values} for label, values in samples.items()}
 
 
-STAGGER_RUNS = """        for n0 in range(middle, full_end, BLOCK_N):
-            acc, m_i, l_i = _whole_block(n0, offs_n, dims, q, q_c, k_base, stride_kt, v_base,
-                                         v_stride_t, c_ptrs, c_ok, sm_scale, qk_scale, acc,
-                                         m_i, l_i, COLLECT_MASK, COLLECT_SEPARATE, COLLECT_SUM)
-        for n0 in range(start, middle, BLOCK_N):
-"""
-STAGGER_WRAP = """        for i0 in range(start, full_end, BLOCK_N):
-            moved = i0 - start + middle
-            n0 = tl.where(moved >= full_end, moved - full_end + start, moved)
-"""
-
-
-def wrapped_stagger_module():
-    """A copy of ``verify_attention`` whose staggered walk is one loop with the block index
-    wrapped by a select (the block offset computed afresh each block) instead of production's
-    two runs of blocks (incremental addresses, twice the loop code)."""
-    text = open(production.__file__).read()
-    if STAGGER_RUNS not in text:
-        raise SystemExit("verify_attention changed: the staggered runs not found")
-    text = text.replace(STAGGER_RUNS, STAGGER_WRAP)
-    return load_copy(text, "verify_attention_wrapped")
-
-
-def load_copy(text, name):
-    path = os.path.join(tempfile.mkdtemp(), f"{name}.py")
-    with open(path, "w") as handle:
-        handle.write(text)
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module           # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shapes", default="128:131072:8,128:32768:8,128:131072:16,64:131072:8",
@@ -126,14 +98,11 @@ def main():
     parser.add_argument("--harness", action="store_true",
                         help="time off and sum over buffer x graph length (see the docstring)")
     parser.add_argument("--rounds", type=int, default=3, help="--harness: rounds")
-    parser.add_argument("--timings", default="8ms,25ms,events",
-                        help="--harness: graphs of 8 / 25 ms of calls, back-to-back launches")
     args = parser.parse_args()
     if DRY:
         bk.DEVICE, bk.DTYPE, bk.DRY_RUN = "cpu", torch.float32, True
     device, batch = bk.DEVICE, 2 if DRY else 4
     kvhead = per_kv_head_module()
-    wrapped = wrapped_stagger_module() if args.harness else None
     results = []
     for shape in args.shapes.split(","):
         head_dim, context, q_len = map(int, shape.split(":"))
@@ -180,28 +149,10 @@ def main():
                   "sum-kvhead": (kv_rows, per_kv), "probe-seq": (seq_rows, per_seq)}
         if args.harness:
             empty_rows = production.new_logits_buffer(summed, context, device=device)
-            # the same summed row with the KV heads' programs staggered along the keys (or,
-            # where that is the default, in step)
-            other = production.plan_verify(batch, heads, kv_heads, head_dim, q_len, context,
-                                           device=device, collect_rows=None, collect_sum=True,
-                                           collect_stagger=not summed.collect_stagger)
-            other_name = "sum-instep" if summed.collect_stagger else "sum-stagger"
-            other_rows = torch.full((batch, 1, 1, context), float("nan"), device=device)
             calls = {"off": calls["off"], "sum": calls["sum"],
                      "sum-empty": lambda k, v: production.verify_attention(
-                         q, k, v, lengths, summed, out=out, logits=empty_rows),
-                     other_name: lambda k, v: production.verify_attention(
-                         q, k, v, lengths, other, out=out, logits=other_rows)}
-            checks = {"sum": (rows, per_seq), "sum-empty": (empty_rows, per_seq),
-                      other_name: (other_rows, per_seq)}
-            # the staggered walk as one wrapped loop (a module copy; see wrapped_stagger_module)
-            wplan = wrapped.plan_verify(batch, heads, kv_heads, head_dim, q_len, context,
-                                        device=device, collect_rows=None, collect_sum=True,
-                                        collect_stagger=True)
-            wrapped_rows = torch.full((batch, 1, 1, context), float("nan"), device=device)
-            calls["sum-wrapped"] = lambda k, v: wrapped.verify_attention(
-                q, k, v, lengths, wplan, out=out, logits=wrapped_rows)
-            checks["sum-wrapped"] = (wrapped_rows, per_seq)
+                         q, k, v, lengths, summed, out=out, logits=empty_rows)}
+            checks = {"sum": (rows, per_seq), "sum-empty": (empty_rows, per_seq)}
             print("buffers (address mod 2 MiB): " + ", ".join(
                 f"{n} {t.data_ptr() % (2 << 20):#x}" for n, t in
                 (("sum", rows), ("sum-empty", empty_rows), ("out", out), ("k", k0))))
@@ -223,7 +174,7 @@ def main():
                 target = 25.0 if name == "sum-bench" else 8.0
                 line[name] = min(bk.time_us(fn, target_ms=target)[0] for _ in range(2))
         if args.harness:
-            line = harness_rounds(calls, rot, args.rounds, args.timings.split(","))
+            line = harness_rounds(calls, rot, args.rounds)
         results.append({"shape": shape, **line})
         if args.harness:
             print(f"hd{head_dim} {context // 1024}K q{q_len}: " + "  ".join(

@@ -116,16 +116,13 @@ def test_verify_collect_two_rows(case, separate):
     assert plan.collect_separate == separate
 
 
-@pytest.mark.parametrize("stagger", [False, True], ids=["in-step", "staggered"])
 @pytest.mark.parametrize("rows", [None, "all"], ids=["collect-2-query", "all-rows"])
 @pytest.mark.parametrize("case", VERIFY_CASES)
-def test_verify_collect_sum(case, rows, stagger):
+def test_verify_collect_sum(case, rows):
     """collect_sum: one fp32 row per sequence, Σ over every query head and the collected rows
     of the scaled logits (what Vegas ranks by), from the collecting tile, added across the KV
     heads; equal to the reference's logits summed, zero past each length (the buffer is zeroed
-    by the call, whatever it held), attention outputs unchanged. Staggered (each KV head's
-    program starts part-way through its whole key blocks and wraps around), every block is
-    still visited exactly once: a skipped or repeated block would change both outputs."""
+    by the call, whatever it held), attention outputs unchanged."""
     heads, kv_heads, head_dim, q_len, lengths, num_splits, block_n = case
     lengths = [max(q_len, n) for n in lengths]
     batch, max_len = len(lengths), max(lengths) + 3
@@ -136,13 +133,9 @@ def test_verify_collect_sum(case, rows, stagger):
     collect = tuple(range(q_len)) if rows == "all" else None
     plan = plan_verify(batch, heads, kv_heads, head_dim, q_len, max(lengths), device=DEVICE,
                        collect_rows=collect, collect_sum=True, block_n=block_n,
-                       num_splits=num_splits, collect_stagger=stagger)
+                       num_splits=num_splits)
     # Collect-2-Query's rows from the separate tile, all rows from the main one
     assert plan.collect_sum and plan.collect_separate == (rows != "all" and q_len > 1)
-    assert plan.collect_stagger == stagger
-    # staggering is a property of the summed row only
-    assert not plan_verify(batch, heads, kv_heads, head_dim, q_len, 64, device=DEVICE,
-                           collect_rows=None, collect_stagger=True).collect_stagger
     every = tuple(range(16))
     assert not plan_verify(batch, heads, kv_heads, head_dim, 16, 64, device=DEVICE,
                            collect_rows=every, collect_separate=True).collect_separate
@@ -526,8 +519,8 @@ def test_c2q_sum_ab_dry_run(tmp_path):
                           timeout=600, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
     assert done.returncode == 0, done.stderr[-2000:]
     (row,) = json.loads((tmp_path / "c2q_sum_ab.json").read_text())
-    labels = {f"{n} {how}" for n in ("off", "sum", "sum-empty", "sum-stagger", "sum-wrapped")
-              for how in ("8ms", "25ms", "events")}
+    labels = {f"{n} {how}" for n in ("off", "sum", "sum-empty") for how in ("8ms", "25ms",
+                                                                               "events")}
     assert set(row) == labels | {"shape"}
     assert all(len(row[label]["samples"]) == 2 and row[label]["median"] > 0 for label in labels)
 

@@ -33,18 +33,6 @@ if _SHARED not in ("0", "1"):
     raise ValueError(f"SPECSIM_SHARED_KV_STRIDES={_SHARED!r}: expected 0 or 1")
 SHARED_KV_STRIDES = _SHARED == "1"
 
-#: Whether the verify kernel's summed Collect-2-Query row (``collect_sum``) is built with the
-#: KV heads' programs staggered along the keys: program ``(b, kvh, chunk)`` starts its chunk's
-#: whole key blocks ``kvh / kv_heads`` of the way in and wraps around, so the programs adding
-#: into one sequence's row at the same moment touch different lines of it. In step, all the KV
-#: heads' programs of a sequence add into the same 512 B at once (session 15: the unstaggered
-#: row ran 497-546 us from one graph to the next at hd128 128K q8, off 474-476).
-#: ``SPECSIM_C2Q_STAGGER=0`` turns it off.
-_STAGGER = os.environ.get("SPECSIM_C2Q_STAGGER", "0")
-if _STAGGER not in ("0", "1"):
-    raise ValueError(f"SPECSIM_C2Q_STAGGER={_STAGGER!r}: expected 0 or 1")
-C2Q_STAGGER = _STAGGER == "1"
-
 
 def _patch_interpreter_scalar_index() -> None:
     """Let ``range()`` take run-time scalars in Triton's interpreter under numpy >= 2.4.
@@ -94,4 +82,4 @@ def next_power_of_2(n: int) -> int:
     return triton.next_power_of_2(max(1, int(n)))
 
 
-__all__ = ["C2Q_STAGGER", "INTERPRETED", "LOG2E", "SHARED_KV_STRIDES", "default_device", "multiprocessor_count", "next_power_of_2", "tl", "triton"]
+__all__ = ["INTERPRETED", "LOG2E", "SHARED_KV_STRIDES", "default_device", "multiprocessor_count", "next_power_of_2", "tl", "triton"]

@@ -50,8 +50,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specsim.kernels._runtime import (C2Q_STAGGER, INTERPRETED, SHARED_KV_STRIDES,
-                                      default_device, next_power_of_2, tl, triton)
+from specsim.kernels._runtime import (INTERPRETED, SHARED_KV_STRIDES, default_device,
+                                      next_power_of_2, tl, triton)
 from specsim.kernels.split_kv import (SplitPlan, combine, fit_shared_memory, plan_splits,
                                       same_kv_strides, softmax_update, store_partial,
                                       v_addressing, workspace)
@@ -98,21 +98,6 @@ def _store_collected(s, k, q_c, c_ptrs, c_ok, keys, key_ok, sm_scale,
 
 
 @triton.jit
-def _whole_block(n0, offs_n, dims, q, q_c, k_base, stride_kt, v_base, v_stride_t, c_ptrs, c_ok,
-                 sm_scale, qk_scale, acc, m_i, l_i, COLLECT_MASK: tl.constexpr,
-                 COLLECT_SEPARATE: tl.constexpr, COLLECT_SUM: tl.constexpr):
-    """One key block that every row sees in full, from key ``n0``: no masks."""
-    keys = n0 + offs_n
-    k = tl.load(k_base + keys[:, None] * stride_kt + dims[None, :])
-    s = tl.dot(q, tl.trans(k))
-    if COLLECT_MASK != 0:
-        _store_collected(s, k, q_c, c_ptrs, c_ok, keys, keys, sm_scale, COLLECT_SEPARATE,
-                         COLLECT_SUM, False)
-    v = tl.load(v_base + keys[:, None] * v_stride_t + dims[None, :])
-    return softmax_update(acc, m_i, l_i, s, qk_scale, v)
-
-
-@triton.jit
 def _verify_kernel(Q, K, V, Lengths, Out, Lse, PartOut, PartLse, Logits,
                    stride_qb, stride_qt, stride_qh,
                    stride_kb, stride_kh, stride_kt,
@@ -127,7 +112,7 @@ def _verify_kernel(Q, K, V, Lengths, Out, Lse, PartOut, PartLse, Logits,
                    COLLECT_MASK: tl.constexpr, COLLECT_SEPARATE: tl.constexpr,
                    N_COLLECT: tl.constexpr, COLLECT_TOKENS: tl.constexpr,
                    BLOCK_C: tl.constexpr, COLLECT_SUM: tl.constexpr,
-                   SAME_KV_STRIDES: tl.constexpr, STAGGER: tl.constexpr):
+                   SAME_KV_STRIDES: tl.constexpr):
     pid = tl.program_id(0)
     split = tl.program_id(1)
     b = (pid // NUM_KV_HEADS).to(tl.int64)  # 64-bit: batch strides can pass 2**31
@@ -172,8 +157,6 @@ def _verify_kernel(Q, K, V, Lengths, Out, Lse, PartOut, PartLse, Logits,
             c_ptrs = Logits + b * stride_gb          # one row per sequence
         else:
             c_ptrs = Logits + b * stride_gb + c_head * stride_gh + c_slot * stride_gr
-    else:       # nothing collected: placeholders the key blocks never touch
-        q_c, c_ptrs, c_ok = q, Logits, row_ok
 
     k_base = K + b * stride_kb + kvh * stride_kh
     v_base, v_stride_t = v_addressing(V, b, kvh, stride_kb, stride_kh, stride_kt, stride_vb,
@@ -186,24 +169,15 @@ def _verify_kernel(Q, K, V, Lengths, Out, Lse, PartOut, PartLse, Logits,
     # Keys below length − q + 1 are visible to every row: whole blocks of them need no mask.
     open_end = tl.minimum(end, length - Q_LEN + 1)
     full_end = start + tl.maximum(open_end - start, 0) // BLOCK_N * BLOCK_N
-    if STAGGER:
-        # KV head kvh's program starts kvh / NUM_KV_HEADS of the way through its whole blocks
-        # and wraps around (two runs of blocks): the programs adding into one sequence's summed
-        # row at the same moment then touch different lines of it (the softmax is order-free)
-        middle = start + (kvh * ((full_end - start) // BLOCK_N) // NUM_KV_HEADS) * BLOCK_N
-        for n0 in range(middle, full_end, BLOCK_N):
-            acc, m_i, l_i = _whole_block(n0, offs_n, dims, q, q_c, k_base, stride_kt, v_base,
-                                         v_stride_t, c_ptrs, c_ok, sm_scale, qk_scale, acc,
-                                         m_i, l_i, COLLECT_MASK, COLLECT_SEPARATE, COLLECT_SUM)
-        for n0 in range(start, middle, BLOCK_N):
-            acc, m_i, l_i = _whole_block(n0, offs_n, dims, q, q_c, k_base, stride_kt, v_base,
-                                         v_stride_t, c_ptrs, c_ok, sm_scale, qk_scale, acc,
-                                         m_i, l_i, COLLECT_MASK, COLLECT_SEPARATE, COLLECT_SUM)
-    else:
-        for n0 in range(start, full_end, BLOCK_N):
-            acc, m_i, l_i = _whole_block(n0, offs_n, dims, q, q_c, k_base, stride_kt, v_base,
-                                         v_stride_t, c_ptrs, c_ok, sm_scale, qk_scale, acc,
-                                         m_i, l_i, COLLECT_MASK, COLLECT_SEPARATE, COLLECT_SUM)
+    for n0 in range(start, full_end, BLOCK_N):
+        keys = n0 + offs_n
+        k = tl.load(k_base + keys[:, None] * stride_kt + dims[None, :])
+        s = tl.dot(q, tl.trans(k))
+        if COLLECT_MASK != 0:
+            _store_collected(s, k, q_c, c_ptrs, c_ok, keys, keys, sm_scale, COLLECT_SEPARATE,
+                             COLLECT_SUM, False)
+        v = tl.load(v_base + keys[:, None] * v_stride_t + dims[None, :])
+        acc, m_i, l_i = softmax_update(acc, m_i, l_i, s, qk_scale, v)
     # The rest (at most a block or two): split boundary and causal mask.
     for n0 in range(full_end, end, BLOCK_N):
         keys = n0 + offs_n
@@ -252,7 +226,6 @@ class VerifyPlan:
     partial_lse: torch.Tensor | None = field(repr=False, default=None)
     collect_sum: bool = False
     shared_kv_strides: bool = False
-    collect_stagger: bool = False
 
     @property
     def group(self) -> int:
@@ -333,8 +306,7 @@ def plan_verify(batch: int, num_heads: int, num_kv_heads: int, head_dim: int, q_
                 num_stages: int | None = None, programs_per_sm: float | None = None,
                 element_size: int = 2, splits: str | None = None,
                 collect_sum: bool = False,
-                shared_kv_strides: bool | None = None,
-                collect_stagger: bool | None = None) -> VerifyPlan:
+                shared_kv_strides: bool | None = None) -> VerifyPlan:
     """Plan verify launches for sequences of up to ``max_context`` keys.
 
     ``collect_rows``: query rows whose logits are written (``()`` = none, ``None`` = the
@@ -351,9 +323,6 @@ def plan_verify(batch: int, num_heads: int, num_kv_heads: int, head_dim: int, q_
     blocks so the tiles fit in shared memory). ``shared_kv_strides`` (default
     :data:`SHARED_KV_STRIDES`): when the V cache's strides equal the K cache's, address V with
     K's offsets (checked at each call; other layouts take their own strides).
-    ``collect_stagger`` (default :data:`C2Q_STAGGER`; ``collect_sum`` plans only): the KV
-    heads' programs of a sequence walk their whole key blocks from staggered starts, so their
-    atomic adds into the summed row do not meet on the same lines.
     ``block_m`` pads the tile to more rows (at least ``group · q``). ``num_splits`` sets how
     many chunks each (sequence, KV head)'s keys are cut into; by default ``splits``
     (:data:`VERIFY_SPLITS`) chooses it: about ``programs_per_sm`` programs per multiprocessor
@@ -416,12 +385,9 @@ def plan_verify(batch: int, num_heads: int, num_kv_heads: int, head_dim: int, q_
                                              device)
     if shared_kv_strides is None:
         shared_kv_strides = SHARED_KV_STRIDES
-    if collect_stagger is None:
-        collect_stagger = C2Q_STAGGER
     return VerifyPlan(batch, num_heads, num_kv_heads, head_dim, q_len, collect_rows, split,
                       block_m, num_warps, num_stages, collect_separate, partial_out,
-                      partial_lse, bool(collect_sum), bool(shared_kv_strides),
-                      bool(collect_sum and collect_stagger))
+                      partial_lse, bool(collect_sum), bool(shared_kv_strides))
 
 
 def launch_constexprs(plan: VerifyPlan, *, write_lse: bool, same_kv: bool) -> dict:
@@ -431,8 +397,7 @@ def launch_constexprs(plan: VerifyPlan, *, write_lse: bool, same_kv: bool) -> di
                 DIRECT_OUTPUT=plan.split.num_splits == 1, WRITE_LSE=write_lse,
                 COLLECT_MASK=plan.collect_mask, COLLECT_SEPARATE=plan.collect_separate,
                 N_COLLECT=max(1, len(plan.collect_rows)), COLLECT_TOKENS=plan.collect_tokens,
-                BLOCK_C=plan.block_c, COLLECT_SUM=plan.collect_sum, SAME_KV_STRIDES=same_kv,
-                STAGGER=plan.collect_stagger)
+                BLOCK_C=plan.block_c, COLLECT_SUM=plan.collect_sum, SAME_KV_STRIDES=same_kv)
 
 
 def verify_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
