@@ -525,6 +525,23 @@ def test_c2q_sum_ab_dry_run(tmp_path):
     assert all(len(row[label]["samples"]) == 2 and row[label]["median"] > 0 for label in labels)
 
 
+@pytest.mark.skipif(GPU, reason="the dry run is the CPU's check of the probe script")
+def test_c2q_counters_dry_run():
+    """scripts/c2q_counters.py (interpreter, tiny): off, the per-sequence summed row and the
+    per-KV-head copy each run, and the summed rows match the reference (else it exits
+    non-zero)."""
+    import subprocess
+    import sys
+
+    from specsim.specs import REPO_ROOT
+    done = subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "c2q_counters.py"),
+                           "--dry-run", "--repeats", "1"], capture_output=True, text=True,
+                          timeout=600, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert [line.split(":")[0] for line in done.stdout.splitlines()] == ["off", "sum",
+                                                                        "sum-kvhead"]
+
+
 def test_kernel_resources_compiles_for_hopper_on_the_cpu(tmp_path):
     """scripts/kernel_resources.py compiles the verify kernel for sm_90 without a GPU, with
     Triton's argument specialisation (without it the K/V loads are neither vectorised nor
