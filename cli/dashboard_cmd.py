@@ -23,7 +23,7 @@ DEFAULT_OUT = "specsim-dashboard.html"
 #: of plans made before their runs; VALIDATION.md).
 SHIPPED_VALIDATION = {
     ("smollm2-135m", "h200"): "benchmarks/validation-report-h200-r7.json",
-    ("qwen3-8b", "h200"): "benchmarks/validation-report-h200-r8-qwen3-8b.json",
+    ("qwen3-8b", "h200"): "benchmarks/validation-report-h200-r9-qwen3-8b.json",
 }
 FORMATS = ("auto", "specsim", "vllm-metrics", "vllm-requests", "specbench")
 
