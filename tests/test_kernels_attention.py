@@ -285,6 +285,15 @@ def test_plan_verify_split_rules(monkeypatch):
         off = plan_verify(4, heads, 8, head_dim, 16, 131072, device=DEVICE, splits="sm")
         assert (sm.split, sm.num_warps, sm.num_stages) == (off.split, off.num_warps,
                                                           off.num_stages)
+    # hd64's 128-row tile (64 query / 8 KV heads, q 9-16) fits two programs on each
+    # multiprocessor: whole waves of 2 x 132 give 8 chunks of 64-key blocks (4 chunks, one
+    # program each, ran 29% slower; session 15); a caller's key blocks count one per SM
+    for context in (131072, 32768, 8192):
+        plan = plan_verify(4, 64, 8, 64, 16, context, device=DEVICE, splits="waves")
+        assert (plan.block_m, plan.split.block_n, plan.num_warps, plan.num_stages,
+                plan.split.num_splits) == (128, 64, 4, 4, 8), context
+    assert plan_verify(4, 64, 8, 64, 16, 131072, device=DEVICE, splits="waves",
+                       block_n=64).split.num_splits == 4
     monkeypatch.setattr(V, "VERIFY_SPLITS", "waves")   # the default / environment's setting
     assert plan_verify(4, 32, 8, 128, 1, 32768, device=DEVICE).split.num_splits == 4
     assert plan_verify(4, 32, 8, 128, 1, 32768, device=DEVICE,   # 17 asked, 16 blocks each

@@ -75,20 +75,22 @@ def wave_splits(batch_kv_heads: int, multiprocessors: int, max_splits: int,
 
 def plan_splits(max_keys: int, batch_kv_heads: int, block_n: int, device: torch.device | str,
                 *, num_splits: int | None = None, programs_per_sm: float | None = 2.0,
-                min_blocks_per_split: int = 4) -> SplitPlan:
+                min_blocks_per_split: int = 4, resident_per_sm: int = 1) -> SplitPlan:
     """Choose ``num_splits`` so that ``batch_kv_heads · num_splits`` programs fill the GPU.
 
     Aim at ``programs_per_sm`` programs per multiprocessor, or, with ``programs_per_sm=None``,
-    at the fewest whole waves (:func:`wave_splits`); never give a program fewer than
-    ``min_blocks_per_split`` loop iterations (short contexts use fewer, longer chunks: a chunk
-    that only loads and writes its partial costs more than it saves).
+    at the fewest whole waves (:func:`wave_splits`) of ``resident_per_sm`` programs on each
+    multiprocessor at once; never give a program fewer than ``min_blocks_per_split`` loop
+    iterations (short contexts use fewer, longer chunks: a chunk that only loads and writes
+    its partial costs more than it saves).
     """
     max_keys = max(1, int(max_keys))
     blocks = math.ceil(max_keys / block_n)
     if num_splits is None:
         longest = max(1, blocks // min_blocks_per_split)
         if programs_per_sm is None:
-            num_splits = wave_splits(batch_kv_heads, multiprocessor_count(device), longest)
+            num_splits = wave_splits(batch_kv_heads,
+                                     multiprocessor_count(device) * resident_per_sm, longest)
         else:
             target = programs_per_sm * multiprocessor_count(device)
             num_splits = math.ceil(target / max(1, batch_kv_heads))

@@ -271,8 +271,8 @@ FALLBACK_CONFIG = (64, 4, 3, 2, None)
 VERIFY_SPLITS = os.environ.get("SPECSIM_VERIFY_SPLITS", "waves")
 if VERIFY_SPLITS not in ("sm", "waves"):
     raise ValueError(f"SPECSIM_VERIFY_SPLITS={VERIFY_SPLITS!r}: expected sm or waves")
-#: (head_dim, tile rows, collect mode) -> (block_n, num_warps, num_stages) under "waves" (no
-#: tile padding). Swept per context (``scripts/decode_config_probe.py``, H200, batch 4 × 8 KV
+#: (head_dim, tile rows, collect mode) -> (block_n, num_warps, num_stages[, programs resident
+#: per multiprocessor, default 1]) under "waves" (no tile padding). Swept per context (``scripts/decode_config_probe.py``, H200, batch 4 × 8 KV
 #: heads, 8K/32K/128K, q = 1 and 8: 4 chunks of 128-key blocks beat the "sm" plans by 7–60%),
 #: and kept to the tiles where the session-10 calibrations (SmolLM2, Qwen3-4B: every measured
 #: batch and context) ran faster in whole waves. Elsewhere whole waves of the "sm" key blocks
@@ -291,6 +291,11 @@ WAVE_CONFIGS = {
     (128, 16, "sum"): (128, 4, 3), (128, 32, "sum"): (128, 4, 3), (128, 64, "sum"): (128, 4, 3),
     (64, 16, "sum"): (128, 4, 4), (64, 32, "sum"): (128, 4, 4), (64, 64, "sum"): (128, 4, 4),
     (64, 128, "sum"): (128, 8, 3),
+    # a fourth entry: programs resident on each multiprocessor at once (whole waves of them).
+    # hd64's 128-row tile on 64-key blocks, 4 warps, fits two; session 15 (decode_config_probe,
+    # 128K, batch 4 x 8 KV heads): 8 chunks 334 us, 4 chunks 430, the "sm" plan (256-key
+    # blocks, 8 warps, 17 chunks) 414
+    (64, 128, "off"): (64, 4, 4, 2),
 }
 #: Key blocks when a tile of ``WAVE_CONFIGS`` runs as one chunk (one wave 70–100% full): a
 #: program then streams its whole context, and at hd64 256-key blocks keep enough bytes in
@@ -360,9 +365,12 @@ def plan_verify(batch: int, num_heads: int, num_kv_heads: int, head_dim: int, q_
     base_mode = "off" if mode == "sum" else mode     # "sm" plans: the plain tile's
     default = DEFAULT_CONFIGS.get((head_dim, rows, base_mode), FALLBACK_CONFIG)
     waves = splits == "waves" and (head_dim, rows, mode) in WAVE_CONFIGS
-    if waves:
-        default = WAVE_CONFIGS[(head_dim, rows, mode)] + (None, None)
     caller = bool(block_n or num_warps or num_stages or programs_per_sm)
+    resident = 1        # programs on each multiprocessor at once, for whole waves
+    if waves:
+        block_n_w, warps_w, stages_w, *more = WAVE_CONFIGS[(head_dim, rows, mode)]
+        default = (block_n_w, warps_w, stages_w, None, None)
+        resident = more[0] if more and not caller else 1
     if caller:  # the caller's config: no padding
         default = default[:4] + (None,)
     block_m = max(rows, next_power_of_2(block_m or default[4] or 1))
@@ -372,7 +380,8 @@ def plan_verify(batch: int, num_heads: int, num_kv_heads: int, head_dim: int, q_
     programs_per_sm = programs_per_sm or default[3]
     block_n, num_stages = fit_shared_memory(block_m, block_n, head_dim, num_stages, element_size)
     split = plan_splits(max_context, batch * num_kv_heads, block_n, device,
-                        num_splits=num_splits, programs_per_sm=programs_per_sm)
+                        num_splits=num_splits, programs_per_sm=programs_per_sm,
+                        resident_per_sm=resident)
     single = SINGLE_CHUNK_CONFIGS.get((head_dim, rows, base_mode))
     if waves and not caller and num_splits is None and split.num_splits == 1 and single:
         block_n, num_warps, num_stages = single
