@@ -8,7 +8,15 @@
 # round 9 (Qwen3-8B b4 32K forced, five policies, the per-sequence summed row and the merged
 # calibration), whose plan was committed before the run.
 #
-#   1  (~400 s)  bash scripts/gpu_round_p.sh trial
+#   1  (332 s)  bash scripts/gpu_round_p.sh trial
+#      found: neither the buffer nor the graph's length: the summed row's time moves from one
+#      graph to the next (hd128 128K q8: 497-636 us over nine graphs, off 474-477), so one
+#      bench_kernels reading can land anywhere in that range. Validation round 9: every policy
+#      0.4-0.8% MAPE, regret 1.000 (VALIDATION.md).
+#   2  (105 s)  "stagger" (this script at 0f270e6, dropped with the kernel change it timed):
+#      the collect_sum tests in bf16 (28 passed) and the harness with collect_stagger beside
+#      the in-step row: no steadier (521-617 against 522-582 us), 2% slower at 32K.
+#   next: scripts/gpu_round_q.sh (Nsight Compute)
 set -u
 export PYTHONPATH=. PYTHONUNBUFFERED=1
 case "${1:-}" in

@@ -5,7 +5,11 @@
 # KV heads' adds), the cure is keeping them in L2 (an evict_last hint on the adds) or plain
 # stores (a bf16 row per KV head, c2q_store_probe sum-bf16 1.046x off); if not, the cost is in L2.
 #
-#   1  (~300 s)  bash scripts/gpu_round_q.sh counters
+#   1  (49 s)  bash scripts/gpu_round_q.sh counters
+#      found (benchmarks/c2q-counters-h200-s15.txt): launched alone, "sum" reads its 2 MB row
+#      once and writes 4-7 MB more than off (L2 reduction hit rate 91.8%: each sector's first
+#      touch misses), 1.03x off; "sum-kvhead" writes its 16.8 MB, 1.06x. The row stays in L2:
+#      the graph-to-graph spread is not explained by bytes.
 set -u
 export PYTHONPATH=. PYTHONUNBUFFERED=1
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)
