@@ -17,8 +17,11 @@ each twice (the smaller median kept), every summed row checked against the refer
 first run: 516 against 497 us at hd128 128K q8, bench_kernels' table 528): the buffer (NaN-filled
 ``torch.full`` or ``new_logits_buffer``'s ``torch.empty``) and the graph's length (8 or 25 ms of
 calls), for ``off`` and ``sum`` alike, plus back-to-back launches without a graph ("events"),
-every combination once per round, the rounds alternating the order; the median over rounds is
-printed with the spread (max - min) beside it.
+and the plain-store rows per KV head beside them (``sum-kvhead`` in fp32, ``sum-kvhead-half``
+in bf16: no atomics), every combination once per round, the rounds alternating the order; the
+median over rounds is printed with the spread (max - min) beside it. Session 15 found that the
+buffer and the graph length are not the cause: the summed row's time moves from one graph to
+the next (1.02-1.34x off) where off repeats to 0.5%.
 
     PYTHONPATH=. python3 scripts/c2q_sum_ab.py                  # GPU
     PYTHONPATH=. python3 scripts/c2q_sum_ab.py --harness        # GPU: buffer x graph length
@@ -57,7 +60,10 @@ def per_kv_head_module():
              ("c_ptrs = Logits + b * stride_gb          # one row per sequence",
               "c_ptrs = Logits + b * stride_gb + kvh * stride_gh"),
              ("            logits.zero_()          # the KV heads' programs add into it\n", ""),
-             ("assert logits.shape[1:3] == (1, 1)", "assert logits.shape[2] == 1")]
+             ("assert logits.shape[1:3] == (1, 1)", "assert logits.shape[2] == 1"),
+             # a half-precision row too (the store casts): half the bytes written
+             ("and logits.dtype == torch.float32",
+              "and logits.dtype in (torch.float32, torch.bfloat16, torch.float16)")]
     for old, new in edits:
         if old not in text:
             raise SystemExit(f"verify_attention changed: {old!r} not found")
@@ -72,11 +78,11 @@ def per_kv_head_module():
     return module
 
 
-def harness_rounds(calls, rot, rounds):
-    """Median and spread over ``rounds`` of each call timed in graphs of 8 and 25 ms and as
-    back-to-back launches ("events"), each round in the order the last one reversed."""
-    timings = [(f"{name} {how}", call, how) for name, call in calls.items()
-               for how in ("8ms", "25ms", "events")]
+def harness_rounds(calls, rot, rounds, hows):
+    """Median and spread over ``rounds`` of each call timed in graphs of 8 or 25 ms ("8ms",
+    "25ms") and as back-to-back launches ("events"), as ``hows`` lists, each round in the order
+    the last one reversed."""
+    timings = [(f"{name} {how}", call, how) for name, call in calls.items() for how in hows]
     samples = {label: [] for label, _, _ in timings}
     for turn in range(rounds):
         for label, call, how in (timings if turn % 2 == 0 else timings[::-1]):
@@ -98,6 +104,8 @@ def main():
     parser.add_argument("--harness", action="store_true",
                         help="time off and sum over buffer x graph length (see the docstring)")
     parser.add_argument("--rounds", type=int, default=3, help="--harness: rounds")
+    parser.add_argument("--timings", default="8ms,25ms,events",
+                        help="--harness: graphs of 8 / 25 ms of calls, back-to-back launches")
     args = parser.parse_args()
     if DRY:
         bk.DEVICE, bk.DTYPE, bk.DRY_RUN = "cpu", torch.float32, True
@@ -149,10 +157,18 @@ def main():
                   "sum-kvhead": (kv_rows, per_kv), "probe-seq": (seq_rows, per_seq)}
         if args.harness:
             empty_rows = production.new_logits_buffer(summed, context, device=device)
+            # plain stores, one row per KV head: fp32 (session 13's form) and bf16 (fp16 in
+            # the dry run: the interpreter has no bf16), no atomics
+            half_rows = torch.full((batch, kv_heads, 1, context), float("nan"), device=device,
+                                   dtype=torch.float16 if DRY else torch.bfloat16)
             calls = {"off": calls["off"], "sum": calls["sum"],
                      "sum-empty": lambda k, v: production.verify_attention(
-                         q, k, v, lengths, summed, out=out, logits=empty_rows)}
-            checks = {"sum": (rows, per_seq), "sum-empty": (empty_rows, per_seq)}
+                         q, k, v, lengths, summed, out=out, logits=empty_rows),
+                     "sum-kvhead": calls["sum-kvhead"],
+                     "sum-kvhead-half": lambda k, v: kvhead.verify_attention(
+                         q, k, v, lengths, kplan, out=out, logits=half_rows)}
+            checks = {"sum": (rows, per_seq), "sum-empty": (empty_rows, per_seq),
+                      "sum-kvhead": (kv_rows, per_kv), "sum-kvhead-half": (half_rows, per_kv)}
             print("buffers (address mod 2 MiB): " + ", ".join(
                 f"{n} {t.data_ptr() % (2 << 20):#x}" for n, t in
                 (("sum", rows), ("sum-empty", empty_rows), ("out", out), ("k", k0))))
@@ -174,7 +190,7 @@ def main():
                 target = 25.0 if name == "sum-bench" else 8.0
                 line[name] = min(bk.time_us(fn, target_ms=target)[0] for _ in range(2))
         if args.harness:
-            line = harness_rounds(calls, rot, args.rounds)
+            line = harness_rounds(calls, rot, args.rounds, args.timings.split(","))
         results.append({"shape": shape, **line})
         if args.harness:
             print(f"hd{head_dim} {context // 1024}K q{q_len}: " + "  ".join(

@@ -520,16 +520,17 @@ def test_c2q_sum_ab_dry_run(tmp_path):
     assert [r["shape"] for r in rows] == ["128:300:8", "64:300:4"]
     names = {"off", "sum", "sum-bench", "sum-kvhead", "probe-seq", "probe-off"}
     assert all(set(r) == names | {"shape"} and all(r[n] > 0 for n in names) for r in rows)
-    # --harness: off and the summed row (both buffers, each checked) in 8 and 25 ms graphs and
-    # back-to-back, every combination once per round
+    # --harness: off, the summed row (both buffers) and the plain-store rows per KV head (fp32,
+    # half), each checked, in 8 and 25 ms graphs and back-to-back, every combination once per
+    # round
     done = subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "c2q_sum_ab.py"),
                            "--dry-run", "--harness", "--rounds", "2", "--shapes", "128:300:8",
                            "--out", str(tmp_path)], capture_output=True, text=True,
                           timeout=600, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
     assert done.returncode == 0, done.stderr[-2000:]
     (row,) = json.loads((tmp_path / "c2q_sum_ab.json").read_text())
-    labels = {f"{n} {how}" for n in ("off", "sum", "sum-empty") for how in ("8ms", "25ms",
-                                                                               "events")}
+    labels = {f"{n} {how}" for n in ("off", "sum", "sum-empty", "sum-kvhead", "sum-kvhead-half")
+              for how in ("8ms", "25ms", "events")}
     assert set(row) == labels | {"shape"}
     assert all(len(row[label]["samples"]) == 2 and row[label]["median"] > 0 for label in labels)
 
