@@ -272,12 +272,13 @@ VERIFY_SPLITS = os.environ.get("SPECSIM_VERIFY_SPLITS", "waves")
 if VERIFY_SPLITS not in ("sm", "waves"):
     raise ValueError(f"SPECSIM_VERIFY_SPLITS={VERIFY_SPLITS!r}: expected sm or waves")
 #: (head_dim, tile rows, collect mode) -> (block_n, num_warps, num_stages[, programs resident
-#: per multiprocessor, default 1]) under "waves" (no tile padding). Swept per context (``scripts/decode_config_probe.py``, H200, batch 4 × 8 KV
-#: heads, 8K/32K/128K, q = 1 and 8: 4 chunks of 128-key blocks beat the "sm" plans by 7–60%),
-#: and kept to the tiles where the session-10 calibrations (SmolLM2, Qwen3-4B: every measured
-#: batch and context) ran faster in whole waves. Elsewhere whole waves of the "sm" key blocks
-#: ran up to 33% slower at batch 32–64 (SmolLM2's collecting tiles) and 7% at Qwen3-4B's
-#: 16-row collecting tiles, so those keep "sm".
+#: per multiprocessor, default 1]) under "waves" (no tile padding). Swept per context
+#: (``scripts/decode_config_probe.py``, H200, batch 4 × 8 KV heads, 8K/32K/128K, q = 1 and 8:
+#: 4 chunks of 128-key blocks beat the "sm" plans by 7–60%), and kept to the tiles where the
+#: session-10 calibrations (SmolLM2, Qwen3-4B: every measured batch and context) ran faster in
+#: whole waves. Elsewhere whole waves of the "sm" key blocks ran up to 33% slower at batch
+#: 32–64 (SmolLM2's collecting tiles) and 7% at Qwen3-4B's 16-row collecting tiles, so those
+#: keep "sm".
 WAVE_CONFIGS = {
     (128, 16, "off"): (128, 4, 3), (128, 32, "off"): (128, 4, 3),
     # session 14 (c2q_store_probe --off-configs, q 12/16): 0.94-0.96x the "sm" plan's time at
