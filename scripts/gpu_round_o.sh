@@ -13,7 +13,11 @@
 #      40 B of spills, 128-key blocks on 8 warps at 246 and none; if another config wins at
 #      128K and 32K, put it in WAVE_CONFIGS and re-measure SmolLM2's verify (q >= 11 at hd64
 #      runs a 64-row tile there: check which shipped model runs the 128-row one first).
+#      found (session 15, 277 s): sum 497.1 us (1.024x), sum-bench 516.0 (1.063x), the table
+#      527.8 (1.091x) at hd128 128K q8; hd64 q = 16's best plan 8 chunks of 64-key blocks on 4
+#      warps (334 us against 414): see gpu_round_p.sh for what the difference turned out to be
 #   2  (~330 s, at once, warm)  bash scripts/gpu_round_n.sh cal qwen3-8b 280
+#      found: complete, 416 rows in 247 s; merged
 #   then here: compare_calibrations.py OLD NEW --family verify, merge_calibrations.py NEW OLD
 #      OLD --replace verify,selection:vegas, specsim calibrate --check; then plan validation
 #      round 9 (Qwen3-8B, the per-sequence row) before running it.
