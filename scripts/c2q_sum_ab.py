@@ -78,6 +78,16 @@ def per_kv_head_module():
     return module
 
 
+def check_rows(name, got, want, lengths):
+    """Exit unless each sequence's summed row ``got`` matches the reference's ``want``
+    ([b, n] per sequence or [b, kv_heads, n] per KV head) to its own length (2e-2)."""
+    for b, n in enumerate(lengths.tolist()):
+        error = float((got[b].reshape(want.shape[1:-1] + (-1,))[..., :n].float()
+                       - want[b, ..., :n]).norm() / want[b, ..., :n].norm())
+        if not error <= 2e-2:
+            raise SystemExit(f"{name}: summed row off by {error:.1e}")
+
+
 def harness_rounds(calls, rot, rounds, hows):
     """Median and spread over ``rounds`` of each call timed in graphs of 8 or 25 ms ("8ms",
     "25ms") and as back-to-back launches ("events"), as ``hows`` lists, each round in the order
@@ -176,17 +186,11 @@ def main():
         for name, call in calls.items():
             call(k0, v0)
             if name in checks:
-                got, want = checks[name]
-                for b, n in enumerate(lengths.tolist()):
-                    error = float((got[b].reshape(want.shape[1:-1] + (-1,))[..., :n].float()
-                                   - want[b, ..., :n]).norm() / want[b, ..., :n].norm())
-                    if not error <= 2e-2:
-                        raise SystemExit(f"{shape} {name}: summed row off by {error:.1e}")
-
-            def fn(call=call):
-                k, v = rot.next()
-                call(k, v)
+                check_rows(f"{shape} {name}", *checks[name], lengths)
             if not args.harness:
+                def fn(call=call):
+                    k, v = rot.next()
+                    call(k, v)
                 target = 25.0 if name == "sum-bench" else 8.0
                 line[name] = min(bk.time_us(fn, target_ms=target)[0] for _ in range(2))
         if args.harness:
