@@ -52,11 +52,13 @@ production = importlib.import_module("specsim.kernels.verify_attention")
 ADD = 'tl.atomic_add(c_ptrs + keys, row, mask=ok, sem="relaxed")'
 
 
-def per_kv_head_module():
+def per_kv_head_module(store_eviction: str = ""):
     """A copy of ``verify_attention`` whose collect_sum stores one row per KV head (session
-    13's form) instead of adding into the sequence's row."""
+    13's form) instead of adding into the sequence's row; ``store_eviction`` ("evict_last",
+    ...) is the L2 eviction policy of those stores."""
     text = open(production.__file__).read()
-    edits = [(ADD, "tl.store(c_ptrs + keys, row, mask=ok)"),
+    hint = f", eviction_policy={store_eviction!r}" if store_eviction else ""
+    edits = [(ADD, f"tl.store(c_ptrs + keys, row, mask=ok{hint})"),
              ("c_ptrs = Logits + b * stride_gb          # one row per sequence",
               "c_ptrs = Logits + b * stride_gb + kvh * stride_gh"),
              ("            logits.zero_()          # the KV heads' programs add into it\n", ""),
@@ -68,10 +70,11 @@ def per_kv_head_module():
         if old not in text:
             raise SystemExit(f"verify_attention changed: {old!r} not found")
         text = text.replace(old, new)
-    path = os.path.join(tempfile.mkdtemp(), "verify_attention_kvhead.py")
+    name = "verify_attention_kvhead" + (f"_{store_eviction}" if store_eviction else "")
+    path = os.path.join(tempfile.mkdtemp(), name + ".py")
     with open(path, "w") as handle:
         handle.write(text)
-    spec = importlib.util.spec_from_file_location("verify_attention_kvhead", path)
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module           # dataclasses look their module up
     spec.loader.exec_module(module)

@@ -536,6 +536,28 @@ def test_c2q_sum_ab_dry_run(tmp_path):
 
 
 @pytest.mark.skipif(GPU, reason="the dry run is the CPU's check of the probe script")
+def test_c2q_evict_probe_dry_run(tmp_path):
+    """scripts/c2q_evict_probe.py (interpreter, tiny ragged shape): every row it times (the
+    summed row on one and on rotating buffers, the per-KV-head rows with and without the L2
+    evict_last hint, fp32 and half) matches the reference's sums (else it exits non-zero), and
+    every variant is timed in each round beside off."""
+    import json
+    import subprocess
+    import sys
+
+    from specsim.specs import REPO_ROOT
+    done = subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "c2q_evict_probe.py"),
+                           "--dry-run", "--rounds", "2", "--shapes", "128:300:8", "--out",
+                           str(tmp_path)], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    (row,) = json.loads((tmp_path / "c2q_evict_probe.json").read_text())
+    names = {"off", "off+fill", "sum", "sum-rot", "kv32", "kv32-el", "kv32-el-rot", "kv16-el"}
+    assert set(row) == names | {"shape"}
+    assert all(len(row[n]["samples"]) == 2 and row[n]["median"] > 0 for n in names)
+
+
+@pytest.mark.skipif(GPU, reason="the dry run is the CPU's check of the probe script")
 def test_c2q_counters_dry_run():
     """scripts/c2q_counters.py (interpreter, tiny): off, the per-sequence summed row and the
     per-KV-head copy each run, and the summed rows match the reference (else it exits

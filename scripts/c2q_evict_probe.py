@@ -1,0 +1,162 @@
+"""Probe (GPU): is Collect-2-Query's cost the row's DRAM write-back during the KV stream?
+
+Session 15 and round R (session 16) timed every form of Vegas' row at 1.05-1.12x the verify
+pass that collects nothing (hd128 128K q8), whatever its bytes: a fp32 row per sequence by
+atomic adds (2 MB at batch 4), a fp32 row per KV head by plain stores (16.8 MB), a bf16 one
+(8.4 MB). Stores that all land in one L2-resident slot cost nothing (c2q_store_probe rows-l2,
+1.000x), so the lead is the written lines leaving L2 while the kernel streams 2 GB of KV.
+This times, in one process, with rounds alternating their order (graphs of 8 ms of calls):
+
+    off            production, collecting nothing
+    off+fill       off, then a fill of a 16.8 MB buffer (the per-KV-head rows' bytes written
+                   outside the kernel; rotating buffers)
+    sum            production: one fp32 row per sequence, atomic adds, one buffer
+    sum-rot        the same over rotating row buffers (more than L2 holds), as the engine's
+                   [layers, batch, 1, 1, n] buffer is walked layer by layer
+    kv32           a fp32 row per KV head, plain stores (session 13's form), one buffer
+    kv32-el        the same stores with an L2 evict_last hint
+    kv32-el-rot    evict_last over rotating buffers
+    kv16-el        a bf16 row per KV head, evict_last, one buffer
+
+If kv32-el on one buffer runs at off's time and kv32-el-rot does not, the cost is the lines'
+write-back, and a row that is consumed while it is still in L2 (one buffer reused layer after
+layer, ranked right after each layer's verify) would not pay it.
+
+    PYTHONPATH=. python3 scripts/c2q_evict_probe.py                 # GPU
+    PYTHONPATH=. python3 scripts/c2q_evict_probe.py --dry-run       # CPU, interpreter, tiny
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+
+DRY = "--dry-run" in sys.argv
+if DRY:
+    os.environ["TRITON_INTERPRET"] = "1"     # before the kernels are defined
+
+import torch  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "benchmarks"))
+sys.path.insert(0, HERE)
+import bench_kernels as bk  # noqa: E402
+import c2q_sum_ab as ab  # noqa: E402
+
+production = ab.production
+ROTATE_ROW_BYTES = 160e6      # rotating row buffers: well past the H200's 60 MB of L2
+
+
+class Buffers:
+    """Row buffers of one shape handed out in turn, enough of them to pass ``total`` bytes."""
+
+    def __init__(self, shape, dtype, device, total):
+        one = torch.empty(shape, dtype=dtype).element_size() * torch.Size(shape).numel()
+        count = 1 if total == 0 else max(2, int(total // one) + 1)
+        self.buffers = [torch.full(shape, float("nan"), dtype=dtype, device=device)
+                        for _ in range(count)]
+        self.turn = 0
+
+    def next(self):
+        self.turn = (self.turn + 1) % len(self.buffers)
+        return self.buffers[self.turn]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shapes", default="128:131072:8,128:131072:16,128:32768:8",
+                        help="head_dim:context:q, comma-separated")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--out", default=os.environ.get("OUT", "benchmarks/out"))
+    parser.add_argument("--dry-run", action="store_true")
+    args = parser.parse_args()
+    if DRY:
+        bk.DEVICE, bk.DTYPE, bk.DRY_RUN = "cpu", torch.float32, True
+    device, batch = bk.DEVICE, 2 if DRY else 4
+    half = torch.float16 if DRY else torch.bfloat16      # the interpreter has no bf16
+    kvhead = ab.per_kv_head_module()
+    kvhead_el = ab.per_kv_head_module("evict_last")
+    rotate = 0 if DRY else ROTATE_ROW_BYTES
+    results = []
+    for shape in args.shapes.split(","):
+        head_dim, context, q_len = map(int, shape.split(":"))
+        heads, kv_heads = (8, 2) if DRY else bk.HEADS[head_dim]
+        context = 300 if DRY else context
+        rot = bk.Rotation(batch, kv_heads, context, head_dim)
+        lengths = torch.full((batch,), context, dtype=torch.int32, device=device)
+        if DRY:
+            lengths[0] = context - 37             # ragged, not a block multiple
+        q = torch.randn(batch, q_len, heads, head_dim, device=device, dtype=bk.DTYPE)
+        out = torch.empty_like(q)
+        k0, v0 = rot.caches[0]
+        ref = production.verify_attention_reference(q, k0, v0, lengths, collect_rows=(
+            production.default_collect_rows(q_len)))[1]
+        per_kv = ref.reshape(batch, kv_heads, -1, context).sum(2)          # [b, kvh, n]
+        per_seq = per_kv.sum(1)                                              # [b, n]
+        plain = production.plan_verify(batch, heads, kv_heads, head_dim, q_len, context,
+                                       device=device)
+        summed = production.plan_verify(batch, heads, kv_heads, head_dim, q_len, context,
+                                        device=device, collect_rows=None, collect_sum=True)
+        kplan = kvhead.plan_verify(batch, heads, kv_heads, head_dim, q_len, context,
+                                   device=device, collect_rows=None, collect_sum=True)
+        eplan = kvhead_el.plan_verify(batch, heads, kv_heads, head_dim, q_len, context,
+                                      device=device, collect_rows=None, collect_sum=True)
+        seq_shape, kv_shape = (batch, 1, 1, context), (batch, kv_heads, 1, context)
+        seq_one = Buffers(seq_shape, torch.float32, device, 0)
+        seq_rot = Buffers(seq_shape, torch.float32, device, rotate)
+        kv_one = Buffers(kv_shape, torch.float32, device, 0)
+        kv_el_one = Buffers(kv_shape, torch.float32, device, 0)
+        kv_el_rot = Buffers(kv_shape, torch.float32, device, rotate)
+        kv16_one = Buffers(kv_shape, half, device, 0)
+        fills = Buffers(kv_shape, torch.float32, device, rotate)
+
+        def off(k, v):
+            production.verify_attention(q, k, v, lengths, plain, out=out)
+
+        def off_fill(k, v):
+            off(k, v)
+            fills.next().fill_(0.0)
+
+        def production_sum(buffers):
+            return lambda k, v: production.verify_attention(q, k, v, lengths, summed,
+                                                            out=out, logits=buffers.next())
+
+        def stored(module, plan, buffers):
+            return lambda k, v: module.verify_attention(q, k, v, lengths, plan, out=out,
+                                                        logits=buffers.next())
+        calls = {"off": (off, None), "off+fill": (off_fill, None),
+                 "sum": (production_sum(seq_one), (seq_one, per_seq)),
+                 "sum-rot": (production_sum(seq_rot), (seq_rot, per_seq)),
+                 "kv32": (stored(kvhead, kplan, kv_one), (kv_one, per_kv)),
+                 "kv32-el": (stored(kvhead_el, eplan, kv_el_one), (kv_el_one, per_kv)),
+                 "kv32-el-rot": (stored(kvhead_el, eplan, kv_el_rot), (kv_el_rot, per_kv)),
+                 "kv16-el": (stored(kvhead_el, eplan, kv16_one), (kv16_one, per_kv))}
+        for name, (call, check) in calls.items():
+            call(k0, v0)
+            if check is not None:
+                buffers, want = check
+                ab.check_rows(f"{shape} {name}", buffers.buffers[buffers.turn], want, lengths)
+        order = list(calls)
+        samples = {name: [] for name in order}
+        for turn in range(args.rounds):
+            for name in (order if turn % 2 == 0 else order[::-1]):
+                def fn(call=calls[name][0]):
+                    k, v = rot.next()
+                    call(k, v)
+                samples[name].append(bk.time_us(fn, target_ms=8.0)[0])
+        off_median = statistics.median(samples["off"])
+        line = {name: {"median": statistics.median(values), "min": min(values),
+                       "max": max(values), "samples": values}
+                for name, values in samples.items()}
+        results.append({"shape": shape, **line})
+        print(f"hd{head_dim} {context // 1024}K q{q_len}: " + "  ".join(
+            f"{name} {t['median']:.1f} [{t['min']:.0f}-{t['max']:.0f}] "
+            f"({t['median'] / off_median:.3f})" for name, t in line.items()), flush=True)
+        rot = None
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "c2q_evict_probe.json"), "w") as handle:
+        json.dump(results, handle, indent=1)
+
+
+if __name__ == "__main__":
+    main()
