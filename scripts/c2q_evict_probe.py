@@ -17,6 +17,13 @@ This times, in one process, with rounds alternating their order (graphs of 8 ms 
     kv32-el        the same stores with an L2 evict_last hint
     kv32-el-rot    evict_last over rotating buffers
     kv16-el        a bf16 row per KV head, evict_last, one buffer
+    kv32-el-2of8   kv32-el with the KV heads' programs storing into 2 rows only (kvh % 2): a
+                   quarter of the lines, the same stores (a diagnostic: the row is not checked)
+    sum-red        the summed row by an inline-PTX ``red`` instead of ``tl.atomic_add``, issued
+                   from the reduced row's own layout by lanes 0-3 of each warp (the separate
+                   tile's mma layout holds each column in the 8 lanes of one lane % 4)
+    sum-red-el     the same ``red`` with an L2 evict_last cache hint, one buffer
+    sum-red-el-rot the same over rotating buffers
 
 If kv32-el on one buffer runs at off's time and kv32-el-rot does not, the cost is the lines'
 write-back, and a row that is consumed while it is still in L2 (one buffer reused layer after
@@ -45,6 +52,19 @@ import c2q_sum_ab as ab  # noqa: E402
 
 production = ab.production
 ROTATE_ROW_BYTES = 160e6      # rotating row buffers: well past the H200's 60 MB of L2
+
+
+def red_add(hint: bool) -> str:
+    """collect_sum's add as inline PTX: ``red.add.f32`` (with an L2 evict_last policy when
+    ``hint``) from lanes 0-3 only, so each element of the replicated row is added once."""
+    policy = ("createpolicy.fractional.L2::evict_last.b64 pol, 1.0; " if hint else "")
+    red = ("red.relaxed.gpu.global.add.L2::cache_hint.f32 [$1], $2, pol; " if hint else
+           "red.relaxed.gpu.global.add.f32 [$1], $2; ")
+    return ('tl.inline_asm_elementwise('
+            '"{ .reg .pred p, q; .reg .b32 lane; .reg .b64 pol; mov.u32 lane, %laneid; '
+            'setp.lt.u32 q, lane, 4; setp.ne.and.b32 p, $3, 0, q; ' + policy + '@p ' + red +
+            'mov.b32 $0, 0; }", "=r,l,f,r", [(c_ptrs + keys).to(tl.int64, bitcast=True), row, '
+            'ok.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)')
 
 
 class Buffers:
@@ -76,6 +96,12 @@ def main():
     half = torch.float16 if DRY else torch.bfloat16      # the interpreter has no bf16
     kvhead = ab.per_kv_head_module()
     kvhead_el = ab.per_kv_head_module("evict_last")
+    kvhead_el_2of8 = ab.per_kv_head_module("evict_last", extra_edits=[
+        ("+ kvh * stride_gh", "+ (kvh % 2) * stride_gh")], tag="_2of8")
+    # the interpreter runs no inline PTX: the dry run times production's add in their place
+    red = ab.patched_module("verify_attention_red", [] if DRY else [(ab.ADD, red_add(False))])
+    red_el = ab.patched_module("verify_attention_red_el",
+                               [] if DRY else [(ab.ADD, red_add(True))])
     rotate = 0 if DRY else ROTATE_ROW_BYTES
     results = []
     for shape in args.shapes.split(","):
@@ -108,6 +134,16 @@ def main():
         kv_el_one = Buffers(kv_shape, torch.float32, device, 0)
         kv_el_rot = Buffers(kv_shape, torch.float32, device, rotate)
         kv16_one = Buffers(kv_shape, half, device, 0)
+        kv_2of8_one = Buffers(kv_shape, torch.float32, device, 0)
+        red_one = Buffers(seq_shape, torch.float32, device, 0)
+        red_el_one = Buffers(seq_shape, torch.float32, device, 0)
+        red_el_rot = Buffers(seq_shape, torch.float32, device, rotate)
+        rplan = red.plan_verify(batch, heads, kv_heads, head_dim, q_len, context,
+                                device=device, collect_rows=None, collect_sum=True)
+        replan = red_el.plan_verify(batch, heads, kv_heads, head_dim, q_len, context,
+                                    device=device, collect_rows=None, collect_sum=True)
+        e2plan = kvhead_el_2of8.plan_verify(batch, heads, kv_heads, head_dim, q_len, context,
+                                            device=device, collect_rows=None, collect_sum=True)
         fills = Buffers(kv_shape, torch.float32, device, rotate)
 
         def off(k, v):
@@ -130,7 +166,12 @@ def main():
                  "kv32": (stored(kvhead, kplan, kv_one), (kv_one, per_kv)),
                  "kv32-el": (stored(kvhead_el, eplan, kv_el_one), (kv_el_one, per_kv)),
                  "kv32-el-rot": (stored(kvhead_el, eplan, kv_el_rot), (kv_el_rot, per_kv)),
-                 "kv16-el": (stored(kvhead_el, eplan, kv16_one), (kv16_one, per_kv))}
+                 "kv16-el": (stored(kvhead_el, eplan, kv16_one), (kv16_one, per_kv)),
+                 "kv32-el-2of8": (stored(kvhead_el_2of8, e2plan, kv_2of8_one), None),
+                 "sum-red": (stored(red, rplan, red_one), (red_one, per_seq)),
+                 "sum-red-el": (stored(red_el, replan, red_el_one), (red_el_one, per_seq)),
+                 "sum-red-el-rot": (stored(red_el, replan, red_el_rot),
+                                    (red_el_rot, per_seq))}
         for name, (call, check) in calls.items():
             call(k0, v0)
             if check is not None:

@@ -52,11 +52,10 @@ production = importlib.import_module("specsim.kernels.verify_attention")
 ADD = 'tl.atomic_add(c_ptrs + keys, row, mask=ok, sem="relaxed")'
 
 
-def per_kv_head_module(store_eviction: str = ""):
+def per_kv_head_module(store_eviction: str = "", extra_edits=(), tag: str = ""):
     """A copy of ``verify_attention`` whose collect_sum stores one row per KV head (session
     13's form) instead of adding into the sequence's row; ``store_eviction`` ("evict_last",
-    ...) is the L2 eviction policy of those stores."""
-    text = open(production.__file__).read()
+    ...) is the L2 eviction policy of those stores; ``extra_edits`` more (old, new) edits."""
     hint = f", eviction_policy={store_eviction!r}" if store_eviction else ""
     edits = [(ADD, f"tl.store(c_ptrs + keys, row, mask=ok{hint})"),
              ("c_ptrs = Logits + b * stride_gb          # one row per sequence",
@@ -66,11 +65,18 @@ def per_kv_head_module(store_eviction: str = ""):
              # a half-precision row too (the store casts): half the bytes written
              ("and logits.dtype == torch.float32",
               "and logits.dtype in (torch.float32, torch.bfloat16, torch.float16)")]
+    name = "verify_attention_kvhead" + (f"_{store_eviction}" if store_eviction else "") + tag
+    return patched_module(name, edits + list(extra_edits))
+
+
+def patched_module(name, edits):
+    """A copy of ``verify_attention`` under ``name`` with each (old, new) text edit made
+    (exits when ``old`` is not in the file: production changed under the probe)."""
+    text = open(production.__file__).read()
     for old, new in edits:
         if old not in text:
             raise SystemExit(f"verify_attention changed: {old!r} not found")
         text = text.replace(old, new)
-    name = "verify_attention_kvhead" + (f"_{store_eviction}" if store_eviction else "")
     path = os.path.join(tempfile.mkdtemp(), name + ".py")
     with open(path, "w") as handle:
         handle.write(text)

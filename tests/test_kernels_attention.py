@@ -552,7 +552,8 @@ def test_c2q_evict_probe_dry_run(tmp_path):
                           env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
     assert done.returncode == 0, done.stderr[-2000:]
     (row,) = json.loads((tmp_path / "c2q_evict_probe.json").read_text())
-    names = {"off", "off+fill", "sum", "sum-rot", "kv32", "kv32-el", "kv32-el-rot", "kv16-el"}
+    names = {"off", "off+fill", "sum", "sum-rot", "kv32", "kv32-el", "kv32-el-rot", "kv16-el",
+             "kv32-el-2of8", "sum-red", "sum-red-el", "sum-red-el-rot"}
     assert set(row) == names | {"shape"}
     assert all(len(row[n]["samples"]) == 2 and row[n]["median"] > 0 for n in names)
 
