@@ -53,6 +53,15 @@ def main():
         production.default_collect_rows(q_len)))[1]
     per_kv = ref.reshape(batch, kv_heads, -1, context).sum(2)
     kvhead = ab.per_kv_head_module()
+    # session 16: the same stores with an L2 evict_last hint, on the whole row and on a quarter
+    # of its lines (the KV heads' programs store into 2 rows, kvh % 2; not checked): do the
+    # hinted lines stay in L2 at 128K (DRAM writes near off's) yet the kernel still run 1.06x?
+    kvhead_el = ab.per_kv_head_module("evict_last")
+    kvhead_el_2of8 = ab.per_kv_head_module("evict_last", extra_edits=[
+        ("+ kvh * stride_gh", "+ (kvh % 2) * stride_gh")], tag="_2of8")
+
+    def kv_rows():
+        return torch.full((batch, kv_heads, 1, context), float("nan"), device=device)
     plans = {
         "off": (production, production.plan_verify(batch, heads, kv_heads, head_dim, q_len,
                                                    context, device=device), None, None),
@@ -62,8 +71,13 @@ def main():
             per_kv.sum(1)),
         "sum-kvhead": (kvhead, kvhead.plan_verify(
             batch, heads, kv_heads, head_dim, q_len, context, device=device, collect_rows=None,
-            collect_sum=True), torch.full((batch, kv_heads, 1, context), float("nan"),
-                                          device=device), per_kv),
+            collect_sum=True), kv_rows(), per_kv),
+        "sum-kvhead-el": (kvhead_el, kvhead_el.plan_verify(
+            batch, heads, kv_heads, head_dim, q_len, context, device=device, collect_rows=None,
+            collect_sum=True), kv_rows(), per_kv),
+        "sum-kvhead-el-2of8": (kvhead_el_2of8, kvhead_el_2of8.plan_verify(
+            batch, heads, kv_heads, head_dim, q_len, context, device=device, collect_rows=None,
+            collect_sum=True), kv_rows(), None),
     }
     for name, (module, plan, rows, want) in plans.items():
         module.verify_attention(q, k, v, lengths, plan, out=out, logits=rows)

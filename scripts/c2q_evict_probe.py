@@ -24,6 +24,8 @@ This times, in one process, with rounds alternating their order (graphs of 8 ms 
                    tile's mma layout holds each column in the 8 lanes of one lane % 4)
     sum-red-el     the same ``red`` with an L2 evict_last cache hint, one buffer
     sum-red-el-rot the same over rotating buffers
+    off-sN, sum-sN off and the summed row with each (sequence, KV head)'s keys cut into N chunks
+                   (--splits): is the row's cost tied to how long one program streams?
 
 If kv32-el on one buffer runs at off's time and kv32-el-rot does not, the cost is the lines'
 write-back, and a row that is consumed while it is still in L2 (one buffer reused layer after
@@ -89,6 +91,10 @@ def main():
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--out", default=os.environ.get("OUT", "benchmarks/out"))
     parser.add_argument("--dry-run", action="store_true")
+    parser.add_argument("--splits", default="",
+                        help="comma-separated chunk counts for the off-sN / sum-sN variants")
+    parser.add_argument("--only", default="",
+                        help="comma-separated variants to time (off always); default all")
     args = parser.parse_args()
     if DRY:
         bk.DEVICE, bk.DTYPE, bk.DRY_RUN = "cpu", torch.float32, True
@@ -172,6 +178,22 @@ def main():
                  "sum-red-el": (stored(red_el, replan, red_el_one), (red_el_one, per_seq)),
                  "sum-red-el-rot": (stored(red_el, replan, red_el_rot),
                                     (red_el_rot, per_seq))}
+        for count in filter(None, args.splits.split(",")):
+            count = int(count)
+            off_n = production.plan_verify(batch, heads, kv_heads, head_dim, q_len, context,
+                                           device=device, num_splits=count)
+            sum_n = production.plan_verify(batch, heads, kv_heads, head_dim, q_len, context,
+                                           device=device, collect_rows=None, collect_sum=True,
+                                           num_splits=count)
+            calls[f"off-s{count}"] = (lambda k, v, p=off_n: production.verify_attention(
+                q, k, v, lengths, p, out=out), None)
+            calls[f"sum-s{count}"] = (stored(production, sum_n, seq_one), (seq_one, per_seq))
+        if args.only:
+            wanted = {"off", *args.only.split(",")}
+            unknown = wanted - set(calls)
+            if unknown:
+                raise SystemExit(f"--only: no variant {sorted(unknown)}")
+            calls = {name: call for name, call in calls.items() if name in wanted}
         for name, (call, check) in calls.items():
             call(k0, v0)
             if check is not None:

@@ -561,8 +561,8 @@ def test_c2q_evict_probe_dry_run(tmp_path):
 @pytest.mark.skipif(GPU, reason="the dry run is the CPU's check of the probe script")
 def test_c2q_counters_dry_run():
     """scripts/c2q_counters.py (interpreter, tiny): off, the per-sequence summed row and the
-    per-KV-head copy each run, and the summed rows match the reference (else it exits
-    non-zero)."""
+    per-KV-head copies (plain, with the evict_last hint, on a quarter of the lines) each run,
+    and the summed rows match the reference (else it exits non-zero)."""
     import subprocess
     import sys
 
@@ -571,8 +571,8 @@ def test_c2q_counters_dry_run():
                            "--dry-run", "--repeats", "1"], capture_output=True, text=True,
                           timeout=600, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
     assert done.returncode == 0, done.stderr[-2000:]
-    assert [line.split(":")[0] for line in done.stdout.splitlines()] == ["off", "sum",
-                                                                        "sum-kvhead"]
+    assert [line.split(":")[0] for line in done.stdout.splitlines()] == [
+        "off", "sum", "sum-kvhead", "sum-kvhead-el", "sum-kvhead-el-2of8"]
 
 
 def test_kernel_resources_compiles_for_hopper_on_the_cpu(tmp_path):
