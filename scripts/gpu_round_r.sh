@@ -15,6 +15,11 @@
 #      run validation round 10. If neither is: an L2 evict_last hint on the adds (inline PTX
 #      red...L2::cache_hint; the row layout is replicated across warps, so only one thread per
 #      element may add) is the next lead.
+#      found (session 16, 57 s; benchmarks/c2q-sum-harness-h200-s16.json): neither. hd128 128K
+#      q8, medians of 5 rounds over off's (8 / 25 ms graphs): sum 1.099 / 1.106, fp32 per KV
+#      head 1.074 / 1.095, bf16 per KV head 1.104 / 1.125; q16: 1.087 / 1.105, 1.225 / 1.254,
+#      1.240 / 1.241; 32K q8: 1.055 / 1.068, 1.050 / 1.058, 1.051 / 1.046. Off itself spread
+#      484-519 us on that machine. Half the bytes, no atomics: no cheaper, no steadier.
 set -u
 export PYTHONPATH=. PYTHONUNBUFFERED=1
 case "${1:-}" in

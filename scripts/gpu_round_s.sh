@@ -5,7 +5,15 @@
 # (DRAM writes ~ the row's bytes: the hint loses to the 2 GB stream, so write-back is still
 # the cost) or stay (DRAM writes ~ off's: something else costs the 6%)?
 #
-#   1  bash scripts/gpu_round_s.sh counters    (Nsight Compute, eager launches, 128K and 32K)
+#   1  bash scripts/gpu_round_s.sh counters    (Nsight Compute, eager launches, 128K and 32K; 42 s)
+#      found (session 16; benchmarks/c2q-counters-h200-s16.txt), us and MB written per launch:
+#      128K: off 469-470 / 2.8-3.0, sum 488-491 / 6.6-7.7, per KV head 498-501 / 19.3-22.5,
+#      + evict_last 490-505 / 12.9-19.2, on a quarter of the lines 487-488 / 6.8-8.5: at 128K
+#      the hint does not keep the lines (they are written back all the same).
+#      32K: off 123.5 / 2.5, sum 132 / 3.4-4.1, per KV head 131.6-133 / 6.4-7.6, + evict_last
+#      129.5-130.3 / 2.4-3.7: at 32K the hint keeps them, and launched alone the row still
+#      costs 5% (in graphs, c2q_evict_probe: 1.004-1.023). Write-back is part of the cost, not
+#      all of it.
 set -u
 export PYTHONPATH=. PYTHONUNBUFFERED=1
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)
