@@ -31,6 +31,11 @@ If kv32-el on one buffer runs at off's time and kv32-el-rot does not, the cost i
 write-back, and a row that is consumed while it is still in L2 (one buffer reused layer after
 layer, ranked right after each layer's verify) would not pay it.
 
+Found (session 16, BENCHMARKS.md): at 32K, kv32-el on one buffer 1.004-1.023x off and its
+rotating twin 1.04-1.06 (Nsight Compute: the hinted lines stay in L2); at 128K the hint does not
+hold the lines, even on a quarter of them, and every form costs 1.04-1.10x; the inline red is
+slower than tl.atomic_add (1.17x); production's summed row stays.
+
     PYTHONPATH=. python3 scripts/c2q_evict_probe.py                 # GPU
     PYTHONPATH=. python3 scripts/c2q_evict_probe.py --dry-run       # CPU, interpreter, tiny
 """
