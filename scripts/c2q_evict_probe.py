@@ -132,12 +132,14 @@ def main():
         per_seq = per_kv.sum(1)                                              # [b, n]
         plain = production.plan_verify(batch, heads, kv_heads, head_dim, q_len, context,
                                        device=device)
-        summed = production.plan_verify(batch, heads, kv_heads, head_dim, q_len, context,
-                                        device=device, collect_rows=None, collect_sum=True)
-        kplan = kvhead.plan_verify(batch, heads, kv_heads, head_dim, q_len, context,
-                                   device=device, collect_rows=None, collect_sum=True)
-        eplan = kvhead_el.plan_verify(batch, heads, kv_heads, head_dim, q_len, context,
-                                      device=device, collect_rows=None, collect_sum=True)
+
+        def summed_plan(module, **options):
+            """``module``'s collect_sum plan at this shape."""
+            return module.plan_verify(batch, heads, kv_heads, head_dim, q_len, context,
+                                      device=device, collect_rows=None, collect_sum=True,
+                                      **options)
+        summed, kplan, eplan = (summed_plan(m) for m in (production, kvhead, kvhead_el))
+        rplan, replan, e2plan = (summed_plan(m) for m in (red, red_el, kvhead_el_2of8))
         seq_shape, kv_shape = (batch, 1, 1, context), (batch, kv_heads, 1, context)
         seq_one = Buffers(seq_shape, torch.float32, device, 0)
         seq_rot = Buffers(seq_shape, torch.float32, device, rotate)
@@ -149,12 +151,6 @@ def main():
         red_one = Buffers(seq_shape, torch.float32, device, 0)
         red_el_one = Buffers(seq_shape, torch.float32, device, 0)
         red_el_rot = Buffers(seq_shape, torch.float32, device, rotate)
-        rplan = red.plan_verify(batch, heads, kv_heads, head_dim, q_len, context,
-                                device=device, collect_rows=None, collect_sum=True)
-        replan = red_el.plan_verify(batch, heads, kv_heads, head_dim, q_len, context,
-                                    device=device, collect_rows=None, collect_sum=True)
-        e2plan = kvhead_el_2of8.plan_verify(batch, heads, kv_heads, head_dim, q_len, context,
-                                            device=device, collect_rows=None, collect_sum=True)
         fills = Buffers(kv_shape, torch.float32, device, rotate)
 
         def off(k, v):
@@ -187,9 +183,7 @@ def main():
             count = int(count)
             off_n = production.plan_verify(batch, heads, kv_heads, head_dim, q_len, context,
                                            device=device, num_splits=count)
-            sum_n = production.plan_verify(batch, heads, kv_heads, head_dim, q_len, context,
-                                           device=device, collect_rows=None, collect_sum=True,
-                                           num_splits=count)
+            sum_n = summed_plan(production, num_splits=count)
             calls[f"off-s{count}"] = (lambda k, v, p=off_n: production.verify_attention(
                 q, k, v, lengths, p, out=out), None)
             calls[f"sum-s{count}"] = (stored(production, sum_n, seq_one), (seq_one, per_seq))
