@@ -57,8 +57,8 @@ def main():
     # of its lines (the KV heads' programs store into 2 rows, kvh % 2; not checked): do the
     # hinted lines stay in L2 at 128K (DRAM writes near off's) yet the kernel still run 1.06x?
     kvhead_el = ab.per_kv_head_module("evict_last")
-    kvhead_el_2of8 = ab.per_kv_head_module("evict_last", extra_edits=[
-        ("+ kvh * stride_gh", "+ (kvh % 2) * stride_gh")], tag="_2of8")
+    kvhead_el_2of8 = ab.per_kv_head_module("evict_last", extra_edits=[ab.TWO_ROWS],
+                                             tag="_2of8")
 
     def kv_rows():
         return torch.full((batch, kv_heads, 1, context), float("nan"), device=device)

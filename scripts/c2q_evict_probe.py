@@ -107,8 +107,8 @@ def main():
     half = torch.float16 if DRY else torch.bfloat16      # the interpreter has no bf16
     kvhead = ab.per_kv_head_module()
     kvhead_el = ab.per_kv_head_module("evict_last")
-    kvhead_el_2of8 = ab.per_kv_head_module("evict_last", extra_edits=[
-        ("+ kvh * stride_gh", "+ (kvh % 2) * stride_gh")], tag="_2of8")
+    kvhead_el_2of8 = ab.per_kv_head_module("evict_last", extra_edits=[ab.TWO_ROWS],
+                                             tag="_2of8")
     # the interpreter runs no inline PTX: the dry run times production's add in their place
     red = ab.patched_module("verify_attention_red", [] if DRY else [(ab.ADD, red_add(False))])
     red_el = ab.patched_module("verify_attention_red_el",

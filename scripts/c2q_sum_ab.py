@@ -50,6 +50,10 @@ import c2q_store_probe as probe  # noqa: E402
 production = importlib.import_module("specsim.kernels.verify_attention")
 
 ADD = 'tl.atomic_add(c_ptrs + keys, row, mask=ok, sem="relaxed")'
+#: an extra edit for ``per_kv_head_module``: the KV heads' programs store into two rows
+#: (kvh % 2), a quarter of the lines at 8 KV heads (a diagnostic of the row's footprint: the
+#: rows are then not checked)
+TWO_ROWS = ("+ kvh * stride_gh", "+ (kvh % 2) * stride_gh")
 
 
 def per_kv_head_module(store_eviction: str = "", extra_edits=(), tag: str = ""):
