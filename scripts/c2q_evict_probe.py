@@ -51,13 +51,10 @@ if DRY:
 
 import torch  # noqa: E402
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "benchmarks"))
-sys.path.insert(0, HERE)
-import bench_kernels as bk  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import c2q_sum_ab as ab  # noqa: E402
 
-production = ab.production
+bk, production = ab.bk, ab.production
 ROTATE_ROW_BYTES = 160e6      # rotating row buffers: well past the H200's 60 MB of L2
 
 
@@ -116,20 +113,9 @@ def main():
     rotate = 0 if DRY else ROTATE_ROW_BYTES
     results = []
     for shape in args.shapes.split(","):
-        head_dim, context, q_len = map(int, shape.split(":"))
-        heads, kv_heads = (8, 2) if DRY else bk.HEADS[head_dim]
-        context = 300 if DRY else context
-        rot = bk.Rotation(batch, kv_heads, context, head_dim)
-        lengths = torch.full((batch,), context, dtype=torch.int32, device=device)
-        if DRY:
-            lengths[0] = context - 37             # ragged, not a block multiple
-        q = torch.randn(batch, q_len, heads, head_dim, device=device, dtype=bk.DTYPE)
-        out = torch.empty_like(q)
+        (head_dim, context, q_len, heads, kv_heads, rot, lengths, q, out, per_kv,
+         per_seq) = ab.shape_inputs(shape, batch, device)
         k0, v0 = rot.caches[0]
-        ref = production.verify_attention_reference(q, k0, v0, lengths, collect_rows=(
-            production.default_collect_rows(q_len)))[1]
-        per_kv = ref.reshape(batch, kv_heads, -1, context).sum(2)          # [b, kvh, n]
-        per_seq = per_kv.sum(1)                                              # [b, n]
         plain = production.plan_verify(batch, heads, kv_heads, head_dim, q_len, context,
                                        device=device)
 
@@ -160,16 +146,12 @@ def main():
             off(k, v)
             fills.next().fill_(0.0)
 
-        def production_sum(buffers):
-            return lambda k, v: production.verify_attention(q, k, v, lengths, summed,
-                                                            out=out, logits=buffers.next())
-
         def stored(module, plan, buffers):
             return lambda k, v: module.verify_attention(q, k, v, lengths, plan, out=out,
                                                         logits=buffers.next())
         calls = {"off": (off, None), "off+fill": (off_fill, None),
-                 "sum": (production_sum(seq_one), (seq_one, per_seq)),
-                 "sum-rot": (production_sum(seq_rot), (seq_rot, per_seq)),
+                 "sum": (stored(production, summed, seq_one), (seq_one, per_seq)),
+                 "sum-rot": (stored(production, summed, seq_rot), (seq_rot, per_seq)),
                  "kv32": (stored(kvhead, kplan, kv_one), (kv_one, per_kv)),
                  "kv32-el": (stored(kvhead_el, eplan, kv_el_one), (kv_el_one, per_kv)),
                  "kv32-el-rot": (stored(kvhead_el, eplan, kv_el_rot), (kv_el_rot, per_kv)),

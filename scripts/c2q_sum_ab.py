@@ -101,6 +101,29 @@ def check_rows(name, got, want, lengths):
             raise SystemExit(f"{name}: summed row off by {error:.1e}")
 
 
+def shape_inputs(shape, batch, device):
+    """One probe shape ("head_dim:context:q"; the dry run: 8 query / 2 KV heads, 300 keys, the
+    first sequence 37 shorter) as ``(head_dim, context, q_len, heads, kv_heads, rot, lengths,
+    q, out, per_kv, per_seq)``: rotating KV caches, random queries, an output buffer and the
+    reference's collected logits summed per KV head [b, kvh, n] and per sequence [b, n] on
+    the first cache."""
+    head_dim, context, q_len = map(int, shape.split(":"))
+    heads, kv_heads = (8, 2) if DRY else bk.HEADS[head_dim]
+    context = 300 if DRY else context
+    rot = bk.Rotation(batch, kv_heads, context, head_dim)
+    lengths = torch.full((batch,), context, dtype=torch.int32, device=device)
+    if DRY:
+        lengths[0] = context - 37             # ragged, not a block multiple
+    q = torch.randn(batch, q_len, heads, head_dim, device=device, dtype=bk.DTYPE)
+    out = torch.empty_like(q)
+    k0, v0 = rot.caches[0]
+    ref = production.verify_attention_reference(q, k0, v0, lengths, collect_rows=(
+        production.default_collect_rows(q_len)))[1]
+    per_kv = ref.reshape(batch, kv_heads, -1, context).sum(2)          # [b, kvh, n]
+    return (head_dim, context, q_len, heads, kv_heads, rot, lengths, q, out, per_kv,
+            per_kv.sum(1))
+
+
 def harness_rounds(calls, rot, rounds, hows):
     """Median and spread over ``rounds`` of each call timed in graphs of 8 or 25 ms ("8ms",
     "25ms") and as back-to-back launches ("events"), as ``hows`` lists, each round in the order
@@ -136,20 +159,9 @@ def main():
     kvhead = per_kv_head_module()
     results = []
     for shape in args.shapes.split(","):
-        head_dim, context, q_len = map(int, shape.split(":"))
-        heads, kv_heads = (8, 2) if DRY else bk.HEADS[head_dim]
-        context = 300 if DRY else context
-        rot = bk.Rotation(batch, kv_heads, context, head_dim)
-        lengths = torch.full((batch,), context, dtype=torch.int32, device=device)
-        if DRY:
-            lengths[0] = context - 37             # ragged, not a block multiple
-        q = torch.randn(batch, q_len, heads, head_dim, device=device, dtype=bk.DTYPE)
-        out = torch.empty_like(q)
+        (head_dim, context, q_len, heads, kv_heads, rot, lengths, q, out, per_kv,
+         per_seq) = shape_inputs(shape, batch, device)
         k0, v0 = rot.caches[0]
-        ref = production.verify_attention_reference(q, k0, v0, lengths, collect_rows=(
-            production.default_collect_rows(q_len)))[1]
-        per_kv = ref.reshape(batch, kv_heads, -1, context).sum(2)          # [b, kvh, n]
-        per_seq = per_kv.sum(1)                                              # [b, n]
         summed = production.plan_verify(batch, heads, kv_heads, head_dim, q_len, context,
                                         device=device, collect_rows=None, collect_sum=True)
         plain = production.plan_verify(batch, heads, kv_heads, head_dim, q_len, context,
