@@ -16,7 +16,8 @@ from specsim.costs import RooflineCostModel
 from specsim.simulator import SimConfig, Simulation, all_at_once
 from specsim.simulator.acceptance_source import make_source
 from specsim.simulator.fastpath import cost_grid, replay_single_sequence
-from specsim.specs import REPO_ROOT, load_hardware, load_model
+from specsim.shipped import shipped_path
+from specsim.specs import load_hardware, load_model
 from specsim.traces import read_trace
 
 
@@ -37,7 +38,7 @@ def main():
                                   grid=grid)
     fast_s = time.perf_counter() - t0
 
-    trace = read_trace(REPO_ROOT / "traces" / "synthetic-sparse-selfspec.jsonl")
+    trace = read_trace(shipped_path("traces/synthetic-sparse-selfspec.jsonl"))
     group = trace.groups()[("vegas", 0.07)]
     prompts = np.resize([int(r.context[0]) for r in group.requests], args.requests)
     arrivals = all_at_once(args.requests, prompts, args.output_tokens)

@@ -11,7 +11,7 @@ import os
 import click
 
 from specsim.errors import SpecsimError
-from specsim.specs import shipped_file
+from specsim.shipped import shipped_file
 
 # the same defaults as `specsim predict`
 DEFAULT_TRACE = "traces/smollm2-135m-greedy-bf16-h200-continuous.jsonl"
@@ -22,8 +22,8 @@ DEFAULT_OUT = "specsim-dashboard.html"
 #: validation run of the model on the hardware shown first (`specsim validate report --json`
 #: of plans made before their runs; VALIDATION.md).
 SHIPPED_VALIDATION = {
-    ("smollm2-135m", "h200"): "benchmarks/validation-report-h200-r7.json",
-    ("qwen3-8b", "h200"): "benchmarks/validation-report-h200-r9-qwen3-8b.json",
+    ("smollm2-135m", "h200"): "models/validation/h200-smollm2-135m-report.json",
+    ("qwen3-8b", "h200"): "models/validation/h200-qwen3-8b-report.json",
 }
 FORMATS = ("auto", "specsim", "vllm-metrics", "vllm-requests", "specbench")
 

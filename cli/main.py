@@ -204,7 +204,7 @@ def predict(trace_path, fmt, model, hardware, batch, context, tp, k_max, policy,
 
 
 def _default_trace() -> str:
-    from specsim.specs import shipped_file
+    from specsim.shipped import shipped_file
     return shipped_file(DEFAULT_TRACE) or DEFAULT_TRACE
 
 

@@ -9,11 +9,11 @@ import sys
 import click
 
 from specsim.errors import SpecsimError
-from specsim.specs import shipped_file
+from specsim.shipped import shipped_file
 
 REAL_TRACE = "traces/smollm2-135m-greedy.jsonl"
 SYNTHETIC_TRACE = "traces/synthetic-sparse-selfspec.jsonl"
-SHIPPED_PROXY = "benchmarks/review-proxy-smollm2-135m.json"
+SHIPPED_PROXY = "traces/review-proxy-smollm2-135m.json"
 
 
 def _default_trace() -> str:

@@ -5,7 +5,8 @@ import click
 
 from specsim.errors import SpecsimError
 
-DEFAULT_PLAN = "benchmarks/validation-plan-h200.json"
+#: Where `validate plan` writes its plan and the other subcommands read it: this folder.
+DEFAULT_PLAN = "validation-plan.json"
 
 
 def _ints(text):

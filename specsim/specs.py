@@ -9,26 +9,12 @@ them. Both can be given by catalogue name (``models/<name>/config.json``,
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from specsim.errors import SpecsimError, UnknownNameError
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-
-
-def shipped_file(relative: str) -> str | None:
-    """The repository's file at ``relative`` (a shipped trace, report, ...), or None where
-    this install has no such file (e.g. a wheel without the data)."""
-    path = REPO_ROOT / relative
-    return str(path) if path.exists() else None
-
-
-def catalog_dir() -> Path:
-    """Folder holding the shipped ``models/`` catalogue (override with SPECSIM_MODELS)."""
-    env = os.environ.get("SPECSIM_MODELS")
-    return Path(env) if env else REPO_ROOT / "models"
+from specsim.shipped import catalog_dir  # noqa: E402,F401  (the catalogue folder)
 
 
 # --------------------------------------------------------------------------------------------

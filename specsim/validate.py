@@ -89,15 +89,14 @@ class Setup:
 
 
 def repo_file(path: str) -> tuple[str, str]:
-    """(where ``path`` is: as given, else under the repository; how a plan names it: relative
-    to the repository when inside it, so the GPU machine's copy of the tree finds it)."""
-    from specsim.specs import REPO_ROOT, shipped_file
+    """(where ``path`` is: as given, else specsim's shipped file of that name; how a plan names
+    it: its shipped name when it is shipped data, so that any install finds it)."""
+    from specsim.shipped import display_name, resolve
 
-    found = path if os.path.exists(path) else shipped_file(path)
-    if found is None:
-        raise SpecsimError(f"{path} not found (here or under {REPO_ROOT})")
-    rel = os.path.relpath(os.path.abspath(found), REPO_ROOT)
-    return found, found if rel.startswith("..") else rel
+    found = resolve(path)
+    if not os.path.exists(found):
+        raise SpecsimError(f"{path} not found (here or in specsim's shipped data)")
+    return found, display_name(found)
 
 
 def prompts_from_file(path: str, sha256: str | None, names: list[str]) -> list[list[int]]:

@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from specsim.specs import REPO_ROOT
+from repo import REPO_ROOT
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU runs the real benchmark")

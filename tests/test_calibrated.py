@@ -12,7 +12,8 @@ from specsim.costs.calibrated import (Calibration, CalibratedCostModel, Measurem
                                       held_out_check, isotonic, merge_calibrations,
                                       read_calibration, replace_ops)
 from specsim.errors import SpecsimError
-from specsim.specs import REPO_ROOT, load_hardware, load_model
+from repo import REPO_ROOT
+from specsim.specs import load_hardware, load_model
 
 MODEL = load_model("llama-3.1-8b")
 HW = load_hardware("h200")
@@ -269,7 +270,7 @@ def test_shipped_calibration_is_used_by_default(tmp_path, monkeypatch):
 
     from specsim.cli.main import cli
     from specsim.costs import make_cost_model
-    from specsim.specs import REPO_ROOT
+    from repo import REPO_ROOT
     catalog = tmp_path / "models"
     shutil.copytree(REPO_ROOT / "models" / "hardware", catalog / "hardware")
     shutil.copytree(REPO_ROOT / "models" / "llama-3.1-8b", catalog / "llama-3.1-8b")

@@ -23,7 +23,8 @@ from specsim.dashboards.validation import (ReadContext, ValidationPoint, load_va
                                            register_reader, validation_data)
 from specsim.errors import SpecsimError
 from specsim.predict import PredictOptions, predict_trace
-from specsim.specs import REPO_ROOT, load_hardware, load_model
+from repo import REPO_ROOT
+from specsim.specs import load_hardware, load_model
 from specsim.traces.format import RequestTrace, make_header, read_trace, write_trace
 
 SHIPPED = REPO_ROOT / "traces" / "synthetic-sparse-selfspec.jsonl"
@@ -492,7 +493,7 @@ def test_dashboard_shows_the_shipped_validation_by_default(tmp_path):
     of the trace's model on the first hardware (SmolLM2 on the H200: round 6, 50
     configurations); --calibration none leaves them out; a model with no shipped run has none."""
     from specsim.cli.dashboard_cmd import SHIPPED_VALIDATION
-    from specsim.specs import REPO_ROOT
+    from repo import REPO_ROOT
 
     for path in SHIPPED_VALIDATION.values():
         assert (REPO_ROOT / path).exists(), path

@@ -19,7 +19,8 @@ import pytest
 
 from specsim.dashboards import DashboardOptions, Validation, build_dashboard
 from specsim.dashboards.validation import ValidationPoint
-from specsim.specs import REPO_ROOT, load_hardware, load_model
+from repo import REPO_ROOT
+from specsim.specs import load_hardware, load_model
 from specsim.traces.format import read_trace
 
 CHROMIUM = next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome")

@@ -464,117 +464,6 @@ def test_fp32_caches_get_configs_that_fit_in_shared_memory():
     assert tile(bn, stages, 4) <= tile(128, 3, 2) and stages >= 1 and bn >= 16
 
 
-@pytest.mark.skipif(GPU, reason="the dry run is the CPU's check of the probe script")
-def test_c2q_store_probe_dry_run(tmp_path):
-    """scripts/c2q_store_probe.py runs every collect variant (interpreter, tiny ragged shapes):
-    each one's attention output matches the production kernel's and, where it writes real
-    logits, they match the reference's (per-head rows, key-major, summed per KV head in fp32
-    or bf16, or summed over every head of the sequence by atomic adds)."""
-    import json
-    import subprocess
-    import sys
-
-    from specsim.specs import REPO_ROOT
-    variants = ("off,rows,dot-only,store-only,keys,late,sum-main,sum-sep,rows-l2,sum-l2,"
-                "sum-nostore,sum-bf16,sum-seq,off.masked")
-    done = subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "c2q_store_probe.py"),
-                           "--dry-run", "--head-dims", "128", "--q-lens", "8", "--variants",
-                           variants, "--sum-configs", "64:4:3:2", "--off-configs",
-                           "64:4:3:2", "--shared-kv", "--out", str(tmp_path)],
-                          capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
-    assert done.returncode == 0, done.stderr[-2000:]
-    rows = json.loads((tmp_path / "c2q_store_probe.json").read_text())
-    by_name = {r["variant"]: r for r in rows}
-    assert set(by_name) == set(variants.split(",")) | {"prod-off", "prod-rows", "prod-sum",
-                                                       "sum 64:4:3:2", "off 64:4:3:2"}
-    production = [r for r in rows if "shared_kv_strides" in r]     # --shared-kv reached them
-    assert {r["variant"] for r in production} == {"prod-off", "prod-rows", "prod-sum",
-                                                  "sum 64:4:3:2", "off 64:4:3:2"}
-    assert all(r["shared_kv_strides"] for r in production)
-    assert by_name["off 64:4:3:2"]["logits_error"] is None
-    assert all(r["out_error"] < 1e-2 for r in rows)
-    checked = [n for n, r in by_name.items() if r.get("logits_error") is not None]
-    assert set(checked) == {"rows", "keys", "late", "sum-main", "sum-sep", "sum-bf16",
-                            "sum-seq", "prod-rows", "prod-sum", "sum 64:4:3:2"}
-    assert all(by_name[n]["logits_error"] < 2e-2 for n in checked)
-
-
-@pytest.mark.skipif(GPU, reason="the dry run is the CPU's check of the probe script")
-def test_c2q_sum_ab_dry_run(tmp_path):
-    """scripts/c2q_sum_ab.py (interpreter, tiny ragged shapes): production's per-sequence
-    summed row, the same call as bench_kernels makes it, session 13's per-KV-head copy of the
-    kernel and the probe's sum-seq each match the reference's sums (the script exits non-zero
-    otherwise) and are timed beside the kernel with collecting off."""
-    import json
-    import subprocess
-    import sys
-
-    from specsim.specs import REPO_ROOT
-    done = subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "c2q_sum_ab.py"),
-                           "--dry-run", "--shapes", "128:300:8,64:300:4", "--out",
-                           str(tmp_path)], capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
-    assert done.returncode == 0, done.stderr[-2000:]
-    rows = json.loads((tmp_path / "c2q_sum_ab.json").read_text())
-    assert [r["shape"] for r in rows] == ["128:300:8", "64:300:4"]
-    names = {"off", "sum", "sum-bench", "sum-kvhead", "probe-seq", "probe-off"}
-    assert all(set(r) == names | {"shape"} and all(r[n] > 0 for n in names) for r in rows)
-    # --harness: off, the summed row (both buffers) and the plain-store rows per KV head (fp32,
-    # half), each checked, in 8 and 25 ms graphs and back-to-back, every combination once per
-    # round
-    done = subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "c2q_sum_ab.py"),
-                           "--dry-run", "--harness", "--rounds", "2", "--shapes", "128:300:8",
-                           "--out", str(tmp_path)], capture_output=True, text=True,
-                          timeout=600, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
-    assert done.returncode == 0, done.stderr[-2000:]
-    (row,) = json.loads((tmp_path / "c2q_sum_ab.json").read_text())
-    labels = {f"{n} {how}" for n in ("off", "sum", "sum-empty", "sum-kvhead", "sum-kvhead-half")
-              for how in ("8ms", "25ms", "events")}
-    assert set(row) == labels | {"shape"}
-    assert all(len(row[label]["samples"]) == 2 and row[label]["median"] > 0 for label in labels)
-
-
-@pytest.mark.skipif(GPU, reason="the dry run is the CPU's check of the probe script")
-def test_c2q_evict_probe_dry_run(tmp_path):
-    """scripts/c2q_evict_probe.py (interpreter, tiny ragged shape): every row it times (the
-    summed row on one and on rotating buffers, the per-KV-head rows with and without the L2
-    evict_last hint, fp32 and half) matches the reference's sums (else it exits non-zero), and
-    every variant is timed in each round beside off."""
-    import json
-    import subprocess
-    import sys
-
-    from specsim.specs import REPO_ROOT
-    done = subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "c2q_evict_probe.py"),
-                           "--dry-run", "--rounds", "2", "--shapes", "128:300:8", "--out",
-                           str(tmp_path)], capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
-    assert done.returncode == 0, done.stderr[-2000:]
-    (row,) = json.loads((tmp_path / "c2q_evict_probe.json").read_text())
-    names = {"off", "off+fill", "sum", "sum-rot", "kv32", "kv32-el", "kv32-el-rot", "kv16-el",
-             "kv32-el-2of8", "sum-red", "sum-red-el", "sum-red-el-rot"}
-    assert set(row) == names | {"shape"}
-    assert all(len(row[n]["samples"]) == 2 and row[n]["median"] > 0 for n in names)
-
-
-@pytest.mark.skipif(GPU, reason="the dry run is the CPU's check of the probe script")
-def test_c2q_counters_dry_run():
-    """scripts/c2q_counters.py (interpreter, tiny): off, the per-sequence summed row and the
-    per-KV-head copies (plain, with the evict_last hint, on a quarter of the lines) each run,
-    and the summed rows match the reference (else it exits non-zero)."""
-    import subprocess
-    import sys
-
-    from specsim.specs import REPO_ROOT
-    done = subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "c2q_counters.py"),
-                           "--dry-run", "--repeats", "1"], capture_output=True, text=True,
-                          timeout=600, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert [line.split(":")[0] for line in done.stdout.splitlines()] == [
-        "off", "sum", "sum-kvhead", "sum-kvhead-el", "sum-kvhead-el-2of8"]
-
-
 def test_kernel_resources_compiles_for_hopper_on_the_cpu(tmp_path):
     """scripts/kernel_resources.py compiles the verify kernel for sm_90 without a GPU, with
     Triton's argument specialisation (without it the K/V loads are neither vectorised nor
@@ -585,7 +474,7 @@ def test_kernel_resources_compiles_for_hopper_on_the_cpu(tmp_path):
 
     import triton
 
-    from specsim.specs import REPO_ROOT
+    from repo import REPO_ROOT
     if not os.path.exists(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia",
                                        "bin", "ptxas")):
         pytest.skip("this Triton wheel ships no ptxas")

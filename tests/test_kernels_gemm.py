@@ -89,7 +89,7 @@ def test_benchmark_script_dry_run(tmp_path):
     import subprocess
     import sys
 
-    from specsim.specs import REPO_ROOT
+    from repo import REPO_ROOT
     done = subprocess.run([sys.executable, str(REPO_ROOT / "benchmarks" / "bench_skinny_gemm.py"),
                            "--dry-run", "--models", "smollm2-135m", "--out", str(tmp_path)],
                           capture_output=True, text=True, timeout=300)

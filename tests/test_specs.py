@@ -147,7 +147,7 @@ def test_model_for_trace_defaults_to_the_recorded_model():
 
 
 def test_shipped_file_finds_repository_files_from_anywhere(tmp_path, monkeypatch):
-    from specsim.specs import shipped_file
+    from specsim.shipped import shipped_file
     monkeypatch.chdir(tmp_path)
     found = shipped_file("traces/README.md")
     assert found is not None and found.endswith("traces/README.md") and Path(found).is_file()

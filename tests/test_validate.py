@@ -427,7 +427,7 @@ def test_smollm2_table_script_builds_its_setups_and_speedups():
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "scripts" / "smollm2_table.py"
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_smollm2_table.py"
     spec = importlib.util.spec_from_file_location("smollm2_table", path)
     T = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(T)
@@ -485,10 +485,10 @@ def test_report_finds_the_plans_trace_from_any_directory(tmp_path, monkeypatch):
     from click.testing import CliRunner
 
     from specsim.cli.main import cli
-    from specsim.specs import REPO_ROOT
+    from repo import REPO_ROOT
     monkeypatch.chdir(tmp_path)
     r = CliRunner().invoke(cli, [
-        "validate", "report", "--plan", str(REPO_ROOT / "benchmarks/validation-plan-h200-r7.json"),
-        "--measured", str(REPO_ROOT / "benchmarks/validation-measured-h200-r7.json")])
+        "validate", "report", "--plan", str(REPO_ROOT / "models/validation/h200-smollm2-135m-plan.json"),
+        "--measured", str(REPO_ROOT / "models/validation/h200-smollm2-135m-measured.json")])
     assert r.exit_code == 0, r.output
     assert "Answers decoded exactly as the trace recorded them" in r.output

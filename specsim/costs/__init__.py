@@ -77,12 +77,7 @@ def engine_summary(calibration) -> str:
 
 
 def _shown(path) -> str:
-    """A shipped calibration's path relative to the repository (reports get committed: an
+    """A shipped calibration's path as its name in the repository (reports get committed: an
     absolute path names one machine's checkout), any other path as given."""
-    from pathlib import Path
-
-    from specsim.specs import REPO_ROOT
-    try:
-        return str(Path(path).resolve().relative_to(REPO_ROOT))
-    except ValueError:
-        return str(path)
+    from specsim.shipped import display_name
+    return display_name(path)

@@ -1,0 +1,1 @@
+"""Shipped data, installed as ``specsim.data.models``: read it through ``specsim.shipped``."""

@@ -1,0 +1,1 @@
+"""Shipped data, installed as ``specsim.data.traces``: read it through ``specsim.shipped``."""
