@@ -5,7 +5,7 @@ a wheel).
 Shipped files are named by their path in the repository (``models/qwen3-8b/config.json``,
 ``traces/synthetic-sparse-selfspec.jsonl``); :func:`shipped_path` turns that name into a file
 on disk through :mod:`importlib.resources`. ``SPECSIM_MODELS`` names a user's own catalogue
-folder, searched before the shipped one.
+folder (laid out as ``models/``), searched before the shipped one (:func:`catalog_file`).
 """
 from __future__ import annotations
 
@@ -69,11 +69,37 @@ def shipped_root(top: str) -> Path:
     return Path(_extracted.enter_context(resources.as_file(node)))
 
 
-def catalog_dir() -> Path:
-    """Folder holding the model and hardware catalogue: ``$SPECSIM_MODELS`` if set (a user's
-    own catalogue), else the shipped ``models/``."""
+def catalog_dirs() -> list[Path]:
+    """Folders holding the model and hardware catalogue, searched in order: ``$SPECSIM_MODELS``
+    (a user's own catalogue, laid out as ``models/``) where set, then the shipped ``models/``."""
     env = os.environ.get("SPECSIM_MODELS")
-    return Path(env) if env else shipped_root("models")
+    return ([Path(env)] if env else []) + [shipped_root("models")]
+
+
+def catalog_dir() -> Path:
+    """The first catalogue folder (:func:`catalog_dirs`): the user's own where set."""
+    return catalog_dirs()[0]
+
+
+def catalog_file(relative: str) -> Path:
+    """``relative`` (``qwen3-8b/config.json``, ``calibrations/h200/qwen3-8b.json``) in the
+    first catalogue folder that has it; where none has it, its path in the first folder (for
+    the caller's own 'no such file' handling)."""
+    dirs = catalog_dirs()
+    for folder in dirs:
+        if (folder / relative).is_file():
+            return folder / relative
+    return dirs[0] / relative
+
+
+def catalog_names(folder: str = "", pattern: str = "*") -> list[str]:
+    """Names matching ``pattern`` in ``folder`` of every catalogue folder, user's first, each
+    once: e.g. ``catalog_names("hardware", "*.json")``."""
+    seen: dict[str, None] = {}
+    for root in catalog_dirs():
+        for path in sorted((root / folder).glob(pattern)):
+            seen.setdefault(path.name, None)
+    return list(seen)
 
 
 def display_name(path: str | os.PathLike) -> str:
