@@ -149,7 +149,8 @@ class _Checker:
             if nullable or optional:
                 return None
             self.fail(key, "must not be null")
-        if isinstance(value, bool) and bool not in (kinds if isinstance(kinds, tuple) else (kinds,)):
+        allowed = kinds if isinstance(kinds, tuple) else (kinds,)
+        if isinstance(value, bool) and bool not in allowed:
             self.fail(key, f"expected {_kind_name(kinds)}, got a boolean")
         if not isinstance(value, kinds):
             self.fail(key, f"expected {_kind_name(kinds)}, got {type(value).__name__}")
@@ -259,29 +260,46 @@ def parse_record(obj, path: str | None, line: int) -> RequestTrace | HistogramTr
     raise AssertionError  # unreachable
 
 
-def _json_lines(path: str) -> Iterator[tuple[int, object]]:
-    with open(path, "rb") as fh:
+def text_lines(path: str) -> Iterator[tuple[int, str]]:
+    """The lines of a text file as (1-based number, text without the line end).
+
+    Raises :class:`TraceError` naming the file (and the line, for bytes that are not UTF-8)
+    when it is missing, a directory, unreadable or not text.
+    """
+    if not os.path.exists(path):
+        raise TraceError("no such file", path=path)
+    if os.path.isdir(path):
+        raise TraceError("is a directory, not a trace file", path=path)
+    try:
+        fh = open(path, "rb")
+    except OSError as exc:
+        raise TraceError(f"cannot read: {exc.strerror}", path=path) from None
+    with fh:
         for n, raw_bytes in enumerate(fh, start=1):
             try:
                 raw = raw_bytes.decode("utf-8")
             except UnicodeDecodeError as exc:
                 raise TraceError(f"not UTF-8 text (byte {exc.start + 1})", path=path,
                                  line=n) from None
-            if not raw.strip():
-                continue
-            try:
-                yield n, json.loads(raw)
-            except json.JSONDecodeError as exc:
-                raise TraceError(f"bad JSON: {exc.msg} (column {exc.colno})", path=path,
-                                 line=n) from None
+            yield n, raw.rstrip("\r\n")
+
+
+def json_lines(path: str) -> Iterator[tuple[int, object]]:
+    """The non-blank lines of a JSON Lines file as (line number, parsed value)."""
+    for n, text in text_lines(path):
+        if not text.strip():
+            continue
+        try:
+            yield n, json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise TraceError(f"bad JSON: {exc.msg} (column {exc.colno})", path=path,
+                             line=n) from None
 
 
 def read_trace(path: str | os.PathLike) -> Trace:
     """Read and validate a specsim v1 trace."""
     path = str(path)
-    if not os.path.exists(path):
-        raise TraceError("no such file", path=path)
-    lines = _json_lines(path)
+    lines = json_lines(path)
     first = next(lines, None)
     if first is None:
         raise TraceError("empty file: expected a header line", path=path, line=1)

@@ -1,0 +1,60 @@
+"""Importers: turn what real systems record into specsim traces (format v1).
+
+One module per input format, each with its ``NAME`` (as :data:`FORMATS` lists it), what its
+content looks like, and its importer:
+
+* :mod:`~specsim.traces.importers.native` ``specsim``: the native format
+  (:mod:`specsim.traces.format`).
+* :mod:`~specsim.traces.importers.vllm_metrics` ``vllm-metrics``: a dump of vLLM's Prometheus
+  ``/metrics`` endpoint; one histogram record per label set.
+* :mod:`~specsim.traces.importers.vllm_requests` ``vllm-requests``: vLLM's per-request
+  spec-decode statistics as JSON Lines; request or histogram records.
+* :mod:`~specsim.traces.importers.specbench` ``specbench``: Spec-Bench answer files; one
+  request record per (question, choice).
+
+:func:`load_trace` detects the format (:mod:`~specsim.traces.importers.detect`) and
+dispatches. Every importer validates its input and raises :class:`~specsim.errors.TraceError`
+naming the file, the line and the field; every record it builds is re-validated by
+:func:`~specsim.traces.format.parse_record`. Data problems that do not make the input wrong
+(e.g. fewer drafted tokens than ``k * num_drafts``) are issued as :class:`TraceImportWarning`
+and listed in the header under ``"import_warnings"``.
+"""
+from __future__ import annotations
+
+import inspect
+import os
+
+from specsim.errors import TraceError
+from specsim.traces.format import Trace
+from specsim.traces.importers import native, specbench, vllm_metrics, vllm_requests
+from specsim.traces.importers.common import TraceImportWarning
+from specsim.traces.importers.detect import FORMAT_HELP, FORMATS, detect_format
+from specsim.traces.importers.specbench import import_specbench
+from specsim.traces.importers.vllm_metrics import import_vllm_metrics
+from specsim.traces.importers.vllm_requests import import_vllm_requests
+
+__all__ = ["FORMATS", "TraceImportWarning", "detect_format", "load_trace", "import_vllm_metrics",
+           "import_vllm_requests", "import_specbench"]
+
+_IMPORTERS = {native.NAME: native.import_native, vllm_metrics.NAME: import_vllm_metrics,
+              vllm_requests.NAME: import_vllm_requests, specbench.NAME: import_specbench}
+
+
+def load_trace(path: str | os.PathLike, format: str | None = None, **options) -> Trace:
+    """Read any supported trace: ``format`` is one of :data:`FORMATS` or None to detect it.
+
+    ``options`` go to the importer (``policy``, ``s``, and ``k`` for vllm-requests/specbench);
+    a native trace takes none.
+    """
+    path = str(path)
+    name = detect_format(path) if format is None else format
+    if name not in _IMPORTERS:
+        raise TraceError(f"unknown trace format {name!r}; " + FORMAT_HELP, path=path)
+    importer = _IMPORTERS[name]
+    if name != native.NAME:
+        known = [p for p in inspect.signature(importer).parameters if p != "path"]
+        unknown = sorted(set(options) - set(known))
+        if unknown:
+            raise TraceError(f"options {unknown} do not apply to {name} traces (it takes "
+                             f"{', '.join(known)})", path=path)
+    return importer(path, **options)

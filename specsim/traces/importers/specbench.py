@@ -1,0 +1,120 @@
+"""Importer for Spec-Bench answer files (github.com/hemingkx/Spec-Bench).
+
+``evaluation/eval.py`` and ``evaluation/inference_*.py`` write one line per question with
+``question_id``, ``model_id`` and ``choices: [{"index", "turns", "decoding_steps" | "idxs",
+"new_tokens", "wall_time", "accept_lengths"}]``. ``accept_lengths`` holds, per decoding step,
+the number of tokens the step appended to the sequence (``new_cur_len - cur_len`` in
+``model/sps/decoding.py``, ``input_ids.shape[1] - cur_length`` in ``inference_eagle.py``), i.e.
+accepted drafts + the bonus token: m = accept_length - 1. Spec-Bench concatenates the steps of
+all turns of a choice into one list, so each (question, choice) becomes one ``request`` record
+with id ``"<question_id>:<index>"``, turns concatenated. The prompt length is not recorded:
+context = 1 + Σ previous accept_lengths, ``"context_known": false``. k (drafts per step) is
+not recorded either: pass ``k=``; otherwise the largest ``accept_length - 1`` in the file is
+used as a lower bound and the header says ``"k_inferred": true``.
+
+Capture: the ``--answer-file`` a Spec-Bench ``evaluation/inference_*.py`` run writes.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from specsim.errors import TraceError
+from specsim.traces.format import RequestTrace, Trace
+from specsim.traces.importers.common import (FieldReader, check_k, check_policy, check_sparsity,
+                                             import_header, json_objects, single_model,
+                                             validated, warn)
+
+NAME = "specbench"
+SUMMARY = "Spec-Bench answers with choices[].accept_lengths"
+
+
+def recognises(first: dict) -> bool:
+    """Whether a file whose first JSON object is ``first`` holds Spec-Bench answers."""
+    choices = first.get("choices")
+    return (isinstance(choices, list) and bool(choices) and isinstance(choices[0], dict)
+            and "accept_lengths" in choices[0])
+
+
+def _answers(path: str, notes: list[str]) -> tuple[list[tuple[int, str, list[int], str]], list]:
+    """(line, request id, accept_lengths, field) of every choice that took a step, and the
+    ``model_id`` of every line."""
+    rows: list[tuple[int, str, list[int], str]] = []
+    seen: dict[str, int] = {}
+    models = []
+    any_line = False
+    for n, obj in json_objects(path):
+        any_line = True
+        reader = FieldReader(path, n)
+        if "question_id" not in obj:
+            reader.fail("question_id", "missing")
+        qid = obj["question_id"]
+        if isinstance(qid, bool) or not isinstance(qid, (str, int)):
+            reader.fail("question_id", f"expected a string or integer, got {qid!r}")
+        models.append(obj.get("model_id"))
+        choices = obj.get("choices")
+        if not isinstance(choices, list) or not choices:
+            reader.fail("choices", "expected a non-empty list of choices")
+        for ci, choice in enumerate(choices):
+            if not isinstance(choice, dict):
+                reader.fail(f"choices[{ci}]", "expected an object")
+            af = f"choices[{ci}].accept_lengths"
+            if "accept_lengths" not in choice:
+                reader.fail(af, "missing")
+            lengths = reader.int_list(choice["accept_lengths"], af, minimum=1)
+            index = choice.get("index", ci)
+            if isinstance(index, bool) or not isinstance(index, int):
+                reader.fail(f"choices[{ci}].index", f"expected an integer, got {index!r}")
+            rid = f"{qid}:{index}"
+            if rid in seen:
+                reader.fail(f"choices[{ci}].index" if "index" in choice else "question_id",
+                            f"duplicate question/choice {rid!r} (first on line {seen[rid]})")
+            seen[rid] = n
+            if not lengths:
+                warn(notes, f"line {n} ({rid}): no decoding steps recorded; skipped")
+                continue
+            rows.append((n, rid, lengths, af))
+    if not any_line:
+        raise TraceError("empty file: no answers", path=path, line=1)
+    if not rows:
+        raise TraceError("no answer recorded any decoding step", path=path)
+    return rows, models
+
+
+def import_specbench(path: str | os.PathLike, *, k: int | None = None, policy: str = "unknown",
+                     s: float | None = None) -> Trace:
+    """Convert a Spec-Bench answer file into one request record per (question, choice).
+
+    ``accept_lengths[j]`` is the number of tokens step j emitted (accepted drafts + 1), so
+    m = accept_length - 1; turns are concatenated (Spec-Bench already concatenates them).
+    With ``k`` given, every m must be ≤ k; without it, k = max(accept_lengths) - 1 over the whole
+    file (a lower bound, flagged ``"k_inferred": true`` in the header).
+    """
+    path = str(path)
+    policy, s = check_policy(policy, path), check_sparsity(s, path)
+    k = check_k(k, path)
+    notes: list[str] = []
+    rows, models = _answers(path, notes)
+    k_inferred = k is None
+    if k_inferred:
+        k = max(1, max(max(lengths) for _, _, lengths, _ in rows) - 1)
+        warn(notes, f"k not given: using k = max(accept_lengths) - 1 = {k}, a lower bound on the "
+                    f"drafts per step")
+    requests = []
+    for n, rid, lengths, af in rows:
+        m = np.asarray(lengths, dtype=np.int64) - 1
+        over = np.flatnonzero(m > k)
+        if over.size:
+            j = int(over[0])
+            raise TraceError(f"step emitted {lengths[j]} tokens = {m[j]} accepted drafts + 1, "
+                             f"more than k = {k} allows", path=path, line=n, field=f"{af}[{j}]")
+        context = 1 + np.concatenate(([0], np.cumsum(lengths)[:-1])).astype(np.int64)
+        rec = RequestTrace(rid, policy, s, context, np.full(m.size, k, dtype=np.int64), m)
+        requests.append(validated(rec, path, n))
+    extra = {"k_inferred": True, "k_lower_bound": k} if k_inferred else {"k_inferred": False}
+    header = import_header(NAME, path, model=single_model(models), context_known=False,
+                           notes=notes, description="Spec-Bench answers: accept_lengths = "
+                           "accepted drafts + 1 per step; turns concatenated per (question, "
+                           "choice)", **extra)
+    return Trace(header, requests, [], path=path)
