@@ -3,8 +3,14 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from specsim import analytical as A
+
+PROPERTY = settings(max_examples=100, deadline=None, database=None)
+#: conditional acceptance rates of up to 16 positions (0, or at least 1e-3: no underflow)
+rates = st.lists(st.just(0.0) | st.floats(1e-3, 1.0), min_size=1, max_size=16)
 
 
 def test_sparsespec_eq1_worked_example():
@@ -189,3 +195,35 @@ def test_emitted_tokens_per_iteration_of_a_finite_answer():
     assert emitted_tokens_per_iteration(P, 6, 20000) == pytest.approx(
         expected_tokens_from_survival(P, 6), rel=1e-3)
     assert emitted_tokens_per_iteration(P, 3, 40) < emitted_tokens_per_iteration(P, 6, 40)
+
+
+@PROPERTY
+@given(rates)
+def test_survival_and_conditional_forms_invert_each_other(p):
+    P = A.survival_from_conditional(p)
+    assert np.all(np.diff(P) <= 1e-15) and np.all((P >= 0) & (P <= 1))   # never increases
+    # the rates come back wherever they are defined (every earlier draft can be accepted)
+    defined = np.concatenate(([True], P[:-1] > 0))
+    assert A.conditional_from_survival(P)[defined] == pytest.approx(np.asarray(p)[defined])
+
+
+@PROPERTY
+@given(rates)
+def test_expected_tokens_grow_with_k_by_at_most_one_per_draft(p):
+    P = A.survival_from_conditional(p)
+    curve = A.expected_tokens_from_survival(P)
+    steps = np.diff(curve)
+    assert curve[0] == 1.0 and np.all(steps >= 0) and np.all(steps <= 1 + 1e-12)
+    # α = E[m/k] is the mean survival up to k: (E[m+1] − 1)/k
+    for k in range(1, len(p) + 1):
+        assert A.alpha_from_survival(P, k) == pytest.approx((curve[k] - 1) / k)
+
+
+@PROPERTY
+@given(st.floats(0.0, 1.0), st.floats(0.01, 1.0), st.floats(0.5, 20.0))
+def test_drafting_pays_exactly_when_alpha_exceeds_gamma(alpha, gamma, k):
+    """Eq. 1 beats plain decoding, and Eq. 2 says a longer draft helps, iff α > γ."""
+    if abs(alpha - gamma) < 1e-9:
+        return
+    assert (A.sparsespec_speedup(alpha, k, gamma) > 1.0) == (alpha > gamma)
+    assert (A.sparsespec_speedup_slope(alpha, k, gamma) > 0) == (alpha > gamma)

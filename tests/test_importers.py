@@ -1,18 +1,26 @@
 """Importers: vLLM /metrics, vLLM per-request JSON Lines, Spec-Bench; detection and dispatch.
 
-Expected values are computed by hand from the fixtures in tests/fixtures/ (see the comments).
+Hand-worked cases use the fixtures in tests/fixtures/ (the comments give the arithmetic).
+Properties: what a writer of each format writes, its importer reads back (and the detector
+names); whatever a corrupted file holds, loading it gives a trace the native format accepts
+or one TraceError line naming the file (and the line and field where there is one).
 """
 from __future__ import annotations
 
 import json
+import re
+import tempfile
 import warnings
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from specsim.errors import TraceError
-from specsim.traces.format import read_trace, write_trace
+from specsim.traces.format import RequestTrace, make_header, read_trace, write_trace
 from specsim.traces.importers import (FORMATS, TraceImportWarning, detect_format,
                                       import_specbench, import_vllm_metrics,
                                       import_vllm_requests, load_trace)
@@ -67,7 +75,7 @@ def test_metrics_fixture_survivals_become_histograms(tmp_path):
     assert all(h.policy == "unknown" and h.s is None and h.context is None
                for h in trace.histograms)
     hdr = trace.header
-    assert hdr["source"] == "imported from vllm-metrics: vllm_metrics.prom"
+    assert "vllm-metrics" in hdr["source"] and "vllm_metrics.prom" in hdr["source"]
     assert hdr["model"] == MODEL and hdr["import_format"] == "vllm-metrics"
     assert hdr["context_known"] is False and "import_warnings" not in hdr
     # an imported trace is a valid native trace
@@ -222,7 +230,7 @@ def test_metrics_bad_counter_values(tmp_path, value, reason):
 
 def test_metrics_position_gap(tmp_path):
     p = write(tmp_path, "m.prom", prom(per_pos=("700.0", None, "250.0"), accepted="950.0"))
-    with pytest.raises(TraceError, match=r"missing \[1\]") as exc:
+    with pytest.raises(TraceError, match="missing position 1") as exc:
         import_vllm_metrics(p)
     where(exc, p, 7, 'position="2"')
 
@@ -273,7 +281,7 @@ def test_requests_histogram_fixture():
     assert got == {"chatcmpl-7f3a": (3, [39, 1, 0, 3]), "chatcmpl-91bc": (3, [5, 2, 3, 10]),
                    "0": (3, [2, 4, 2, 2])}
     assert trace.header["model"] == MODEL
-    assert trace.header["source"] == "imported from vllm-requests: vllm_requests_histogram.jsonl"
+    assert "vllm_requests_histogram.jsonl" in trace.header["source"]
 
 
 def test_requests_per_step_fixture():
@@ -523,3 +531,252 @@ def test_missing_file(tmp_path):
         with pytest.raises(TraceError, match="no such file") as exc:
             fn(p)
         assert exc.value.path == str(p)
+
+
+# --------------------------------------------------------------------------------------------
+# properties: what each format's writer writes, its importer reads back
+# --------------------------------------------------------------------------------------------
+
+PROPERTY = settings(max_examples=40, deadline=None, database=None)
+
+
+@contextmanager
+def file_holding(content: str | bytes, name: str = "input"):
+    """A temporary file with this content (hypothesis runs many examples per test call)."""
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / name
+        path.write_bytes(content.encode() if isinstance(content, str) else content)
+        yield path
+
+
+def strict(call, *args, **kwargs):
+    """The call's result, failing on any TraceImportWarning (a clean input warns of nothing)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", TraceImportWarning)
+        return call(*args, **kwargs)
+
+
+def quiet(call, *args, **kwargs):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", TraceImportWarning)
+        return call(*args, **kwargs)
+
+
+#: counts[m] = steps that accepted m of k drafts, for k = 1..6
+histograms = st.integers(1, 6).flatmap(
+    lambda k: st.lists(st.integers(0, 10**6), min_size=k + 1, max_size=k + 1)
+).filter(lambda counts: sum(counts) > 0)
+
+
+def metrics_dump(label_sets: list[list[int]], model: str = "m") -> str:
+    """What vLLM's Prometheus client writes for one histogram per engine: per counter its HELP
+    and TYPE lines, one sample per engine (per position for the survivals), a _created gauge."""
+    lines = []
+    for counter in ("num_drafts", "num_draft_tokens", "num_accepted_tokens",
+                    "num_accepted_tokens_per_pos"):
+        name = f"vllm:spec_decode_{counter}"
+        lines += [f"# HELP {name}_total Spec decode counter.", f"# TYPE {name}_total counter"]
+        for engine, counts in enumerate(label_sets):
+            k, labels = len(counts) - 1, f'model_name="{model}",engine="{engine}"'
+            survival = [sum(counts[i + 1:]) for i in range(k)]   # steps that accepted > i
+            samples = {"num_drafts": [("", sum(counts))],
+                       "num_draft_tokens": [("", k * sum(counts))],
+                       "num_accepted_tokens": [("", sum(survival))],
+                       "num_accepted_tokens_per_pos": [(f',position="{i}"', v)
+                                                       for i, v in enumerate(survival)]}
+            lines += [f"{name}_total{{{labels}{extra}}} {float(v)}"
+                      for extra, v in samples[counter]]
+            lines.append(f"{name}_created{{{labels}}} 1.756736798733569e+09")
+    return "\n".join(lines) + "\n"
+
+
+@PROPERTY
+@given(st.lists(histograms, min_size=1, max_size=3))
+def test_metrics_dump_round_trips(label_sets):
+    with file_holding(metrics_dump(label_sets)) as path:
+        assert detect_format(path) == "vllm-metrics"
+        trace = strict(load_trace, path)
+    assert [h.counts.tolist() for h in trace.histograms] == label_sets
+    assert [h.k for h in trace.histograms] == [len(c) - 1 for c in label_sets]
+    assert [h.id for h in trace.histograms] == [f"engine={e},model_name=m"
+                                                for e in range(len(label_sets))]
+    assert trace.header["model"] == "m" and trace.requests == []
+
+
+STAT_PLACES = ("metrics.speculative_decoding", "speculative_decoding", "spec_decode_metrics",
+               "metrics", "")
+
+
+@st.composite
+def vllm_requests(draw):
+    """(JSON object, expected record): one request's accepted drafts per step, reported the
+    way one vLLM version does: a summary histogram, per-step lists (with or without the drafted
+    lengths), or V0's survival counts; under any of the places vLLM puts them."""
+    k = draw(st.integers(1, 6))
+    accepted = draw(st.lists(st.integers(0, k), min_size=1, max_size=25))
+    kind = draw(st.sampled_from(["summary", "per-step", "drafted", "v0"]))
+    place = draw(st.sampled_from(("metrics",) if kind == "v0" else STAT_PLACES))
+    prompt = draw(st.none() | st.integers(1, 10**5))
+    steps, hist = len(accepted), np.bincount(accepted, minlength=k + 1).tolist()
+    if kind == "v0":
+        stats = {"spec_token_acceptance_counts":
+                 [steps] + [sum(a >= i for a in accepted) for i in range(1, k + 1)]}
+    else:
+        stats = {"acceptance_histogram": hist, "num_spec_steps": steps,
+                 "num_accepted_draft_tokens": sum(accepted), "num_spec_tokens": k,
+                 "num_draft_tokens": k * steps}
+    drafted = [k] * steps
+    if kind == "per-step":
+        stats["per_step_accepted"] = accepted
+    if kind == "drafted":
+        drafted = [draw(st.integers(max(a, 1), k)) for a in accepted]
+        stats.update(per_step_accepted=accepted, per_step_drafted=drafted,
+                     num_draft_tokens=sum(drafted))
+    obj = {"model": "m"}
+    if place:
+        *parents, leaf = place.split(".")
+        node = obj
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = stats
+    else:
+        obj.update(stats)
+    if prompt is not None:
+        obj.update(draw(st.sampled_from([{"usage": {"prompt_tokens": prompt}},
+                                         {"prompt_len": prompt}])))
+    if kind in ("summary", "v0"):
+        return obj, ("histogram", k, hist)
+    # context at step j: prompt + the prefill's token + Σ_{i<j} (m_i + 1)
+    context = (prompt or 0) + 1 + np.concatenate(([0], np.cumsum(np.add(accepted, 1))[:-1]))
+    return obj, ("request", drafted, accepted, context.tolist(), prompt is not None)
+
+
+@PROPERTY
+@given(st.lists(vllm_requests(), min_size=1, max_size=4), st.sampled_from(["id", "request_id"]))
+def test_vllm_requests_round_trip(lines, id_key):
+    objs = [{id_key: f"r{i}", **obj} for i, (obj, _) in enumerate(lines)]
+    with file_holding("".join(json.dumps(o) + "\n" for o in objs)) as path:
+        assert detect_format(path) == "vllm-requests"
+        trace = strict(load_trace, path)
+    want_requests = [(f"r{i}", *want[1:]) for i, (_, want) in enumerate(lines)
+                     if want[0] == "request"]
+    want_histograms = [(f"r{i}", *want[1:]) for i, (_, want) in enumerate(lines)
+                       if want[0] == "histogram"]
+    assert [(r.id, r.k.tolist(), r.m.tolist(), r.context.tolist(), want[-1])
+            for r, want in zip(trace.requests, want_requests)] == want_requests
+    assert len(trace.requests) == len(want_requests)
+    assert [(h.id, h.k, h.counts.tolist()) for h in trace.histograms] == want_histograms
+    assert trace.header["context_known"] == (bool(want_requests)
+                                             and all(w[-1] for w in want_requests))
+
+
+#: accept_lengths of every (question, choice): tokens each step emitted, 1..k+1
+specbench_answers = st.integers(1, 6).flatmap(lambda k: st.tuples(st.just(k), st.lists(
+    st.lists(st.lists(st.integers(1, k + 1), min_size=1, max_size=25), min_size=1, max_size=2),
+    min_size=1, max_size=3)))
+
+
+def specbench_file(questions) -> str:
+    """Spec-Bench's answer lines: one per question, one choice per list of accept_lengths."""
+    return "".join(json.dumps({"question_id": q, "model_id": "m", "choices": [
+        {"index": c, "turns": ["..."], "new_tokens": [sum(lengths)], "wall_time": [0.1],
+         "accept_lengths": lengths} for c, lengths in enumerate(choices)]}) + "\n"
+        for q, choices in enumerate(questions))
+
+
+@PROPERTY
+@given(specbench_answers, st.booleans())
+def test_specbench_round_trip(answers, k_given):
+    k, questions = answers
+    with file_holding(specbench_file(questions)) as path:
+        assert detect_format(path) == "specbench"
+        trace = quiet(load_trace, path, **({"k": k} if k_given else {}))
+    every = [lengths for choices in questions for lengths in choices]
+    k_used = k if k_given else max(1, max(max(lengths) for lengths in every) - 1)
+    assert trace.header["k_inferred"] is not k_given
+    assert [r.id for r in trace.requests] == [f"{q}:{c}" for q, choices in enumerate(questions)
+                                             for c in range(len(choices))]
+    for r, lengths in zip(trace.requests, every):
+        assert r.m.tolist() == [n - 1 for n in lengths]          # the bonus token is not a draft
+        assert r.k.tolist() == [k_used] * len(lengths)
+        assert r.context.tolist() == (1 + np.concatenate(([0], np.cumsum(lengths)[:-1]))).tolist()
+        assert r.tokens == sum(lengths)
+
+
+# --------------------------------------------------------------------------------------------
+# properties: corrupted input is a trace or one TraceError line, never a traceback
+# --------------------------------------------------------------------------------------------
+
+
+def native_file(k: int, questions) -> str:
+    header = make_header(source="test", model="m")
+    records = [RequestTrace(f"{q}:{c}", "vegas", 0.05, 1 + np.cumsum([0, *lengths[:-1]]),
+                            np.full(len(lengths), k), np.asarray(lengths) - 1).to_json()
+               for q, choices in enumerate(questions) for c, lengths in enumerate(choices)]
+    return "".join(json.dumps(o) + "\n" for o in [header, *records])
+
+
+valid_files = st.one_of(
+    st.lists(histograms, min_size=1, max_size=2).map(metrics_dump),
+    st.lists(vllm_requests(), min_size=1, max_size=3).map(
+        lambda lines: "".join(json.dumps({"id": f"r{i}", **obj}) + "\n"
+                              for i, (obj, _) in enumerate(lines))),
+    specbench_answers.map(lambda answers: specbench_file(answers[1])),
+    specbench_answers.map(lambda answers: native_file(*answers)))
+
+#: what a corrupted number becomes
+JUNK = ["-1", "1.5", "1e400", "NaN", "99999999999999999999", "true", '"x"', "null", "[]", "{}",
+        "", "0", "-0.0", "1e+03"]
+#: what a corrupted file gains
+NOISE = ["{", "}", "[", "]", '"', ",", ":", "=", "\n", "#", "\\", "-", "0", "e", " ", "\xff"]
+
+
+@st.composite
+def corrupted(draw):
+    """A valid file of any format after one to three edits: a number replaced by junk, a span
+    deleted, a character inserted, a line doubled, the end cut off, bytes that are not UTF-8."""
+    data = draw(valid_files).encode()
+    for _ in range(draw(st.integers(1, 3))):
+        kind = draw(st.sampled_from(["number", "delete", "insert", "double", "cut", "bytes"]))
+        at = draw(st.integers(0, len(data)))
+        if kind == "number":
+            numbers = [m.span() for m in re.finditer(rb"-?\d+(\.\d+)?(e[+-]?\d+)?", data)]
+            if numbers:
+                a, b = draw(st.sampled_from(numbers))
+                data = data[:a] + draw(st.sampled_from(JUNK)).encode() + data[b:]
+        elif kind == "delete":
+            data = data[:at] + data[at + draw(st.integers(1, 20)):]
+        elif kind == "insert":
+            noise = draw(st.sampled_from(NOISE))
+            data = data[:at] + (b"\xff" if noise == "\xff" else noise.encode()) + data[at:]
+        elif kind == "double":
+            lines = data.split(b"\n")
+            i = draw(st.integers(0, len(lines) - 1))
+            data = b"\n".join(lines[:i + 1] + lines[i:])
+        elif kind == "cut":
+            data = data[:at]
+        else:
+            data = data[:at] + b"\xc3\x28" + data[at:]
+    return data
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(corrupted())
+def test_corrupted_input_is_a_trace_or_one_line_naming_the_problem(data):
+    lines = max(1, len(data.splitlines()))
+    with file_holding(data) as path:
+        try:
+            trace = quiet(load_trace, path)
+        except TraceError as exc:
+            text = str(exc)
+            assert "\n" not in text and exc.path == str(path) and text.startswith(f"{path}")
+            assert exc.line is None or 1 <= exc.line <= lines
+            assert exc.line is None or text.startswith(f"{path}:{exc.line}: ")
+            assert exc.field is None or f"field '{exc.field}'" in text
+            return
+        # what an importer accepts is a valid native trace: written and read back unchanged
+        out = path.with_name("native.jsonl")
+        write_trace(out, trace.header, [*trace.requests, *trace.histograms])
+        back = read_trace(out)
+    assert [r.to_json() for r in back.requests] == [r.to_json() for r in trace.requests]
+    assert [h.to_json() for h in back.histograms] == [h.to_json() for h in trace.histograms]

@@ -1,13 +1,18 @@
 """The serving simulator: closed forms, conservation, memory, determinism, bad input, tuning."""
+import datetime as dt
 import json
+import tempfile
+from pathlib import Path
 
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from specsim import analytical as A
 from specsim.costs.base import Cost, IterationCost
-from specsim.errors import SpecsimError
+from specsim.errors import SpecsimError, TraceError
 from specsim.simulator import SimConfig, Simulation, all_at_once, from_file, poisson
 from specsim.simulator.acceptance_source import (FittedSource, ReplaySource, draw_from_survival)
 from specsim.simulator.fastpath import replay_single_sequence
@@ -88,20 +93,38 @@ def test_plain_mode_emits_one_token_per_step():
     assert res.summary["makespan_s"] == pytest.approx(2.0 + 10 * costs.p)
 
 
-def test_conservation_of_tokens():
-    rng_trace = Trace(make_header(source="t"), [
-        RequestTrace(f"r{i}", "vegas", 0.05, np.arange(1000, 1100), np.full(100, 6),
-                     np.random.default_rng(i).integers(0, 7, 100)) for i in range(5)])
-    arrivals = poisson(40, 50.0, np.arange(40) * 50 + 500, np.arange(40) % 7 * 13 + 1, seed=3)
-    res = simulate(arrivals, FlatCosts(), ReplaySource(rng_trace, 6), k=6, max_batch=8)
-    st = res.steps
-    # every output token is emitted exactly once: by the prefill (first) or an iteration
-    assert int(st["emitted"].sum()) == sum(a.output_tokens for a in arrivals)
-    assert res.summary["output_tokens"] == sum(a.output_tokens for a in arrivals)
-    assert np.all(np.isfinite(res.requests["finish"]))
-    assert np.all(res.requests["finish"] >= res.requests["first_token"])
-    assert np.all(res.requests["admit"] >= res.requests["arrival"])
-    assert st["batch"].max() <= 8
+@settings(max_examples=25, deadline=None, database=None)
+@given(st.data())
+def test_every_owed_token_is_emitted_once_within_the_limits(data):
+    """Whatever the arrivals, batching mode, k and recorded acceptance: every output token is
+    emitted exactly once (by the prefill or an iteration), no request finishes before its first
+    token or is admitted before it arrives, and the batch and memory limits hold."""
+    k_rec = data.draw(st.integers(1, 6), label="k_rec")
+    recorded = data.draw(st.lists(st.lists(st.integers(0, k_rec), min_size=1, max_size=30),
+                                  min_size=1, max_size=4), label="recorded m")
+    trace = Trace(make_header(source="t"), [
+        RequestTrace(f"r{i}", "vegas", 0.05, 1000 + np.cumsum(np.add(m, 1)),
+                     np.full(len(m), k_rec), np.asarray(m)) for i, m in enumerate(recorded)])
+    n = data.draw(st.integers(1, 12), label="requests")
+    prompts = data.draw(st.lists(st.integers(1, 4000), min_size=n, max_size=n), label="prompts")
+    outputs = data.draw(st.lists(st.integers(1, 60), min_size=n, max_size=n), label="outputs")
+    arrivals = poisson(n, data.draw(st.floats(0.1, 100.0), label="rate"), np.array(prompts),
+                       np.array(outputs), seed=data.draw(st.integers(0, 100), label="seed"))
+    mode = data.draw(st.sampled_from(["continuous", "static", "fixed slots"]), label="mode")
+    max_batch = data.draw(st.integers(1, 8), label="max_batch")
+    budget = MODEL.kv_bytes_resident(4000 + 60) * data.draw(st.floats(1.5, 10.0), label="slots")
+    res = simulate(arrivals, FlatCosts(), ReplaySource(trace, k_rec),
+                   k=data.draw(st.integers(1, k_rec), label="k"), max_batch=max_batch,
+                   memory_budget=budget, static_batch=mode == "static",
+                   fixed_slots=mode == "fixed slots")
+    st_, req = res.steps, res.requests
+    assert int(st_["emitted"].sum()) == sum(outputs) == res.summary["output_tokens"]
+    assert np.all(np.isfinite(req["finish"]))
+    assert np.all(req["finish"] >= req["first_token"])
+    assert np.all(req["first_token"] >= req["admit"])
+    assert np.all(req["admit"] >= req["arrival"])
+    assert st_["batch"].max() <= max_batch
+    assert st_["memory"].max() <= res.summary["memory_budget_bytes"]
 
 
 class CountingCosts(FlatCosts):
@@ -306,34 +329,97 @@ def test_chrome_trace_export(tmp_path):
     json.dumps(res.to_json())                                # JSON-ready summary
 
 
-def test_arrival_files(tmp_path):
+def test_azure_arrival_file_worked_example(tmp_path):
     azure = tmp_path / "azure.csv"
     azure.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n"
                      "2023-11-16 18:15:46.6805900,4808,10\n"
                      "2023-11-16 18:15:50.9951690,3180,8\n")
     arr = from_file(str(azure))
     assert [a.prompt_tokens for a in arr] == [4808, 3180]
-    assert arr[0].time == 0.0 and arr[1].time == pytest.approx(4.314579, abs=1e-5)
-    jl = tmp_path / "a.jsonl"
-    jl.write_text('{"time": 0.5, "prompt_tokens": 100, "output_tokens": 5}\n'
-                  '{"time": 1.5, "prompt_tokens": 200, "output_tokens": 6}\n')
-    assert [a.time for a in from_file(str(jl))] == [0.0, 1.0]
-    cases = {
-        "TIMESTAMP,ContextTokens\n1,2\n": "missing column for output tokens",
-        "TIMESTAMP,ContextTokens,GeneratedTokens\n1,abc,3\n": ":2: column ContextTokens",
-        "TIMESTAMP,ContextTokens,GeneratedTokens\n1,10,-3\n": ":2: column GeneratedTokens",
-        "TIMESTAMP,ContextTokens,GeneratedTokens\n5,10,3\n1,10,3\n": ":3: column TIMESTAMP",
-        "TIMESTAMP,ContextTokens,GeneratedTokens\nyesterday,10,3\n": "not seconds nor a date",
-        "TIMESTAMP,ContextTokens,GeneratedTokens\n": "no requests",
-        '{"time": 1, "prompt_tokens": 3, \n': ":1: bad JSON",
-    }
-    for i, (text, message) in enumerate(cases.items()):
-        path = tmp_path / f"bad{i}.csv"
-        path.write_text(text)
-        with pytest.raises(SpecsimError, match=message):
-            from_file(str(path))
-    with pytest.raises(SpecsimError, match="no such file"):
+    assert [a.output_tokens for a in arr] == [10, 8]
+    # 7-digit fractions are cut to Python's 6: 50.995169 - 46.680590
+    assert arr[0].time == 0.0 and arr[1].time == pytest.approx(4.314579, abs=1e-6)
+
+
+@pytest.mark.parametrize("text, line, field", [
+    ("TIMESTAMP,ContextTokens\n1,2\n", 2, "GeneratedTokens"),          # no output column
+    ("TIMESTAMP,ContextTokens,GeneratedTokens\n1,abc,3\n", 2, "ContextTokens"),
+    ("TIMESTAMP,ContextTokens,GeneratedTokens\n1,10,-3\n", 2, "GeneratedTokens"),
+    ("TIMESTAMP,ContextTokens,GeneratedTokens\n1,10,2.5\n", 2, "GeneratedTokens"),
+    ("TIMESTAMP,ContextTokens,GeneratedTokens\n5,10,3\n\n1,10,3\n", 4, "TIMESTAMP"),  # order
+    ("TIMESTAMP,ContextTokens,GeneratedTokens\nyesterday,10,3\n", 2, "TIMESTAMP"),
+    ("TIMESTAMP,ContextTokens,GeneratedTokens\nnan,10,3\n", 2, "TIMESTAMP"),
+    ("TIMESTAMP,ContextTokens,GeneratedTokens\n", None, None),          # no requests
+    ('{"time": 1, "prompt_tokens": 3, \n', 1, None),                   # bad JSON
+    ('{"time": 1, "prompt_len": true, "output_tokens": 3}\n', 1, "prompt_len"),
+])
+def test_bad_arrival_rows_name_file_line_and_column(tmp_path, text, line, field):
+    path = tmp_path / "arrivals.csv"
+    path.write_text(text)
+    with pytest.raises(TraceError) as exc:
+        from_file(str(path))
+    assert (exc.value.path, exc.value.line, exc.value.field) == (str(path), line, field)
+    with pytest.raises(TraceError, match="no such file"):
         from_file(str(tmp_path / "missing.csv"))
+
+
+PROPERTY = settings(max_examples=40, deadline=None, database=None)
+
+#: (seconds after the first request, prompt tokens, output tokens) per request, in time order
+arrival_rows = st.lists(st.tuples(st.floats(0, 1e5, allow_subnormal=False),
+                                  st.integers(1, 10**6), st.integers(1, 10**5)),
+                        min_size=1, max_size=20).map(sorted)
+
+
+def arrival_file(rows, form: str, start: float = 1.7e9) -> str:
+    if form == "jsonl":
+        return "".join(json.dumps({"time": start + t, "prompt_tokens": p, "output_tokens": o})
+                       + "\n" for t, p, o in rows)
+    stamp = (lambda t: repr(start + t)) if form == "seconds" else (
+        lambda t: (dt.datetime.fromtimestamp(start, dt.timezone.utc)
+                   + dt.timedelta(seconds=t)).isoformat())
+    return "TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
+        f"{stamp(t)},{p},{o}\n" for t, p, o in rows)
+
+
+@PROPERTY
+@given(arrival_rows, st.sampled_from(["jsonl", "seconds", "iso"]),
+       st.sampled_from([0.5, 1.0, 3.0]))
+def test_arrival_files_read_back_what_was_written(rows, form, time_scale):
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "arrivals"
+        path.write_text(arrival_file(rows, form))
+        arrivals = from_file(str(path), time_scale=time_scale)
+    assert [(a.prompt_tokens, a.output_tokens) for a in arrivals] == [(p, o) for _, p, o in rows]
+    assert [a.request_id for a in arrivals] == list(range(len(rows)))
+    # times relative to the first request, stretched by time_scale (an ISO date keeps µs)
+    first = rows[0][0]
+    assert [a.time for a in arrivals] == pytest.approx(
+        [(t - first) * time_scale for t, _, _ in rows], abs=2e-6 * time_scale + 1e-9)
+
+
+@settings(max_examples=150, deadline=None, database=None)
+@given(arrival_rows, st.sampled_from(["jsonl", "seconds", "iso"]), st.data())
+def test_corrupted_arrival_files_are_arrivals_or_one_line_naming_the_problem(rows, form, data):
+    text = arrival_file(rows, form).encode()
+    at = data.draw(st.integers(0, len(text)))
+    edit = data.draw(st.sampled_from([b"", b",", b"\n", b'"', b"-", b"x", b"\xff", b"{",
+                                      b"9" * 30]))
+    cut = data.draw(st.integers(0, 12))
+    text = text[:at] + edit + text[at + cut:]
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "arrivals"
+        path.write_bytes(text)
+        try:
+            arrivals = from_file(str(path))
+        except TraceError as exc:
+            message = str(exc)
+            assert "\n" not in message and message.startswith(str(path))
+            assert exc.line is None or 1 <= exc.line <= max(1, len(text.splitlines()))
+            return
+    assert arrivals and arrivals[0].time == 0.0
+    assert all(a.prompt_tokens >= 1 and a.output_tokens >= 1 for a in arrivals)
+    assert all(b.time >= a.time - 1e-9 for a, b in zip(arrivals, arrivals[1:]))
 
 
 def test_fast_path_closed_form_and_statistics():

@@ -4,6 +4,8 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from specsim.errors import SpecsimError, UnknownNameError
 from specsim.specs import (SLIDING_ATTENTION, known_hardware, known_models, load_hardware,
@@ -73,10 +75,18 @@ def test_gpt_oss_sliding_layers_keep_a_window():
     assert spec.sliding_layers == 12 and spec.full_layers == 12
     assert spec.sliding_window == 128
     assert spec.layer_types[0] == SLIDING_ATTENTION
-    per_layer = spec.kv_bytes_per_token_layer()
-    # at 10,000 tokens: 12 full layers hold all of them, 12 sliding layers 128 each
-    assert spec.kv_bytes_resident(10_000) == per_layer * (12 * 10_000 + 12 * 128)
     assert spec.attention_sinks and spec.o_bias and spec.qkv_bias
+
+
+@settings(max_examples=50, deadline=None, database=None)
+@given(st.sampled_from(sorted(PUBLISHED)), st.integers(0, 200_000))
+def test_resident_kv_holds_every_token_in_full_layers_and_a_window_in_sliding_ones(name, n):
+    spec = load_model(name)
+    window = spec.sliding_window or n
+    want = spec.kv_bytes_per_token_layer() * (spec.full_layers * n
+                                              + spec.sliding_layers * min(n, window))
+    assert spec.kv_bytes_resident(n) == want
+    assert spec.kv_bytes_resident(n + 1) >= spec.kv_bytes_resident(n)
 
 
 def test_family_features_from_config():

@@ -3,19 +3,19 @@
 A file is CSV with the Azure LLM inference trace columns ``TIMESTAMP, ContextTokens,
 GeneratedTokens`` (TIMESTAMP as seconds or as an ISO date-time; times are made relative to the
 first request), or JSON Lines with ``time``/``prompt_tokens``/``output_tokens`` keys. Bad rows
-raise :class:`~specsim.errors.SpecsimError` naming the file, line and column.
+raise :class:`~specsim.errors.TraceError` naming the file, line and column.
 """
 from __future__ import annotations
 
 import csv
 import datetime as dt
-import json
 import math
 from dataclasses import dataclass
 
 import numpy as np
 
-from specsim.errors import SpecsimError
+from specsim.errors import SpecsimError, TraceError
+from specsim.traces.format import MAX_INT, json_lines, text_lines
 
 
 @dataclass(frozen=True)
@@ -54,14 +54,23 @@ _PROMPT_KEYS = ("ContextTokens", "prompt_tokens", "prompt_len", "input_tokens")
 _OUTPUT_KEYS = ("GeneratedTokens", "output_tokens", "output_len", "generated_tokens")
 
 
-def _parse_time(value: str, path: str, line: int) -> float:
-    value = str(value).strip()
+def _parse_time(value, path: str, line: int, column: str) -> float:
+    """Seconds, or an ISO date-time (as seconds since the epoch)."""
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise TraceError(f"expected seconds or a date-time, got {value!r}", path=path,
+                         line=line, field=column)
+    text = str(value).strip()
     try:
-        return float(value)
+        seconds = float(text)
     except ValueError:
-        pass
+        seconds = None
+    if seconds is not None:
+        if not math.isfinite(seconds):
+            raise TraceError(f"expected a finite number of seconds, got '{text}'", path=path,
+                             line=line, field=column)
+        return seconds
     try:
-        text = value.replace("Z", "+00:00")
+        text = text.replace("Z", "+00:00")
         if "." in text:  # Azure writes 7-digit fractions; Python takes at most 6
             head, frac = text.split(".", 1)
             digits = "".join(ch for ch in frac if ch.isdigit())
@@ -71,78 +80,85 @@ def _parse_time(value: str, path: str, line: int) -> float:
         if stamp.tzinfo is None:
             stamp = stamp.replace(tzinfo=dt.timezone.utc)
         return stamp.timestamp()
-    except ValueError:
-        raise SpecsimError(f"{path}:{line}: column TIMESTAMP: not seconds nor a date-time: "
-                           f"'{value}'") from None
+    except (ValueError, OverflowError):
+        raise TraceError(f"not seconds nor a date-time: '{value}'", path=path, line=line,
+                         field=column) from None
 
 
-def _pick(row: dict, keys, path, line, what) -> str:
+def _pick(row: dict, keys, path: str, line: int, what: str):
+    """(column, value) of the first of ``keys`` the row fills."""
     for key in keys:
         if key in row and row[key] not in (None, ""):
-            return row[key]
-    raise SpecsimError(f"{path}:{line}: missing column for {what} (one of {', '.join(keys)})")
+            return key, row[key]
+    raise TraceError(f"missing column for {what} (one of {', '.join(keys)})", path=path,
+                     line=line, field=keys[0])
 
 
-def _positive_int(value, path, line, column, allow_zero=False) -> int:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise SpecsimError(f"{path}:{line}: column {column}: not a number: '{value}'") from None
-    if not math.isfinite(number) or number != int(number) or number < (0 if allow_zero else 1):
-        raise SpecsimError(f"{path}:{line}: column {column}: expected an integer ≥ "
-                           f"{0 if allow_zero else 1}, got '{value}'")
+def _count(value, path: str, line: int, column: str) -> int:
+    """A token count: a whole number ≥ 1 (written as an integer or a float)."""
+    number = None
+    if not isinstance(value, bool):
+        try:
+            number = float(value)
+        except (TypeError, ValueError, OverflowError):
+            pass
+    if number is None or not math.isfinite(number) or number != int(number) or number < 1 \
+            or number > MAX_INT:
+        raise TraceError(f"expected a whole number of tokens ≥ 1, got {value!r}", path=path,
+                         line=line, field=column)
     return int(number)
+
+
+def _rows(path: str) -> list[tuple[int, dict]]:
+    """(line number, row) of a JSON Lines file (first non-blank line an object) or a CSV file
+    with a header row."""
+    lines = list(text_lines(path))
+    first = next((text for _, text in lines if text.strip()), "")
+    if first.lstrip().startswith("{"):
+        rows = []
+        for n, obj in json_lines(path):
+            if not isinstance(obj, dict):
+                raise TraceError("expected a JSON object", path=path, line=n)
+            rows.append((n, obj))
+        return rows
+    if not first:
+        return []
+    reader = csv.DictReader(text for _, text in lines)
+    try:
+        if not reader.fieldnames:
+            raise TraceError("no header row", path=path, line=1)
+        reader.fieldnames = [f.strip() for f in reader.fieldnames]
+        return [(reader.line_num, row) for row in reader]
+    except csv.Error as exc:
+        raise TraceError(f"bad CSV: {exc}", path=path, line=reader.line_num) from None
 
 
 def from_file(path: str, limit: int | None = None, time_scale: float = 1.0) -> list[Arrival]:
     """Arrivals from a CSV (Azure columns) or JSON Lines file; ``time_scale`` stretches
     (>1) or compresses (<1) the inter-arrival times."""
-    rows: list[tuple[int, dict]] = []
-    try:
-        with open(path, newline="", encoding="utf-8") as fh:
-            head = fh.read(1)
-            fh.seek(0)
-            if head in ("{", ""):
-                for n, raw in enumerate(fh, start=1):
-                    if raw.strip():
-                        try:
-                            obj = json.loads(raw)
-                        except json.JSONDecodeError as exc:
-                            raise SpecsimError(f"{path}:{n}: bad JSON: {exc.msg}") from None
-                        if not isinstance(obj, dict):
-                            raise SpecsimError(f"{path}:{n}: expected a JSON object")
-                        rows.append((n, obj))
-            else:
-                reader = csv.DictReader(fh)
-                if not reader.fieldnames:
-                    raise SpecsimError(f"{path}:1: no header row")
-                reader.fieldnames = [f.strip() for f in reader.fieldnames]
-                for n, row in enumerate(reader, start=2):
-                    rows.append((n, row))
-    except FileNotFoundError:
-        raise SpecsimError(f"{path}: no such file") from None
-    except UnicodeDecodeError:
-        raise SpecsimError(f"{path}: not UTF-8 text") from None
+    path = str(path)
+    rows = _rows(path)
     if not rows:
-        raise SpecsimError(f"{path}: no requests in the file")
+        raise TraceError("no requests in the file", path=path)
     if limit is not None:
         rows = rows[:limit]
     arrivals, times = [], []
     for i, (n, row) in enumerate(rows):
-        t = _parse_time(_pick(row, _TIME_KEYS, path, n, "arrival time"), path, n)
-        prompt = _positive_int(_pick(row, _PROMPT_KEYS, path, n, "prompt tokens"), path, n,
-                               "ContextTokens")
-        output = _positive_int(_pick(row, _OUTPUT_KEYS, path, n, "output tokens"), path, n,
-                               "GeneratedTokens")
+        time_column, time_value = _pick(row, _TIME_KEYS, path, n, "arrival time")
+        t = _parse_time(time_value, path, n, time_column)
+        prompt_column, prompt_value = _pick(row, _PROMPT_KEYS, path, n, "prompt tokens")
+        output_column, output_value = _pick(row, _OUTPUT_KEYS, path, n, "output tokens")
         times.append(t)
-        arrivals.append((i, t, prompt, output, n))
+        arrivals.append((i, t, _count(prompt_value, path, n, prompt_column),
+                         _count(output_value, path, n, output_column), n, time_column))
     t0 = min(times)
     out = []
     last = -math.inf
-    for i, t, prompt, output, n in arrivals:
+    for i, t, prompt, output, n, time_column in arrivals:
         rel = (t - t0) * time_scale
         if rel < last - 1e-9:
-            raise SpecsimError(f"{path}:{n}: column TIMESTAMP: arrivals must be in time order")
+            raise TraceError("arrivals must be in time order", path=path, line=n,
+                             field=time_column)
         last = rel
         out.append(Arrival(i, rel, prompt, output))
     return out

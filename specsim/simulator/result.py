@@ -89,8 +89,8 @@ class SimResult:
         it = steps["is_iteration"]
         end = float(np.nanmax(req["finish"]))
         makespan = end - float(arrival.min())
-        tpot = np.where(output > 1, (req["finish"] - req["first_token"]) / np.maximum(output - 1, 1),
-                        np.nan)
+        decode_time = req["finish"] - req["first_token"]
+        tpot = np.where(output > 1, decode_time / np.maximum(output - 1, 1), np.nan)
         seq_iterations = int(steps["batch"][it].sum())
         decode_tokens = int(steps["emitted"][it].sum())
         drafted = int(steps["drafted"][it].sum())

@@ -14,9 +14,9 @@ was never drafted (taken as accepted: it follows k_rec accepted drafts). A run a
 ``k ≤ k_rec`` is then replayed on that sequence — each iteration accepts the run of predicted
 tokens from where the previous one ended, up to k — which gives per-k survivals
 ``P^(k)_i`` and ``E[m+1](k) = 1 + Σ_{i≤k} P^(k)_i`` (:func:`token_replay_expected_tokens` is
-the direct definition). The older per-iteration replay ``m' = min(m, k)`` (the survival curve
+the direct definition). The per-iteration replay ``m' = min(m, k)`` (the survival curve
 above: ``E = 1 + Σ_{i≤k} P_i``) starts every replayed iteration where a recorded one started,
-i.e. right after a rejection; rejections cluster where drafting is hard, so it under-counted
+i.e. right after a rejection; rejections cluster where drafting is hard, so it under-counts
 acceptance at k < k_rec (SmolLM2 on the H200, 48 prompts recorded at k_rec = 12: −4.0% mean
 tokens per iteration at k = 2..8 against the measured runs, −1.8% token by token;
 VALIDATION.md). Requests whose iterations drafted different k (adaptive or forced traces) and

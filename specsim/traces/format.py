@@ -284,16 +284,22 @@ def text_lines(path: str) -> Iterator[tuple[int, str]]:
             yield n, raw.rstrip("\r\n")
 
 
+def parse_json_line(text: str, path: str, line: int) -> object:
+    """One line of JSON; malformed, too deeply nested or oversized input is a TraceError."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise TraceError(f"bad JSON: {exc.msg} (column {exc.colno})", path=path,
+                         line=line) from None
+    except (ValueError, RecursionError) as exc:   # e.g. an integer of more than 4300 digits
+        raise TraceError(f"bad JSON: {exc}", path=path, line=line) from None
+
+
 def json_lines(path: str) -> Iterator[tuple[int, object]]:
     """The non-blank lines of a JSON Lines file as (line number, parsed value)."""
     for n, text in text_lines(path):
-        if not text.strip():
-            continue
-        try:
-            yield n, json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise TraceError(f"bad JSON: {exc.msg} (column {exc.colno})", path=path,
-                             line=n) from None
+        if text.strip():
+            yield n, parse_json_line(text, path, n)
 
 
 def read_trace(path: str | os.PathLike) -> Trace:

@@ -10,8 +10,8 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from specsim.errors import TraceError
-from specsim.traces.format import (HistogramTrace, RequestTrace, json_lines, make_header,
-                                   parse_record)
+from specsim.traces.format import (MAX_INT, HistogramTrace, RequestTrace, json_lines,
+                                   make_header, parse_record)
 
 
 class TraceImportWarning(UserWarning):
@@ -110,6 +110,8 @@ class FieldReader:
             self.fail(field, f"expected an integer, got {value!r}")
         if value < minimum:
             self.fail(field, f"must be ≥ {minimum}, got {value}")
+        if value > MAX_INT:
+            self.fail(field, f"implausibly large ({value} > {MAX_INT})")
         return value
 
     def int_list(self, value, field: str, minimum: int = 0) -> list[int]:

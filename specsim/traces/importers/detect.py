@@ -7,11 +7,10 @@ must be Prometheus exposition lines (samples, ``# HELP``, ``# TYPE``) or comment
 """
 from __future__ import annotations
 
-import json
 import os
 
 from specsim.errors import TraceError
-from specsim.traces.format import text_lines
+from specsim.traces.format import parse_json_line, text_lines
 from specsim.traces.importers import native, specbench, vllm_metrics, vllm_requests
 
 #: Formats :func:`~specsim.traces.importers.load_trace` understands, as its ``format`` takes them.
@@ -40,10 +39,10 @@ def detect_format(path: str | os.PathLike) -> str:
     n, first = lines[0]
     if first.startswith("{"):
         try:
-            obj = json.loads(first)
-        except json.JSONDecodeError as exc:
-            raise TraceError(f"bad JSON: {exc.msg} (column {exc.colno}); cannot tell the format; "
-                             + FORMAT_HELP, path=path, line=n) from None
+            obj = parse_json_line(first, path, n)
+        except TraceError as exc:
+            raise TraceError(f"{exc.reason}; cannot tell the format; " + FORMAT_HELP, path=path,
+                             line=n) from None
         if isinstance(obj, dict):
             for module in _JSON_FORMATS:
                 if module.recognises(obj):

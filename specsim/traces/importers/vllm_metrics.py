@@ -28,7 +28,7 @@ import re
 from dataclasses import dataclass, field
 
 from specsim.errors import TraceError
-from specsim.traces.format import HistogramTrace, Trace, text_lines
+from specsim.traces.format import MAX_INT, HistogramTrace, Trace, text_lines
 from specsim.traces.importers.common import (check_policy, check_sparsity,
                                              histogram_from_survival, import_header,
                                              single_model, validated, warn)
@@ -187,7 +187,10 @@ class _LabelSet:
 
 
 def _label_text(labels) -> str:
-    return ",".join(f'{k}="{v}"' for k, v in labels)
+    """Labels as the exposition format writes them (escaped, so the text stays on one line)."""
+    def escaped(value: str) -> str:
+        return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    return ",".join(f'{k}="{escaped(v)}"' for k, v in labels)
 
 
 def _read_counters(path: str) -> tuple[list[_LabelSet], bool]:
@@ -216,6 +219,9 @@ def _read_counters(path: str) -> tuple[list[_LabelSet], bool]:
         if not math.isfinite(value) or value < 0:
             raise TraceError(f"counter value must be finite and ≥ 0, got {literal}", path=path,
                              line=n, field=fieldname)
+        if value > MAX_INT:
+            raise TraceError(f"counter value {literal} is implausibly large (> {MAX_INT})",
+                             path=path, line=n, field=fieldname)
         if abs(value - round(value)) > 1e-9 * max(1.0, abs(value)):
             raise TraceError(f"counter value {literal} is not a whole number (a rate or an "
                              f"average, not a raw counter?)", path=path, line=n, field=fieldname)
@@ -250,12 +256,15 @@ def _histogram(group: _LabelSet, path: str, notes: list[str], policy: str,
         raise TraceError(f"label set {{{lab}}} has no drafts counter", path=path,
                          line=group.first_line,
                          field=f"vllm:spec_decode_num_drafts_total{{{lab}}}")
-    k = max(group.per_pos) + 1
-    missing = [p for p in range(k) if p not in group.per_pos]
-    if missing:
+    positions = sorted(group.per_pos)
+    k = positions[-1] + 1
+    if len(positions) != k:
+        gap = next(i for i, p in enumerate(positions) if p != i)
+        more = k - len(positions) - 1
         last = group.per_pos[k - 1]
-        raise TraceError(f"positions must be 0..{k - 1} without gaps; missing {missing}",
-                         path=path, line=last.line, field=last.field)
+        raise TraceError(f"positions must be 0..{k - 1} without gaps; missing position {gap}"
+                         + (f" and {more} more" if more else ""), path=path, line=last.line,
+                         field=last.field)
     per_pos = [group.per_pos[p] for p in range(k)]
     if drafts.value == 0:
         if any(v.value for v in per_pos):
