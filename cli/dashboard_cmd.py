@@ -155,9 +155,9 @@ def dashboard_cmd(trace_path, fmt, model, hardware, compare_hardware, batch, bat
         raise SpecsimError(str(exc)) from None
     path = dash.write(out_path)
     size = path.stat().st_size / 1e6
-    best = dash.default_report["best"]
+    best = dash.default_report.best
     click.echo(f"wrote {path} ({size:.1f} MB): {len(dash.reports)} settings; best at the first "
-               f"one: {best['policy']}, s = {best['s']}, k = {best['k']}, "
-               f"{best['speedup']:.2f}×" + ("   [SYNTHETIC trace]" if trace.synthetic else ""))
+               f"one: {best.policy}, s = {best.s}, k = {best.k}, "
+               f"{best.speedup:.2f}×" + ("   [SYNTHETIC trace]" if trace.synthetic else ""))
     if open_browser:
         click.launch(path.resolve().as_uri())

@@ -9,10 +9,12 @@ from __future__ import annotations
 import json
 import os
 import sys
+from dataclasses import replace
 
 import click
 
 from specsim.errors import SpecsimError
+from specsim.report import HardwareSummary, ModelSummary, PredictReport, WhatIfReport
 
 DEFAULT_TRACE = "traces/smollm2-135m-greedy-bf16-h200-continuous.jsonl"
 DEFAULT_MODEL = "qwen3-8b"
@@ -21,16 +23,12 @@ FORMATS = ("auto", "specsim", "vllm-metrics", "vllm-requests", "specbench")
 
 
 def _emit_json(obj) -> None:
-    click.echo(json.dumps(obj, indent=2, default=_json_default))
-
-
-def _json_default(x):
-    import numpy as np
-    if isinstance(x, np.generic):
-        return x.item()
-    if isinstance(x, np.ndarray):
-        return x.tolist()
-    raise TypeError(f"not JSON serialisable: {type(x).__name__}")
+    """``obj`` as indented JSON on stdout: a report's ``to_json()``, or plain JSON values
+    (numpy scalars and arrays allowed)."""
+    from specsim.report import to_json_value
+    if hasattr(obj, "to_json"):
+        obj = obj.to_json()
+    click.echo(json.dumps(to_json_value(obj), indent=2))
 
 
 def _float_list(text: str) -> list[float]:
@@ -192,14 +190,10 @@ def predict(trace_path, fmt, model, hardware, batch, context, tp, k_max, policy,
     report = P.predict_trace(trace, costs, opts)
     if holdout is not None:
         try:
-            report["holdout"] = P.holdout_report(trace, costs, opts, holdout, seed)
+            report = replace(report, holdout=P.holdout_report(trace, costs, opts, holdout, seed))
         except ValueError as exc:
             raise SpecsimError(str(exc)) from None
-    report["model"] = _model_summary(spec)
-    report["hardware"] = _hardware_summary(hw)
-    report["tp"] = tp
-    report["costs"] = costs_note
-    _memory_note(report, spec, hw, tp)
+    report = P.describe_setting(report, spec, hw, tp, costs_note)
     return _emit_json(report) if as_json else _print_predict(report)
 
 
@@ -208,141 +202,116 @@ def _default_trace() -> str:
     return shipped_file(DEFAULT_TRACE) or DEFAULT_TRACE
 
 
-def _model_summary(spec) -> dict:
-    return {"name": spec.name, "params": spec.param_count(),
-            "active_params": spec.param_count(active=True),
-            "kv_bytes_per_token": spec.kv_bytes_per_token, "layers": spec.num_layers,
-            "heads": spec.num_heads, "kv_heads": spec.num_kv_heads, "head_dim": spec.head_dim,
-            "sliding_layers": spec.sliding_layers}
-
-
-def _hardware_summary(hw) -> dict:
-    return {"name": hw.name, "bandwidth_TBps": hw.bandwidth / 1e12,
-            "bf16_TFLOPs": hw.flops / 1e12, "ceilings": "measured" if hw.ceilings_measured
-            else "datasheet", "memory_GB": hw.memory_bytes / 1e9}
-
-
-def _memory_note(report: dict, spec, hw, tp: int) -> None:
-    need = max(spec.memory_bytes(g["contexts"], tp) for g in report["groups"])
-    if need > hw.memory_bytes:
-        report["notes"].append(
-            f"the batch does not fit: weights + KV need {need / 1e9:.0f} GB per GPU, "
-            f"{hw.name} has {hw.memory_bytes / 1e9:.0f} GB (lower --batch or raise --tp)")
-
-
-def _print_what_if(r: dict) -> None:
-    if r["mode"] == "alpha":
-        click.echo(f"SparseSpec-L what-if: α = {r['alpha']}, γ = C_d/C_v = {r['gamma']}")
+def _print_what_if(r: WhatIfReport) -> None:
+    if r.mode == "alpha":
+        click.echo(f"SparseSpec-L what-if: α = {r.alpha}, γ = C_d/C_v = {r.gamma}")
         click.echo("S(k) = (αk + 1)/(kγ + 1); dS/dk = (α − γ)/(kγ + 1)²: longer drafts "
-                   + ("help (α > γ)" if r["longer_drafts_help"] else "hurt (α ≤ γ)"))
+                   + ("help (α > γ)" if r.longer_drafts_help else "hurt (α ≤ γ)"))
     else:
-        click.echo(f"Per-position what-if: γ = C_d/C_v = {r['gamma']}; "
+        click.echo(f"Per-position what-if: γ = C_d/C_v = {r.gamma}; "
                    f"S(k) = (1 + Σ_{{i≤k}} P_i)/(kγ + 1)")
-    rows = [[c["k"], f"{c['expected_tokens']:.3f}", f"{c['speedup']:.3f}×"
-             + ("  ← k*" if c["k"] == r["k_star"] else "")] for c in r["curve"]]
+    rows = [[c.k, f"{c.expected_tokens:.3f}", f"{c.speedup:.3f}×"
+             + ("  ← k*" if c.k == r.k_star else "")] for c in r.curve]
     click.echo(_table(["k", "E[m+1]", "speedup"], rows, "rrl"))
-    click.echo(f"k* = {r['k_star']}, speedup {r['speedup_at_k_star']:.3f}×")
+    click.echo(f"k* = {r.k_star}, speedup {r.speedup_at_k_star:.3f}×")
 
 
-def _print_predict(r: dict) -> None:
-    m, hw = r["model"], r["hardware"]
-    click.echo(f"trace     {r['trace']}" + ("   [SYNTHETIC]" if r["synthetic"] else ""))
-    click.echo(f"model     {m['name']}: {m['params'] / 1e9:.2f} B params"
-               + (f" ({m['active_params'] / 1e9:.2f} B active)" if m["active_params"]
-                  != m["params"] else "")
-               + f", KV {_fmt_bytes(m['kv_bytes_per_token'])}/token")
-    click.echo(f"hardware  {hw['name']}: {hw['bandwidth_TBps']:.2f} TB/s, "
-               f"{hw['bf16_TFLOPs']:.0f} TFLOP/s bf16 ({hw['ceilings']} ceilings); "
-               f"batch {r['batch']}, tp {r['tp']}")
-    click.echo(f"costs     {r['costs']}")
+def _print_predict(r: PredictReport) -> None:
+    m, hw = r.model, r.hardware
+    click.echo(f"trace     {r.trace}" + ("   [SYNTHETIC]" if r.synthetic else ""))
+    click.echo(f"model     {m.name}: {m.params / 1e9:.2f} B params"
+               + (f" ({m.active_params / 1e9:.2f} B active)" if m.active_params != m.params
+                  else "")
+               + f", KV {_fmt_bytes(m.kv_bytes_per_token)}/token")
+    click.echo(f"hardware  {hw.name}: {hw.bandwidth_TBps:.2f} TB/s, "
+               f"{hw.bf16_TFLOPs:.0f} TFLOP/s bf16 ({hw.ceilings} ceilings); "
+               f"batch {r.batch}, tp {r.tp}")
+    click.echo(f"costs     {r.costs}")
     click.echo("")
     click.echo("What the trace shows (p_i conditional acceptance, P_i survival):")
     rows = []
-    for g in r["groups"]:
-        pos = g["positions"]
-        ps = " ".join("  - " if p["p"] is None else f"{p['p']:.2f}" for p in pos[:8])
-        rows.append([g["policy"], _s(g["s"]), g["requests"], g["iterations"], g["k_recorded"],
-                     f"{g['observed_tokens_per_iteration']:.2f}", f"{g['observed_alpha']:.2f}",
-                     ps, f"{pos[min(len(pos), 8) - 1]['P']:.2f}"])
+    for g in r.groups:
+        pos = g.positions
+        ps = " ".join("  - " if p.p is None else f"{p.p:.2f}" for p in pos[:8])
+        rows.append([g.policy, _s(g.s), g.requests, g.iterations, g.k_recorded,
+                     f"{g.observed_tokens_per_iteration:.2f}", f"{g.observed_alpha:.2f}",
+                     ps, f"{pos[min(len(pos), 8) - 1].P:.2f}"])
     click.echo(_table(["policy", "s", "requests", "iterations", "k_rec", "tokens/iter", "α",
                        "p_1 … p_8", "P_8"], rows, "lrrrrrrlr"))
     click.echo("")
-    level = int(round(r["confidence_level"] * 100))
+    level = int(round(r.confidence_level * 100))
     click.echo(f"Predicted speedup over plain decoding ({level}% CI: bootstrap over requests, "
-               f"{r['bootstrap']} replicates):")
+               f"{r.bootstrap} replicates):")
     rows = []
-    for g in r["groups"]:
-        split = g["cost_split_at_k_star"]
-        lo, hi = g["speedup_at_k_star_ci"]
-        rows.append([g["policy"], _s(g["s"]), g["k_star"],
-                     f"{g['k_star_ci'][0]}–{g['k_star_ci'][1]}",
-                     f"{g['speedup_at_k_star']:.2f}× [{lo:.2f}, {hi:.2f}]",
-                     f"{g['plain_step_ms']:.2f}",
-                     " / ".join(f"{split[x] * 1e3:.2f}" for x in
-                                ("draft", "verify", "selection", "other"))])
+    for g in r.groups:
+        split = g.cost_split_at_k_star
+        ci = g.speedup_at_k_star_ci
+        rows.append([g.policy, _s(g.s), g.k_star, f"{g.k_star_ci.low}–{g.k_star_ci.high}",
+                     f"{g.speedup_at_k_star:.2f}× [{ci.low:.2f}, {ci.high:.2f}]",
+                     f"{g.plain_step_ms:.2f}",
+                     " / ".join(f"{x * 1e3:.2f}" for x in
+                                (split.draft, split.verify, split.selection, split.other))])
     click.echo(_table(["policy", "s", "k*", "k* CI", "speedup at k* [CI]", "T_ar ms",
                        "T(k*) split ms: draft / verify / sel / other"], rows, "lrrrrrl"))
     click.echo("")
-    best = r["best"]
-    bg = next(g for g in r["groups"] if g["policy"] == best["policy"] and g["s"] == best["s"])
-    click.echo(f"Speedup over k for the best group ({best['policy']}, s = {_s(best['s'])}); "
+    best = r.best
+    click.echo(f"Speedup over k for the best group ({best.policy}, s = {_s(best.s)}); "
                f"* = extrapolated beyond the measured positions:")
-    rows = [[c["k"], f"{c['expected_tokens']:.2f}", f"{c['speedup']:.3f}",
-             f"[{c['speedup_ci'][0]:.3f}, {c['speedup_ci'][1]:.3f}]", f"{c['iteration_ms']:.2f}",
-             ("yes" if c["extend_helps"] else "no") if c["extend_helps"] is not None else "",
-             "*" if c["extrapolated"] else ""] for c in bg["curve"]]
+    rows = [[c.k, f"{c.expected_tokens:.2f}", f"{c.speedup:.3f}",
+             f"[{c.speedup_ci.low:.3f}, {c.speedup_ci.high:.3f}]", f"{c.iteration_ms:.2f}",
+             ("yes" if c.extend_helps else "no") if c.extend_helps is not None else "",
+             "*" if c.extrapolated else ""] for c in r.best_group().curve]
     click.echo(_table(["k", "E[m+1]", "speedup", "CI", "T(k) ms", "k+1 helps", ""], rows))
     click.echo("")
     click.echo("Per policy, tuned on the recorded s values (joint grid optimum vs Vegas 3-step):")
     rows = []
-    for p in r["policies"]:
-        step = p.get("three_step")
-        rows.append([p["policy"], p["k_star"], _s(p["s_star"]), f"{p['speedup']:.3f}×",
-                     f"k={step['k']}, s={_s(step['s'])}, {step['speedup']:.3f}× "
-                     f"(−{step['gap_to_joint'] * 100:.1f}%)" if step else "needs ≥ 2 s values"])
+    for p in r.policies:
+        step = p.three_step
+        rows.append([p.policy, p.k_star, _s(p.s_star), f"{p.speedup:.3f}×",
+                     f"k={step.k}, s={_s(step.s)}, {step.speedup:.3f}× "
+                     f"(−{step.gap_to_joint * 100:.1f}%)" if step else "needs ≥ 2 s values"])
     click.echo(_table(["policy", "k*", "s*", "speedup", "3-step result"], rows, "lrrrl"))
-    if any(p["policy"] == "quest" for p in r["policies"]) and \
-            r.get("cost_model") == "calibrated":
+    if "quest" in r.policy_names and r.cost_model == "calibrated":
         click.echo("(quest: measured on specsim's engine, whose fused page selection scores "
                    "every page of the cache at every draft step — 1.4–1.7× a Vegas draft step "
                    "on the H200 (Qwen3-8B batch 4 at 32K, SmolLM2 batch 32 at 4K). README, "
                    "BENCHMARKS.md.)")
     click.echo("")
-    d = best.get("distinguishable_from_runner_up")
-    line = (f"Best: {best['policy']} at s = {_s(best['s'])}, k = {best['k']}: "
-            f"{best['speedup']:.2f}× [{best['speedup_ci'][0]:.2f}, {best['speedup_ci'][1]:.2f}]")
+    d = best.distinguishable_from_runner_up
+    line = (f"Best: {best.policy} at s = {_s(best.s)}, k = {best.k}: "
+            f"{best.speedup:.2f}× [{best.speedup_ci.low:.2f}, {best.speedup_ci.high:.2f}]")
     if d:
-        ru = d["runner_up"]
-        line += (f"; beats runner-up {ru['policy']} (s = {_s(ru['s'])}, k = {ru['k']}, "
-                 f"{ru['speedup']:.2f}×) in {d['share_of_replicates_best_wins'] * 100:.0f}% of "
-                 f"replicates: " + ("distinguishable" if d["distinguishable"]
+        ru = d.runner_up
+        line += (f"; beats runner-up {ru.policy} (s = {_s(ru.s)}, k = {ru.k}, "
+                 f"{ru.speedup:.2f}×) in {d.share_of_replicates_best_wins * 100:.0f}% of "
+                 f"replicates: " + ("distinguishable" if d.distinguishable
                                     else "NOT distinguishable"))
     click.echo(line)
-    if r["policy_comparison"]:
+    if r.policy_comparison:
         click.echo("")
         click.echo("Policies at their own optima, pairwise (share of bootstrap replicates "
                    "where the first wins" + (", paired by prompt" if
-                                             r["bootstrap_paired_by_prompt"] else "") + "):")
-        rows = [[f"{c['a']} vs {c['b']}", f"{c['a_speedup']:.3f}× vs {c['b_speedup']:.3f}×",
-                 f"{c['share_a_wins'] * 100:.1f}%",
-                 "yes" if c["distinguishable"] else "NO"] for c in r["policy_comparison"]]
+                                             r.bootstrap_paired_by_prompt else "") + "):")
+        rows = [[f"{c.a} vs {c.b}", f"{c.a_speedup:.3f}× vs {c.b_speedup:.3f}×",
+                 f"{c.share_a_wins * 100:.1f}%", "yes" if c.distinguishable else "NO"]
+                for c in r.policy_comparison]
         click.echo(_table(["pair", "speedups", "first wins", "distinguishable"], rows, "lrrl"))
-    if "holdout" in r:
-        h = r["holdout"]
+    if r.holdout is not None:
+        h = r.holdout
         click.echo("")
-        click.echo(f"Held-out tuning: {h['tuning_requests']} requests tune, "
-                   f"{h['evaluation_requests']} evaluate (fraction {h['holdout_fraction']:g}, "
-                   f"seed {h['seed']}):")
-        rows = [[p["policy"], f"k={p['tuned']['k']} s={_s(p['tuned']['s'])}",
-                 f"{p['speedup_on_tuning_part']:.3f}×",
-                 f"{p['speedup_on_evaluation_part']:.3f}× [{p['speedup_ci'][0]:.3f}, "
-                 f"{p['speedup_ci'][1]:.3f}]",
-                 f"k={p['tuned_on_evaluation']['k']} s={_s(p['tuned_on_evaluation']['s'])} "
-                 f"{p['tuned_on_evaluation']['speedup']:.3f}×", f"{p['optimism']:+.3f}"]
-                for p in h["policies"]]
+        click.echo(f"Held-out tuning: {h.tuning_requests} requests tune, "
+                   f"{h.evaluation_requests} evaluate (fraction {h.holdout_fraction:g}, "
+                   f"seed {h.seed}):")
+        rows = [[p.policy, f"k={p.tuned.k} s={_s(p.tuned.s)}",
+                 f"{p.speedup_on_tuning_part:.3f}×",
+                 f"{p.speedup_on_evaluation_part:.3f}× [{p.speedup_ci.low:.3f}, "
+                 f"{p.speedup_ci.high:.3f}]",
+                 f"k={p.tuned_on_evaluation.k} s={_s(p.tuned_on_evaluation.s)} "
+                 f"{p.tuned_on_evaluation.speedup:.3f}×", f"{p.optimism:+.3f}"]
+                for p in h.policies]
         click.echo(_table(["policy", "tuned on tuning part", "there", "on evaluation part",
                            "tuned on evaluation (test)", "optimism"], rows, "llrrlr"))
-    for note in r["notes"]:
+    for note in r.notes:
         click.echo(f"note: {note}")
 
 
@@ -400,7 +369,7 @@ def costs(model, hardware, batch, context, k, sparsity, policy, tp, as_json):
     plain = cm.plain_step(contexts)
     it = cm.iteration(contexts, k, sparsity, policy)
     report = {
-        "model": _model_summary(spec), "hardware": _hardware_summary(hw), "tp": tp,
+        "model": ModelSummary.of(spec), "hardware": HardwareSummary.of(hw), "tp": tp,
         "batch": len(contexts), "contexts": contexts, "k": k, "s": sparsity, "policy": policy,
         "weight_bytes": plain.weight_bytes, "kv_bytes": plain.kv_bytes,
         "t_decode_min_ms": decode_floor_s(spec, hw, contexts, tp) * 1e3,
@@ -460,7 +429,7 @@ def models(ctx, as_json):
     from specsim.specs import known_models, load_model
     specs = [load_model(n) for n in known_models()]
     if as_json:
-        return _emit_json([_model_summary(s) for s in specs])
+        return _emit_json([ModelSummary.of(s) for s in specs])
     rows = [[s.name, s.architecture, f"{s.param_count() / 1e9:.2f}",
              f"{s.param_count(active=True) / 1e9:.2f}", s.num_layers,
              f"{s.num_heads}/{s.num_kv_heads}", s.head_dim,
@@ -476,7 +445,7 @@ def hardware(as_json):
     from specsim.specs import known_hardware, load_hardware
     hws = {n: load_hardware(n) for n in known_hardware()}
     if as_json:
-        return _emit_json({n: _hardware_summary(h) | {
+        return _emit_json({n: HardwareSummary.of(h).to_json() | {
             "datasheet_bandwidth_TBps": h.memory_bandwidth / 1e12,
             "datasheet_bf16_TFLOPs": h.bf16_flops / 1e12} for n, h in hws.items()})
     rows = [[n, h.name, f"{h.memory_bytes / 1e9:.0f}", f"{h.memory_bandwidth / 1e12:.2f}",

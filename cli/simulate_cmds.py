@@ -280,7 +280,7 @@ def _analytical_beside(trace, model, hardware, tp, max_batch, swept, costs_choic
             opts = P.PredictOptions(batch=batch, n_boot=50, k_max=max(r["k"], 1))
             contexts, source = P.workload_contexts(trace, opts, [])
             g = P.predict_group(group, costs, opts, [], contexts, source)
-            values[label] = g["curve"][r["k"] - 1]["speedup"]
+            values[label] = g.at(r["k"]).speedup
         out[(policy, r["s"])] = values
     return out
 

@@ -1,16 +1,23 @@
 """`specsim predict`: from a trace (or a what-if), the speedup curve over k and s, k*, s*,
 confidence intervals, the cost split and which numbers are extrapolated.
 
-The result is a plain dictionary (JSON-ready); :mod:`specsim.cli` formats it as tables.
+The result is a :class:`~specsim.report.PredictReport` (or a
+:class:`~specsim.report.WhatIfReport`); :mod:`specsim.cli` prints it as tables, ``to_json()``
+is its ``--json``.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from specsim import analytical
 from specsim.costs.base import CostModel, IterationCost
+from specsim.report import (CI, Best, Choice, ChoiceSpeedup, CostedAs, CostSplit, CurvePoint,
+                            Distinction, ExtrapolationCheck, GroupResult, HardwareSummary,
+                            Holdout, HoldoutRow, ModelSummary, PolicyComparison,
+                            PolicyOptimum, Position, PredictReport, RunnerUp, ThreeStep,
+                            WhatIfPoint, WhatIfReport)
 from specsim.traces.acceptance import AcceptanceEstimate, estimate_acceptance, extrapolation_error
 from specsim.traces.format import Trace
 
@@ -27,8 +34,8 @@ def batch_contexts(contexts: np.ndarray, batch: int) -> np.ndarray:
     return np.maximum(1, np.round(np.quantile(contexts, q))).astype(np.int64)
 
 
-def _pair(interval: analytical.Interval) -> list[float]:
-    return [interval.low, interval.high]
+def _ci(interval: analytical.Interval) -> CI:
+    return CI(interval.low, interval.high)
 
 
 def _ms(x: float) -> float:
@@ -40,27 +47,26 @@ def _ms(x: float) -> float:
 # --------------------------------------------------------------------------------------------
 
 
-def _curve_report(ks, tokens, speedups, mode: str, extra: dict) -> dict:
+def _curve_report(ks, tokens, speedups, mode: str, gamma: float, **extra) -> WhatIfReport:
     k_star, s_star = analytical.best_k(speedups, ks)
-    return {"mode": mode, **extra, "k_star": k_star, "speedup_at_k_star": s_star,
-            "curve": [{"k": int(k), "expected_tokens": float(e), "speedup": float(s)}
-                      for k, e, s in zip(ks, tokens, speedups)]}
+    return WhatIfReport(mode=mode, gamma=gamma, k_star=k_star, speedup_at_k_star=s_star,
+                        curve=[WhatIfPoint(int(k), float(e), float(s))
+                               for k, e, s in zip(ks, tokens, speedups)], **extra)
 
 
-def what_if_alpha(alpha: float, gamma: float, k_max: int = 16) -> dict:
+def what_if_alpha(alpha: float, gamma: float, k_max: int = 16) -> WhatIfReport:
     """SparseSpec-L Eq. 1 over k = 1..k_max, with Eq. 2's slope."""
     _check_unit("alpha", alpha)
     _check_gamma(gamma)
     ks = np.arange(1, k_max + 1)
     tokens = alpha * ks + 1.0
     speedups = analytical.sparsespec_speedup(alpha, ks, gamma)
-    out = _curve_report(ks, tokens, speedups, "alpha", {"alpha": alpha, "gamma": gamma})
-    out["slope_dS_dk"] = [float(x) for x in analytical.sparsespec_speedup_slope(alpha, ks, gamma)]
-    out["longer_drafts_help"] = bool(alpha > gamma)
-    return out
+    slope = [float(x) for x in analytical.sparsespec_speedup_slope(alpha, ks, gamma)]
+    return _curve_report(ks, tokens, speedups, "alpha", gamma, alpha=alpha, slope_dS_dk=slope,
+                         longer_drafts_help=bool(alpha > gamma))
 
 
-def what_if_rates(rates, gamma: float) -> dict:
+def what_if_rates(rates, gamma: float) -> WhatIfReport:
     """Per-position conditional rates p_1..p_K: ``S(k) = (1 + Σ_{i≤k} P_i) / (k·γ + 1)``."""
     p = np.asarray(rates, float)
     if p.size == 0:
@@ -73,9 +79,8 @@ def what_if_rates(rates, gamma: float) -> dict:
     tokens = analytical.expected_tokens_from_survival(survival)[1:]
     iteration = analytical.iteration_time(ks, gamma, 1.0)
     speedups = analytical.speedup(tokens, 1.0, iteration)
-    out = _curve_report(ks, tokens, speedups, "rates",
-                        {"gamma": gamma, "conditional": p.tolist(), "survival": survival.tolist()})
-    return out
+    return _curve_report(ks, tokens, speedups, "rates", gamma, conditional=p.tolist(),
+                         survival=survival.tolist())
 
 
 def _check_unit(name, x):
@@ -142,12 +147,13 @@ def prompt_weights(trace: Trace, n_boot: int, seed: int):
 
 def predict_group(trace: Trace, costs: CostModel, opts: PredictOptions, notes: list[str],
                   contexts: np.ndarray, context_source: str, paired=None,
-                  acceptance_cache: dict | None = None) -> dict:
+                  acceptance_cache: dict | None = None) -> GroupResult:
     """One (policy, s) group of a trace: its acceptance (replayed, bootstrapped) priced by
     ``costs`` at ``contexts``. ``acceptance_cache`` (a dict kept by the caller for one trace)
     holds what does not depend on the costs or the workload — the acceptance estimate, its
     bootstrap replicates and the extrapolation check — so that pricing the same trace on many
-    (hardware, batch, context) settings replays it once per group."""
+    (hardware, batch, context) settings replays it once per group. The result keeps its
+    bootstrap speedups (``bootstrap_speedups``) for paired comparisons."""
     from specsim.policies import POLICIES
 
     first = (trace.requests or trace.histograms)[0]
@@ -217,53 +223,49 @@ def predict_group(trace: Trace, costs: CostModel, opts: PredictOptions, notes: l
             # the tokens one more draft adds: P_{k+1} in the per-iteration form
             helps = analytical.extend_k_helps(tokens[j + 1] - tokens[j], gamma_prime,
                                               speedups[j])
-        e_ci, s_ci = ci(boot_tokens[:, j]), ci(boot_speedups[:, j])
-        curve.append({
-            "k": int(k), "expected_tokens": float(tokens[j]),
-            "expected_tokens_ci": _pair(e_ci),
-            "emitted_tokens": float(emitted[j]),
-            "speedup": float(speedups[j]), "speedup_ci": _pair(s_ci),
-            "iteration_ms": _ms(t_iter[j]),
-            "split_ms": {name: _ms(v) for name, v in iters[j].split().items()},
-            "extrapolated": bool(est.extrapolated[j]),
-            "replay": "counterfactual" if k <= counts.k_recorded and not est.extrapolated[j]
-                      else "fitted",
-            "extend_helps": helps,
-        })
+        curve.append(CurvePoint(
+            k=int(k), expected_tokens=float(tokens[j]),
+            expected_tokens_ci=_ci(ci(boot_tokens[:, j])),
+            emitted_tokens=float(emitted[j]),
+            speedup=float(speedups[j]), speedup_ci=_ci(ci(boot_speedups[:, j])),
+            iteration_ms=_ms(t_iter[j]),
+            split_ms=CostSplit(**{name: _ms(v) for name, v in iters[j].split().items()}),
+            extrapolated=bool(est.extrapolated[j]),
+            replay="counterfactual" if k <= counts.k_recorded and not est.extrapolated[j]
+                   else "fitted",
+            extend_helps=helps))
     k_ci = ci(boot_kstar)
     if k_star == ks[-1]:
         notes.append(f"{policy} s={s}: k*={k_star} is the largest k evaluated; the optimum may "
                      f"lie beyond (raise --k-max to extrapolate)")
-    out = {
-        "policy": policy, "s": s, "costed_as": {"policy": model_policy, "s": model_s},
-        "requests": len(trace.requests) + len(trace.histograms), "bootstrap_unit": counts.unit,
-        "iterations": counts.iterations, "k_recorded": counts.k_recorded,
-        "observed_positions": est.observed,
-        "observed_tokens_per_iteration": est.observed_tokens_per_iteration,
-        "observed_alpha": est.observed_alpha,
-        "positions": [{"i": i + 1, "reached": int(est.reached[i]),
-                       "p": None if not np.isfinite(est.conditional[i]) else
-                       float(est.conditional[i]),
-                       "P": float(np.prod(np.nan_to_num(est.conditional[: i + 1])))}
-                      for i in range(counts.positions)],
-        "contexts": contexts.tolist(), "context_source": context_source,
-        "plain_step_ms": _ms(plain.seconds),
-        "curve": curve,
-        "k_star": k_star, "speedup_at_k_star": s_at,
-        "speedup_at_k_star_ci": _pair(ci(boot_speedups[:, k_star - 1])),
-        "k_star_ci": [int(k_ci.low), int(k_ci.high)],
-        "k_star_frequency": {int(k): round(float(f) / opts.n_boot, 4)
-                             for k, f in zip(k_values, k_freq)},
-        "cost_split_at_k_star": iters[k_star - 1].split(),
-        "_boot_speedups": boot_speedups,   # dropped from JSON; used for policy comparisons
-    }
-    if extrapolation is not None:
-        out["extrapolation_check"] = extrapolation
-    return out
+    return GroupResult(
+        policy=policy, s=s, costed_as=CostedAs(model_policy, model_s),
+        requests=len(trace.requests) + len(trace.histograms), bootstrap_unit=counts.unit,
+        iterations=counts.iterations, k_recorded=counts.k_recorded,
+        observed_positions=est.observed,
+        observed_tokens_per_iteration=est.observed_tokens_per_iteration,
+        observed_alpha=est.observed_alpha,
+        positions=[Position(i=i + 1, reached=int(est.reached[i]),
+                            p=None if not np.isfinite(est.conditional[i]) else
+                            float(est.conditional[i]),
+                            P=float(np.prod(np.nan_to_num(est.conditional[: i + 1]))))
+                   for i in range(counts.positions)],
+        contexts=contexts.tolist(), context_source=context_source,
+        plain_step_ms=_ms(plain.seconds),
+        curve=curve,
+        k_star=k_star, speedup_at_k_star=s_at,
+        speedup_at_k_star_ci=_ci(ci(boot_speedups[:, k_star - 1])),
+        k_star_ci=CI(int(k_ci.low), int(k_ci.high)),
+        k_star_frequency={int(k): round(float(f) / opts.n_boot, 4)
+                          for k, f in zip(k_values, k_freq)},
+        cost_split_at_k_star=CostSplit(**iters[k_star - 1].split()),
+        extrapolation_check=None if extrapolation is None else
+        ExtrapolationCheck(**extrapolation),
+        bootstrap_speedups=boot_speedups)
 
 
 def predict_trace(trace: Trace, costs: CostModel, opts: PredictOptions | None = None,
-                  acceptance_cache: dict | None = None) -> dict:
+                  acceptance_cache: dict | None = None) -> PredictReport:
     """Speedups of every group of ``trace`` under ``costs``; ``acceptance_cache``: see
     :func:`predict_group` (a dict shared by calls on the same trace)."""
     opts = opts or PredictOptions()
@@ -280,87 +282,82 @@ def predict_trace(trace: Trace, costs: CostModel, opts: PredictOptions | None = 
     groups = [predict_group(g, costs, opts, notes, contexts, context_source, paired,
                             acceptance_cache)
               for g in trace.groups().values()]
-    policies = _by_policy(groups)
-    best = max(groups, key=lambda g: g["speedup_at_k_star"])
-    report = {
-        "trace": trace.path, "synthetic": trace.synthetic, "trace_model": trace.header.get("model"),
-        "bootstrap_paired_by_prompt": paired is not None,
-        "cost_model": costs.name, "batch": opts.batch, "bootstrap": opts.n_boot,
-        "confidence_level": opts.level,
-        "groups": groups, "policies": policies,
-        "best": {"policy": best["policy"], "s": best["s"], "k": best["k_star"],
-                 "speedup": best["speedup_at_k_star"],
-                 "speedup_ci": best["speedup_at_k_star_ci"]},
-        "notes": notes,
-    }
-    report["best"]["distinguishable_from_runner_up"] = _distinguishable(groups, best)
-    report["policy_comparison"] = compare_policies(groups, opts.level)
-    for g in groups:
-        g.pop("_boot_speedups")
-    return report
+    best = max(groups, key=lambda g: g.speedup_at_k_star)
+    return PredictReport(
+        trace=trace.path, synthetic=trace.synthetic, trace_model=trace.header.get("model"),
+        bootstrap_paired_by_prompt=paired is not None,
+        cost_model=costs.name, batch=opts.batch, bootstrap=opts.n_boot,
+        confidence_level=opts.level,
+        groups=[replace(g, bootstrap_speedups=None) for g in groups],
+        policies=_by_policy(groups),
+        best=Best(best.policy, best.s, best.k_star, best.speedup_at_k_star,
+                  best.speedup_at_k_star_ci, _distinguishable(groups, best)),
+        notes=notes,
+        policy_comparison=compare_policies(groups, opts.level))
 
 
-def _distinguishable(groups: list[dict], best: dict) -> dict | None:
+def _boot_at_k_star(group: GroupResult) -> np.ndarray:
+    return group.bootstrap_speedups[:, group.k_star - 1]
+
+
+def _distinguishable(groups: list[GroupResult], best: GroupResult) -> Distinction | None:
     """Is the best (policy, s, k) better than the runner-up group in the bootstrap? Counts
     the replicates in which the best's speedup at its k* beats the runner-up's at its k*."""
     others = [g for g in groups if g is not best]
     if not others:
         return None
-    runner = max(others, key=lambda g: g["speedup_at_k_star"])
-    a = best["_boot_speedups"][:, best["k_star"] - 1]
-    b = runner["_boot_speedups"][:, runner["k_star"] - 1]
+    runner = max(others, key=lambda g: g.speedup_at_k_star)
+    a, b = _boot_at_k_star(best), _boot_at_k_star(runner)
     n = min(a.size, b.size)
     share = float(np.mean(a[:n] > b[:n]))
-    return {"runner_up": {"policy": runner["policy"], "s": runner["s"], "k": runner["k_star"],
-                          "speedup": runner["speedup_at_k_star"]},
-            "share_of_replicates_best_wins": share, "distinguishable": share >= 0.95}
+    return Distinction(RunnerUp(runner.policy, runner.s, runner.k_star, runner.speedup_at_k_star),
+                       share_of_replicates_best_wins=share, distinguishable=share >= 0.95)
 
 
-def compare_policies(groups: list[dict], level: float = 0.95) -> list[dict]:
+def compare_policies(groups: list[GroupResult], level: float = 0.95
+                     ) -> list[PolicyComparison]:
     """Every pair of policies, each at its own optimum (best s and k): in what share of
     bootstrap replicates does the first beat the second (an exact tie counts as half a win, so
     two identical policies share 0.5, not 0)? Two policies are *distinguishable* when that
-    share is ≥ level or ≤ 1 − level."""
-    best: dict[str, dict] = {}
+    share is ≥ level or ≤ 1 − level. The groups must carry their bootstrap speedups (as
+    :func:`predict_group` returns them)."""
+    best: dict[str, GroupResult] = {}
     for g in groups:
-        if g["policy"] not in best or g["speedup_at_k_star"] > best[g["policy"]]["speedup_at_k_star"]:
-            best[g["policy"]] = g
-    ranked = sorted(best.values(), key=lambda g: -g["speedup_at_k_star"])
+        if g.policy not in best or g.speedup_at_k_star > best[g.policy].speedup_at_k_star:
+            best[g.policy] = g
+    ranked = sorted(best.values(), key=lambda g: -g.speedup_at_k_star)
     out = []
     for i, a in enumerate(ranked):
         for b in ranked[i + 1:]:
-            sa = a["_boot_speedups"][:, a["k_star"] - 1]
-            sb = b["_boot_speedups"][:, b["k_star"] - 1]
+            sa, sb = _boot_at_k_star(a), _boot_at_k_star(b)
             n = min(sa.size, sb.size)
             share = float(np.mean((sa[:n] > sb[:n]) + 0.5 * (sa[:n] == sb[:n])))
-            out.append({"a": a["policy"], "b": b["policy"],
-                        "a_speedup": a["speedup_at_k_star"], "b_speedup": b["speedup_at_k_star"],
-                        "share_a_wins": share,
-                        "distinguishable": share >= level or share <= 1.0 - level})
+            out.append(PolicyComparison(a.policy, b.policy, a.speedup_at_k_star,
+                                        b.speedup_at_k_star, share_a_wins=share,
+                                        distinguishable=share >= level or share <= 1.0 - level))
     return out
 
 
-def _by_policy(groups: list[dict]) -> list[dict]:
+def _by_policy(groups: list[GroupResult]) -> list[PolicyOptimum]:
     """Per policy: the joint (k*, s*) over the recorded s values and, with ≥ 2 s values,
     Vegas' 3-step tuning path beside it."""
     out = []
-    for policy in sorted({g["policy"] for g in groups}):
-        gs = sorted((g for g in groups if g["policy"] == policy),
-                    key=lambda g: -1 if g["s"] is None else g["s"])
-        k_common = min(len(g["curve"]) for g in gs)
+    for policy in sorted({g.policy for g in groups}):
+        gs = sorted((g for g in groups if g.policy == policy),
+                    key=lambda g: -1 if g.s is None else g.s)
+        k_common = min(len(g.curve) for g in gs)
         ks = list(range(1, k_common + 1))
-        ss = [g["s"] if g["s"] is not None else float("nan") for g in gs]
-        speed = np.array([[g["curve"][k - 1]["speedup"] for g in gs] for k in ks])
-        tokens = np.array([[g["curve"][k - 1]["expected_tokens"] for g in gs] for k in ks])
+        ss = [g.s if g.s is not None else float("nan") for g in gs]
+        speed = np.array([[g.at(k).speedup for g in gs] for k in ks])
+        tokens = np.array([[g.at(k).expected_tokens for g in gs] for k in ks])
         k_star, s_star, best = analytical.best_k_s(speed, ks, ss)
-        entry = {"policy": policy, "k_star": k_star, "s_star": None if np.isnan(s_star)
-                 else s_star, "speedup": best, "s_values": [g["s"] for g in gs]}
-        if len(gs) >= 2 and not any(g["s"] is None for g in gs):
+        three = None
+        if len(gs) >= 2 and not any(g.s is None for g in gs):
             path = analytical.vegas_three_step(tokens, speed, ks, ss)
-            entry["three_step"] = {"path": [list(p) for p in path.path], "k": path.k_step2,
-                                   "s": path.s_step3, "speedup": path.speedup,
-                                   "gap_to_joint": path.gap}
-        out.append(entry)
+            three = ThreeStep(path=[tuple(p) for p in path.path], k=path.k_step2,
+                              s=path.s_step3, speedup=path.speedup, gap_to_joint=path.gap)
+        out.append(PolicyOptimum(policy, k_star, None if np.isnan(s_star) else s_star, best,
+                                 [g.s for g in gs], three))
     return out
 
 
@@ -398,38 +395,54 @@ def split_trace(trace: Trace, fraction: float, seed: int = 0) -> tuple[Trace, Tr
 
 
 def holdout_report(trace: Trace, costs: CostModel, opts: PredictOptions, fraction: float,
-                   seed: int = 0) -> dict:
+                   seed: int = 0) -> Holdout:
     """Pick each policy's (k*, s*) on the tuning part, report its speedup on the evaluation
     part, and the optimism of tuning on the evaluation part itself:
     ``optimism = S_eval(tuned on eval) − S_eval(tuned on the tuning part)`` (≥ 0)."""
     tune, evaluate = split_trace(trace, fraction, seed)
     tuned = predict_trace(tune, costs, opts)
     tested = predict_trace(evaluate, costs, opts)
-    curve = {(g["policy"], g["s"]): g["curve"] for g in tested["groups"]}
     rows = []
-    own_by_policy = {p["policy"]: p for p in tested["policies"]}
-    for picked in tuned["policies"]:
-        own = own_by_policy[picked["policy"]]
-        k, s = picked["k_star"], picked["s_star"]
-        on_eval = curve[(picked["policy"], s)][k - 1]
-        rows.append(holdout_row(picked["policy"], (k, s), picked["speedup"], on_eval["speedup"],
-                                (own["k_star"], own["s_star"], own["speedup"]),
-                                speedup_ci=on_eval["speedup_ci"]))
-    rows.sort(key=lambda r: -r["speedup_on_evaluation_part"])
-    return {"holdout_fraction": fraction, "seed": seed,
-            "tuning_requests": len(tune.requests), "evaluation_requests": len(evaluate.requests),
-            "policies": rows, "best": rows[0]}
+    for picked in tuned.policies:
+        own = tested.policy(picked.policy)
+        on_eval = tested.group(picked.policy, picked.s_star).at(picked.k_star)
+        rows.append(held_out_row(picked.policy, (picked.k_star, picked.s_star), picked.speedup,
+                                 on_eval.speedup, (own.k_star, own.s_star, own.speedup),
+                                 speedup_ci=on_eval.speedup_ci))
+    rows.sort(key=lambda r: -r.speedup_on_evaluation_part)
+    return Holdout(holdout_fraction=fraction, seed=seed, tuning_requests=len(tune.requests),
+                   evaluation_requests=len(evaluate.requests), policies=rows, best=rows[0])
 
 
-def holdout_row(policy: str, tuned: tuple, on_tuning: float, on_evaluation: float,
-                own: tuple, **extra) -> dict:
+def held_out_row(policy: str, tuned: tuple, on_tuning: float, on_evaluation: float,
+                 own: tuple, speedup_ci: CI | None = None) -> HoldoutRow:
     """One policy's held-out result, the same for the analytical and the simulated tuning:
     ``tuned`` = (k, s) picked on the tuning part, its speedup there and on the evaluation
     part, and ``own`` = (k, s, speedup) picked on the evaluation part itself; ``optimism`` is
     how much tuning on the test set would have flattered the result."""
     k, s = tuned
     own_k, own_s, own_speedup = own
-    return {"policy": policy, "tuned": {"k": k, "s": s},
-            "speedup_on_tuning_part": on_tuning, "speedup_on_evaluation_part": on_evaluation,
-            **extra, "tuned_on_evaluation": {"k": own_k, "s": own_s, "speedup": own_speedup},
-            "optimism": own_speedup - on_evaluation}
+    return HoldoutRow(policy, Choice(k, s), on_tuning, on_evaluation,
+                      ChoiceSpeedup(own_k, own_s, own_speedup), own_speedup - on_evaluation,
+                      speedup_ci=speedup_ci)
+
+
+def holdout_row(policy: str, tuned: tuple, on_tuning: float, on_evaluation: float,
+                own: tuple) -> dict:
+    """:func:`held_out_row` as its JSON object, for the simulator's held-out sweep
+    (:func:`specsim.simulator.tuning.holdout_summary`), whose rows are JSON objects."""
+    return held_out_row(policy, tuned, on_tuning, on_evaluation, own).to_json()
+
+
+def describe_setting(report: PredictReport, spec, hw, tp: int, costs_note: str
+                     ) -> PredictReport:
+    """The report with what it was costed for (model, hardware, tp, cost model) and a note
+    when the batch does not fit in the GPU's memory."""
+    need = max(spec.memory_bytes(g.contexts, tp) for g in report.groups)
+    notes = list(report.notes)
+    if need > hw.memory_bytes:
+        notes.append(f"the batch does not fit: weights + KV need {need / 1e9:.0f} GB per GPU, "
+                     f"{hw.name} has {hw.memory_bytes / 1e9:.0f} GB (lower --batch or raise "
+                     f"--tp)")
+    return replace(report, model=ModelSummary.of(spec), hardware=HardwareSummary.of(hw), tp=tp,
+                   costs=costs_note, notes=notes)

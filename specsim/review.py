@@ -29,6 +29,7 @@ import numpy as np
 from specsim import analytical
 from specsim import predict as P
 from specsim.errors import SpecsimError
+from specsim.report import GroupResult, PredictReport
 from specsim.traces.format import Trace
 
 PROXY_VERSION = 1
@@ -313,8 +314,8 @@ def infer_prompt_ids(trace: Trace) -> str | None:
             "(PROMPT|POLICY|kK|sS, as `specsim trace` writes them)")
 
 
-def _groups_with_bootstrap(trace: Trace, costs, opts: P.PredictOptions) -> list[dict]:
-    """predict's groups with their bootstrap speedups kept (``_boot_speedups``), computed
+def _groups_with_bootstrap(trace: Trace, costs, opts: P.PredictOptions) -> list[GroupResult]:
+    """predict's groups with their bootstrap speedups kept (``bootstrap_speedups``), computed
     exactly as ``predict_trace`` does (same workload, same paired prompt weights, same seed)."""
     notes: list[str] = []
     contexts, source = P.workload_contexts(trace, opts, notes)
@@ -323,29 +324,27 @@ def _groups_with_bootstrap(trace: Trace, costs, opts: P.PredictOptions) -> list[
             for g in trace.groups().values()]
 
 
-def _optimum_group(groups: list[dict], policy: str) -> dict:
-    return max((g for g in groups if g["policy"] == policy),
-               key=lambda g: g["speedup_at_k_star"])
+def _optimum_group(groups: list[GroupResult], policy: str) -> GroupResult:
+    return max((g for g in groups if g.policy == policy), key=lambda g: g.speedup_at_k_star)
 
 
-def tuning_answer(report: dict) -> dict:
+def tuning_answer(report: PredictReport) -> dict:
     """(2): every policy at its own optimum on the grid it was evaluated on, with CIs."""
-    groups = {(g["policy"], g["s"]): g for g in report["groups"]}
-    s_by_policy = {p["policy"]: p["s_values"] for p in report["policies"]}
-    k_by_policy = {p["policy"]: min(len(groups[(p["policy"], s)]["curve"]) for s in
-                                    p["s_values"]) for p in report["policies"]}
+    s_by_policy = {p.policy: p.s_values for p in report.policies}
+    k_by_policy = {p.policy: min(len(report.group(p.policy, s).curve) for s in p.s_values)
+                   for p in report.policies}
     same = (len({tuple(v) for v in s_by_policy.values()}) == 1
             and len(set(k_by_policy.values())) == 1)
     rows = []
-    for p in report["policies"]:
-        g = groups[(p["policy"], p["s_star"])]
-        point = g["curve"][p["k_star"] - 1]
-        rows.append({"policy": p["policy"], "k_star": p["k_star"], "s_star": p["s_star"],
-                     "speedup": p["speedup"], "speedup_ci": point["speedup_ci"],
-                     "expected_tokens": point["expected_tokens"],
-                     "k_star_ci_at_s_star": g["k_star_ci"],
-                     "extrapolated": point["extrapolated"],
-                     "three_step": p.get("three_step")})
+    for p in report.policies:
+        g = report.group(p.policy, p.s_star)
+        point = g.at(p.k_star)
+        rows.append({"policy": p.policy, "k_star": p.k_star, "s_star": p.s_star,
+                     "speedup": p.speedup, "speedup_ci": list(point.speedup_ci),
+                     "expected_tokens": point.expected_tokens,
+                     "k_star_ci_at_s_star": list(g.k_star_ci),
+                     "extrapolated": point.extrapolated,
+                     "three_step": None if p.three_step is None else p.three_step.to_json()})
     rows.sort(key=lambda r: -r["speedup"])
     return {"grid": {"k": f"1..{max(k_by_policy.values())}" if same else k_by_policy,
                      "s": next(iter(s_by_policy.values())) if same else s_by_policy,
@@ -353,20 +352,20 @@ def tuning_answer(report: dict) -> dict:
             "policies": rows}
 
 
-def comparison_answer(groups: list[dict], level: float) -> list[dict]:
+def comparison_answer(groups: list[GroupResult], level: float) -> list[dict]:
     """(4): every pair of policies at their own optima: predict's share of bootstrap replicates
     the first wins, plus the CI of the speedup difference (paired when the trace has prompt
     ids)."""
     out = []
     for row in P.compare_policies(groups, level):
-        a, b = _optimum_group(groups, row["a"]), _optimum_group(groups, row["b"])
-        sa = a["_boot_speedups"][:, a["k_star"] - 1]
-        sb = b["_boot_speedups"][:, b["k_star"] - 1]
+        a, b = _optimum_group(groups, row.a), _optimum_group(groups, row.b)
+        sa = a.bootstrap_speedups[:, a.k_star - 1]
+        sb = b.bootstrap_speedups[:, b.k_star - 1]
         n = min(sa.size, sb.size)
         ci = analytical.percentile_interval(sa[:n] - sb[:n], level)
-        out.append({**row, "a_at": {"k": a["k_star"], "s": a["s"]},
-                    "b_at": {"k": b["k_star"], "s": b["s"]},
-                    "difference": row["a_speedup"] - row["b_speedup"],
+        out.append({**row.to_json(), "a_at": {"k": a.k_star, "s": a.s},
+                    "b_at": {"k": b.k_star, "s": b.s},
+                    "difference": row.a_speedup - row.b_speedup,
                     "difference_ci": [ci.low, ci.high]})
     return out
 
@@ -391,14 +390,14 @@ def review_trace(trace: Trace, costs, opts: P.PredictOptions, holdout: float = 0
         "trace": trace.path, "synthetic": trace.synthetic,
         "trace_model": trace.header.get("model"), "cost_model": costs.name,
         "batch": opts.batch, "bootstrap": opts.n_boot, "confidence_level": opts.level,
-        "bootstrap_paired_by_prompt": report["bootstrap_paired_by_prompt"],
+        "bootstrap_paired_by_prompt": report.bootstrap_paired_by_prompt,
         "requests": len(trace.requests) + len(trace.histograms),
         "prompts": len({r.prompt_id for r in trace.requests if r.prompt_id is not None}),
         "tuning": tuning_answer(report),
-        "holdout": held,
+        "holdout": held.to_json(),
         "comparison": comparison_answer(groups, opts.level),
-        "best": report["best"],
-        "notes": notes + report["notes"],
+        "best": report.best.to_json(),
+        "notes": notes + report.notes,
     }
 
 

@@ -4,6 +4,7 @@ test_dashboard_browser.py)."""
 import itertools
 import json
 import re
+from dataclasses import replace
 
 import numpy as np
 import plotly.graph_objects as go
@@ -13,7 +14,7 @@ from click.testing import CliRunner
 from specsim import analytical
 from specsim.cli.dashboard_cmd import dashboard_cmd
 from specsim.costs import RooflineCostModel
-from specsim.costs.calibrated import Calibration, Measurement
+from specsim.costs.calibration_file import Calibration, Measurement
 from specsim.dashboards import DashboardOptions, Validation, build_dashboard
 from specsim.dashboards import data as D
 from specsim.dashboards import validation
@@ -23,6 +24,7 @@ from specsim.dashboards.validation import (ReadContext, ValidationPoint, load_va
                                            register_reader, validation_data)
 from specsim.errors import SpecsimError
 from specsim.predict import PredictOptions, predict_trace
+from specsim.report import CI, CostSplit, CurvePoint
 from repo import REPO_ROOT
 from specsim.specs import load_hardware, load_model
 from specsim.traces.format import RequestTrace, make_header, read_trace, write_trace
@@ -71,13 +73,13 @@ def small_dashboard(trace, model):
 
 
 def test_heatmap_maximum_is_the_analytical_optimum(report):
-    for policy in D.policies(report):
+    for policy in report.policy_names:
         d = D.heatmap_data(report, policy)
         grid = np.array(d["speedup"])                       # [i_s][i_k]
         i_s, i_k = np.unravel_index(np.argmax(grid), grid.shape)
-        entry = D.policy_entry(report, policy)
-        assert (d["ks"][i_k], d["ss"][i_s]) == (entry["k_star"], entry["s_star"])
-        assert grid.max() == pytest.approx(entry["speedup"])
+        entry = report.policy(policy)
+        assert (d["ks"][i_k], d["ss"][i_s]) == (entry.k_star, entry.s_star)
+        assert grid.max() == pytest.approx(entry.speedup)
         # and the same argmax as analytical.best_k_s on the [i_k, i_s] grid
         k_star, s_star, best = analytical.best_k_s(grid.T, d["ks"], d["ss"])
         assert (k_star, s_star) == (d["k_star"], d["s_star"])
@@ -87,18 +89,18 @@ def test_heatmap_maximum_is_the_analytical_optimum(report):
 def test_heatmap_cells_are_predicts_numbers(report):
     d = D.heatmap_data(report, "vegas")
     assert d["ss"] == [0.03, 0.05, 0.07, 0.1] and d["ks"] == list(range(1, 13))
-    g = D.group_at(report, "vegas", 0.05)
-    c = g["curve"][6]                                         # k = 7
-    assert d["speedup"][1][6] == c["speedup"]
-    assert [d["speedup_low"][1][6], d["speedup_high"][1][6]] == c["speedup_ci"]
-    assert d["iteration_ms"][1][6] == c["iteration_ms"]
+    g = report.group("vegas", 0.05)
+    c = g.at(7)
+    assert d["speedup"][1][6] == c.speedup
+    assert (d["speedup_low"][1][6], d["speedup_high"][1][6]) == c.speedup_ci
+    assert d["iteration_ms"][1][6] == c.iteration_ms
     # E[m+1]·T_ar / T(k, s)
     assert d["speedup"][1][6] == pytest.approx(
-        c["expected_tokens"] * g["plain_step_ms"] / c["iteration_ms"], rel=1e-5)
+        c.expected_tokens * g.plain_step_ms / c.iteration_ms, rel=1e-5)
 
 
 def test_heatmap_three_step_path(report):
-    for policy in D.policies(report):
+    for policy in report.policy_names:
         d = D.heatmap_data(report, policy)
         three = d["three_step"]
         k_max = max(d["ks"])
@@ -118,11 +120,11 @@ def test_heatmap_three_step_path(report):
 
 def test_inversion_point_agrees_with_extend_k_helps(report):
     curves = D.speedup_curves_data(report)
-    assert [p["policy"] for p in curves["policies"]] == D.policies(report)
+    assert [p["policy"] for p in curves["policies"]] == report.policy_names
     for p in curves["policies"]:
-        g = D.group_at(report, p["policy"], p["s"])
+        g = report.group(p["policy"], p["s"])
         tokens, t = np.array(p["expected_tokens"]), np.array(p["iteration_ms"])
-        t_ar = g["plain_step_ms"]
+        t_ar = g.plain_step_ms
         first = None
         for j in range(len(tokens) - 1):
             survival_next = tokens[j + 1] - tokens[j]              # P_{k+1}
@@ -140,14 +142,18 @@ def test_inversion_point_agrees_with_extend_k_helps(report):
             assert lo <= s <= hi, (p["policy"], k)
 
 
+def _point(k, extend_helps, iteration_ms, expected_tokens, speedup):
+    return CurvePoint(k, expected_tokens, CI(expected_tokens, expected_tokens), expected_tokens,
+                      speedup, CI(speedup, speedup), iteration_ms,
+                      CostSplit(0.0, iteration_ms, 0.0, 0.0), False, "counterfactual",
+                      extend_helps)
+
+
 def test_inversion_none_when_every_extension_helps():
-    group = {"plain_step_ms": 1.0, "curve": [
-        {"k": 1, "extend_helps": True, "iteration_ms": 1.1, "expected_tokens": 1.9, "speedup": 1.7},
-        {"k": 2, "extend_helps": None, "iteration_ms": 1.2, "expected_tokens": 2.7,
-         "speedup": 2.2}]}
-    assert D.inversion_point(group) is None
-    group["curve"][0]["extend_helps"] = False
-    inv = D.inversion_point(group)
+    curve = [_point(1, True, 1.1, 1.9, 1.7), _point(2, None, 1.2, 2.7, 2.2)]
+    assert D.inversion_point(curve, plain_step_ms=1.0) is None
+    curve[0] = replace(curve[0], extend_helps=False)
+    inv = D.inversion_point(curve, plain_step_ms=1.0)
     assert inv["k"] == 1 and inv["survival_next"] == pytest.approx(0.8)
     assert inv["relative_step_cost"] == pytest.approx(0.1)
     assert inv["threshold"] == pytest.approx(0.17)
@@ -167,14 +173,14 @@ def test_breakdown_sums_to_iteration_time(report):
         assert sum(r["split_ms"].values()) == pytest.approx(r["iteration_ms"], abs=1e-5)
         assert r["plain_same_tokens_ms"] / r["iteration_ms"] == pytest.approx(r["speedup"],
                                                                             rel=1e-5)
-        entry = D.policy_entry(report, r["policy"])
-        assert (r["k"], r["s"]) == (entry["k_star"], entry["s_star"])
+        entry = report.policy(r["policy"])
+        assert (r["k"], r["s"]) == (entry.k_star, entry.s_star)
 
 
 def test_breakdown_matches_the_cost_model(report, trace, costs):
     r = next(x for x in D.breakdown_data(report)["policies"] if x["policy"] == "quest")
-    g = D.group_at(report, "quest", r["s"])
-    it = costs.iteration(g["contexts"], r["k"], r["s"], "quest")
+    g = report.group("quest", r["s"])
+    it = costs.iteration(g.contexts, r["k"], r["s"], "quest")
     assert r["iteration_ms"] == pytest.approx(it.seconds * 1e3, abs=1e-5)
     assert r["split_ms"]["selection"] == pytest.approx(it.selection.seconds * 1e3, abs=1e-5)
     assert r["split_ms"]["draft"] == pytest.approx(r["k"] * it.draft_step.seconds * 1e3, abs=1e-5)
@@ -239,14 +245,17 @@ def regime(trace, report, costs, model, h200):
                          contexts=(1024, 4096, 65536), reference_k=4)
 
 
-@pytest.mark.parametrize("ib,ic", [(0, 1), (1, 2), (2, 0), (3, 0)])
-def test_regime_cell_equals_predict(regime, trace, costs, ib, ic):
-    b, c = regime["batches"][ib], regime["contexts"][ic]
-    r = predict_trace(trace, costs, PredictOptions(batch=b, context=c, n_boot=50))
-    best = r["best"]
-    assert regime["speedup"][ib][ic] == pytest.approx(best["speedup"], rel=1e-12)
-    assert (regime["policy"][ib][ic], regime["s"][ib][ic], regime["k"][ib][ic]) == \
-        (best["policy"], best["s"], best["k"])
+def test_regime_cell_equals_predict(regime, trace, costs):
+    """Each cell is predict's best for ``--batch b --context c`` (memory-bound, compute-bound
+    and in-between cells)."""
+    acceptance: dict = {}
+    for ib, ic in [(0, 1), (1, 2), (2, 0), (3, 0)]:
+        b, c = regime["batches"][ib], regime["contexts"][ic]
+        best = predict_trace(trace, costs, PredictOptions(batch=b, context=c, n_boot=50),
+                             acceptance).best
+        assert regime["speedup"][ib][ic] == pytest.approx(best.speedup, rel=1e-12)
+        assert (regime["policy"][ib][ic], regime["s"][ib][ic], regime["k"][ib][ic]) == \
+            (best.policy, best.s, best.k)
 
 
 def test_regime_memory_fit_by_hand(regime, model, h200):
@@ -490,15 +499,19 @@ def test_dashboard_command(tmp_path):
 
 def test_dashboard_shows_the_shipped_validation_by_default(tmp_path):
     """Without --calibration the measured-vs-predicted figures show the shipped validation run
-    of the trace's model on the first hardware (SmolLM2 on the H200: round 6, 50
-    configurations); --calibration none leaves them out; a model with no shipped run has none."""
+    of the trace's model on the first hardware (SmolLM2 on the H200); --calibration none
+    leaves them out; a (model, hardware) with no shipped run has none."""
     from specsim.cli.dashboard_cmd import SHIPPED_VALIDATION
-    from repo import REPO_ROOT
+    from specsim.shipped import shipped_file
 
     for path in SHIPPED_VALIDATION.values():
-        assert (REPO_ROOT / path).exists(), path
-    fast = ["--compare-hardware", "h200", "--batches", "8", "--contexts", "16384",
-            "--bootstrap", "50"]
+        assert shipped_file(path), path
+    trace = tmp_path / "smollm2.jsonl"      # small, recorded on SmolLM2 as its header says
+    write_trace(trace, make_header(source="test", model="smollm2-135m"),
+                [RequestTrace(f"r{i}", "vegas", 0.05, np.arange(2000, 2040) + i,
+                              np.full(40, 4), np.arange(40) % 5) for i in range(4)])
+    fast = ["--trace", str(trace), "--compare-hardware", "h200", "--batches", "8",
+            "--contexts", "16384", "--bootstrap", "50"]
     pages = {}
     for name, extra in (("default", []), ("none", ["--calibration", "none"]),
                         ("l40s", ["--hardware", "l40s"])):
@@ -509,7 +522,8 @@ def test_dashboard_shows_the_shipped_validation_by_default(tmp_path):
     ids = {name: [s["id"] for s in page["slots"]] for name, page in pages.items()}
     assert ids["default"][-2:] == ["fig-validation", "fig-validation-errors"]
     assert "fig-validation" not in ids["none"] and "fig-validation" not in ids["l40s"]
-    assert "Source: validation-report-h200-r7.json" in (tmp_path / "default.html").read_text()
+    shipped = SHIPPED_VALIDATION[("smollm2-135m", "h200")].rsplit("/", 1)[1]
+    assert f"Source: {shipped}" in (tmp_path / "default.html").read_text()
     figures = json.dumps(pages["default"]["figures"])
     assert "smollm2 vegas s=0.1 k=15" in figures and "qwen3-8b vegas" not in figures
 

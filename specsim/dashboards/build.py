@@ -25,6 +25,7 @@ from specsim.atomic import write_text_atomic
 from specsim.dashboards.page import Control, Page, Section, Slot, render_page
 from specsim.dashboards.validation import ValidationPoint, validation_data
 from specsim.predict import DEFAULT_CONTEXT, PredictOptions, predict_trace, workload_contexts
+from specsim.report import PredictReport
 from specsim.specs import HardwareSpec, ModelSpec
 from specsim.traces.format import Trace
 
@@ -62,8 +63,9 @@ class Dashboard:
     """Everything the page shows, before HTML: the page spec and the default report."""
 
     page: Page
-    default_report: dict
-    reports: dict[str, dict] = field(default_factory=dict)   # "hw|batch|context" → report
+    default_report: PredictReport
+    #: "hw|batch|context" → report
+    reports: dict[str, PredictReport] = field(default_factory=dict)
 
     def html(self) -> str:
         return render_page(self.page)
@@ -127,9 +129,10 @@ def build_dashboard(trace: Trace, model: ModelSpec, hardware: Mapping[str, Hardw
             seed=opts.seed, policy=opts.policy, sparsity=opts.sparsity), acceptance)
 
     # the default setting first: it fixes the policy list and the trace's context range
-    default_costs = make_cost_model(model, hardware[opts.hardware], opts.tp, opts.costs)[0]
+    default_costs, costs_note = make_cost_model(model, hardware[opts.hardware], opts.tp,
+                                                opts.costs)
     default_report = predict(default_costs, opts.batch, opts.context)
-    policies = D.policies(default_report)
+    policies = default_report.policy_names
     has_contexts = workload_contexts(trace, PredictOptions(), [])[1] == "trace quantiles"
     trace_ctx_label = "as recorded" if has_contexts else \
         f"assumed {F.tokens_label(DEFAULT_CONTEXT)} (trace has none)"
@@ -141,12 +144,12 @@ def build_dashboard(trace: Trace, model: ModelSpec, hardware: Mapping[str, Hardw
         """The batch's actual context lengths (they follow the trace's quantiles)."""
         if context is not None or not has_contexts:
             return ctx_label(context)
-        ctx = report["groups"][0]["contexts"]
+        ctx = report.groups[0].contexts
         lo, hi = F.tokens_label(min(ctx)), F.tokens_label(max(ctx))
         return f"as recorded, {lo}" if lo == hi else f"as recorded, {lo}–{hi}"
 
     heat, curves, breakdown, regime, headlines = {}, {}, {}, {}, {}
-    reports: dict[str, dict] = {}
+    reports: dict[str, PredictReport] = {}
     for hw_key, hw in hardware.items():
         costs = make_cost_model(model, hw, opts.tp, opts.costs)[0]
         say(f"predicting on {hw.name}: {len(batches)} batch sizes × {len(contexts)} contexts")
@@ -167,7 +170,7 @@ def build_dashboard(trace: Trace, model: ModelSpec, hardware: Mapping[str, Hardw
             f"{len(opts.regime_contexts)} contexts")
         rd = D.regime_data(trace, default_report, costs, model, hw, opts.regime_batches,
                            opts.regime_contexts, k_max=opts.k_max, tp=opts.tp,
-                           reference_k=default_report["best"]["k"])
+                           reference_k=default_report.best.k)
         regime[hw_key] = F.regime_figure(rd, f"{model.name} on {_short_name(hw)} · tp {opts.tp} "
                                              f"· every sequence at the same context")
     positions = {p: F.position_acceptance_figure(D.position_acceptance_data(default_report, p),
@@ -177,8 +180,8 @@ def build_dashboard(trace: Trace, model: ModelSpec, hardware: Mapping[str, Hardw
     by_context = {p: F.context_acceptance_figure(cad, p, f"iterations binned by context length "
                                                          f"({len(cad['edges']) - 1} equal-count "
                                                          f"bins)") for p in policies}
-    default_policy = default_report["best"]["policy"]
-    level = int(round(default_report["confidence_level"] * 100))
+    default_policy = default_report.best.policy
+    level = int(round(default_report.confidence_level * 100))
     sections = [
         Section("Which draft length k and sparsity s", [
             Slot("fig-heatmap", ("hardware", "batch", "context", "policy"), heat, caption=(
@@ -196,7 +199,7 @@ def build_dashboard(trace: Trace, model: ModelSpec, hardware: Mapping[str, Hardw
         ]),
         Section("Why: cost and acceptance", [
             Slot("fig-breakdown", ("hardware", "batch", "context"), breakdown, caption=(
-                "Roofline time of one speculative iteration at each policy's optimum, split "
+                "Predicted time of one speculative iteration at each policy's optimum, split "
                 "into k draft steps, the verify pass over k+1 tokens, KV selection and fixed "
                 "overhead. The black tick is what plain decoding needs for the same expected "
                 "tokens; the label is their ratio, the speedup.")),
@@ -204,7 +207,7 @@ def build_dashboard(trace: Trace, model: ModelSpec, hardware: Mapping[str, Hardw
                 "Best speedup (over all policies, s and k) when every sequence has the same "
                 "context length. Acceptance is the trace's, held fixed across contexts; only "
                 "the costs change. The black line marks where the verify pass of "
-                f"k = {default_report['best']['k']} drafts (the best k of the first setting) "
+                f"k = {default_report.best.k} drafts (the best k of the first setting) "
                 "turns from memory-bound to compute-bound; grey cells do not fit in GPU "
                 "memory. The dotted box is the batch and context chosen above.")),
             Slot("fig-positions", ("policy",), positions, caption=(
@@ -233,8 +236,9 @@ def build_dashboard(trace: Trace, model: ModelSpec, hardware: Mapping[str, Hardw
     hw0 = hardware[opts.hardware]
     controls = [
         Control("hardware", "Hardware", [(k, _short_name(h)) for k, h in hardware.items()],
-                opts.hardware, "GPU whose roofline (measured ceilings where known) costs "
-                               "each step"),
+                opts.hardware, "GPU whose cost model prices each step (its shipped "
+                               "calibration for the model where there is one, else the "
+                               "roofline)"),
         Control("batch", "Batch", [(str(b), str(b)) for b in batches], str(opts.batch),
                 "sequences decoded together"),
         Control("context", "Context", [(_context_value(c), ctx_label(c)) for c in contexts],
@@ -243,16 +247,16 @@ def build_dashboard(trace: Trace, model: ModelSpec, hardware: Mapping[str, Hardw
         Control("policy", "Policy", [(p, p) for p in policies], default_policy,
                 "KV selection policy for the heatmap and the acceptance figures"),
     ]
-    groups = default_report["groups"]
+    groups = default_report.groups
     facts = [
         ("trace", trace_label or str(trace.path or "")),
         ("trace model", str(trace.header.get("model") or "not stated")),
-        ("requests / iterations", f"{sum(g['requests'] for g in groups):,} / "
-                                  f"{sum(g['iterations'] for g in groups):,} in "
+        ("requests / iterations", f"{sum(g.requests for g in groups):,} / "
+                                  f"{sum(g.iterations for g in groups):,} in "
                                   f"{len(groups)} (policy, s) groups"),
         ("costed for", f"{model.name} ({model.param_count() / 1e9:.2f} B params, "
                        f"KV {model.kv_bytes_per_token / 1024:.0f} KiB/token), tp {opts.tp}"),
-        ("costs", f"roofline; default hardware {_short_name(hw0)} "
+        ("costs", f"on {_short_name(hw0)}: {costs_note} "
                   f"({'measured' if hw0.ceilings_measured else 'datasheet'} ceilings)"),
     ]
     warning = ""
@@ -262,15 +266,15 @@ def build_dashboard(trace: Trace, model: ModelSpec, hardware: Mapping[str, Hardw
                    "its acceptance numbers illustrate the tool and describe no model."
                    + (f" <i>Trace header: “{html.escape(description)}”</i>" if description
                       else ""))
-    other_notes = sorted({n for r in reports.values() for n in r["notes"]
+    other_notes = sorted({n for r in reports.values() for n in r.notes
                           if "SYNTHETIC" not in n and "does not fit" not in n})
     if len(other_notes) > MAX_NOTES:
         other_notes = other_notes[:MAX_NOTES] + [
             f"… and {len(other_notes) - MAX_NOTES} more notes (see `specsim predict`)"]
     footer = (f"specsim {__version__} · {len(reports)} predictions "
-              f"({default_report['bootstrap']} bootstrap replicates each) in "
-              f"{time.perf_counter() - started:.0f} s · costs are predictions of the roofline "
-              f"model, not measurements")
+              f"({default_report.bootstrap} bootstrap replicates each) in "
+              f"{time.perf_counter() - started:.0f} s · times are the cost model's predictions, "
+              f"not measurements")
     page = Page(title="specsim dashboard: sparse self-speculative decoding", facts=facts,
                 controls=controls, sections=sections,
                 headline_deps=("hardware", "batch", "context"), headlines=headlines,

@@ -1,5 +1,6 @@
-"""Figure data: pure functions from a predict report, a trace and a cost model to plain
-dictionaries of numbers (JSON-ready), one per dashboard figure. No plotly here.
+"""Figure data: pure functions from a predict report (:class:`~specsim.report.PredictReport`,
+read by attribute), a trace and a cost model to plain dictionaries of numbers (JSON-ready),
+one per dashboard figure. No plotly here.
 
 Every number comes from :mod:`specsim.predict` (which calls :mod:`specsim.analytical`), from
 :mod:`specsim.traces.acceptance` or from the cost model; these functions only select, reshape
@@ -14,6 +15,7 @@ import numpy as np
 
 from specsim import analytical
 from specsim.costs.base import CostModel
+from specsim.report import CurvePoint, GroupResult, PredictReport
 from specsim.specs import HardwareSpec, ModelSpec
 from specsim.traces.acceptance import MIN_SUPPORT, estimate_acceptance
 from specsim.traces.format import Trace
@@ -22,68 +24,38 @@ COMPONENTS = ("draft", "verify", "selection", "other")
 
 
 # --------------------------------------------------------------------------------------------
-# lookups in a predict report
-# --------------------------------------------------------------------------------------------
-
-
-def policies(report: dict) -> list[str]:
-    return [p["policy"] for p in report["policies"]]
-
-
-def policy_entry(report: dict, policy: str) -> dict:
-    """The report's per-policy summary: joint (k*, s*) and, with ≥ 2 s values, the 3-step."""
-    for p in report["policies"]:
-        if p["policy"] == policy:
-            return p
-    raise KeyError(f"no policy '{policy}' in the report; it has {policies(report)}")
-
-
-def policy_groups(report: dict, policy: str) -> list[dict]:
-    """The groups of one policy, by s (a group without s first), as predict orders them."""
-    gs = [g for g in report["groups"] if g["policy"] == policy]
-    return sorted(gs, key=lambda g: -1 if g["s"] is None else g["s"])
-
-
-def group_at(report: dict, policy: str, s: float | None) -> dict:
-    for g in policy_groups(report, policy):
-        if g["s"] == s:
-            return g
-    raise KeyError(f"no group ({policy}, s={s}) in the report")
-
-
-# --------------------------------------------------------------------------------------------
 # throughput heatmap over (k, s)
 # --------------------------------------------------------------------------------------------
 
 
-def heatmap_data(report: dict, policy: str) -> dict:
+def heatmap_data(report: PredictReport, policy: str) -> dict:
     """Speedup S(k, s) of one policy over k = 1..K (the k all its groups share) and its
     recorded s values, with the joint optimum (k*, s*) and Vegas' 3-step path from predict.
 
     Grids are ``[i_s][i_k]`` (rows are s values, columns are k), as a heatmap draws them.
     """
-    entry = policy_entry(report, policy)
-    groups = policy_groups(report, policy)
-    k_common = min(len(g["curve"]) for g in groups)
+    entry = report.policy(policy)
+    groups = report.policy_groups(policy)
+    k_common = min(len(g.curve) for g in groups)
     ks = list(range(1, k_common + 1))
 
-    def grid(field):
-        return [[g["curve"][k - 1][field] for k in ks] for g in groups]
+    def grid(value):
+        return [[value(g.at(k)) for k in ks] for g in groups]
 
-    three = entry.get("three_step")
+    three = entry.three_step
     return {
-        "policy": policy, "ks": ks, "ss": [g["s"] for g in groups],
-        "speedup": grid("speedup"),
-        "speedup_low": [[c[0] for c in row] for row in grid("speedup_ci")],
-        "speedup_high": [[c[1] for c in row] for row in grid("speedup_ci")],
-        "expected_tokens": grid("expected_tokens"),
-        "iteration_ms": grid("iteration_ms"),
-        "extrapolated": grid("extrapolated"),
-        "plain_step_ms": groups[0]["plain_step_ms"],
-        "k_star": entry["k_star"], "s_star": entry["s_star"], "speedup_star": entry["speedup"],
+        "policy": policy, "ks": ks, "ss": [g.s for g in groups],
+        "speedup": grid(lambda c: c.speedup),
+        "speedup_low": grid(lambda c: c.speedup_ci.low),
+        "speedup_high": grid(lambda c: c.speedup_ci.high),
+        "expected_tokens": grid(lambda c: c.expected_tokens),
+        "iteration_ms": grid(lambda c: c.iteration_ms),
+        "extrapolated": grid(lambda c: c.extrapolated),
+        "plain_step_ms": groups[0].plain_step_ms,
+        "k_star": entry.k_star, "s_star": entry.s_star, "speedup_star": entry.speedup,
         "three_step": None if three is None else {
-            "path": [[int(k), s] for k, s in three["path"]], "k": three["k"], "s": three["s"],
-            "speedup": three["speedup"], "gap_to_joint": three["gap_to_joint"]},
+            "path": [[int(k), s] for k, s in three.path], "k": three.k, "s": three.s,
+            "speedup": three.speedup, "gap_to_joint": three.gap_to_joint},
     }
 
 
@@ -92,7 +64,7 @@ def heatmap_data(report: dict, policy: str) -> dict:
 # --------------------------------------------------------------------------------------------
 
 
-def inversion_point(group: dict) -> dict | None:
+def inversion_point(curve: Sequence[CurvePoint], plain_step_ms: float) -> dict | None:
     """The efficiency-inversion point of one group's curve: the first k where drafting k + 1
     no longer beats drafting k, i.e. where predict's ``extend_helps`` (the exact test
     ``P_{k+1} > γ'·S_k`` of :func:`specsim.analytical.extend_k_helps`) turns False.
@@ -100,38 +72,37 @@ def inversion_point(group: dict) -> dict | None:
     Returns k with the two sides of the test for display: ``P_{k+1} = E_{k+1} − E_k`` and
     ``γ'·S_k`` with ``γ' = (T_{k+1} − T_k) / T_ar``; None when every extension helps.
     """
-    curve = group["curve"]
     for j, c in enumerate(curve):
-        if c["extend_helps"] is False:
+        if c.extend_helps is False:
             nxt = curve[j + 1]
-            gamma_prime = (nxt["iteration_ms"] - c["iteration_ms"]) / group["plain_step_ms"]
-            return {"k": c["k"], "speedup": c["speedup"],
-                    "survival_next": nxt["expected_tokens"] - c["expected_tokens"],
+            gamma_prime = (nxt.iteration_ms - c.iteration_ms) / plain_step_ms
+            return {"k": c.k, "speedup": c.speedup,
+                    "survival_next": nxt.expected_tokens - c.expected_tokens,
                     "relative_step_cost": gamma_prime,
-                    "threshold": gamma_prime * c["speedup"]}
+                    "threshold": gamma_prime * c.speedup}
     return None
 
 
-def speedup_curves_data(report: dict) -> dict:
+def speedup_curves_data(report: PredictReport) -> dict:
     """Per policy, at its best recorded s (predict's s*): S(k) with its bootstrap CI, k* and
     the inversion point. Policies in the report's order."""
     out = []
-    for entry in report["policies"]:
-        g = group_at(report, entry["policy"], entry["s_star"])
-        curve = g["curve"]
+    for entry in report.policies:
+        g = report.group(entry.policy, entry.s_star)
+        curve = g.curve
         out.append({
-            "policy": entry["policy"], "s": g["s"], "ks": [c["k"] for c in curve],
-            "speedup": [c["speedup"] for c in curve],
-            "low": [c["speedup_ci"][0] for c in curve],
-            "high": [c["speedup_ci"][1] for c in curve],
-            "expected_tokens": [c["expected_tokens"] for c in curve],
-            "iteration_ms": [c["iteration_ms"] for c in curve],
-            "extrapolated": [c["extrapolated"] for c in curve],
-            "k_star": g["k_star"], "speedup_star": g["speedup_at_k_star"],
-            "k_star_ci": g["k_star_ci"],
-            "inversion": inversion_point(g),
+            "policy": entry.policy, "s": g.s, "ks": [c.k for c in curve],
+            "speedup": [c.speedup for c in curve],
+            "low": [c.speedup_ci.low for c in curve],
+            "high": [c.speedup_ci.high for c in curve],
+            "expected_tokens": [c.expected_tokens for c in curve],
+            "iteration_ms": [c.iteration_ms for c in curve],
+            "extrapolated": [c.extrapolated for c in curve],
+            "k_star": g.k_star, "speedup_star": g.speedup_at_k_star,
+            "k_star_ci": list(g.k_star_ci),
+            "inversion": inversion_point(curve, g.plain_step_ms),
         })
-    return {"level": report["confidence_level"], "policies": out}
+    return {"level": report.confidence_level, "policies": out}
 
 
 # --------------------------------------------------------------------------------------------
@@ -139,22 +110,22 @@ def speedup_curves_data(report: dict) -> dict:
 # --------------------------------------------------------------------------------------------
 
 
-def breakdown_data(report: dict) -> dict:
+def breakdown_data(report: PredictReport) -> dict:
     """Per policy at its optimum (k*, s*): T(k*, s*) split into draft / verify / selection /
     other (ms, as predict reports them), and what plain decoding needs for the same expected
     tokens, ``E[m+1]·T_ar`` (the ratio of the two is the speedup). Sorted by speedup, best
     first."""
     rows = []
-    for entry in report["policies"]:
-        g = group_at(report, entry["policy"], entry["s_star"])
-        c = g["curve"][entry["k_star"] - 1]
+    for entry in report.policies:
+        g = report.group(entry.policy, entry.s_star)
+        c = g.at(entry.k_star)
         rows.append({
-            "policy": entry["policy"], "k": c["k"], "s": g["s"],
-            "split_ms": {x: c["split_ms"][x] for x in COMPONENTS},
-            "iteration_ms": c["iteration_ms"], "expected_tokens": c["expected_tokens"],
-            "plain_step_ms": g["plain_step_ms"],
-            "plain_same_tokens_ms": c["expected_tokens"] * g["plain_step_ms"],
-            "speedup": c["speedup"],
+            "policy": entry.policy, "k": c.k, "s": g.s,
+            "split_ms": {x: getattr(c.split_ms, x) for x in COMPONENTS},
+            "iteration_ms": c.iteration_ms, "expected_tokens": c.expected_tokens,
+            "plain_step_ms": g.plain_step_ms,
+            "plain_same_tokens_ms": c.expected_tokens * g.plain_step_ms,
+            "speedup": c.speedup,
         })
     rows.sort(key=lambda r: -r["speedup"])
     return {"components": list(COMPONENTS), "policies": rows}
@@ -165,15 +136,15 @@ def breakdown_data(report: dict) -> dict:
 # --------------------------------------------------------------------------------------------
 
 
-def position_acceptance_data(report: dict, policy: str) -> dict:
+def position_acceptance_data(report: PredictReport, policy: str) -> dict:
     """Per recorded s of one policy: conditional p_i and survival P_i per draft position, with
     how many iterations reached the position (p_i is None where none did)."""
     out = []
-    for g in policy_groups(report, policy):
-        pos = g["positions"]
-        out.append({"s": g["s"], "i": [p["i"] for p in pos], "p": [p["p"] for p in pos],
-                    "P": [p["P"] for p in pos], "reached": [p["reached"] for p in pos],
-                    "observed": g["observed_positions"]})
+    for g in report.policy_groups(policy):
+        pos = g.positions
+        out.append({"s": g.s, "i": [p.i for p in pos], "p": [p.p for p in pos],
+                    "P": [p.P for p in pos], "reached": [p.reached for p in pos],
+                    "observed": g.observed_positions})
     return {"policy": policy, "min_support": MIN_SUPPORT, "groups": out}
 
 
@@ -257,7 +228,7 @@ def memory_needed_bytes(model: ModelSpec, contexts: Sequence[int], tp: int = 1) 
     return model.memory_bytes(contexts, tp)
 
 
-def regime_data(trace: Trace, report: dict, costs: CostModel, model: ModelSpec,
+def regime_data(trace: Trace, report: PredictReport, costs: CostModel, model: ModelSpec,
                 hardware: HardwareSpec, batches: Sequence[int], contexts: Sequence[int],
                 k_max: int | None = None, tp: int = 1, reference_k: int | None = None) -> dict:
     """Speedup over (batch × context length) on one GPU, every sequence at the same context.
@@ -273,10 +244,10 @@ def regime_data(trace: Trace, report: dict, costs: CostModel, model: ModelSpec,
     ``[i_batch][i_context]``.
     """
     trace_groups = list(trace.groups().items())
-    if [(g["policy"], g["s"]) for g in report["groups"]] != [key for key, _ in trace_groups]:
+    if [g.key for g in report.groups] != [key for key, _ in trace_groups]:
         raise ValueError("the report was not made from this trace")
     estimates = [estimate_acceptance(sub, k_max=k_max) for _, sub in trace_groups]
-    costed = [g["costed_as"] for g in report["groups"]]
+    costed = [g.costed_as for g in report.groups]
 
     shape = (len(batches), len(contexts))
     speed = np.zeros(shape)
@@ -294,7 +265,7 @@ def regime_data(trace: Trace, report: dict, costs: CostModel, model: ModelSpec,
             plain = costs.plain_step(ctx)
             best = None
             for (key, _), est, as_ in zip(trace_groups, estimates, costed):
-                iters = [costs.iteration(ctx, int(k), as_["s"], as_["policy"]) for k in est.ks]
+                iters = [costs.iteration(ctx, int(k), as_.s, as_.policy) for k in est.ks]
                 t = np.array([it.seconds for it in iters])
                 s_k = analytical.speedup(est.expected_tokens, plain.seconds, t)
                 k, value = analytical.best_k(s_k, est.ks)
@@ -340,19 +311,21 @@ def bound_boundary(bound: list[list[str]]) -> list[list[list[float]]]:
 # --------------------------------------------------------------------------------------------
 
 
-def headline_data(report: dict, model: ModelSpec, hardware: HardwareSpec, tp: int = 1) -> dict:
+def headline_data(report: PredictReport, model: ModelSpec, hardware: HardwareSpec,
+                  tp: int = 1) -> dict:
     """The best (policy, s, k) with its CI, T_ar, and whether the batch fits in memory."""
-    best = report["best"]
-    g = group_at(report, best["policy"], best["s"])
-    contexts = g["contexts"]             # every group is costed on the same batch
+    best = report.best
+    g = report.best_group()
+    contexts = g.contexts                # every group is costed on the same batch
     need = memory_needed_bytes(model, contexts, tp)
+    d = best.distinguishable_from_runner_up
     return {
-        "policy": best["policy"], "s": best["s"], "k": best["k"], "speedup": best["speedup"],
-        "speedup_ci": best["speedup_ci"], "level": report["confidence_level"],
-        "distinguishable": best.get("distinguishable_from_runner_up"),
-        "plain_step_ms": g["plain_step_ms"], "batch": len(contexts),
+        "policy": best.policy, "s": best.s, "k": best.k, "speedup": best.speedup,
+        "speedup_ci": list(best.speedup_ci), "level": report.confidence_level,
+        "distinguishable": None if d is None else d.to_json(),
+        "plain_step_ms": g.plain_step_ms, "batch": len(contexts),
         "context_min": min(contexts), "context_max": max(contexts),
-        "context_source": g["context_source"],
+        "context_source": g.context_source,
         "memory_needed_GB": need / 1e9, "memory_GB": hardware.memory_bytes / 1e9,
-        "fits": need <= hardware.memory_bytes, "notes": list(report["notes"]),
+        "fits": need <= hardware.memory_bytes, "notes": list(report.notes),
     }
