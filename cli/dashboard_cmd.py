@@ -10,22 +10,16 @@ import os
 
 import click
 
+from specsim.cli import defaults
 from specsim.errors import SpecsimError
-from specsim.shipped import shipped_file
+from specsim.shipped import resolve, shipped_file
 
-# the same defaults as `specsim predict`
-DEFAULT_TRACE = "traces/smollm2-135m-greedy-bf16-h200-continuous.jsonl"
-DEFAULT_MODEL = "qwen3-8b"
-DEFAULT_HARDWARE = "h200"
 DEFAULT_OUT = "specsim-dashboard.html"
-#: Shown in the measured-vs-predicted figure when no --calibration is given: the latest
+#: Shown in the measured-vs-predicted figure when no --calibration is given: the shipped
 #: validation run of the model on the hardware shown first (`specsim validate report --json`
-#: of plans made before their runs; VALIDATION.md).
-SHIPPED_VALIDATION = {
-    ("smollm2-135m", "h200"): "models/validation/h200-smollm2-135m-report.json",
-    ("qwen3-8b", "h200"): "models/validation/h200-qwen3-8b-report.json",
-}
-FORMATS = ("auto", "specsim", "vllm-metrics", "vllm-requests", "specbench")
+#: of a plan made before its runs; VALIDATION.md).
+SHIPPED_VALIDATION = {key: defaults.validation_file(run, "report")
+                      for key, run in defaults.VALIDATION_RUNS.items()}
 
 
 def _int_list(text: str, name: str) -> list[int]:
@@ -58,19 +52,17 @@ def _hardware_set(default: str, choices: str) -> dict:
 
 @click.command("dashboard")
 @click.option("--trace", "trace_path", type=click.Path(dir_okay=False),
-              help=f"Acceptance trace (any format `specsim predict` reads). "
-                   f"Default: {DEFAULT_TRACE}.")
-@click.option("--format", "fmt", type=click.Choice(FORMATS), default="auto", show_default=True,
-              help="Trace format; 'auto' detects it from the content.")
-@click.option("--model", default=None,
-              help="Catalogue name or path to a HuggingFace config.json. Default: the model "
-                   f"the trace was recorded on, when catalogued, else {DEFAULT_MODEL}.")
-@click.option("--hardware", default=DEFAULT_HARDWARE, show_default=True,
-              help="Hardware shown first (catalogue name or path to a hardware JSON).")
+              help=defaults.TRACE_HELP)
+@click.option("--format", "fmt", type=click.Choice(defaults.FORMATS), default="auto",
+              show_default=True, help="Trace format; 'auto' detects it from the content.")
+@click.option("--model", default=None, help=defaults.MODEL_HELP)
+@click.option("--hardware", default=defaults.HARDWARE, show_default=True,
+              help="Hardware shown first: catalogue name (see `specsim hardware`) or path to "
+                   "a hardware JSON.")
 @click.option("--compare-hardware", default="all", show_default=True,
               help="Hardware the page's control offers: 'all' catalogued, or a "
                    "comma-separated list (--hardware is always included).")
-@click.option("--batch", type=click.IntRange(min=1), default=32, show_default=True,
+@click.option("--batch", type=click.IntRange(min=1), default=defaults.BATCH, show_default=True,
               help="Batch size shown first.")
 @click.option("--batches", default="1,8,32,64", show_default=True,
               help="Batch sizes the page's control offers (--batch is added).")
@@ -97,15 +89,14 @@ def _hardware_set(default: str, choices: str) -> dict:
                    "model (e.g. imported from vLLM).")
 @click.option("--sparsity", type=click.FloatRange(0, 1, min_open=True), default=None,
               help="Sparsity s for trace groups recorded without one.")
-@click.option("--bootstrap", "n_boot", type=click.IntRange(min=50), default=1000,
+@click.option("--bootstrap", "n_boot", type=click.IntRange(min=50), default=defaults.BOOTSTRAP,
               show_default=True, help="Bootstrap replicates (resampling requests) for the CIs.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Bootstrap seed.")
 @click.option("--out", "out_path", type=click.Path(dir_okay=False), default=DEFAULT_OUT,
               show_default=True, help="HTML file to write (atomically).")
 @click.option("--open", "open_browser", is_flag=True, help="Open the page in a browser.")
 @click.option("--costs", "costs_choice", default="auto", show_default=True,
-              help="Cost model: auto (shipped calibration for each hardware and the model, "
-                   "else roofline), roofline, calibrated, or a calibration file.")
+              help=defaults.COSTS_HELP)
 def dashboard_cmd(trace_path, fmt, model, hardware, compare_hardware, batch, batches, context,
                   contexts, calibration_path, tp, k_max, policy, sparsity, n_boot, seed,
                   out_path, open_browser, costs_choice):
@@ -124,13 +115,12 @@ def dashboard_cmd(trace_path, fmt, model, hardware, compare_hardware, batch, bat
     from specsim.dashboards import DashboardOptions, Validation, build_dashboard
     from specsim.dashboards.validation import ReadContext, load_validation
     from specsim.policies import get_policy
-    from specsim.specs import load_model, model_for_trace
+    from specsim.specs import load_model
     from specsim.traces.importers import load_trace
 
-    trace_label = trace_path or DEFAULT_TRACE
-    trace = load_trace(trace_path or shipped_file(DEFAULT_TRACE) or DEFAULT_TRACE,
-                       None if fmt == "auto" else fmt)
-    spec = load_model(model_for_trace(model, trace.header, DEFAULT_MODEL))
+    trace_label = trace_path or defaults.TRACE
+    trace = load_trace(trace_path or defaults.default_trace(), None if fmt == "auto" else fmt)
+    spec = load_model(defaults.model_for(model, trace.header)[0])
     hw = _hardware_set(hardware, compare_hardware)
     if policy is not None:
         get_policy(policy)
@@ -139,6 +129,7 @@ def dashboard_cmd(trace_path, fmt, model, hardware, compare_hardware, batch, bat
         shipped = SHIPPED_VALIDATION.get((spec.name, next(iter(hw))))
         calibration_path = shipped_file(shipped) if shipped else None
     if calibration_path and calibration_path.lower() != "none":
+        calibration_path = resolve(calibration_path)
         what, points = load_validation(calibration_path,
                                        ReadContext(spec, next(iter(hw.values()))))
         validation = Validation(points, f"{os.path.basename(calibration_path)}: {what}")

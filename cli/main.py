@@ -13,13 +13,9 @@ from dataclasses import replace
 
 import click
 
+from specsim.cli import defaults
 from specsim.errors import SpecsimError
 from specsim.report import HardwareSummary, ModelSummary, PredictReport, WhatIfReport
-
-DEFAULT_TRACE = "traces/smollm2-135m-greedy-bf16-h200-continuous.jsonl"
-DEFAULT_MODEL = "qwen3-8b"
-DEFAULT_HARDWARE = "h200"
-FORMATS = ("auto", "specsim", "vllm-metrics", "vllm-requests", "specbench")
 
 
 def _emit_json(obj) -> None:
@@ -67,9 +63,11 @@ def cli():
 
     \b
     Start with:
-      specsim predict                      # shipped example trace, Qwen3-8B on an H200
+      specsim predict        # shipped SmolLM2-135M trace, costed for SmolLM2-135M on an H200
+                             # with the shipped calibration, batch 32
       specsim predict --trace my.jsonl --model llama-3.1-8b --hardware h100-sxm --batch 16
       specsim predict --alpha 0.7 --gamma 0.1          # SparseSpec-L what-if
+      specsim dashboard      # the same as an interactive HTML page
       specsim costs --model qwen3-8b --hardware h200 --batch 4 --context 32768
       specsim models / specsim hardware    # what the catalogue knows
     """
@@ -82,17 +80,13 @@ def cli():
 
 @cli.command()
 @click.option("--trace", "trace_path", type=click.Path(dir_okay=False),
-              help=f"Acceptance trace (specsim JSONL, vLLM /metrics dump, vLLM per-request "
-                   f"JSONL or Spec-Bench JSONL). Default: {DEFAULT_TRACE}.")
-@click.option("--format", "fmt", type=click.Choice(FORMATS), default="auto", show_default=True,
-              help="Trace format; 'auto' detects it from the content.")
-@click.option("--model", default=None,
-              help="Catalogue name (see `specsim models`) or path to a HuggingFace config.json. "
-                   "Default: the model the trace was recorded on, when catalogued, else "
-                   f"{DEFAULT_MODEL}.")
-@click.option("--hardware", default=DEFAULT_HARDWARE, show_default=True,
-              help="Catalogue name (see `specsim hardware`) or path to a hardware JSON.")
-@click.option("--batch", type=click.IntRange(min=1), default=32, show_default=True,
+              help=defaults.TRACE_HELP)
+@click.option("--format", "fmt", type=click.Choice(defaults.FORMATS), default="auto",
+              show_default=True, help="Trace format; 'auto' detects it from the content.")
+@click.option("--model", default=None, help=defaults.MODEL_HELP)
+@click.option("--hardware", default=defaults.HARDWARE, show_default=True,
+              help=defaults.HARDWARE_HELP)
+@click.option("--batch", type=click.IntRange(min=1), default=defaults.BATCH, show_default=True,
               help="Sequences decoded together. Self-speculation with a sparse draft pays off "
                    "when KV reads dominate: large batch × long context.")
 @click.option("--context", type=click.IntRange(min=1), default=None,
@@ -109,7 +103,7 @@ def cli():
                    "specsim does not model, e.g. imported from vLLM).")
 @click.option("--sparsity", type=click.FloatRange(0, 1, min_open=True), default=None,
               help="Sparsity s (selected KV / context) for trace groups recorded without one.")
-@click.option("--bootstrap", "n_boot", type=click.IntRange(min=50), default=1000,
+@click.option("--bootstrap", "n_boot", type=click.IntRange(min=50), default=defaults.BOOTSTRAP,
               show_default=True, help="Bootstrap replicates (resampling requests) for the CIs.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Bootstrap seed.")
 @click.option("--alpha", type=click.FloatRange(0, 1), default=None,
@@ -120,8 +114,7 @@ def cli():
               help="What-if: γ = C_d / C_v, cost of one draft step over one verify pass "
                    "(a verify pass is taken to cost one plain step).")
 @click.option("--costs", "costs_choice", default="auto", show_default=True,
-              help="Cost model: auto (the calibration shipped for this hardware and model, "
-                   "else the roofline), roofline, calibrated, or a calibration file.")
+              help=defaults.COSTS_HELP)
 @click.option("--holdout", type=click.FloatRange(0, 1, min_open=True, max_open=True),
               default=None,
               help="Also tune on part of the prompts and report on the rest: FRACTION of the "
@@ -144,8 +137,11 @@ def predict(trace_path, fmt, model, hardware, batch, context, tp, k_max, policy,
     acceptance p_i and survivals P_i, per policy and s), then the speedup S(k, s) =
     E[m+1]·T_ar / T(k, s) over k and the recorded s values, k*, s*, 95% confidence
     intervals (bootstrap over requests), the iteration-time split (draft / verify / selection
-    / other, ms) and which numbers are extrapolated. Costs come from the roofline model of
-    MODEL on HARDWARE (measured ceilings where the hardware spec has them).
+    / other, ms) and which numbers are extrapolated. Costs come from the calibration shipped
+    for MODEL on HARDWARE where there is one (GPU measurements), else from the roofline model
+    (measured ceilings where the hardware spec has them); --costs chooses.
+
+    Without arguments: the shipped SmolLM2-135M trace, costed for SmolLM2-135M on an H200.
 
     \b
     What-ifs without a trace or hardware:
@@ -171,12 +167,11 @@ def predict(trace_path, fmt, model, hardware, batch, context, tp, k_max, policy,
         raise click.UsageError("--gamma belongs to a what-if: add --alpha or --accept-rates")
 
     from specsim.costs import make_cost_model
-    from specsim.specs import load_hardware, load_model, model_for_trace
+    from specsim.specs import load_hardware, load_model
     from specsim.traces.importers import load_trace
 
-    trace_path = trace_path or _default_trace()
-    trace = load_trace(trace_path, None if fmt == "auto" else fmt)
-    spec = load_model(model_for_trace(model, trace.header, DEFAULT_MODEL))
+    trace = load_trace(trace_path or defaults.default_trace(), None if fmt == "auto" else fmt)
+    spec = load_model(defaults.model_for(model, trace.header)[0])
     hw = load_hardware(hardware)
     if policy is not None:
         from specsim.policies import get_policy
@@ -195,11 +190,6 @@ def predict(trace_path, fmt, model, hardware, batch, context, tp, k_max, policy,
             raise SpecsimError(str(exc)) from None
     report = P.describe_setting(report, spec, hw, tp, costs_note)
     return _emit_json(report) if as_json else _print_predict(report)
-
-
-def _default_trace() -> str:
-    from specsim.shipped import shipped_file
-    return shipped_file(DEFAULT_TRACE) or DEFAULT_TRACE
 
 
 def _print_what_if(r: WhatIfReport) -> None:
@@ -325,20 +315,22 @@ def _s(s) -> str:
 
 
 @cli.command()
-@click.option("--model", default=DEFAULT_MODEL, show_default=True,
-              help="Catalogue name or path to a HuggingFace config.json.")
-@click.option("--hardware", default=DEFAULT_HARDWARE, show_default=True,
-              help="Catalogue name or path to a hardware JSON.")
+@click.option("--model", default=defaults.FALLBACK_MODEL, show_default=True,
+              help="Catalogue name (see `specsim models`) or path to a HuggingFace "
+                   "config.json.")
+@click.option("--hardware", default=defaults.HARDWARE, show_default=True,
+              help=defaults.HARDWARE_HELP)
 @click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True,
               help="Sequences in the batch (ignored when --context lists several).")
-@click.option("--context", default="8192", show_default=True,
+@click.option("--context", default=str(defaults.CONTEXT), show_default=True,
               help="Context length in tokens, or a comma-separated list of one length per "
                    "sequence (a ragged batch).")
 @click.option("--k", type=click.IntRange(min=1), default=8, show_default=True,
               help="Draft length: the verify pass has k + 1 query tokens.")
-@click.option("--sparsity", type=click.FloatRange(0, 1, min_open=True), default=0.05,
-              show_default=True, help="Sparsity s: selected KV entries / context length.")
-@click.option("--policy", default="vegas", show_default=True,
+@click.option("--sparsity", type=click.FloatRange(0, 1, min_open=True),
+              default=defaults.SPARSITY, show_default=True,
+              help="Sparsity s: selected KV entries / context length.")
+@click.option("--policy", default=defaults.POLICY, show_default=True,
               help="Selection policy: vegas, sparsespec, streamingllm, quest, last-token, full.")
 @click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True,
               help="Tensor-parallel GPUs.")

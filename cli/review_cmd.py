@@ -1,6 +1,6 @@
-"""`specsim review`: the four open questions about Vegas' evidence (Collect-2-Query as a proxy,
-symmetric tuning, no tuning on the test set, error bars), answered for a trace set and a cost
-model (``specsim.review``)."""
+"""`specsim review`: four questions about the evidence for Vegas' choices (is Collect-2-Query a
+good proxy, is every policy tuned alike, is anything tuned on the test set, which differences
+are within error bars), answered with specsim's own measurements (``specsim.review``)."""
 from __future__ import annotations
 
 import json
@@ -8,21 +8,14 @@ import sys
 
 import click
 
+from specsim.cli import defaults
 from specsim.errors import SpecsimError
 from specsim.shipped import shipped_file
-
-REAL_TRACE = "traces/smollm2-135m-greedy.jsonl"
-SYNTHETIC_TRACE = "traces/synthetic-sparse-selfspec.jsonl"
-SHIPPED_PROXY = "traces/review-proxy-smollm2-135m.json"
-
-
-def _default_trace() -> str:
-    return shipped_file(REAL_TRACE) or shipped_file(SYNTHETIC_TRACE) or SYNTHETIC_TRACE
 
 
 def _default_proxy(trace_model: str | None) -> str | None:
     """The shipped proxy-check file, when it was measured on the trace's model."""
-    path = shipped_file(SHIPPED_PROXY)
+    path = shipped_file(defaults.REVIEW_PROXY)
     if path is None or trace_model is None:
         return None
     try:
@@ -32,47 +25,33 @@ def _default_proxy(trace_model: str | None) -> str | None:
     return path if model == trace_model else None
 
 
-def _model_name(model: str, trace_model: str | None) -> tuple[str, str]:
-    """``auto``: the trace's model when the catalogue has it, else Qwen3-8B."""
-    from specsim.specs import load_model
-    if model != "auto":
-        return model, "--model"
-    if trace_model:
-        try:
-            load_model(trace_model)
-            return trace_model, "the trace's model"
-        except SpecsimError:
-            pass
-    return "qwen3-8b", "default (the trace's model is not in the catalogue)"
-
-
 @click.command("review")
 @click.option("--trace", "trace_path", type=click.Path(dir_okay=False), default=None,
-              help=f"Trace set (any format predict reads). Default: {REAL_TRACE} when present, "
-                   f"else {SYNTHETIC_TRACE}.")
+              help="Trace for answers (2)-(4), any format `specsim predict` reads. Default: "
+                   f"the shipped {defaults.REVIEW_TRACE} (SmolLM2-135M, fp32 on a CPU, as the "
+                   "shipped proxy check).")
 @click.option("--format", "fmt", default="auto", show_default=True,
-              type=click.Choice(("auto", "specsim", "vllm-metrics", "vllm-requests",
-                                 "specbench")), help="Trace format.")
+              type=click.Choice(defaults.FORMATS),
+              help="Trace format; 'auto' detects it from the content.")
 @click.option("--proxy", "proxy_path", type=click.Path(dir_okay=False), default=None,
-              help="Proxy-check file from scripts/review_proxy.py for answer (1). Default: "
-                   f"{SHIPPED_PROXY} when it was measured on the trace's model.")
-@click.option("--model", default="auto", show_default=True,
-              help="Catalogue name or config.json path; auto: the trace's model when the "
-                   "catalogue has it, else qwen3-8b.")
-@click.option("--hardware", default="h200", show_default=True,
-              help="Catalogue name or hardware JSON path.")
+              help="Proxy-check file for answer (1), made by scripts/review_proxy.py. Default: "
+                   f"the shipped {defaults.REVIEW_PROXY} when it was measured on the trace's "
+                   "model.")
+@click.option("--model", default=None, help=defaults.MODEL_HELP)
+@click.option("--hardware", default=defaults.HARDWARE, show_default=True,
+              help=defaults.HARDWARE_HELP)
 @click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True,
               help="Tensor-parallel GPUs.")
-@click.option("--batch", type=click.IntRange(min=1), default=32, show_default=True,
+@click.option("--batch", type=click.IntRange(min=1), default=defaults.BATCH, show_default=True,
               help="Sequences decoded together (predict's workload; the simulator's max batch).")
 @click.option("--context", type=click.IntRange(min=1), default=None,
               help="Context of every sequence (default: the trace's recorded contexts).")
 @click.option("--costs", "costs_choice", default="auto", show_default=True,
-              help="Cost model: auto, roofline, calibrated, or a calibration file (as predict).")
+              help=defaults.COSTS_HELP)
 @click.option("--holdout", type=click.FloatRange(0, 1, min_open=True, max_open=True),
               default=0.5, show_default=True,
               help="Fraction of the prompts held out for evaluation in answer (3).")
-@click.option("--bootstrap", "n_boot", type=click.IntRange(min=50), default=1000,
+@click.option("--bootstrap", "n_boot", type=click.IntRange(min=50), default=defaults.BOOTSTRAP,
               show_default=True, help="Bootstrap replicates for every CI.")
 @click.option("--seed", type=int, default=0, show_default=True,
               help="Seed of the bootstraps and of the holdout split.")
@@ -91,13 +70,23 @@ def _model_name(model: str, trace_model: str | None) -> tuple[str, str]:
 def review_cmd(trace_path, fmt, proxy_path, model, hardware, tp, batch, context, costs_choice,
                holdout, n_boot, seed, simulate, sim_k, arrivals, output_tokens, workers,
                as_json):
-    """Answer the four open questions about Vegas' evidence with specsim's own numbers.
+    """Check the evidence for Vegas' choices with specsim's own measurements: four
+    questions, each answered with confidence intervals.
 
     \b
-    (1) Is Collect-2-Query a good proxy for ranking by all k+1 verify rows? (proxy file)
-    (2) Symmetric tuning: every policy at its own optimum on the same (k, s) grid.
-    (3) No tuning on the test set: tune on part of the prompts, report on the rest.
-    (4) Error bars: CIs, and which policies are distinguishable (paired bootstrap).
+    (1) Is Collect-2-Query a good proxy? Vegas' draft reads the KV that two of the k+1
+        verify rows rank highest: does that pick the KV all k+1 rows would, and are as
+        many drafts accepted? From a proxy-check file: by default the shipped
+        traces/review-proxy-smollm2-135m.json (SmolLM2-135M, fp32 on a CPU, 8 prompts;
+        scripts/review_proxy.py makes one for another model or prompt set).
+    (2) Symmetric tuning: every policy at its own optimum (k*, s*) on the same grid.
+    (3) No tuning on the test set: (k*, s*) picked on part of the prompts, the speedup
+        reported on the rest.
+    (4) Error bars: which policies' best speedups are distinguishable (paired bootstrap
+        over prompts).
+
+    (2)-(4) price the trace (by default the shipped traces/smollm2-135m-greedy.jsonl) as
+    `specsim predict` does; --simulate answers (2) and (3) with the serving simulator too.
     """
     from specsim import predict as P
     from specsim import review as R
@@ -105,10 +94,10 @@ def review_cmd(trace_path, fmt, proxy_path, model, hardware, tp, batch, context,
     from specsim.specs import load_hardware, load_model
     from specsim.traces.importers import load_trace
 
-    trace_path = trace_path or _default_trace()
+    trace_path = trace_path or shipped_file(defaults.REVIEW_TRACE) or defaults.REVIEW_TRACE
     trace = load_trace(trace_path, None if fmt == "auto" else fmt)
     trace_model = trace.header.get("model")
-    model_name, model_source = _model_name(model, trace_model)
+    model_name, model_source = defaults.model_for(model, trace.header)
     spec, hw = load_model(model_name), load_hardware(hardware)
     try:
         costs, costs_note = make_cost_model(spec, hw, tp, costs_choice)

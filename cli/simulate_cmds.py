@@ -7,6 +7,7 @@ import sys
 
 import click
 
+from specsim.cli import defaults
 from specsim.errors import SpecsimError
 
 ARRIVALS_HELP = ("Request arrivals: 'all:N' (N requests at t=0), 'poisson:RATE:N' (RATE "
@@ -33,21 +34,19 @@ def parse_arrivals(text: str, prompt_tokens: int | None, output_tokens: int, see
 def _common(f):
     options = [
         click.option("--trace", "trace_path", type=click.Path(dir_okay=False), default=None,
-                     help="Acceptance trace (default: the shipped example trace)."),
+                     help=defaults.TRACE_HELP),
         click.option("--format", "fmt", default="auto", show_default=True,
-                     type=click.Choice(("auto", "specsim", "vllm-metrics", "vllm-requests",
-                                        "specbench")), help="Trace format."),
+                     type=click.Choice(defaults.FORMATS),
+                     help="Trace format; 'auto' detects it from the content."),
         click.option("--arrivals", default="all:200", show_default=True, help=ARRIVALS_HELP),
         click.option("--prompt-tokens", type=click.IntRange(min=1), default=None,
                      help="Prompt length for all:/poisson: arrivals (default: the trace's "
                           "recorded prompt lengths, cycled)."),
         click.option("--output-tokens", type=click.IntRange(min=1), default=300,
                      show_default=True, help="Output tokens per request (all:/poisson:)."),
-        click.option("--model", default=None,
-                     help="Catalogue name or config.json path. Default: the model the trace "
-                          "was recorded on, when catalogued, else qwen3-8b."),
-        click.option("--hardware", default="h200", show_default=True,
-                     help="Catalogue name or hardware JSON path."),
+        click.option("--model", default=None, help=defaults.MODEL_HELP),
+        click.option("--hardware", default=defaults.HARDWARE, show_default=True,
+                     help=defaults.HARDWARE_HELP),
         click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True,
                      help="Tensor-parallel GPUs."),
         click.option("--max-batch", type=click.IntRange(min=1), default=64, show_default=True,
@@ -59,8 +58,7 @@ def _common(f):
                           "per-position model, by context-length bin."),
         click.option("--seed", type=int, default=0, show_default=True, help="Random seed."),
         click.option("--costs", "costs_choice", default="auto", show_default=True,
-                     help="Cost model: auto (shipped calibration for this hardware and model, "
-                          "else roofline), roofline, calibrated, or a calibration file."),
+                     help=defaults.COSTS_HELP),
         click.option("--json", "as_json", is_flag=True, help="Machine-readable output."),
     ]
     for option in reversed(options):
@@ -69,13 +67,12 @@ def _common(f):
 
 
 def _trace_path(trace_path):
-    from specsim.cli.main import _default_trace
-    return trace_path or _default_trace()
+    return trace_path or defaults.default_trace()
 
 
 @click.command("simulate")
 @_common
-@click.option("--policy", default="vegas", show_default=True,
+@click.option("--policy", default=defaults.POLICY, show_default=True,
               help="Selection policy (a group of the trace).")
 @click.option("--sparsity", type=float, default=None,
               help="Sparsity s of the trace group to use (default: the policy's only s, or "
@@ -104,7 +101,7 @@ def simulate_cmd(trace_path, fmt, arrivals, prompt_tokens, output_tokens, model,
                  max_batch, acceptance, seed, costs_choice, as_json, policy, sparsity, k, k_policy, memory_gb,
                  chrome_trace, compare_plain, static_batch, fixed_slots):
     """Simulate a serving engine doing sparse self-speculative decoding (SimPy): continuous
-    batching under a memory budget, per-iteration time from the roofline cost model for the
+    batching under a memory budget, per-iteration time from the cost model (--costs) for the
     batch's actual ragged contexts, acceptance from the trace.
 
     Prints throughput (tokens/s), tokens per iteration, TTFT/TPOT/latency/queueing
@@ -114,12 +111,13 @@ def simulate_cmd(trace_path, fmt, arrivals, prompt_tokens, output_tokens, model,
     from specsim.simulator.acceptance_source import make_source
     from specsim.simulator.engine import SimConfig, Simulation
     from specsim.simulator.tuning import make_arrivals
-    from specsim.specs import load_hardware, load_model, model_for_trace
+    from specsim.specs import load_hardware, load_model
     from specsim.traces.importers import load_trace
 
     trace = load_trace(_trace_path(trace_path), None if fmt == "auto" else fmt)
     groups = trace.groups()
-    spec, hw = load_model(model_for_trace(model, trace.header)), load_hardware(hardware)
+    spec = load_model(defaults.model_for(model, trace.header)[0])
+    hw = load_hardware(hardware)
     arrival_list = make_arrivals(parse_arrivals(arrivals, prompt_tokens, output_tokens, seed),
                                  trace)
     if k_policy == "plain":
@@ -205,11 +203,10 @@ def tune_cmd(trace_path, fmt, arrivals, prompt_tokens, output_tokens, model, har
     from specsim.simulator.tuning import SweepSpec, summarise, sweep
     from specsim.traces.importers import load_trace
 
-    from specsim.specs import model_for_trace
     path = _trace_path(trace_path)
     trace = load_trace(path, None if fmt == "auto" else fmt)
     groups = trace.groups()
-    model = model_for_trace(model, trace.header)
+    model = defaults.model_for(model, trace.header)[0]
     available = sorted({p for p, s in groups if s is not None})
     chosen = available if policies == "all" else [p.strip() for p in policies.split(",")]
     missing = [p for p in chosen if p not in available]

@@ -3,10 +3,35 @@ from __future__ import annotations
 
 import click
 
+from specsim.cli import defaults
 from specsim.errors import SpecsimError
 
-#: Where `validate plan` writes its plan and the other subcommands read it: this folder.
+#: Where `validate plan` writes its plan, `validate --gpu` its measurements, and the other
+#: subcommands read them: this folder.
 DEFAULT_PLAN = "validation-plan.json"
+DEFAULT_MEASURED = "validation-measured.json"
+SHIPPED_PLANS = [defaults.validation_file(run, "plan")
+                 for run in defaults.VALIDATION_RUNS.values()]
+
+
+def _found(path: str, what: str) -> str:
+    """``path`` as given where it exists, else the shipped file of that name."""
+    from specsim.validate import repo_file
+    try:
+        return repo_file(path)[0]
+    except SpecsimError:
+        raise SpecsimError(f"{path}: no such {what} here or in specsim's shipped data (shipped "
+                           f"plans: {', '.join(SHIPPED_PLANS)})") from None
+
+
+def _measured_for(plan_path: str, measured: str | None) -> str:
+    """``--measured`` as given; without it, a shipped plan's own measurements, else
+    :data:`DEFAULT_MEASURED`."""
+    if measured:
+        return measured
+    if plan_path.replace("\\", "/") in SHIPPED_PLANS:
+        return plan_path[: -len("plan.json")] + "measured.json"
+    return DEFAULT_MEASURED
 
 
 def _ints(text):
@@ -50,7 +75,7 @@ def default_setups(policies, ks_forced, ks_free, ss, batch_free, context, weight
 @click.option("--gpu", is_flag=True, help="Measure every configuration of --plan on this GPU.")
 @click.option("--plan", "plan_path", default=DEFAULT_PLAN, show_default=True,
               type=click.Path(dir_okay=False), help="Plan file (from `specsim validate plan`).")
-@click.option("--out", default="validation-measured.json", show_default=True,
+@click.option("--out", default=DEFAULT_MEASURED, show_default=True,
               type=click.Path(dir_okay=False), help="Measurements to write (with --gpu).")
 @click.option("--repeats", type=click.IntRange(min=1), default=2, show_default=True,
               help="Timed runs per configuration (median), after one warm-up run.")
@@ -80,15 +105,16 @@ def validate_cmd(ctx, gpu, plan_path, out, repeats, setups, policies):
     if not torch.cuda.is_available():
         raise SpecsimError("--gpu needs a CUDA GPU; none is visible")
     from specsim.validate import FORMAT_KEY, measure, read_json, select, write_json
-    got = measure(select(read_json(plan_path, FORMAT_KEY), setups, policies), repeats=repeats)
+    got = measure(select(read_json(_found(plan_path, "plan"), FORMAT_KEY), setups, policies),
+                  repeats=repeats)
     write_json(out, got)
     click.echo(f"wrote {out}")
 
 
 @validate_cmd.command("plan")
-@click.option("--trace", "trace_path", default=None, type=click.Path(exists=True, dir_okay=False),
-              help="Acceptance trace (default: the shipped SmolLM2 trace).")
-@click.option("--hardware", default="h200", show_default=True,
+@click.option("--trace", "trace_path", default=None, type=click.Path(dir_okay=False),
+              help=f"Acceptance trace. Default: the shipped {defaults.TRACE}.")
+@click.option("--hardware", default=defaults.HARDWARE, show_default=True,
               help="Its shipped calibrations cost the predictions.")
 @click.option("--policies", default="vegas,sparsespec,streamingllm,quest,last-token",
               show_default=True)
@@ -122,7 +148,6 @@ def plan_cmd(trace_path, hardware, policies, k_forced, k_free, ss, context, batc
     """Predict every configuration before the GPU runs it."""
     import os
 
-    from specsim.cli.main import DEFAULT_TRACE
     if os.path.exists(out) and not force:
         raise click.UsageError(
             f"{out} exists: a plan records what was predicted before its runs, and results may "
@@ -130,7 +155,7 @@ def plan_cmd(trace_path, hardware, policies, k_forced, k_free, ss, context, batc
             f"--force to replace it")
     from specsim.traces.importers import load_trace
     from specsim.validate import build_plan, repo_file, write_json
-    trace_path, trace_named = repo_file(trace_path or str(DEFAULT_TRACE))
+    trace_path, trace_named = repo_file(trace_path or defaults.TRACE)
     names = [p.strip() for p in policies.split(",") if p.strip()]
     # the free run decodes the prompts the trace recorded (for the grid's groups), so that
     # the acceptance it is predicted from is that of its own workload
@@ -149,14 +174,23 @@ def plan_cmd(trace_path, hardware, policies, k_forced, k_free, ss, context, batc
 
 @validate_cmd.command("report")
 @click.option("--plan", "plan_path", default=DEFAULT_PLAN, show_default=True,
-              type=click.Path(exists=True, dir_okay=False))
-@click.option("--measured", default="validation-measured.json", show_default=True,
-              type=click.Path(exists=True, dir_okay=False))
+              type=click.Path(dir_okay=False),
+              help="Plan file (`specsim validate plan`), or a shipped run's plan (found from "
+                   f"any folder): {', '.join(SHIPPED_PLANS)}.")
+@click.option("--measured", default=None, type=click.Path(dir_okay=False),
+              help="Measurements of that plan (`specsim validate --gpu`). Default: a shipped "
+                   f"plan's own measurements, else {DEFAULT_MEASURED}.")
 @click.option("--markdown", "md_out", default=None, type=click.Path(dir_okay=False),
               help="Also write the tables as Markdown (for VALIDATION.md).")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def report_cmd(plan_path, measured, md_out, as_json):
-    """Compare the plan's predictions with the measurements."""
+    """Compare the plan's predictions with the measurements: per setup and policy the error
+    of each predictor (MAPE, worst case, Pearson r) and the regret of its predicted optimum.
+
+    \b
+    The shipped H200 run of Qwen3-8B, from any folder:
+      specsim validate report --plan models/validation/h200-qwen3-8b-plan.json
+    """
     import json
 
     from specsim.atomic import write_text_atomic
@@ -164,7 +198,8 @@ def report_cmd(plan_path, measured, md_out, as_json):
     from specsim.errors import SpecsimError
     from specsim.validate import (FORMAT_KEY, MEASURED_KEY, _sha, markdown, read_json,
                                   repo_file, report)
-    plan, got = read_json(plan_path, FORMAT_KEY), read_json(measured, MEASURED_KEY)
+    plan = read_json(_found(plan_path, "plan"), FORMAT_KEY)
+    got = read_json(_found(_measured_for(plan_path, measured), "measurements"), MEASURED_KEY)
     trace = None   # the plan's trace, when it is here as it was: answers vs its records
     try:           # as named (plans name it relative to the repository), or in the repository
         trace_file = repo_file(plan["trace"])[0] if plan.get("trace") else None

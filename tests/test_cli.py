@@ -208,3 +208,46 @@ def test_batch_that_does_not_fit_is_flagged(tmp_path):
     r = invoke_json(["predict", "--trace", str(path), "--batch", "2", "--context", "8192",
                      "--bootstrap", "50"])
     assert not any("does not fit" in n for n in r["notes"])
+
+
+def _option_help(command, name):
+    return next(p for p in command.params if p.name == name).help
+
+
+def test_every_trace_command_states_and_uses_the_shared_defaults():
+    """Each command's help names the default it really uses: the shared trace (review: its
+    own, the trace its shipped proxy check was measured like), the trace's model, the shared
+    hardware; and predict without arguments reads that trace and costs that model."""
+    from specsim.cli import defaults
+    from specsim.cli.dashboard_cmd import dashboard_cmd
+    from specsim.cli.review_cmd import review_cmd
+    from specsim.cli.simulate_cmds import simulate_cmd, tune_cmd
+    from specsim.cli.validate_cmd import plan_cmd
+
+    predict = cli.commands["predict"]
+    for command in (predict, dashboard_cmd, simulate_cmd, tune_cmd, plan_cmd):
+        assert defaults.TRACE in _option_help(command, "trace_path"), command.name
+    assert defaults.REVIEW_TRACE in _option_help(review_cmd, "trace_path")
+    for command in (predict, dashboard_cmd, simulate_cmd, tune_cmd, review_cmd):
+        params = {p.name: p for p in command.params}
+        assert params["model"].default is None, command.name       # the trace's model
+        assert defaults.FALLBACK_MODEL in params["model"].help
+        assert params["hardware"].default == defaults.HARDWARE
+    costs_model = next(p for p in cli.commands["costs"].params if p.name == "model")
+    assert costs_model.default == defaults.FALLBACK_MODEL
+    # the top-level help names what `specsim predict` costs by default
+    top = CliRunner().invoke(cli, ["--help"]).output
+    r = invoke_json(["predict", "--bootstrap", "50"])
+    assert r["trace"].endswith(defaults.TRACE.rsplit("/", 1)[1])
+    assert r["model"]["name"] == r["trace_model"] == "smollm2-135m"
+    assert "SmolLM2-135M" in top.split("specsim predict", 1)[1].split("\n")[0]
+
+
+def test_model_for_a_trace():
+    from specsim.cli import defaults
+    assert defaults.model_for("llama-3.1-8b", {"model": "smollm2-135m"}) == \
+        ("llama-3.1-8b", "--model")
+    assert defaults.model_for(None, {"model": "SmolLM2-135M"})[0] == "smollm2-135m"
+    for header in ({"model": "no-such-model"}, {}):
+        name, why = defaults.model_for(None, header)
+        assert name == defaults.FALLBACK_MODEL and why.startswith("default")

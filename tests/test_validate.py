@@ -479,16 +479,22 @@ def test_plan_command_names_the_shipped_prompts_and_trace(tmp_path, monkeypatch)
         assert entry["calibration_sha256"] == V._sha(V.repo_file(entry["calibration"])[0])
 
 
-def test_report_finds_the_plans_trace_from_any_directory(tmp_path, monkeypatch):
-    """A plan names its trace relative to the repository; `validate report` run elsewhere
-    still compares the answers with the trace's records (round 7's plan and runs)."""
+def test_report_finds_the_shipped_run_and_its_trace_from_any_directory(tmp_path, monkeypatch):
+    """`validate report --plan models/validation/RUN-plan.json` works from any folder: the
+    shipped plan, its own measurements (no --measured needed) and the trace the plan names
+    are found in the shipped data, so the answers are compared with the trace's records."""
     from click.testing import CliRunner
 
     from specsim.cli.main import cli
-    from repo import REPO_ROOT
     monkeypatch.chdir(tmp_path)
-    r = CliRunner().invoke(cli, [
-        "validate", "report", "--plan", str(REPO_ROOT / "models/validation/h200-smollm2-135m-plan.json"),
-        "--measured", str(REPO_ROOT / "models/validation/h200-smollm2-135m-measured.json")])
+    plan = "models/validation/h200-smollm2-135m-plan.json"
+    r = CliRunner().invoke(cli, ["validate", "report", "--plan", plan, "--json"])
     assert r.exit_code == 0, r.output
-    assert "Answers decoded exactly as the trace recorded them" in r.output
+    named = CliRunner().invoke(cli, ["validate", "report", "--plan", plan, "--json", "--measured",
+                                     "models/validation/h200-smollm2-135m-measured.json"])
+    assert json.loads(r.stdout) == json.loads(named.stdout)
+    free = next(s for s in json.loads(r.stdout)["setups"] if s["setup"]["mode"] == "free")
+    assert free["trace_agreement"]["configs"] > 0
+    missing = CliRunner().invoke(cli, ["validate", "report"])
+    assert missing.exit_code != 0
+    assert "validation-plan.json" in str(missing.exception) and plan in str(missing.exception)

@@ -1,0 +1,66 @@
+"""The defaults the `specsim` commands share, each defined once here, with the help texts that
+state them: the shipped trace read without ``--trace``, the model costed (the trace's own, else
+a fallback), the hardware, the trace formats, the batch and the bootstrap size.
+"""
+from __future__ import annotations
+
+# What predict assumes for a trace group without a modelled policy or a sparsity, and for a
+# trace without context lengths; `specsim costs` prices these without a trace.
+from specsim.predict import DEFAULT_CONTEXT as CONTEXT  # noqa: F401
+from specsim.predict import DEFAULT_POLICY as POLICY  # noqa: F401
+from specsim.predict import DEFAULT_SPARSITY as SPARSITY  # noqa: F401
+
+#: The trace every trace-reading command uses without --trace (predict, dashboard, simulate,
+#: tune, validate plan): SmolLM2-135M-Instruct, greedy, bf16, recorded on an H200 as one
+#: continuous batch of 32 slots.
+TRACE = "traces/smollm2-135m-greedy-bf16-h200-continuous.jsonl"
+#: `specsim review`'s trace: the same model's 12 prompts in fp32 on a CPU, as its shipped
+#: proxy check (REVIEW_PROXY) was measured.
+REVIEW_TRACE = "traces/smollm2-135m-greedy.jsonl"
+REVIEW_PROXY = "traces/review-proxy-smollm2-135m.json"
+#: The shipped validation runs on the GPU (VALIDATION.md), by (model, hardware): each has
+#: ``models/validation/RUN-plan.json``, ``-measured.json`` and ``-report.json``.
+VALIDATION_RUNS = {("smollm2-135m", "h200"): "h200-smollm2-135m",
+                   ("qwen3-8b", "h200"): "h200-qwen3-8b"}
+#: The model costed when the trace names none the catalogue has, and the model of commands
+#: without a trace (`specsim costs`).
+FALLBACK_MODEL = "qwen3-8b"
+HARDWARE = "h200"
+FORMATS = ("auto", "specsim", "vllm-metrics", "vllm-requests", "specbench")
+#: Sequences decoded together in predict, dashboard and review.
+BATCH = 32
+#: Bootstrap replicates of every confidence interval.
+BOOTSTRAP = 1000
+
+TRACE_HELP = (f"Acceptance trace: specsim JSONL, vLLM /metrics dump, vLLM per-request JSONL or "
+              f"Spec-Bench JSONL. Default: the shipped {TRACE}.")
+MODEL_HELP = ("Catalogue name (see `specsim models`) or path to a HuggingFace config.json. "
+              "Default: the model the trace was recorded on, when the catalogue has it "
+              f"(smollm2-135m for the default trace), else {FALLBACK_MODEL}.")
+HARDWARE_HELP = "Catalogue name (see `specsim hardware`) or path to a hardware JSON."
+COSTS_HELP = ("Cost model: auto (the calibration shipped for this hardware and model, else the "
+              "roofline), roofline, calibrated, or a calibration file.")
+
+
+def validation_file(run: str, kind: str) -> str:
+    """The shipped name of a validation run's ``plan``, ``measured`` or ``report`` file."""
+    return f"models/validation/{run}-{kind}.json"
+
+
+def default_trace() -> str:
+    """The shipped default trace as a path on disk (as named where this install lacks it, for
+    the reader's own 'no such file' error)."""
+    from specsim.shipped import shipped_file
+    return shipped_file(TRACE) or TRACE
+
+
+def model_for(model: str | None, trace_header: dict) -> tuple[str, str]:
+    """(the model to cost, why): ``model`` as given, else the trace's model when the catalogue
+    has it, else :data:`FALLBACK_MODEL`."""
+    from specsim.specs import model_for_trace
+    if model:
+        return model, "--model"
+    name = model_for_trace(None, trace_header, FALLBACK_MODEL)
+    if name == FALLBACK_MODEL and str(trace_header.get("model") or "").lower() != name:
+        return name, "default (the trace names no catalogued model)"
+    return name, "the trace's model"
