@@ -1,0 +1,88 @@
+"""What a calibration's provenance says to the one who uses it: the engine settings it timed,
+in words, and warnings where it is used away from where it was measured."""
+from __future__ import annotations
+
+from specsim.costs.calibration_file import Calibration
+from specsim.settings import RETIRED, EngineSettings, retired_settings
+from specsim.specs import ModelSpec
+
+#: How each engine choice's values read in a cost note, in the order the note lists them; a
+#: value mapped to None is not mentioned. A choice without words here is named
+#: (``name=value``) where it differs from how the engine runs now.
+CHOICE_WORDS = {
+    "fused_append": {True: "fused cache append", False: "torch cache writes"},
+    "ranking": "{} ranking",
+    "verify_splits": {"sm": "chunks per multiprocessor", "waves": "whole-wave chunks"},
+    "c2q": {"sum": "summed Collect-2-Query", "rows": None},
+    "shared_kv_strides": {True: "V addressed by K's strides", False: None},
+    "cuda_graphs": {True: None, False: "eager launches"},
+    "fuse_projections": {True: None, False: "unfused projections"},
+    "compile_layers": {True: None, False: "eager layers"},
+}
+
+
+def engine_choices(calibration: Calibration) -> dict:
+    """Every choice of the engine that timed the file's steps, by name: its settings
+    (:class:`EngineSettings`) and the value of each retired setting (:data:`RETIRED`: an
+    alternative the engine no longer offers, which an older file may have run)."""
+    out = calibration.settings.to_json()
+    ran_otherwise = retired_settings(calibration.engine)
+    out.update({name: ran_otherwise.get(name, (now,))[0] for name, (now, _) in RETIRED.items()})
+    return out
+
+
+def current_choices() -> dict:
+    """:func:`engine_choices` of the engine as it runs now, with the default settings."""
+    return {**EngineSettings().to_json(), **{name: now for name, (now, _) in RETIRED.items()}}
+
+
+def engine_summary(calibration: Calibration) -> str:
+    """The engine choices a calibration timed, as a cost note says them (``fused cache
+    append, best ranking, whole-wave chunks, summed Collect-2-Query``)."""
+    choices, now = engine_choices(calibration), current_choices()
+    words = []
+    for name in [*(n for n in CHOICE_WORDS if n in choices),
+                 *(n for n in choices if n not in CHOICE_WORDS)]:
+        value, how = choices[name], CHOICE_WORDS.get(name)
+        if how is None:
+            said = None if value == now.get(name) else f"{name}={value}"
+        elif isinstance(how, str):
+            said = how.format(value)
+        else:
+            said = how.get(value, f"{name}={value}")
+        if said:
+            words.append(said)
+    return ", ".join(words)
+
+
+def provenance_warnings(calibration: Calibration, model: ModelSpec) -> list[str]:
+    """Flags for a calibration used away from where it was measured: by an engine without
+    padded caches, on another model's shapes, on another GPU or torch."""
+    prov = calibration.provenance
+    out = []
+    if "cache_align" not in calibration.engine:
+        # a file without padded caches also lacks per-policy verify rows and the loop
+        # overheads measured by the loop's own clock: its speculative overheads run 40–60%
+        # high (Quest's 2–3×) beside a file that has them, its policies' verify up to 20% off
+        date = str(prov.get("date") or "?")[:10]
+        out.append(f"calibration measured by an older engine ({date}: "
+                   f"before padded caches, per-policy verify rows and the loop overheads' "
+                   f"re-measurement): its speculative loop overheads run high, and the "
+                   f"policies that collect every verify row (last-token, SparseSpec-L) are "
+                   f"priced at the shared verify — re-measure with `specsim calibrate --gpu` "
+                   f"for validated figures")
+    if prov.get("model_spec_hash") != model.spec_hash():
+        out.append(f"calibration measured on model '{prov.get('model')}' shapes "
+                   f"(spec {prov.get('model_spec_hash')}), used for '{model.name}' "
+                   f"(spec {model.spec_hash()})")
+    try:
+        import torch
+        here = torch.cuda.get_device_properties(0).name if torch.cuda.is_available() else None
+        if here and prov.get("gpu") and here != prov["gpu"]:
+            out.append(f"calibration measured on {prov['gpu']}, this GPU is {here}")
+        if here and prov.get("torch") and prov["torch"] != torch.__version__:
+            out.append(f"calibration measured with torch {prov['torch']}, this is "
+                       f"{torch.__version__}")
+    except ImportError:
+        pass
+    return out
