@@ -209,8 +209,8 @@ def report_cmd(plan_path, measured, md_out, as_json):
         if _sha(trace_file) == plan.get("trace_sha256"):
             trace = read_trace(trace_file)
         else:
-            click.echo(f"note: {plan['trace']} changed since the plan; answers are not "
-                       f"compared with its records", err=True)
+            click.echo(f"note: {plan['trace']} is not the trace the plan was made with; "
+                       f"answers are not compared with its records", err=True)
     rep = report(plan, got, trace)
     if md_out:
         write_text_atomic(md_out, markdown(rep, got))

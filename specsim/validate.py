@@ -106,8 +106,8 @@ def prompts_from_file(path: str, sha256: str | None, names: list[str]) -> list[l
 
     found, _ = repo_file(path)
     if sha256 and _sha(found) != sha256:
-        raise SpecsimError(f"{path} changed since the plan was made (sha256 {_sha(found)}, "
-                           f"the plan has {sha256})")
+        raise SpecsimError(f"{path} is not the file the plan was made with (sha256 "
+                           f"{_sha(found)}, the plan has {sha256})")
     ids, tokens, _ = read_prompt_ids(found)
     by_id = dict(zip(ids, tokens))
     missing = sorted(set(names) - set(by_id))
@@ -393,9 +393,10 @@ def measure(plan: dict, repeats: int = 2, progress: bool = True, device: str = "
                                  float(np.mean(t.m + 1)) if t else None for t in by_request],
                              "split_s": gens[0].timing,
                              "wall_s": gens[0].wall_seconds,
-                             # where a run's odd wall time went (rounds 5-6: the first
-                             # configuration of a process spent 0.2-0.3 s outside every phase):
-                             # its three slowest iterations, (seconds, index, active slots)
+                             # where a run's odd wall time went (a process's first
+                             # configuration can spend tenths of a second outside every
+                             # phase): its three slowest iterations, (seconds, index, active
+                             # slots)
                              "slowest_iterations": slowest_steps(gens[0].steps)})
                 del engine
                 if device == "cuda":

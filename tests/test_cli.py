@@ -139,13 +139,18 @@ def test_predict_default_trace_table():
     # (recorded in bf16 on the H200 as one continuous batch, as the default hardware serves it)
     assert "smollm2-135m-greedy-bf16-h200-continuous.jsonl" in result.output
     assert "SYNTHETIC" not in result.output
-    assert "model     smollm2-135m" in result.output
-    assert "k*" in result.output and "Best:" in result.output
-    # measured costs: Quest's are said to be those of specsim's own page selection
-    assert "calibrated cost model" in result.output and "(quest: measured on specsim's engine" \
-        in result.output
+    lines = result.output.splitlines()
+    assert next(x for x in lines if x.startswith("model ")).split()[1] == "smollm2-135m:"
+    assert next(x for x in lines if x.startswith("costs ")).split()[1] == "calibrated"
+    best = next(x for x in lines if x.startswith("Best:"))
+    report = invoke_json(["predict", "--bootstrap", "100"])
+    assert f"{report['best']['policy']} at s = {report['best']['s']:g}, k = " \
+        f"{report['best']['k']}: {report['best']['speedup']:.2f}×" in best
+    # measured costs: a note says Quest's are those of specsim's own page selection
+    assert any(x.startswith("(quest: measured") for x in lines)
     roofline = CliRunner().invoke(cli, ["predict", "--bootstrap", "50", "--costs", "roofline"])
-    assert roofline.exit_code == 0 and "(quest: measured" not in roofline.output
+    assert roofline.exit_code == 0
+    assert not any(x.startswith("(quest:") for x in roofline.output.splitlines())
 
 
 def test_bad_trace_one_line_error(tmp_path):
@@ -180,14 +185,6 @@ def test_catalogue_commands():
     hw = invoke_json(["hardware"])
     assert hw["h200"]["bandwidth_TBps"] == pytest.approx(4.3)
     assert hw["a40"]["ceilings"] == "datasheet"
-
-
-def test_help_explains_units_and_defaults():
-    for cmd in (["predict"], ["costs"]):
-        result = CliRunner().invoke(cli, cmd + ["--help"])
-        assert result.exit_code == 0
-        assert "default" in result.output.lower()
-    assert "tokens" in CliRunner().invoke(cli, ["costs", "--help"]).output
 
 
 def test_cpu_paths_do_not_import_gpu_or_heavy_modules():

@@ -107,7 +107,8 @@ def page(tmp_path_factory):
     dash = build_dashboard(
         read_trace(REPO_ROOT / "traces" / "synthetic-sparse-selfspec.jsonl"),
         load_model("qwen3-8b"), hw,
-        DashboardOptions(batches=(1, 32), contexts=(16384,), n_boot=200),
+        DashboardOptions(batches=(1, 32), contexts=(16384,), n_boot=100,
+                         regime_batches=(1, 8, 64, 256), regime_contexts=(1024, 8192, 65536)),
         Validation(points, "example points"),
         trace_label="traces/synthetic-sparse-selfspec.jsonl")
     path = dash.write(tmp / "report.html")

@@ -302,6 +302,20 @@ def test_command_without_proxy_and_with_simulation(files):
     assert "not measured: run scripts/review_proxy.py" in text
 
 
+def test_command_defaults_read_the_shipped_trace_and_proxy_check():
+    """Without --trace and --proxy: the shipped fp32 SmolLM2 trace, costed for its own model,
+    and the shipped proxy check, measured on that model."""
+    from specsim.cli import defaults
+
+    result = invoke(["--bootstrap", "50", "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["trace"].endswith(defaults.REVIEW_TRACE.rsplit("/", 1)[1])
+    assert (report["model"], report["model_source"]) == ("smollm2-135m", "the trace's model")
+    assert report["proxy"]["source"].endswith(defaults.REVIEW_PROXY.rsplit("/", 1)[1])
+    assert report["proxy"]["model"] == "smollm2-135m"
+
+
 def test_command_errors(files, tmp_path):
     trace, proxy = files
     result = invoke(["--trace", trace, "--proxy", str(tmp_path / "nope.json")])
