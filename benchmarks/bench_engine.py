@@ -9,8 +9,12 @@ policy and s (``traces/`` file, recorded at k_rec ≥ k) are replayed at k as ``
 replays them (``truncate_trace``: token by token through each recorded answer); speedup =
 tokens/s over plain tokens/s at the same batch and context.
 
-    python scripts/engine_benchmark.py --contexts 32768,131072 --batch 4 \\
+    python benchmarks/bench_engine.py --contexts 32768,131072 --batch 4 \\
         --trace traces/<file>.jsonl --ks 2,4,6,8,10,12 --ss 0.03,0.05,0.07,0.1 --out bench.json
+
+The engine runs with the default settings (``specsim.settings``: fused projections, compiled
+layers, ...) changed by ``--setting name=value``; ``--c2q rows,sum`` runs each speculative
+configuration once per Collect-2-Query mode in one process (one compile).
 """
 from __future__ import annotations
 
@@ -22,10 +26,8 @@ import torch
 
 from specsim.engine import Engine, build_model
 from specsim.engine.decode import cache_positions, forced_prompts, truncate_trace
-from specsim.engine import model as model_mod
-from specsim.engine import selection as selection_mod
-from specsim.kernels import split_kv
-from specsim.specs import catalog_dir
+from specsim.settings import EngineSettings
+from specsim.shipped import catalog_file
 from specsim.traces.format import read_trace
 
 
@@ -44,11 +46,6 @@ def copy_bandwidth(device, gib: float = 4.0) -> float:
     return 2 * a.numel() * a.element_size() / sorted(times[2:])[len(times[2:]) // 2]
 
 
-def each(values: str | None, configured: str) -> list[str]:
-    """A switch's values to alternate: the comma-separated list given, else the configured one."""
-    return values.split(",") if values else [configured]
-
-
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="qwen3-8b")
@@ -61,62 +58,44 @@ def main(argv=None) -> None:
     parser.add_argument("--ss", default="0.03,0.05,0.07,0.1")
     parser.add_argument("--out", default="engine-benchmark.json")
     parser.add_argument("--device", default="cuda", help="cpu: a dry run of the script only")
-    parser.add_argument("--compile", action="store_true",
-                        help="torch.compile the element-wise work around each layer's matmuls")
-    parser.add_argument("--fuse", action="store_true",
-                        help="fuse the q|k|v and gate|up projections into single matmuls")
-    parser.add_argument("--combine", default=None,
-                        help="plain decoding once per split-KV combine in this list, in this "
-                             "order (e.g. loop,block,loop,block: SPECSIM_COMBINE's values, "
-                             "alternated to see drift); default: the configured one")
+    parser.add_argument("--setting", action="append", default=[], metavar="NAME=VALUE",
+                        help="engine setting (repeatable): " + ", ".join(
+                            f"{f}={'|'.join(map(str, c)).lower()}" for f, c in
+                            EngineSettings.choices().items()))
     parser.add_argument("--c2q", default=None,
                         help="each speculative configuration once per Collect-2-Query mode in "
-                             "this list (rows,sum: SPECSIM_C2Q's values), alternating in one "
-                             "process (one compile); default: the configured one")
-    parser.add_argument("--linear", default=None,
-                        help="and once per projection path in this list (torch,skinny: "
-                             "SPECSIM_LINEAR's values); default: the configured one")
+                             "this list (rows,sum: the c2q setting's values), alternating in "
+                             "one process (one compile); default: the settings' own")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
-    config = json.loads((catalog_dir() / args.model / "config.json").read_text())
+    settings = EngineSettings.parse(args.setting)
+    config = json.loads(catalog_file(f"{args.model}/config.json").read_text())
     model = build_model(config, weights="random", dtype=torch.bfloat16, device=device)
-    if args.fuse:
-        model.fuse_projections()
-    if args.compile:
-        model.compile_layers()
+    model.prepare(settings)
     bandwidth = copy_bandwidth(device, 4.0 if device.type == "cuda" else 0.25)
-    print(f"{args.model}, random bf16 weights; copy bandwidth {bandwidth / 1e12:.2f} TB/s")
+    print(f"{args.model}, random bf16 weights; copy bandwidth {bandwidth / 1e12:.2f} TB/s; "
+          f"engine settings {settings.to_json()}")
     rows = []
-    combine_default, linear_default = split_kv.COMBINE, model_mod.LINEAR
-    c2q_default = selection_mod.C2Q
     ks = [int(k) for k in args.ks.split(",")]
     ss = [float(s) for s in args.ss.split(",")]
+    c2qs = args.c2q.split(",") if args.c2q else [settings.c2q]
     trace = read_trace(args.trace) if args.trace else None
     for context in (int(c) for c in args.contexts.split(",")):
         prompts = [[0] * context] * args.batch
         max_len = context + args.new_tokens * (max(ks) + 1) + max(ks) + 2
-        variants = [(method, path)
-                    for method in each(args.combine, split_kv.COMBINE)
-                    for path in each(args.linear, model_mod.LINEAR)]
-        for method, path in variants:
-            split_kv.COMBINE, model_mod.LINEAR = method, path
-            engine = Engine(model, batch=args.batch, max_len=max_len, policy="full", k_max=1,
-                            beyond_max_position=True)
-            engine.generate(prompts, 4, speculative=False, prefill="random")  # warm-up, graphs
-            plain = engine.generate(prompts, args.new_tokens, speculative=False,
-                                    prefill="random")
-            step = plain.decode_seconds / plain.iterations
-            floor = (engine.weight_bytes + args.batch * (context + args.new_tokens / 2)
-                     * engine.kv_bytes_per_token) / bandwidth
-            print(f"context {context} (combine {method}, linear {path}): plain "
-                  f"{plain.tokens_per_second:.0f} "
-                  f"tokens/s, {1e3 * step:.2f} ms/step, floor {1e3 * floor:.2f} ms "
-                  f"({floor / step:.0%})")
-            rows.append({"context": context, "mode": "plain", "combine": method, "linear": path,
-                         "tokens_per_second": plain.tokens_per_second, "step_seconds": step,
-                         "floor_seconds": floor, "timing": plain.timing})
-            del engine
-        split_kv.COMBINE, model_mod.LINEAR = combine_default, linear_default
+        engine = Engine(model, batch=args.batch, max_len=max_len, policy="full", k_max=1,
+                        beyond_max_position=True, settings=settings)
+        engine.generate(prompts, 4, speculative=False, prefill="random")  # warm-up, graphs
+        plain = engine.generate(prompts, args.new_tokens, speculative=False, prefill="random")
+        step = plain.decode_seconds / plain.iterations
+        floor = (engine.weight_bytes + args.batch * (context + args.new_tokens / 2)
+                 * engine.kv_bytes_per_token) / bandwidth
+        print(f"context {context}: plain {plain.tokens_per_second:.0f} tokens/s, "
+              f"{1e3 * step:.2f} ms/step, floor {1e3 * floor:.2f} ms ({floor / step:.0%})")
+        rows.append({"context": context, "mode": "plain",
+                     "tokens_per_second": plain.tokens_per_second, "step_seconds": step,
+                     "floor_seconds": floor, "timing": plain.timing})
+        del engine
         if trace is None:
             continue
         for s in ss:
@@ -124,15 +103,14 @@ def main(argv=None) -> None:
             if not requests:
                 print(f"  s={s}: no {args.policy} requests in the trace")
                 continue
-            for k, c2q in [(k, c) for k in ks for c in each(args.c2q, c2q_default)]:
+            for k, c2q in [(k, c) for k in ks for c in c2qs]:
                 chosen = [truncate_trace(requests[b % len(requests)], k)
                           for b in range(args.batch)]
                 ids = forced_prompts(chosen, model.args.vocab_size, length=context)
                 need = cache_positions(context, max(t.tokens for t in chosen) + 1, k)
-                selection_mod.C2Q = c2q      # read by the engine's DraftSelection
-                spec_engine = Engine(model, batch=args.batch, max_len=need,
-                                     policy=args.policy, s=s, k_max=k, beyond_max_position=True)
-                selection_mod.C2Q = c2q_default
+                spec_engine = Engine(model, batch=args.batch, max_len=need, policy=args.policy,
+                                     s=s, k_max=k, beyond_max_position=True,
+                                     settings=settings.replace(c2q=c2q))
                 warm = [truncate_trace(t, k) for t in chosen]
                 for t in warm:   # a short replay first: compiles kernels, captures graphs
                     t.k, t.m, t.context = t.k[:3], t.m[:3], t.context[:3]
@@ -151,7 +129,7 @@ def main(argv=None) -> None:
                 del spec_engine
     with open(args.out, "w") as fh:
         json.dump({"model": args.model, "batch": args.batch, "copy_bandwidth": bandwidth,
-                   "rows": rows}, fh, indent=2)
+                   "settings": settings.to_json(), "rows": rows}, fh, indent=2)
     print(f"wrote {args.out}")
 
 

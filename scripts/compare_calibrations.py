@@ -1,9 +1,8 @@
 """Compare two calibrations of one model, tile by tile: how each full-attention step moved.
 
-An engine setting that changes how verify attention is launched (``SPECSIM_VERIFY_SPLITS``,
-block sizes) changes the plain and verify rows of every shipped calibration. Before such a
-setting becomes the default, re-measure the files with it and compare them with the shipped
-ones here: for each verify tile (head_dim, tile rows, collect mode; see
+A change to how verify attention is launched (an engine setting, the planner's tiles, block
+sizes) changes the plain and verify rows of every shipped calibration. Before such a change
+ships, re-measure the files with it and compare them with the shipped ones here: for each verify tile (head_dim, tile rows, collect mode; see
 ``verify_attention.plan_verify``) and batch, the ratio new / old of the medians of every shape
 both files measured. Ratios above 1 are slowdowns; ``--fail-above`` turns any tile whose mean
 exceeds it into a non-zero exit.
@@ -17,7 +16,7 @@ import collections
 import sys
 
 from specsim.calibrate import shared_verify_policy
-from specsim.costs.calibrated import engine_setting, read_calibration
+from specsim.costs.calibration_file import read_calibration
 from specsim.engine.selection import policy_collect_rows
 from specsim.kernels._runtime import next_power_of_2
 from specsim.kernels.verify_attention import WAVE_CONFIGS
@@ -48,7 +47,7 @@ def compare(old, new, families=("plain", "verify")) -> dict:
     is the one ``new`` ran (its ``c2q`` setting: a "sum" file's Vegas tiles are "sum")."""
     spec = load_model(old.provenance["model"])
     group = spec.num_heads // spec.num_kv_heads
-    c2q = engine_setting(new.provenance.get("engine", {}), "c2q")
+    c2q = new.settings.c2q
     shared = shared_verify_policy(new.provenance.get("grid", {}).get("policies") or ["vegas"])
 
     def key(m):

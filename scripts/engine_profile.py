@@ -1,7 +1,11 @@
 """Where does a decode step's time go? torch.profiler over a few plain steps and speculative
 iterations of the engine at real scale (random weights), kernel table sorted by GPU time.
 
-    python scripts/engine_profile.py --model qwen3-8b --batch 4 --context 32768 --out prof.txt
+    python scripts/engine_profile.py --model qwen3-8b --batch 4 --context 32768 --out prof.txt \\
+        [--setting cuda_graphs=false] [--plain-only]
+
+The engine runs with the default settings (``specsim.settings``: CUDA graphs, fused
+projections, compiled layers) changed by ``--setting name=value``.
 """
 from __future__ import annotations
 
@@ -12,7 +16,8 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from specsim.engine import Engine, build_model
-from specsim.specs import catalog_dir
+from specsim.settings import EngineSettings
+from specsim.shipped import catalog_file
 
 
 def main():
@@ -20,27 +25,21 @@ def main():
     parser.add_argument("--model", default="qwen3-8b")
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--context", type=int, default=32768)
-    parser.add_argument("--graphs", type=int, default=1)
     parser.add_argument("--out", default="engine-profile.txt")
-    parser.add_argument("--fuse", action="store_true",
-                        help="fuse the q|k|v and gate|up projections (as real runs do)")
-    parser.add_argument("--compile", action="store_true",
-                        help="torch.compile the element-wise work (as real runs do)")
+    parser.add_argument("--setting", action="append", default=[], metavar="NAME=VALUE",
+                        help="engine setting (repeatable; specsim run --help lists them)")
     parser.add_argument("--plain-only", action="store_true", help="skip the Vegas iteration")
     args = parser.parse_args()
-    config = json.loads((catalog_dir() / args.model / "config.json").read_text())
+    settings = EngineSettings.parse(args.setting)
+    config = json.loads(catalog_file(f"{args.model}/config.json").read_text())
     model = build_model(config, weights="random", dtype=torch.bfloat16, device="cuda")
-    if args.fuse:
-        model.fuse_projections()
-    if args.compile:
-        model.compile_layers()
     prompts = [[0] * args.context] * args.batch
     report = []
     runs = [("plain", dict(policy="full", k_max=1)),
             ("vegas s=0.05 k=4", dict(policy="vegas", s=0.05, k_max=4))]
     for label, kw in runs[:1] if args.plain_only else runs:
         engine = Engine(model, batch=args.batch, max_len=args.context + 200,
-                        cuda_graphs=bool(args.graphs), beyond_max_position=True, **kw)
+                        settings=settings, beyond_max_position=True, **kw)
         speculative = label != "plain"
         engine.generate(prompts, 8, speculative=speculative, prefill="random")   # warm-up
         torch.cuda.synchronize()

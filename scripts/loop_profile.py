@@ -1,9 +1,10 @@
-"""Where a speculative iteration's time goes beyond its draft/verify/selection steps: the
-engine's loop under torch.profiler on the GPU (issue #5/#8: the loop overhead term).
+"""Where a speculative iteration's time goes beyond its draft/verify/selection steps (the cost
+model's loop overhead term): the engine's loop under torch.profiler on the GPU.
 
-    PYTHONPATH=. python3 scripts/loop_profile.py [MODEL] [BATCH] [CONTEXT] [K] [POLICY] [OUT_DIR]
+    PYTHONPATH=. python3 scripts/loop_profile.py [MODEL] [BATCH] [CONTEXT] [K] [POLICY] [OUT_DIR] \\
+        [--phases-only] [--setting name=value]
 
-(PROFILE=0: only the phase split, no profiler run.)
+(``--phases-only``: only the phase split, no profiler run.)
 
 Random weights, forced acceptance (m = k // 2), the model fused and compiled as the runs use
 it. Prints the per-iteration phase split (CUDA events), the loop's own clock, the CUDA kernels
@@ -13,31 +14,41 @@ tiny model of the same family (a smoke test of the script).
 """
 from __future__ import annotations
 
+import argparse
 import os
-import sys
 
 import numpy as np
 import torch
 
 from specsim.engine import Engine
 from specsim.engine.model import timing_model
+from specsim.settings import EngineSettings
 from specsim.traces.format import RequestTrace
 
 
-def main():
-    args = sys.argv[1:]
-    name = args[0] if args else "smollm2-135m"
-    batch = int(args[1]) if len(args) > 1 else 32
-    context = int(args[2]) if len(args) > 2 else 4096
-    k = int(args[3]) if len(args) > 3 else 4
-    policy = args[4] if len(args) > 4 else "vegas"
-    out_dir = args[5] if len(args) > 5 else None
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model", nargs="?", default="smollm2-135m")
+    parser.add_argument("batch", nargs="?", type=int, default=32)
+    parser.add_argument("context", nargs="?", type=int, default=4096)
+    parser.add_argument("k", nargs="?", type=int, default=4)
+    parser.add_argument("policy", nargs="?", default="vegas")
+    parser.add_argument("out_dir", nargs="?", default=None,
+                        help="where the Chrome trace goes (gzipped)")
+    parser.add_argument("--phases-only", action="store_true",
+                        help="only the phase split, no profiler run")
+    parser.add_argument("--setting", action="append", default=[], metavar="NAME=VALUE",
+                        help="engine setting (repeatable; specsim run --help lists them)")
+    args = parser.parse_args(argv)
+    name, batch, context, k, policy = args.model, args.batch, args.context, args.k, args.policy
+    out_dir = args.out_dir
     cuda = torch.cuda.is_available()
     model = timing_model(name)
     n = 24
     prompts = [[0] * context] * batch
     engine = Engine(model, batch=batch, max_len=context + (k + 1) * (n + 2) + 8, policy=policy,
-                    s=0.05, k_max=max(k, 1), beyond_max_position=True)
+                    s=0.05, k_max=max(k, 1), beyond_max_position=True,
+                    settings=EngineSettings.parse(args.setting))
     forced = [RequestTrace(str(b), policy, 0.05, context + np.arange(n) * (k // 2 + 1),
                            np.full(n, k), np.full(n, k // 2)) for b in range(batch)]
 
@@ -56,7 +67,7 @@ def main():
           f"{1e3 * loop:.3f} ms/iteration; phases (ms/iteration) "
           + ", ".join(f"{p} {v:.3f}" for p, v in split.items())
           + f"; unpriced {1e3 * loop - sum(v for p, v in split.items() if p != 'other'):.3f}")
-    if os.environ.get("PROFILE", "1") == "0":     # the phase split only
+    if args.phases_only:
         return
     activities = [torch.profiler.ProfilerActivity.CPU] + (
         [torch.profiler.ProfilerActivity.CUDA] if cuda else [])

@@ -24,8 +24,9 @@ Triton kernels):
   first sparsity): the loop's own per-iteration clock (what a run's steady window measures)
   minus its CUDA-event totals of the priced phases, per step.
 
-The model is prepared as real runs use it (``fuse_projections``, ``compile_layers``; both
-recorded in the provenance).
+The engine runs with the given settings (``specsim.settings.EngineSettings``: by default as real
+runs use it, projections fused and layers compiled); ``provenance.engine`` records them, with
+their hash, beside the facts of the engine (``settings.engine_provenance``).
 
 Each point: warm-up calls, then ``repeats`` calls timed one by one with CUDA events (the cache
 length is rolled back after each, so every call sees the same context). The ceilings (copy
@@ -41,8 +42,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from specsim.costs.calibrated import Calibration, Measurement, collect_provenance
-from specsim.specs import ModelSpec, catalog_dir
+from specsim.costs.calibration_file import Calibration, Measurement, collect_provenance
+from specsim.settings import DEFAULT, EngineSettings, engine_provenance
+from specsim.shipped import catalog_file
+from specsim.specs import ModelSpec
 
 
 #: Draft length of Quest's own verify measurement (``verify:quest``, q = k + 1).
@@ -203,23 +206,20 @@ def _time(torch, fn, repeats: int, warmup: int, after=None) -> list[float]:
 
 
 def measure(spec: ModelSpec, grid: CalibrationGrid, config: dict | None = None,
-            progress: bool = True, fuse: bool = True, compile: bool = True,
+            progress: bool = True, settings: EngineSettings = DEFAULT,
             checkpoint: str | None = None) -> Calibration:
+    import functools
+
     import torch
 
     from specsim.engine import Engine, build_model
-    from specsim.engine.decode import CACHE_ALIGN, FUSED_APPEND
-    from specsim.engine.selection import C2Q
-    from specsim.kernels.selection import RANKING
-    from specsim.kernels.verify_attention import VERIFY_SPLITS
+    from specsim.engine.decode import CACHE_ALIGN
 
     if config is None:
-        config = json.loads((catalog_dir() / spec.name / "config.json").read_text())
+        config = json.loads(catalog_file(f"{spec.name}/config.json").read_text())
     model = build_model(config, weights="random", dtype=torch.bfloat16, device="cuda")
-    if fuse:
-        model.fuse_projections()
-    if compile:
-        model.compile_layers()
+    model.prepare(settings)
+    engine_of = functools.partial(Engine, settings=settings)
     free = torch.cuda.mem_get_info()[0]
     ceilings = _ceilings(torch)
     shapes = [(b, c) for b, c in shape_order(grid.batches, grid.contexts)
@@ -236,14 +236,11 @@ def measure(spec: ModelSpec, grid: CalibrationGrid, config: dict | None = None,
                     "overhead_clock": "loop steps"}
     if grid.only is not None:
         prov["grid"]["only"] = sorted(grid.only)
-    prov["engine"] = {"fuse_projections": fuse, "compile_layers": compile, "cuda_graphs": True,
-                      "draft_chain": True, "draft_timed_as_chain_of": DRAFT_CHAIN,
-                      "cache_align": CACHE_ALIGN, "ranking": RANKING,
-                      "fused_append": FUSED_APPEND, "verify_splits": VERIFY_SPLITS,
-                      "c2q": C2Q}
+    prov["engine"] = engine_provenance(settings, draft_timed_as_chain_of=DRAFT_CHAIN,
+                                       cache_align=CACHE_ALIGN)
 
     def measure_one(batch, context):
-        rows = _measure_shape(torch, Engine, model, grid, batch, context)
+        rows = _measure_shape(torch, engine_of, model, grid, batch, context)
         torch.cuda.empty_cache()
         return rows
 
@@ -263,7 +260,7 @@ def resumable(path: str, prov: dict) -> Calibration | None:
     finished measurement."""
     import os
 
-    from specsim.costs.calibrated import read_calibration
+    from specsim.costs.calibration_file import read_calibration
     from specsim.errors import SpecsimError
 
     if not os.path.exists(path):
@@ -277,7 +274,7 @@ def resumable(path: str, prov: dict) -> Calibration | None:
     if grid_old != grid_new:
         differ.append("grid")
     if old.get("engine") != prov.get("engine"):
-        differ.append("engine")
+        differ.append(engine_difference(old.get("engine") or {}, prov.get("engine") or {}))
     if old.get("merged"):
         differ.append("merged (a merged file)")
     if differ:
@@ -285,6 +282,21 @@ def resumable(path: str, prov: dict) -> Calibration | None:
             f"{path} holds a calibration made with other settings ({', '.join(differ)}): "
             f"not resuming it and not overwriting it; remove it or write to another file")
     return have
+
+
+def engine_difference(there: dict, here: dict) -> str:
+    """How two calibrations' ``provenance.engine`` differ, in a few words: the engine
+    settings that differ (``engine settings c2q=rows there, sum here``), else ``engine``."""
+    from specsim.errors import SpecsimError
+    try:
+        changed = EngineSettings.from_provenance(there).differences(
+            EngineSettings.from_provenance(here))
+    except SpecsimError:
+        changed = {}
+    if not changed:
+        return "engine"
+    return "engine settings " + "; ".join(f"{name}={str(a).lower()} there, {str(b).lower()} here"
+                                          for name, (a, b) in changed.items())
 
 
 def measure_shapes(shapes: list[tuple[int, int]], measure_one, prov: dict, ceilings: dict,

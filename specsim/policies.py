@@ -81,8 +81,8 @@ SELECTION_POLICIES = ("vegas", "sparsespec", "streamingllm", "quest", "last-toke
 SPARSESPEC_WINDOW = 16
 
 
-#: ``SPECSIM_RANKING=best`` (the engine's default, ``specsim.kernels.selection``): each
-#: policy's fastest ranking as measured on the H200 (BENCHMARKS.md): SparseSpec-L's
+#: ``EngineSettings.ranking="best"`` (the engine's default, ``specsim.kernels.selection``):
+#: each policy's fastest ranking as measured on the H200 (BENCHMARKS.md): SparseSpec-L's
 #: per-KV-head lists by the radix kernel (295 vs 312 µs per layer at hd128, 32K, batch 4),
 #: Quest's fused page selection (its SmolLM2 loop at batch 32, 4K, k = 4: 23.6 vs 37.9 ms per
 #: iteration); ``torch.topk`` for the rest (Vegas: 182 vs 207 µs).

@@ -3,13 +3,18 @@ planners and recorded (with a stable hash) in every calibration's provenance.
 
 Each field has its default, what it means and the measurement behind the default. Nothing in
 specsim reads the environment for engine behaviour: a run with other settings says so with
-``specsim run/calibrate --setting name=value`` (or by passing an :class:`EngineSettings`), and
-its calibration records them, so a cost model never silently mixes timings of two engines.
+``specsim run/trace/calibrate --setting name=value`` (or by passing an :class:`EngineSettings`),
+and its calibration records them (``provenance.engine.settings`` and ``settings_hash``), so a
+cost model never silently mixes timings of two engines.
 
-Calibration files written before this object existed recorded some of the same choices under
-their own names (``provenance.engine``: ``fused_append``, ``ranking``, ``verify_splits``,
-``c2q``), and files older still did not record them at all; :meth:`EngineSettings.from_provenance`
-reads both (:data:`LEGACY_DEFAULTS`: how those older runs ran).
+A calibration's ``provenance.engine`` also states facts of the engine that are not choices
+(:data:`ENGINE_FACTS`: the fused one-position append, whole-wave split-KV chunks, the chained
+greedy drafts, the cache padding), and older files name some settings flat, by their own keys
+(``fused_append``, ``ranking``, ``verify_splits``, ``c2q``, ...), or not at all.
+:meth:`EngineSettings.from_provenance` reads all of them: missing keys take
+:data:`LEGACY_DEFAULTS` (how those runs ran), and keys of settings that no longer exist
+(:data:`RETIRED`: alternatives that lost a measurement) are accepted; :func:`retired_settings`
+says where such a file ran otherwise than the engine runs now.
 """
 from __future__ import annotations
 
@@ -27,39 +32,56 @@ def _choice(default, choices: tuple, meaning: str):
 
 @dataclass(frozen=True)
 class EngineSettings:
-    #: How Vegas' verify pass writes what Vegas ranks by.
+    #: What Vegas' verify pass writes for its refresh.
     c2q: str = _choice(
         "sum", ("sum", "rows"),
         "sum: one fp32 row per sequence, the collected rows' logits summed over every query "
-        "head by the verify kernel (at engine level Vegas' verify costs 2.5% over "
-        "StreamingLLM's: H200, Qwen3-8B shapes, batch 4, 128K, q = 16); rows: "
-        "Collect-2-Query's two bf16 rows per query head, summed by the refresh")
+        "head by the verify kernel (H200, Qwen3-8B shapes, batch 4, 128K, q = 16: Vegas' "
+        "verify costs 2.5% over StreamingLLM's at engine level); rows: Collect-2-Query's two "
+        "bf16 rows per query head, summed by the refresh (the proxy check always collects "
+        "rows). The rankings are the same up to rounding")
     #: How SparseSpec-L's, Quest's and the other policies' lists are ranked.
     ranking: str = _choice(
-        "best", ("best", "topk", "sort", "radix"),
-        "best: the radix kernel for SparseSpec-L and Quest, torch.topk for the others "
-        "(torch.topk everywhere off CUDA)")
-    #: How full-attention passes cut each (sequence, KV head)'s keys into chunks.
-    verify_splits: str = _choice(
-        "waves", ("waves", "sm"),
-        "waves: the fewest whole waves of programs for the probed tiles (H200: plain step "
-        "3.5% faster for Qwen3-8B at batch 4, 32K; 7.7% for SmolLM2 at batch 32, 4K); sm: "
-        "about 2-4 chunks per multiprocessor")
-    #: Whether one Triton kernel writes each draft/plain step's new K/V rows.
-    fused_append: bool = _choice(
-        True, (True, False),
-        "True: one Triton kernel writes each step's K/V rows (and Quest's page bounds) on "
-        "CUDA; False: torch writes them")
+        "best", ("best", "topk"),
+        "best: each policy's fastest on the H200 (specsim.policies.BEST_RANKING): the radix "
+        "kernel for SparseSpec-L (295 against 312 us per layer, hd128, 32K, batch 4) and "
+        "Quest's fused page selection (SmolLM2 loop at batch 32, 4K, k = 4: 23.6 against "
+        "37.9 ms per iteration), torch.topk for the others (Vegas: 182 against 207 us); "
+        "torch.topk everywhere off CUDA. topk: torch.topk for every policy, for a GPU where "
+        "the radix kernel is not the faster")
     #: Whether the verify and sparse-draft kernels address V with K's offsets.
     shared_kv_strides: bool = _choice(
-        False, (True, False),
+        False, (False, True),
         "True: where V's strides equal K's (the engine's caches), V is addressed with K's "
-        "offsets; False: V's own strides")
+        "offsets; False: V's own strides (H200, hd128, batch 4, 128K: with K's offsets the "
+        "q = 16 verify tile runs 3% slower collecting nothing and 3% faster with the summed "
+        "row, q = 8 and the sparse draft kernel unchanged)")
+    #: Whether the hot steps replay as CUDA graphs.
+    cuda_graphs: bool = _choice(
+        True, (True, False),
+        "True: on CUDA the draft step, the greedy draft chain, the verify pass and the "
+        "selection refresh each replay as one CUDA graph (H200, Qwen3-8B shapes, batch 4, "
+        "32K: the loop spends ~0.1 ms per iteration beyond its CUDA-event phases); False: "
+        "eager launches (profiling, debugging)")
+    #: Whether the model runs with fused q|k|v and gate|up projections.
+    fuse_projections: bool = _choice(
+        True, (True, False),
+        "True: on CUDA the engine runs the model with q|k|v and gate|up as one matmul each "
+        "(Transformer.fuse_projections; H200, Qwen3-8B shapes, batch 4, 32K, compiled "
+        "layers: plain step 10.76 ms against 11.35 ms unfused); False: as loaded. Off CUDA "
+        "the model runs as built")
+    #: Whether the element-wise work around each layer's matmuls is compiled.
+    compile_layers: bool = _choice(
+        True, (True, False),
+        "True: on CUDA RMSNorm, RoPE, q/k-norm, SwiGLU and the residuals around each layer's "
+        "matmuls run as torch.compile'd code (Transformer.compile_layers; H200, Qwen3-8B "
+        "shapes, batch 4, 32K: plain step 11.35 ms against 14.66 ms eager); False: eager. "
+        "Off CUDA the model runs as built")
 
     def __post_init__(self):
         for f in fields(self):
             value = getattr(self, f.name)
-            if value not in f.metadata["choices"]:
+            if value not in f.metadata["choices"] or type(value) is not type(f.default):
                 raise SpecsimError(f"engine setting {f.name}={value!r}: expected one of "
                                    f"{', '.join(map(str, f.metadata['choices']))}")
 
@@ -75,6 +97,11 @@ class EngineSettings:
     def replace(self, **changes) -> "EngineSettings":
         return dataclasses.replace(self, **changes)
 
+    def differences(self, other: "EngineSettings") -> dict[str, tuple]:
+        """``{name: (self's value, other's value)}`` for every field where they differ."""
+        return {f.name: (getattr(self, f.name), getattr(other, f.name)) for f in fields(self)
+                if getattr(self, f.name) != getattr(other, f.name)}
+
     @classmethod
     def from_json(cls, doc: dict) -> "EngineSettings":
         names = {f.name for f in fields(cls)}
@@ -87,12 +114,22 @@ class EngineSettings:
     @classmethod
     def from_provenance(cls, engine: dict) -> "EngineSettings":
         """The settings a calibration ran with, from its ``provenance.engine``: its
-        ``settings`` where recorded, else the older per-setting keys, else how runs ran
-        before each was recorded (:data:`LEGACY_DEFAULTS`)."""
+        ``settings`` where recorded, else the older flat keys, else how runs went before each
+        was recorded (:data:`LEGACY_DEFAULTS`). Keys of :data:`RETIRED` settings and of
+        :data:`ENGINE_FACTS` are accepted (not settings); any other key is an error."""
+        names = {f.name for f in fields(cls)}
         if "settings" in engine:
-            return cls.from_json(engine["settings"])
-        doc = {name: engine.get(name, LEGACY_DEFAULTS[name]) for name in LEGACY_DEFAULTS}
-        return cls.from_json(doc)
+            recorded = dict(engine["settings"])
+            known = names | set(RETIRED)
+        else:
+            recorded = {name: engine.get(name, LEGACY_DEFAULTS[name]) for name in names}
+            known = names | set(RETIRED) | set(ENGINE_FACTS) | {"settings_hash"}
+            recorded.update({k: v for k, v in engine.items() if k not in names})
+        unknown = sorted(set(recorded) - known)
+        if unknown:
+            raise SpecsimError(f"unknown engine setting {', '.join(unknown)} "
+                               f"(known: {', '.join(sorted(names))})")
+        return cls.from_json({k: v for k, v in recorded.items() if k in names})
 
     @classmethod
     def parse(cls, assignments: list[str] | tuple[str, ...], base: "EngineSettings | None" = None
@@ -115,16 +152,86 @@ class EngineSettings:
             out = out.replace(**{name: parsed})
         return out
 
+    @classmethod
+    def choices(cls) -> dict[str, tuple]:
+        """Every setting's choices, by name, the default first."""
+        return {f.name: f.metadata["choices"] for f in fields(cls)}
+
+    @classmethod
+    def help_text(cls) -> str:
+        """Every setting with its choices, default and meaning: the CLI's ``--setting`` help."""
+        lines = []
+        for f in fields(cls):
+            choices = "|".join(str(c).lower() for c in f.metadata["choices"])
+            lines.append(f"{f.name}={choices} (default {str(f.default).lower()}): "
+                         f"{f.metadata['meaning']}.")
+        return "\n\n".join(lines)
+
+
+#: Settings that no longer exist, with how the engine runs now and the measurement that chose
+#: it; a file that recorded one is read, and :func:`retired_settings` reports a difference.
+RETIRED = {
+    "fused_append": (True, "one Triton kernel writes each draft/plain step's K/V rows (and "
+                           "Quest's page bounds) on CUDA: H200, Qwen3-8B batch 4, 32K plain "
+                           "step 9.92 ms against 10.54 ms with torch writes"),
+    "verify_splits": ("waves", "full-attention passes cut keys into the fewest whole waves of "
+                               "programs for the tiles of WAVE_CONFIGS: plain step 3.5% faster "
+                               "for Qwen3-8B at batch 4, 32K and 7.7% for SmolLM2 at batch "
+                               "32, 4K than about 2-4 chunks per multiprocessor (H200)"),
+    "combine": ("loop", "one program per (sequence, KV head) merges its split-KV chunks; "
+                        "loading them in blocks left Qwen3-8B's plain step unchanged (H200, "
+                        "batch 4, 32K and 128K)"),
+    "linear": ("torch", "projections by nn.Linear (cuBLAS); the skinny GEMM kernel made the "
+                        "plain step 3% slower (H200)"),
+}
+
+#: ``provenance.engine`` keys that state how the engine ran, not choices: the chained greedy
+#: drafts, the draft timing's chain length, the cache padding (positions a multiple of
+#: ``cache_align`` where the model allows), and the retired settings older files record.
+ENGINE_FACTS = ("draft_chain", "draft_timed_as_chain_of", "cache_align", "fused_append",
+                "verify_splits")
 
 #: Environment variable that chose each setting in runs recorded before this object existed
-#: (how an old file's notes name them), mapped to the field.
+#: (how an old file's notes name them), mapped to the setting or retired setting.
 LEGACY_ENVIRONMENT = {"SPECSIM_C2Q": "c2q", "SPECSIM_RANKING": "ranking",
                       "SPECSIM_VERIFY_SPLITS": "verify_splits",
                       "SPECSIM_FUSED_APPEND": "fused_append",
-                      "SPECSIM_SHARED_KV_STRIDES": "shared_kv_strides"}
+                      "SPECSIM_SHARED_KV_STRIDES": "shared_kv_strides",
+                      "SPECSIM_COMBINE": "combine", "SPECSIM_LINEAR": "linear"}
 
-#: How runs went before each setting was recorded in ``provenance.engine``.
-LEGACY_DEFAULTS = {"c2q": "rows", "ranking": "topk", "verify_splits": "sm",
-                   "fused_append": False, "shared_kv_strides": False}
+#: How runs went before each setting was recorded in ``provenance.engine``: Collect-2-Query's
+#: rows, torch.topk, torch cache writes, chunks per multiprocessor, the model as loaded.
+LEGACY_DEFAULTS = {"c2q": "rows", "ranking": "topk", "shared_kv_strides": False,
+                   "cuda_graphs": True, "fuse_projections": False, "compile_layers": False,
+                   "fused_append": False, "verify_splits": "sm", "combine": "loop",
+                   "linear": "torch"}
+
+
+def retired_settings(engine: dict) -> dict[str, tuple]:
+    """``{name: (what the file ran, what the engine runs now)}`` for each retired setting a
+    calibration's ``provenance.engine`` records (or, in a file without a settings object, by
+    :data:`LEGACY_DEFAULTS` implies) otherwise than the engine runs now."""
+    recorded = dict(engine.get("settings") or {})
+    out = {}
+    for name, (now, _) in RETIRED.items():
+        # a file with a settings object postdates the retired settings it does not name
+        ran = recorded.get(name, engine.get(name, now if "settings" in engine
+                                            else LEGACY_DEFAULTS[name]))
+        if ran != now:
+            out[name] = (ran, now)
+    return out
+
+
+def engine_provenance(settings: "EngineSettings", **facts) -> dict:
+    """What a calibration records as its ``provenance.engine``: ``facts`` of the engine
+    (:data:`ENGINE_FACTS`), the retired settings as the engine runs them now, each setting
+    under its own key (as older files name them), and the settings object with its hash."""
+    unknown = sorted(set(facts) - set(ENGINE_FACTS))
+    if unknown:
+        raise ValueError(f"not engine facts: {', '.join(unknown)}")
+    return {"draft_chain": True, **facts, "fused_append": RETIRED["fused_append"][0],
+            "verify_splits": RETIRED["verify_splits"][0], **settings.to_json(),
+            "settings": settings.to_json(), "settings_hash": settings.stable_hash()}
+
 
 DEFAULT = EngineSettings()

@@ -24,6 +24,7 @@ from specsim.engine import (AdaptiveK, Engine, SamplingParams, build_model, forc
 from specsim.engine.sampling import probabilities, sample
 from specsim.errors import SpecsimError
 from specsim.policies import Policy
+from specsim.settings import EngineSettings
 from specsim.traces.format import make_header, read_trace, write_trace
 
 TINY = dict(model_type="qwen3", vocab_size=256, hidden_size=64, num_hidden_layers=2,
@@ -94,12 +95,11 @@ def test_greedy_lossless_sparse_drafts(tiny, ragged, plain_ragged, policy):
     assert 0 < np.mean(accepted) and min(accepted) == 0   # both outcomes exercised
 
 
-@pytest.mark.parametrize("policy,fused", [("vegas", False), ("sparsespec", False),
-                                          ("quest", False), ("quest", True), ("vegas", True)])
-def test_greedy_lossless_through_triton_kernels(policy, fused, monkeypatch):
+@pytest.mark.parametrize("policy", ["vegas", "sparsespec", "quest"])
+def test_greedy_lossless_through_triton_kernels(policy, monkeypatch):
     """The GPU path's kernel calls (verify with collected logits + lse, sparse drafts, the
-    attention-mass selection; with ``fused`` the one-kernel cache append, which keeps Quest's
-    page bounds incrementally), run by Triton's interpreter at head_dim 64."""
+    attention-mass selection, the one-kernel cache append of every draft step, which keeps
+    Quest's page bounds incrementally), run by Triton's interpreter at head_dim 64."""
     config = dict(TINY, head_dim=64, num_attention_heads=2, num_key_value_heads=1,
                   vocab_size=128)
     model = build_model(config, seed=2, std=0.1)
@@ -110,9 +110,9 @@ def test_greedy_lossless_through_triton_kernels(policy, fused, monkeypatch):
     monkeypatch.setattr(KVCache, "_append_one",
                         lambda self, *a: calls.append(1) or fused_write(self, *a))
     result = speculative_decode(model, prompts, 10, policy=SMALL[policy], k=3, s=0.3,
-                                use_triton=True, fused_append=fused)
+                                use_triton=True)
     assert result.tokens == expected
-    assert bool(calls) == fused          # every draft step's write, when asked for
+    assert calls                          # the draft steps' writes
 
 
 def test_batch_sequences_are_independent(tiny, ragged, plain_ragged):
@@ -661,39 +661,39 @@ def test_the_collector_is_paused_while_decoding_and_restored(tiny, ragged, monke
 @pytest.mark.parametrize("policy", sorted(SMALL))
 def test_radix_ranking_in_the_engine_gives_the_same_run(tiny, ragged, plain_ragged, policy,
                                                         monkeypatch):
-    """SPECSIM_RANKING=radix (the Triton top-K, and Quest's fused selection) drafts from the
-    same lists as torch.topk: the run is lossless and accepts exactly as the topk run does."""
+    """The radix ranking (the Triton top-K, and Quest's fused selection; "best" resolves to
+    it here as on CUDA) drafts from the same lists as torch.topk: the run is lossless and
+    accepts exactly as the topk run does."""
     from specsim.kernels import selection as S
 
+    monkeypatch.setattr(S, "ranking_for", lambda policy, ranking="best", device=None:
+                        "radix" if ranking == "best" else "topk")
     runs = {}
-    for ranking in ("topk", "radix"):
-        monkeypatch.setattr(S, "RANKING", ranking)
-        runs[ranking] = speculative_decode(tiny, ragged, 24, policy=SMALL[policy], k=4, s=0.1)
+    for ranking in ("topk", "best"):
+        runs[ranking] = speculative_decode(tiny, ragged, 24, policy=SMALL[policy], k=4, s=0.1,
+                                           settings=EngineSettings(ranking=ranking))
         assert all(a == b[:len(a)] for a, b in zip(runs[ranking].tokens, plain_ragged.tokens))
-    assert [t.m.tolist() for t in runs["radix"].traces] == \
+    assert [t.m.tolist() for t in runs["best"].traces] == \
         [t.m.tolist() for t in runs["topk"].traces]
 
 
-def test_summed_collect_2_query_gives_the_same_run(tiny, ragged, plain_ragged, monkeypatch):
-    """SPECSIM_C2Q=sum: Vegas' verify writes one summed row per sequence instead of two rows
-    per query head; the refresh ranks the same positions, so the run is lossless and accepts
+def test_summed_collect_2_query_gives_the_same_run(tiny, ragged, plain_ragged):
+    """c2q=sum: Vegas' verify writes one summed row per sequence instead of two rows per
+    query head; the refresh ranks the same positions, so the run is lossless and accepts
     exactly as with the rows (torch path); the buffer is [layers, B, 1, 1, n] fp32."""
-    from specsim.engine import selection as S
-
+    rows = EngineSettings(c2q="rows")
     runs = {}
     for mode in ("rows", "sum"):
-        monkeypatch.setattr(S, "C2Q", mode)
-        runs[mode] = speculative_decode(tiny, ragged, 24, policy=SMALL["vegas"], k=4, s=0.1)
+        runs[mode] = speculative_decode(tiny, ragged, 24, policy=SMALL["vegas"], k=4, s=0.1,
+                                        settings=EngineSettings(c2q=mode))
         assert all(a == b[:len(a)] for a, b in zip(runs[mode].tokens, plain_ragged.tokens))
     assert [t.m.tolist() for t in runs["sum"].traces] == \
         [t.m.tolist() for t in runs["rows"].traces]
     # a kept prefill (its rows recorded for every policy) feeds the summed buffer alike
     kept = check_prefill_reuse(tiny, ragged, "vegas", 24)
-    monkeypatch.setattr(S, "C2Q", "rows")
-    by_rows = Engine(tiny, batch=3, max_len=760, policy="vegas", s=0.1, k_max=4).generate(
-        ragged, 24, k=4)
+    by_rows = Engine(tiny, batch=3, max_len=760, policy="vegas", s=0.1, k_max=4,
+                     settings=rows).generate(ragged, 24, k=4)
     assert [t.m.tolist() for t in kept.traces] == [t.m.tolist() for t in by_rows.traces]
-    monkeypatch.setattr(S, "C2Q", "sum")
     engine = Engine(tiny, batch=2, max_len=256, policy="vegas", s=0.1, k_max=4)
     assert engine.selection.summed and engine.selection.logits.shape == (
         tiny.args.num_layers, 2, 1, 1, 256)
@@ -702,15 +702,12 @@ def test_summed_collect_2_query_gives_the_same_run(tiny, ragged, plain_ragged, m
     checked = Engine(tiny, batch=2, max_len=256, policy="vegas", s=0.1, k_max=4,
                      proxy_check=True)
     assert not checked.selection.summed
-    monkeypatch.setattr(S, "C2Q", "rows")
-    assert not Engine(tiny, batch=2, max_len=256, policy="vegas", s=0.1,
-                      k_max=4).selection.summed
+    assert not Engine(tiny, batch=2, max_len=256, policy="vegas", s=0.1, k_max=4,
+                      settings=rows).selection.summed
 
 
-def test_summed_collect_2_query_through_the_kernel(monkeypatch):
+def test_summed_collect_2_query_through_the_kernel():
     """The same with the Triton verify kernel's collect_sum (interpreter, head_dim 64)."""
-    from specsim.engine import selection as S
-
     config = dict(TINY, head_dim=64, num_attention_heads=4, num_key_value_heads=2,
                   vocab_size=128)
     model = build_model(config, seed=2, std=0.1)
@@ -718,9 +715,8 @@ def test_summed_collect_2_query_through_the_kernel(monkeypatch):
     expected = plain_decode(model, prompts, 10).tokens
     runs = {}
     for mode in ("rows", "sum"):
-        monkeypatch.setattr(S, "C2Q", mode)
         runs[mode] = speculative_decode(model, prompts, 10, policy=SMALL["vegas"], k=3, s=0.3,
-                                        use_triton=True)
+                                        use_triton=True, settings=EngineSettings(c2q=mode))
         assert runs[mode].tokens == expected
     assert [t.m.tolist() for t in runs["sum"].traces] == \
         [t.m.tolist() for t in runs["rows"].traces]

@@ -3,12 +3,15 @@
 Written without a GPU at hand: these tests are the first thing to run on one. CUDA graphs must
 replay exactly what eager execution computes (same kernels, same shapes), and greedy
 self-speculative decoding must still reproduce plain greedy decoding (fp32 weights, so that
-verify (q = k+1) and plain (q = 1) launches agree to far below the logit gaps).
+verify (q = k+1) and plain (q = 1) launches agree to far below the logit gaps). The small
+model runs as built (``AS_BUILT``: no fused projections, no compiled layers) unless a test
+says otherwise.
 """
 import pytest
 import torch
 
 from specsim.engine import Engine, build_model, plain_decode, speculative_decode
+from specsim.settings import EngineSettings
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -17,6 +20,7 @@ SMALL_QWEN3 = dict(model_type="qwen3", vocab_size=1024, hidden_size=256, num_hid
                    num_attention_heads=8, num_key_value_heads=2, head_dim=128,
                    intermediate_size=512, max_position_embeddings=8192, rope_theta=1e6,
                    tie_word_embeddings=False)
+AS_BUILT = EngineSettings(fuse_projections=False, compile_layers=False)
 
 
 def prompts(lengths, vocab=1024):
@@ -36,7 +40,7 @@ def test_graphs_replay_eager_exactly(model, policy):
     runs = []
     for graphs in (False, True):
         engine = Engine(model, batch=3, max_len=2200, policy=policy, s=0.1, k_max=6,
-                        cuda_graphs=graphs)
+                        settings=AS_BUILT.replace(cuda_graphs=graphs))
         assert engine.backend.use_triton
         runs.append(engine.generate(batch, 48, k=6))
     assert runs[0].tokens == runs[1].tokens
@@ -54,7 +58,7 @@ def test_graphed_refresh_builds_the_eager_lists(model, policy):
     lengths from the static buffer)."""
     batch = prompts((1500, 2100, 1800))
     engines = [Engine(model, batch=3, max_len=2200, policy=policy, s=0.1, k_max=6,
-                      cuda_graphs=graphs) for graphs in (False, True)]
+                      settings=AS_BUILT.replace(cuda_graphs=graphs)) for graphs in (False, True)]
     m = torch.tensor([2, 0, 5], device="cuda")
     with torch.inference_mode():
         for engine in engines:
@@ -75,9 +79,10 @@ def test_graphed_refresh_builds_the_eager_lists(model, policy):
 
 def test_greedy_self_speculation_matches_plain_on_gpu(model):
     batch = prompts((1500, 2100))
-    plain = plain_decode(model, batch, 32).tokens
+    plain = plain_decode(model, batch, 32, settings=AS_BUILT).tokens
     for policy in ("vegas", "quest", "sparsespec"):
-        assert speculative_decode(model, batch, 32, policy=policy, k=8, s=0.1).tokens == plain
+        assert speculative_decode(model, batch, 32, policy=policy, k=8, s=0.1,
+                                  settings=AS_BUILT).tokens == plain
 
 
 @pytest.mark.parametrize("policy", ["vegas", "sparsespec", "quest", "last-token"])
@@ -86,21 +91,24 @@ def test_queued_prompts_through_graphed_slots(model, policy):
     decoding, and the graphed run replays the eager one (refills write into the slots the
     graphs read from)."""
     queue = prompts((1500, 2100, 1800, 1600, 1900))
-    plain = plain_decode(model, queue, 40).tokens
+    plain = plain_decode(model, queue, 40, settings=AS_BUILT).tokens
     runs = [Engine(model, batch=2, max_len=2200, policy=policy, s=0.1, k_max=6,
-                   cuda_graphs=graphs).generate(queue, 40, k=6) for graphs in (False, True)]
+                   settings=AS_BUILT.replace(cuda_graphs=graphs)).generate(queue, 40, k=6)
+            for graphs in (False, True)]
     assert runs[0].tokens == runs[1].tokens == plain
     assert [t.m.tolist() for t in runs[0].traces] == [t.m.tolist() for t in runs[1].traces]
     assert len(runs[1].traces) == 5 and runs[1].batch == 2
 
 
 def test_bf16_real_scale_shapes_run():
-    """Qwen3-8B-like layer shapes (a few layers) in bf16: plans, graphs and timing work."""
+    """Qwen3-8B-like layer shapes (a few layers) in bf16, prepared as the default settings say
+    (fused projections, compiled layers): plans, graphs and timing work."""
     config = dict(SMALL_QWEN3, hidden_size=4096, num_attention_heads=32, num_key_value_heads=8,
                   intermediate_size=12288, num_hidden_layers=2, vocab_size=151936,
                   max_position_embeddings=40960)
     net = build_model(config, dtype=torch.bfloat16, device="cuda")
     engine = Engine(net, batch=4, max_len=33000, policy="vegas", s=0.05, k_max=8)
+    assert net.fused and net.compiled
     result = engine.generate(prompts((32000,) * 4, vocab=151936), 32, k=8)
     assert result.new_tokens == 128 and result.bandwidth() > 1e11
 
@@ -124,7 +132,8 @@ def test_forced_acceptance_adds_no_host_sync(model, policy):
         return [RequestTrace(str(b), policy, 0.1, len(p) + np.arange(n) * 3, np.full(n, k),
                              np.full(n, 2)) for b, p in enumerate(batch)]
 
-    engine = Engine(model, batch=2, max_len=2200, policy=policy, s=0.1, k_max=k)
+    engine = Engine(model, batch=2, max_len=2200, policy=policy, s=0.1, k_max=k,
+                    settings=AS_BUILT)
     engine.generate(batch, 24, k=k, forced=traces(8))         # compile and capture first
 
     def count(**kw):   # (synchronisations, iterations) of one generate call
@@ -149,84 +158,40 @@ def test_forced_acceptance_adds_no_host_sync(model, policy):
     assert syncs["forced"] <= syncs["free"] + 0.05, syncs
 
 
-@pytest.mark.parametrize("policy", ["quest", "vegas", "sparsespec"])
-def test_radix_ranking_graphs_and_matches_topk(model, policy, monkeypatch):
-    """SPECSIM_RANKING=radix (the fused Quest selection, the radix top-K) captures in the
-    engine's CUDA graphs and decodes what the torch.topk ranking decodes."""
+@pytest.mark.parametrize("policy", ["quest", "sparsespec"])
+def test_best_ranking_graphs_and_matches_topk(model, policy):
+    """ranking=best (on CUDA: the fused Quest selection, SparseSpec-L's radix top-K) captures
+    in the engine's CUDA graphs and decodes what the torch.topk ranking decodes."""
     import numpy as np
-
-    import specsim.kernels.selection as selection
 
     batch = prompts((1500, 2100, 1800))
     runs = {}
-    for ranking in ("topk", "radix"):
-        monkeypatch.setattr(selection, "RANKING", ranking)
-        engine = Engine(model, batch=3, max_len=2200, policy=policy, s=0.1, k_max=6)
+    for ranking in ("topk", "best"):
+        engine = Engine(model, batch=3, max_len=2200, policy=policy, s=0.1, k_max=6,
+                        settings=AS_BUILT.replace(ranking=ranking))
         runs[ranking] = engine.generate(batch, 48, k=6)
-    assert runs["radix"].tokens == runs["topk"].tokens                 # lossless either way
+    assert runs["best"].tokens == runs["topk"].tokens                 # lossless either way
     if policy == "quest":
         # the fused kernel sums page scores in another order than the torch matmuls: a page
         # at a ~1e-6 near-tie may swap, which can change a draft; acceptance stays alike
         m = {r: np.mean([x for t in runs[r].traces for x in t.m]) for r in runs}
-        assert m["radix"] == pytest.approx(m["topk"], rel=0.05)
+        assert m["best"] == pytest.approx(m["topk"], rel=0.05)
     else:   # the same scores ranked: the same lists, drafts and acceptance
-        assert [t.m.tolist() for t in runs["radix"].traces] == \
+        assert [t.m.tolist() for t in runs["best"].traces] == \
             [t.m.tolist() for t in runs["topk"].traces]
 
 
-def test_summed_collect_2_query_graphs_and_matches_the_rows(model, monkeypatch):
-    """SPECSIM_C2Q=sum on the GPU path (kernel collect_sum, CUDA graphs, whole-wave splits as
-    the next default): Vegas decodes and accepts as with Collect-2-Query's rows (fp32 model:
-    the two sums differ only by rounding, far below the ranking gaps here)."""
-    import importlib
-
-    import specsim.engine.selection as selection
-    # the module: ``specsim.kernels.verify_attention`` as an attribute is the function
-    VA = importlib.import_module("specsim.kernels.verify_attention")
-
-    monkeypatch.setattr(VA, "VERIFY_SPLITS", "waves")
+def test_summed_collect_2_query_graphs_and_matches_the_rows(model):
+    """c2q=sum on the GPU path (kernel collect_sum, CUDA graphs, whole-wave splits): Vegas
+    decodes and accepts as with Collect-2-Query's rows (fp32 model: the two sums differ only
+    by rounding, far below the ranking gaps here)."""
     batch = prompts((1500, 2100, 1800))
     runs = {}
     for mode in ("rows", "sum"):
-        monkeypatch.setattr(selection, "C2Q", mode)
-        engine = Engine(model, batch=3, max_len=2200, policy="vegas", s=0.1, k_max=6)
+        engine = Engine(model, batch=3, max_len=2200, policy="vegas", s=0.1, k_max=6,
+                        settings=AS_BUILT.replace(c2q=mode))
         assert engine.selection.summed == (mode == "sum")
         runs[mode] = engine.generate(batch, 48, k=6)
     assert runs["sum"].tokens == runs["rows"].tokens
     assert [t.m.tolist() for t in runs["sum"].traces] == \
         [t.m.tolist() for t in runs["rows"].traces]
-
-
-@pytest.mark.parametrize("policy", ["quest", "vegas"])
-def test_fused_append_graphs_and_matches_the_torch_writes(model, policy):
-    """Engine(fused_append=True): one kernel writes each draft/plain step's K/V rows (and
-    Quest's page bounds); captured in the graphs, it decodes exactly what the torch writes
-    decode."""
-    batch = prompts((1500, 2100, 1800))
-    runs = [Engine(model, batch=3, max_len=2200, policy=policy, s=0.1, k_max=6,
-                   fused_append=fused).generate(batch, 48, k=6) for fused in (False, True)]
-    assert runs[0].tokens == runs[1].tokens
-    assert [t.m.tolist() for t in runs[0].traces] == [t.m.tolist() for t in runs[1].traces]
-
-
-def test_skinny_linear_compiles_graphs_and_decodes_as_torch(monkeypatch):
-    """SPECSIM_LINEAR=skinny in the engine as real runs use it (fused projections, compiled
-    layers, CUDA graphs): the skinny GEMM runs as an opaque operator inside the compiled
-    layers and the graphs, and greedy decoding (fp32, full-precision products) gives the
-    torch path's tokens."""
-    from specsim.engine import model as M
-    from specsim.kernels import skinny_gemm as G
-    calls = []
-    real = G.skinny_gemm
-    monkeypatch.setattr(G, "skinny_gemm", lambda *a, **kw: calls.append(1) or real(*a, **kw))
-    net = build_model(SMALL_QWEN3, seed=2, std=0.1, dtype=torch.float32, device="cuda")
-    net.fuse_projections()
-    net.compile_layers()
-    batch = prompts((900, 1300, 700, 1100))
-    runs = {}
-    for mode in ("torch", "skinny"):
-        monkeypatch.setattr(M, "LINEAR", mode)
-        engine = Engine(net, batch=4, max_len=1500, policy="vegas", s=0.1, k_max=4)
-        runs[mode] = engine.generate(batch, 24, k=4)
-        assert bool(calls) == (mode == "skinny")   # run (while capturing) only when asked
-    assert runs["skinny"].tokens == runs["torch"].tokens

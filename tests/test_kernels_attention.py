@@ -5,7 +5,6 @@ interpreter has no bf16 arithmetic and its cost grows with loop iterations); on 
 tests run in bf16 at realistic shapes. Outputs are poisoned with NaN before every run, so an
 element the kernel forgets to write fails the test.
 """
-import importlib
 import math
 import os
 
@@ -65,8 +64,7 @@ VERIFY_CASES_GPU = [
 VERIFY_CASES = VERIFY_CASES_GPU if GPU else VERIFY_CASES_CPU
 
 
-def _check_verify(case, collect, seed, separate=None, align=1, splits=None, shared=None,
-                  v_layout="same"):
+def _check_verify(case, collect, seed, separate=None, align=1, shared=False, v_layout="same"):
     heads, kv_heads, head_dim, q_len, lengths, num_splits, block_n = case
     lengths = [max(q_len, n) for n in lengths]
     batch, max_len = len(lengths), -(-(max(lengths) + 3) // align) * align
@@ -81,7 +79,7 @@ def _check_verify(case, collect, seed, separate=None, align=1, splits=None, shar
     length_tensor = torch.tensor(lengths, dtype=torch.int32, device=DEVICE)
     plan = plan_verify(batch, heads, kv_heads, head_dim, q_len, max(lengths), device=DEVICE,
                        collect_rows=collect, collect_separate=separate, block_n=block_n,
-                       num_splits=num_splits, splits=splits, shared_kv_strides=shared)
+                       num_splits=num_splits, shared_kv_strides=shared)
     out = torch.full_like(q, float("nan"))
     lse = torch.full((batch, heads, q_len), float("nan"), device=DEVICE)
     logits = None
@@ -169,10 +167,6 @@ def test_verify_shared_kv_strides(case, v_layout):
     plan = _check_verify(case, None, seed=41, shared=True, v_layout=v_layout)
     assert plan.shared_kv_strides
     _check_verify(case, (), seed=42, shared=True, v_layout=v_layout)
-    module = importlib.import_module("specsim.kernels.verify_attention")
-    heads, kv_heads, head_dim, q_len = case[:4]
-    default = plan_verify(2, heads, kv_heads, head_dim, q_len, 64, device=DEVICE)
-    assert default.shared_kv_strides == module.SHARED_KV_STRIDES
 
 
 @pytest.mark.parametrize("case", [VERIFY_CASES[1], VERIFY_CASES[3]])
@@ -210,9 +204,9 @@ def test_verify_is_causal_among_query_tokens():
 @pytest.mark.parametrize("collect", [(), None], ids=["plain", "collect-2-query"])
 @pytest.mark.parametrize("case", VERIFY_CASES[:3])
 def test_verify_with_whole_wave_chunks(case, collect):
-    """SPECSIM_VERIFY_SPLITS=waves: its chunk counts and key blocks (on the GPU, the 4 chunks
-    and 128-key blocks of batch 4 × 8 KV heads) give the reference's outputs."""
-    plan = _check_verify(case[:5] + (None, None), collect, seed=11, splits="waves")
+    """The planner's own chunk counts and key blocks (on the GPU, the 4 chunks and 128-key
+    blocks of batch 4 × 8 KV heads) give the reference's outputs."""
+    plan = _check_verify(case[:5] + (None, None), collect, seed=11)
     assert plan.split.num_splits >= 1
 
 
@@ -238,70 +232,43 @@ def test_wave_splits_fill_whole_waves():
 
 
 def test_plan_verify_split_rules(monkeypatch):
-    """"sm" keeps DEFAULT_CONFIGS' programs per multiprocessor; "waves" (the default) cuts
-    whole waves with WAVE_CONFIGS' key blocks; a caller's programs_per_sm or num_splits wins."""
+    """Whole waves with WAVE_CONFIGS' key blocks; a caller's programs_per_sm or num_splits
+    wins."""
     monkeypatch.setattr(split_kv, "multiprocessor_count", lambda device: 132)
-    V = importlib.import_module("specsim.kernels.verify_attention")   # not the function
-    monkeypatch.setattr(V, "VERIFY_SPLITS", "sm")
     plan = plan_verify(4, 32, 8, 128, 1, 32768, device=DEVICE)
-    assert (plan.split.block_n, plan.split.num_splits) == (64, 17)
-    plan = plan_verify(4, 32, 8, 128, 1, 32768, device=DEVICE, splits="waves")
     assert (plan.split.block_n, plan.num_warps, plan.num_stages, plan.split.num_splits) == \
         (128, 4, 3, 4)
-    assert plan_verify(4, 32, 8, 128, 8, 32768, device=DEVICE).block_m == 64     # padded
-    plan = plan_verify(4, 32, 8, 128, 8, 32768, device=DEVICE, splits="waves")
+    plan = plan_verify(4, 32, 8, 128, 8, 32768, device=DEVICE)
     assert (plan.block_m, plan.split.num_splits) == (32, 4)
-    # a tile without a WAVE_CONFIGS entry (here Collect-2-Query's 64-row one) keeps "sm"
-    sm = plan_verify(4, 32, 8, 128, 16, 32768, device=DEVICE, collect_rows=None)
-    waves = plan_verify(4, 32, 8, 128, 16, 32768, device=DEVICE, collect_rows=None,
-                        splits="waves")
-    assert (waves.split, waves.block_m, waves.num_warps) == (sm.split, sm.block_m, sm.num_warps)
     # SmolLM2 at batch 32 (3 KV heads, hd64): one wave 73% full, one chunk of 256-key blocks;
     # at batch 64 two chunks of 128-key blocks
-    plan = plan_verify(32, 9, 3, 64, 1, 4096, device=DEVICE, splits="waves")
+    plan = plan_verify(32, 9, 3, 64, 1, 4096, device=DEVICE)
     assert (plan.split.num_splits, plan.split.block_n, plan.partial_out) == (1, 256, None)
-    plan = plan_verify(64, 9, 3, 64, 1, 4096, device=DEVICE, splits="waves")
+    plan = plan_verify(64, 9, 3, 64, 1, 4096, device=DEVICE)
     assert (plan.split.num_splits, plan.split.block_n, plan.num_stages) == (2, 128, 4)
-    plan = plan_verify(4, 64, 8, 64, 1, 32768, device=DEVICE, splits="waves")
+    plan = plan_verify(4, 64, 8, 64, 1, 32768, device=DEVICE)
     assert (plan.split.num_splits, plan.split.block_n) == (4, 128)
     # a caller's num_splits=1 keeps the tile's own blocks
-    assert plan_verify(32, 9, 3, 64, 1, 4096, device=DEVICE, splits="waves",
+    assert plan_verify(32, 9, 3, 64, 1, 4096, device=DEVICE,
                        num_splits=1).split.block_n == 128
-    # the 64-row hd128 tile (q 9-16) with collecting off runs whole waves of 128-key blocks
-    # (session 14), as its collect_sum twin does
-    plan = plan_verify(4, 32, 8, 128, 16, 131072, device=DEVICE, splits="waves")
+    plan = plan_verify(4, 32, 8, 128, 16, 131072, device=DEVICE)
     assert (plan.split.block_n, plan.num_warps, plan.num_stages,
             plan.split.num_splits) == (128, 4, 3, 4)
-    # collect_sum's tiles run whole waves: at q = 16 the 64-row hd128 tile on 128-key blocks
-    # (not the off tile's "sm" plan of 64-key blocks in one chunk), the 128-row hd64 one on
-    # 8 warps (not 256-key blocks); under "sm" they keep the plain tile's plans
     for heads, head_dim, expected in ((32, 128, (128, 4, 3, 4)), (64, 64, (128, 8, 3, 4))):
         plan = plan_verify(4, heads, 8, head_dim, 16, 131072, device=DEVICE, collect_rows=None,
-                           collect_sum=True, splits="waves")
+                           collect_sum=True)
         assert (plan.split.block_n, plan.num_warps, plan.num_stages,
                 plan.split.num_splits) == expected, head_dim
-        sm = plan_verify(4, heads, 8, head_dim, 16, 131072, device=DEVICE, collect_rows=None,
-                         collect_sum=True, splits="sm")
-        off = plan_verify(4, heads, 8, head_dim, 16, 131072, device=DEVICE, splits="sm")
-        assert (sm.split, sm.num_warps, sm.num_stages) == (off.split, off.num_warps,
-                                                          off.num_stages)
-    # hd64's 128-row tile (64 query / 8 KV heads, q 9-16) fits two programs on each
-    # multiprocessor: whole waves of 2 x 132 give 8 chunks of 64-key blocks (4 chunks, one
-    # program each, ran 29% slower; session 15); a caller's key blocks count one per SM
     for context in (131072, 32768, 8192):
-        plan = plan_verify(4, 64, 8, 64, 16, context, device=DEVICE, splits="waves")
+        plan = plan_verify(4, 64, 8, 64, 16, context, device=DEVICE)
         assert (plan.block_m, plan.split.block_n, plan.num_warps, plan.num_stages,
                 plan.split.num_splits) == (128, 64, 4, 4, 8), context
-    assert plan_verify(4, 64, 8, 64, 16, 131072, device=DEVICE, splits="waves",
+    assert plan_verify(4, 64, 8, 64, 16, 131072, device=DEVICE,
                        block_n=64).split.num_splits == 4
-    monkeypatch.setattr(V, "VERIFY_SPLITS", "waves")   # the default / environment's setting
-    assert plan_verify(4, 32, 8, 128, 1, 32768, device=DEVICE).split.num_splits == 4
     assert plan_verify(4, 32, 8, 128, 1, 32768, device=DEVICE,   # 17 asked, 16 blocks each
                        programs_per_sm=4).split.num_splits == 16
     assert plan_verify(4, 32, 8, 128, 1, 32768, device=DEVICE,
                        num_splits=7).split.num_splits == 7
-    with pytest.raises(ValueError, match="sm or waves"):
-        plan_verify(4, 32, 8, 128, 1, 32768, device=DEVICE, splits="many")
 
 
 def test_plan_rejects_bad_shapes():
@@ -342,12 +309,9 @@ def test_sparse_shared_kv_strides(case, v_layout):
     """As for verify: V addressed with K's offsets only where its strides equal K's."""
     plan = _check_sparse(case, seed=43, shared=True, v_layout=v_layout)
     assert plan.shared_kv_strides
-    runtime = importlib.import_module("specsim.kernels._runtime")
-    assert plan_sparse(2, case[0], case[1], case[2], 64, device=DEVICE).shared_kv_strides == \
-        runtime.SHARED_KV_STRIDES
 
 
-def _check_sparse(case, seed, shared=None, v_layout="same"):
+def _check_sparse(case, seed, shared=False, v_layout="same"):
     heads, kv_heads, head_dim, lengths, counts, per_kv_head, sort, num_splits, block_n = case
     batch, max_len = len(lengths), max(lengths)
     generator = make_generator(seed)
@@ -379,25 +343,11 @@ def _check_sparse(case, seed, shared=None, v_layout="same"):
     return plan
 
 
-@pytest.mark.parametrize("case", VERIFY_CASES)
-def test_verify_with_the_block_combine(case, monkeypatch):
-    """SPECSIM_COMBINE=block: the verify kernel's chunks merged by the block combine."""
-    monkeypatch.setattr(split_kv, "COMBINE", "block")
-    _check_verify(case, None, seed=21)
-
-
-@pytest.mark.parametrize("case", SPARSE_CASES)
-def test_sparse_with_the_block_combine(case, monkeypatch):
-    monkeypatch.setattr(split_kv, "COMBINE", "block")
-    _check_sparse(case, seed=23)
-
-
-@pytest.mark.parametrize("method", ["loop", "block"])
 @pytest.mark.parametrize("shape", [(3, 2, 4, 3, 64, 16, 5), (2, 1, 8, 2, 128, 16, 80),
                                    (1, 2, 2, 1, 64, 4, 1)],
                          ids=["ragged", "splits-past-one-block", "one-split"])
-def test_combine_merges_the_chunks_exactly(method, shape):
-    """Both combines against a float64 merge of random partial results: ragged key counts (0:
+def test_combine_merges_the_chunks_exactly(shape):
+    """The combine against a float64 merge of random partial results: ragged key counts (0:
     a zero output and -inf), chunks with empty rows (lse -inf), and NaN in every workspace
     entry the merge must not read (padding rows, chunks past a sequence's count)."""
     batch, kv_heads, group, q_len, head_dim, block_m, num_splits = shape
@@ -421,7 +371,7 @@ def test_combine_merges_the_chunks_exactly(method, shape):
     lse = torch.full((batch, heads, q_len), float("nan"))
     args = [t.to(DEVICE) for t in (part_out, part_lse, counts.int(), out, lse)]
     split_kv.combine(args[0], args[1], args[2], False, args[3], args[4], split,
-                     num_kv_heads=kv_heads, q_len=q_len, group=group, method=method)
+                     num_kv_heads=kv_heads, q_len=q_len, group=group)
     got_out, got_lse = args[3].cpu().double(), args[4].cpu().double()
     for bh in range(batch * kv_heads):
         b, kvh = divmod(bh, kv_heads)

@@ -170,7 +170,8 @@ class AttentionBackend:
     """Runs verify and draft attention on one device, choosing kernels or torch per shape."""
 
     def __init__(self, device: torch.device, *, num_heads: int, num_kv_heads: int,
-                 head_dim: int, batch: int, max_len: int, use_triton: bool | None = None):
+                 head_dim: int, batch: int, max_len: int, use_triton: bool | None = None,
+                 shared_kv_strides: bool = False):
         self.device = torch.device(device)
         kernels_fit = head_dim in KERNEL_HEAD_DIMS
         if use_triton is None:
@@ -178,6 +179,8 @@ class AttentionBackend:
         self.use_triton = bool(use_triton) and kernels_fit
         self.shape = (batch, num_heads, num_kv_heads, head_dim)
         self.max_len = max_len
+        #: V addressed with K's offsets in the kernels (``EngineSettings.shared_kv_strides``)
+        self.shared_kv_strides = shared_kv_strides
         self._verify_plans: dict = {}
         self._sparse_plan = None
 
@@ -200,7 +203,8 @@ class AttentionBackend:
                                                          device=self.device,
                                                          collect_rows=collect_rows,
                                                          element_size=k_cache.element_size(),
-                                                         collect_sum=collect_sum)
+                                                         collect_sum=collect_sum,
+                                                         shared_kv_strides=self.shared_kv_strides)
         return verify_attention(q.contiguous(), k_cache, v_cache, lengths, plan,
                                 logits=logits if collect_rows else None, lse=lse)
 
@@ -209,13 +213,15 @@ class AttentionBackend:
             return sparse_attention_torch(q, k_cache, v_cache, indices, counts)
         if self._sparse_plan is None or self._sparse_plan.split.max_keys < indices.shape[-1]:
             self._sparse_plan = plan_sparse(*self.shape, indices.shape[-1], device=self.device,
-                                            element_size=k_cache.element_size())
+                                            element_size=k_cache.element_size(),
+                                            shared_kv_strides=self.shared_kv_strides)
         return sparse_attention(q.contiguous(), k_cache, v_cache, indices, counts,
                                 self._sparse_plan)
 
-    def sparsespec_select(self, logits, lse, lengths, s, num_kv_heads, policy):
+    def sparsespec_select(self, logits, lse, lengths, s, num_kv_heads, policy, ranking="best"):
         if self.use_triton:
-            return sparsespec_select(logits, lengths, s, num_kv_heads, lse=lse, policy=policy)
+            return sparsespec_select(logits, lengths, s, num_kv_heads, lse=lse, policy=policy,
+                                     ranking=ranking)
         return sparsespec_select_torch(logits, lse, lengths, s, num_kv_heads, policy)
 
 

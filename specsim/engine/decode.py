@@ -35,7 +35,6 @@ from __future__ import annotations
 import contextlib
 import gc
 import math
-import os
 import time
 from dataclasses import dataclass, field
 
@@ -51,6 +50,7 @@ from specsim.engine.selection import DraftSelection, ProxyRecords
 from specsim.engine.timing import PhaseTimer
 from specsim.errors import SpecsimError
 from specsim.policies import SPARSESPEC_WINDOW, Policy, get_policy
+from specsim.settings import DEFAULT, EngineSettings
 from specsim.traces.format import RequestTrace
 
 PAGE = 16  # cache lengths are padded to whole Quest pages
@@ -60,13 +60,6 @@ PAGE = 16  # cache lengths are padded to whole Quest pages
 #: GPU, one call; an odd page count is the likely cause (page scores are a bf16 matmul over
 #: the page axis).
 CACHE_ALIGN = 128
-#: One-position cache writes (draft and plain steps) by one fused Triton kernel (rows + Quest's
-#: page bounds, ``KVCache.fused_append``) instead of ~6 torch launches (+ ~14 with pages).
-#: On by default since the shipped H200 calibrations were re-measured with it (session 9;
-#: Qwen3-8B b4 32K plain step 10.36 -> 9.91 ms, SmolLM2 b32 4K 2.47 -> 2.11 ms); the Triton
-#: backend only (the CPU path writes with torch). ``SPECSIM_FUSED_APPEND=0`` or
-#: ``Engine(fused_append=False)`` turns it off.
-FUSED_APPEND = os.environ.get("SPECSIM_FUSED_APPEND", "1") == "1"
 
 
 @dataclass(frozen=True)
@@ -205,10 +198,11 @@ class Engine:
 
     def __init__(self, model: Transformer, *, batch: int, max_len: int,
                  policy: str | Policy = "vegas", s: float = 0.05, k_max: int = 8,
-                 use_triton: bool | None = None, cuda_graphs: bool | None = None,
-                 beyond_max_position: bool = False, proxy_check: bool = False,
-                 fused_append: bool | None = None):
+                 settings: EngineSettings = DEFAULT, use_triton: bool | None = None,
+                 beyond_max_position: bool = False, proxy_check: bool = False):
         args = self.args = model.args
+        self.settings = settings
+        model.prepare(settings)
         self.model, self.batch, self.k_max, self.s = model, batch, k_max, s
         self.policy = get_policy(policy) if isinstance(policy, str) else policy
         self._k_tensors: dict[int, torch.Tensor] = {}   # uniform k per iteration, on the device
@@ -231,16 +225,17 @@ class Engine:
             page_size=self.policy.page_size if self.policy.name == "quest" else None)
         self.backend = attention.AttentionBackend(
             self.device, num_heads=args.num_heads, num_kv_heads=args.num_kv_heads,
-            head_dim=args.head_dim, batch=batch, max_len=self.max_len, use_triton=use_triton)
-        # a Triton kernel: with the Triton backend only (the CPU path stays torch)
-        self.cache.fused_append = self.backend.use_triton and (
-            FUSED_APPEND if fused_append is None else fused_append)
+            head_dim=args.head_dim, batch=batch, max_len=self.max_len, use_triton=use_triton,
+            shared_kv_strides=settings.shared_kv_strides)
+        # one-position writes by one Triton kernel with the Triton backend (the CPU path
+        # writes with torch)
+        self.cache.fused_append = self.backend.use_triton
         self.selection = DraftSelection(
             self.policy, s, num_layers=args.num_layers, batch=batch, num_heads=args.num_heads,
             num_kv_heads=args.num_kv_heads, max_len=self.max_len, k_max=k_max,
             backend=self.backend, logits_dtype=self.dtype, device=self.device,
-            proxy_check=proxy_check)
-        self.cuda_graphs = self.device.type == "cuda" if cuda_graphs is None else cuda_graphs
+            proxy_check=proxy_check, c2q=settings.c2q, ranking=settings.ranking)
+        self.cuda_graphs = self.device.type == "cuda" and settings.cuda_graphs
         self._graphs: dict = {}
         self.draft_input = torch.zeros(batch, 1, dtype=torch.long, device=self.device)
         # static buffers of the greedy draft chain and of the selection refresh (graphed)
@@ -771,8 +766,8 @@ def collector_paused():
     also on errors). The loop allocates small objects every iteration (host reads, per-token
     bookkeeping), which trigger collections that scan every live object — pauses of
     milliseconds landing on random iterations. On the H200 (SmolLM2, batch 32, 4K, forced
-    k = 4) the loop's time beyond its priced steps was 1.81 ms per iteration with the
-    collector on and 1.07 ms with it off (scripts/overhead_probe.py). Reference counting
+    k = 4) the loop's time beyond its priced steps is 1.81 ms per iteration with the
+    collector on and 1.07 ms with it off. Reference counting
     still frees everything without cycles; cycles wait for the next collection after the
     call."""
     was = gc.isenabled()

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -29,27 +28,6 @@ from torch import nn
 from specsim.errors import SpecsimError
 
 SUPPORTED = ("llama", "qwen2", "qwen3")
-
-#: How the fused projections (q|k|v, o, gate|up, down, LM head) run at decode shapes: "torch"
-#: (``nn.Linear``: cuBLAS on the GPU; the default the shipped calibrations time) or "skinny"
-#: (``specsim.kernels.skinny_gemm`` for inputs of at most its ``MAX_M`` rows, on trial: cuBLAS
-#: reads Qwen3-8B's o_proj at 3.0 TB/s at batch 4). ``SPECSIM_LINEAR`` sets it (read at each
-#: call); on the CPU the kernel runs in Triton's interpreter (tests only).
-LINEAR = os.environ.get("SPECSIM_LINEAR", "torch")
-if LINEAR not in ("torch", "skinny"):
-    raise ValueError(f"SPECSIM_LINEAR={LINEAR!r}: expected torch or skinny")
-
-
-def linear(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    """``layer(x)``, by the skinny GEMM where ``LINEAR`` asks for it and x is decode-shaped."""
-    if LINEAR == "skinny":
-        from specsim.kernels.skinny_gemm import MAX_M, skinny_gemm_op
-        rows = x.numel() // x.shape[-1]
-        if 1 <= rows <= MAX_M:
-            y = skinny_gemm_op(x.reshape(rows, x.shape[-1]).contiguous(), layer.weight)
-            y = y.view(*x.shape[:-1], layer.out_features)
-            return y if layer.bias is None else y + layer.bias
-    return layer(x)
 
 #: attend(layer, q [B, T, H, D], k [B, T, G, D], v [B, T, G, D]) -> out [B, T, H, D]
 Attend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -205,7 +183,7 @@ class Attention(nn.Module):
         if hasattr(self, "qkv_proj"):
             sizes = (self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim,
                      self.num_kv_heads * self.head_dim)
-            q, k, v = linear(self.qkv_proj, x).split(sizes, dim=-1)
+            q, k, v = self.qkv_proj(x).split(sizes, dim=-1)
             q = q.view(b, t, self.num_heads, self.head_dim)
             k = k.view(b, t, self.num_kv_heads, self.head_dim)
             v = v.view(b, t, self.num_kv_heads, self.head_dim)
@@ -219,7 +197,7 @@ class Attention(nn.Module):
 
     def forward(self, x, cos, sin, layer: int, attend: Attend) -> torch.Tensor:
         q, k, v = self.project(x, cos, sin)
-        return linear(self.o_proj, attend(layer, q, k, v).flatten(2))
+        return self.o_proj(attend(layer, q, k, v).flatten(2))
 
 
 class MLP(nn.Module):
@@ -242,8 +220,8 @@ class MLP(nn.Module):
 
     def forward(self, x):
         if hasattr(self, "gate_up_proj"):
-            gate, up = linear(self.gate_up_proj, x).chunk(2, dim=-1)
-            return linear(self.down_proj, F.silu(gate) * up)  # SwiGLU
+            gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+            return self.down_proj(F.silu(gate) * up)  # SwiGLU
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))  # SwiGLU
 
 
@@ -259,7 +237,7 @@ class DecoderLayer(nn.Module):
         return self.self_attn.project(self.input_layernorm(h), cos, sin)
 
     def after_attention(self, h, attended):
-        h = h + linear(self.self_attn.o_proj, attended.flatten(2))
+        h = h + self.self_attn.o_proj(attended.flatten(2))
         return h + self.mlp(self.post_attention_layernorm(h))
 
     def forward(self, h, cos, sin, layer, attend):
@@ -286,10 +264,20 @@ class Transformer(nn.Module):
         if args.tie_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.rope: torch.Tensor | None = None
+        self.compiled = False
+
+    @property
+    def fused(self) -> bool:
+        """Whether the projections are fused (:meth:`fuse_projections`)."""
+        return hasattr(self.model.layers[0].self_attn, "qkv_proj") if self.model.layers \
+            else False
 
     def fuse_projections(self) -> None:
         """Concatenate q/k/v and gate/up weights (after loading: HF names stay loadable):
-        fewer, larger matmuls per layer, which at decode batch sizes are launch-bound."""
+        fewer, larger matmuls per layer, which at decode batch sizes are launch-bound. A
+        second call changes nothing."""
+        if self.fused:
+            return
         for layer in self.model.layers:
             layer.self_attn.fuse()
             layer.mlp.fuse()
@@ -298,10 +286,30 @@ class Transformer(nn.Module):
         """Fuse the small element-wise kernels around each layer's matmuls (RMSNorm, RoPE,
         q/k-norm, SwiGLU, residuals) with ``torch.compile``; attention stays the engine's own
         call between the two compiled halves. Shapes are dynamic: one compilation serves every
-        batch and query length."""
+        batch and query length. A second call changes nothing."""
+        if self.compiled:
+            return
         for layer in self.model.layers:
             layer.before_attention = torch.compile(layer.before_attention, dynamic=True)
             layer.after_attention = torch.compile(layer.after_attention, dynamic=True)
+        self.compiled = True
+
+    def prepare(self, settings) -> None:
+        """Run as ``settings`` (an ``EngineSettings``) say: on a CUDA device, projections
+        fused and layers compiled where they ask for it (off CUDA the model runs as built).
+        A model already prepared further than ``settings`` ask is refused: fusing and
+        compiling cannot be undone."""
+        if self.lm_head.weight.device.type != "cuda":
+            return
+        for name, wanted, done in (("fuse_projections", settings.fuse_projections, self.fused),
+                                   ("compile_layers", settings.compile_layers, self.compiled)):
+            if done and not wanted:
+                raise SpecsimError(f"engine setting {name}=false, but the model was already "
+                                   f"prepared that way; build a new model for it")
+        if settings.fuse_projections:
+            self.fuse_projections()
+        if settings.compile_layers:
+            self.compile_layers()
 
     def setup_rope(self, length: int) -> None:
         """Precompute cos/sin for positions < ``length`` on the model's device."""
@@ -319,7 +327,7 @@ class Transformer(nn.Module):
             h = layer(h, cos, sin, i, attend)
         if last_only:
             h = h[:, -1:]
-        return linear(self.lm_head, self.model.norm(h)).float()
+        return self.lm_head(self.model.norm(h)).float()
 
 
 # --------------------------------------------------------------------------------------------

@@ -5,7 +5,8 @@ On a machine without the CLI, with the prompt token ids exported where the CLI i
 (``specsim trace --export-prompts prompts.json``, so both sides decode the same tokens):
 
     PYTHONPATH=. python3 -m specsim.engine.record prompts.json traces/out.jsonl \\
-        --weights /root/smollm2 --k 12 --s 0.03,0.05,0.07,0.1 --max-new-tokens 128 --batch 8
+        --weights /root/smollm2 --k 12 --s 0.03,0.05,0.07,0.1 --max-new-tokens 128 --batch 8 \\
+        [--setting name=value]
 
 One request record per (prompt, policy, k, s), id ``PROMPT|POLICY|kK|sS``. The file is
 rewritten atomically after each finished batch, so an interrupted run loses at most the batch in
@@ -30,6 +31,7 @@ import time
 from typing import Callable, Iterable
 
 from specsim.errors import SpecsimError
+from specsim.settings import DEFAULT, EngineSettings
 
 
 def trace_model_name(weights: str) -> str:
@@ -57,15 +59,25 @@ def trace_header(name: str, weights: str, greedy: bool, max_new_tokens: int,
         engine=settings)
 
 
+def run_settings(settings: EngineSettings, **run) -> dict:
+    """A trace header's ``engine`` entry: the run's own settings (model, weights, sampling,
+    prompts, ...) and the engine settings with their hash; a file is resumed only by a run
+    whose entry is equal."""
+    return {**run, "engine_settings": settings.to_json(),
+            "engine_settings_hash": settings.stable_hash()}
+
+
 def record_traces(net, prompt_ids: list[list[int]], prompt_names: list[str], *, header: dict,
                   sampling, max_new_tokens: int, policies: list[str], ks: list[int],
                   ss: list[float], batch: int, out: str, seed: int = 0,
                   progress: Callable[[list, str], Iterable] | None = None,
-                  continuous: bool = False) -> tuple[int, int]:
+                  continuous: bool = False, settings: EngineSettings = DEFAULT
+                  ) -> tuple[int, int]:
     """Record every missing (prompt, policy, k, s) into ``out`` (resumed when it exists with
     the same ``header["engine"]`` settings) → (records in the file, records added now).
     ``continuous``: each configuration's prompts through ``batch`` slots as one continuous
-    batch, instead of static chunks of ``batch``."""
+    batch, instead of static chunks of ``batch``. The engine runs with ``settings`` (which
+    ``header["engine"]`` should record: :func:`run_settings`)."""
     from specsim.engine import Engine
     from specsim.engine.decode import cache_positions
     from specsim.traces.format import read_trace, write_trace
@@ -97,7 +109,7 @@ def record_traces(net, prompt_ids: list[list[int]], prompt_names: list[str], *, 
         if prefilled[0] != c:
             prefilled = (c, None)
         engine = Engine(net, batch=min(batch, len(todo)), max_len=max_len, policy=policy, s=s,
-                        k_max=k)
+                        k_max=k, settings=settings)
         chunk = chunks[c]
         state = None if prefilled[1] is None else prefilled[1].subset(
             [chunk.index(i) for i in todo])
@@ -174,10 +186,12 @@ def main(argv=None) -> None:
                              "continuous batch (as served; as specsim validate runs them), "
                              "not in static chunks of --batch")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--no-fuse", action="store_true",
-                        help="on a GPU, keep the projections unfused and uncompiled (the "
-                             "validation and calibration runs fuse and compile)")
+    parser.add_argument("--setting", action="append", default=[], metavar="NAME=VALUE",
+                        help="engine setting (repeatable; specsim trace --help lists them); "
+                             "e.g. fuse_projections=false compile_layers=false to run the "
+                             "model as loaded")
     args = parser.parse_args(argv)
+    settings = EngineSettings.parse(args.setting)
 
     import torch
 
@@ -197,25 +211,21 @@ def main(argv=None) -> None:
     ks = [int(x) for x in args.k.split(",") if x]
     ss = [float(x) for x in args.s.split(",") if x]
     net = build_model(args.weights, weights="real", dtype=dtype, device=device)
-    prepared = device.startswith("cuda") and not args.no_fuse
-    if prepared:
-        net.fuse_projections()
-        net.compile_layers()
     name = args.name or trace_model_name(args.weights)
-    settings = {"model": name, "weights": "real", "sampling": GREEDY.__dict__,
-                "max_new_tokens": args.max_new_tokens, "seed": args.seed, "prompts": source,
-                "dtype": str(dtype).replace("torch.", ""), "device": device,
-                "fused_compiled": prepared}
+    run = {"model": name, "weights": "real", "sampling": GREEDY.__dict__,
+           "max_new_tokens": args.max_new_tokens, "seed": args.seed, "prompts": source,
+           "dtype": str(dtype).replace("torch.", ""), "device": device}
     if args.continuous:
-        settings["batching"] = f"continuous, {args.batch} slots"
+        run["batching"] = f"continuous, {args.batch} slots"
     if device.startswith("cuda"):
-        settings["gpu"] = torch.cuda.get_device_name(0)
-    header = trace_header(name, "real", True, args.max_new_tokens, source, settings)
+        run["gpu"] = torch.cuda.get_device_name(0)
+    header = trace_header(name, "real", True, args.max_new_tokens, source,
+                          run_settings(settings, **run))
     with torch.inference_mode():
         n, added = record_traces(net, ids, names, header=header, sampling=GREEDY,
                                  max_new_tokens=args.max_new_tokens, policies=policies, ks=ks,
                                  ss=ss, batch=args.batch, out=args.out, seed=args.seed,
-                                 continuous=args.continuous)
+                                 continuous=args.continuous, settings=settings)
     print(f"{args.out}: {n} records ({added} new)", flush=True)
 
 

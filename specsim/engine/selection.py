@@ -31,7 +31,6 @@ without the check.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -44,20 +43,6 @@ from specsim.policies import SPARSESPEC_WINDOW, Policy, get_policy
 
 #: Policies whose lists are refreshed from collected verify logits.
 COLLECTING = ("vegas", "vegas-all", "last-token", "sparsespec")
-
-#: What Vegas' verify pass writes for its refresh: "sum" (the default since session 13), one
-#: fp32 row per sequence, the collecting tile's logits summed over its rows and query heads
-#: and added across the KV heads (``plan_verify(collect_sum=True)``: Vegas' ranking itself,
-#: 32–64× fewer bytes stored than the rows, which the refresh ranks as it is; on the H200
-#: 1.03× the plain verify pass at hd128 q = 8 against the rows' 1.10× in c2q_sum_ab.py, though
-#: bench_kernels read 1.06–1.10×, BENCHMARKS.md session 14); "rows", Collect-2-Query's two
-#: rows of bf16 logits per query head, which the refresh sums over heads and rows. Rankings
-#: are the same up to rounding (the sum is formed in fp32 before any bf16 rounding; its atomic
-#: adds' order varies between runs).
-#: ``SPECSIM_C2Q`` sets it; the proxy check always collects rows.
-C2Q = os.environ.get("SPECSIM_C2Q", "sum")
-if C2Q not in ("rows", "sum"):
-    raise ValueError(f"SPECSIM_C2Q={C2Q!r}: expected rows or sum")
 
 #: Key distance bands of the proxy check: distance d = L − n of key position n from the next
 #: token's position L (the cache length), split at these edges: (recent, 128], (128, 512],
@@ -80,7 +65,8 @@ class DraftSelection:
     def __init__(self, policy: str | Policy, s: float, *, num_layers: int, batch: int,
                  num_heads: int, num_kv_heads: int, max_len: int, k_max: int,
                  backend: attention.AttentionBackend, logits_dtype: torch.dtype,
-                 device: torch.device, proxy_check: bool = False, c2q: str | None = None):
+                 device: torch.device, proxy_check: bool = False, c2q: str = "sum",
+                 ranking: str = "best"):
         self.policy = get_policy(policy) if isinstance(policy, str) else policy
         self.s, self.backend = s, backend
         self.num_layers, self.batch, self.max_len = num_layers, batch, max_len
@@ -88,10 +74,13 @@ class DraftSelection:
         self.kind = self.policy.name
         self.indices = self.counts = self.logits = self.lse = None
         self.proxy: ProxyCheck | None = None
-        c2q = c2q or C2Q
         if c2q not in ("rows", "sum"):
             raise SpecsimError(f"c2q must be rows or sum, got {c2q!r}")
-        #: Vegas' verify writes the summed row per sequence (``C2Q`` "sum")
+        #: how the lists are ranked (``EngineSettings.ranking``)
+        self.ranking = ranking
+        #: Vegas' verify writes the summed row per sequence (``EngineSettings.c2q`` "sum": one
+        #: fp32 row, the collected rows' logits summed over every query head; "rows": the two
+        #: rows per query head, which the refresh sums; the same ranking up to rounding)
         self.summed = self.kind == "vegas" and c2q == "sum" and not proxy_check
         if proxy_check and self.kind not in ("vegas", "vegas-all"):
             raise SpecsimError(f"the proxy check compares Vegas' two collected rows with all "
@@ -204,12 +193,13 @@ class DraftSelection:
                 logits = torch.gather(logits, 3, index)
             chosen, counts = attention.vegas_select(
                 logits.reshape(layers * batch, *logits.shape[2:]), folded_lengths, self.s,
-                max_context=n, policy=self.policy)
+                max_context=n, policy=self.policy, ranking=self.ranking)
         elif self.kind == "sparsespec":
             logits = self.logits[:, :, :, :rows].reshape(layers * batch, -1, rows, n)
             lse = self.lse[:, :, :, lse_rows].reshape(layers * batch, -1, rows)
             chosen, counts = self.backend.sparsespec_select(logits, lse, folded_lengths, self.s,
-                                                            self.num_kv_heads, self.policy)
+                                                            self.num_kv_heads, self.policy,
+                                                            self.ranking)
         else:
             raise AssertionError(self.kind)
         width = chosen.shape[-1]
@@ -232,7 +222,8 @@ class DraftSelection:
         """Quest: pages scored by this layer's draft query q [B, H, D], per KV head."""
         page_min, page_max = cache.pages(layer)
         return attention.quest_select(q, page_min, page_max, cache.lengths, self.s,
-                                      max_context=self.max_len, policy=self.policy)
+                                      max_context=self.max_len, policy=self.policy,
+                                      ranking=self.ranking)
 
 
 # --------------------------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 Triton reads ``TRITON_INTERPRET`` when a kernel is *defined* (``@triton.jit``), so this module
 must be imported before any kernel module; every kernel module imports it first. Without a CUDA
-device Triton cannot compile, so we fall back to its interpreter (numpy, slow: tests only).
+device Triton cannot compile, so kernels run in its interpreter (numpy, slow: tests only).
 """
 from __future__ import annotations
 
@@ -18,21 +18,6 @@ import triton.language as tl  # noqa: E402
 
 #: True when kernels run in Triton's interpreter (no bf16 arithmetic there: use fp16/fp32).
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
-
-#: Whether the verify and sparse draft kernels address the V cache with the K cache's offsets
-#: when their strides are equal (the engine's caches), instead of computing a second offset
-#: tensor from V's own strides (checked at each call: other layouts keep their own strides).
-#: Compiled offline for sm_90 (``scripts/kernel_resources.py``), verify's hd128 64-row tile
-#: with 128-key blocks drops from 269 to 13 LEA instructions and its summed-C2Q spills from 96
-#: to 36 bytes; c2q_store_probe's kernel, which already shared them, ran that tile 10% faster
-#: than production on the same plan (session 13). Timed in session 14 (H200, hd128, 128K): the
-#: q = 16 tile with collecting off ran 3% slower with it, the summed tile 3% faster, q = 8 and
-#: the sparse kernel unchanged, so it stays off; ``SPECSIM_SHARED_KV_STRIDES=1`` turns it on.
-_SHARED = os.environ.get("SPECSIM_SHARED_KV_STRIDES", "0")
-if _SHARED not in ("0", "1"):
-    raise ValueError(f"SPECSIM_SHARED_KV_STRIDES={_SHARED!r}: expected 0 or 1")
-SHARED_KV_STRIDES = _SHARED == "1"
-
 
 def _patch_interpreter_scalar_index() -> None:
     """Let ``range()`` take run-time scalars in Triton's interpreter under numpy >= 2.4.
@@ -82,4 +67,5 @@ def next_power_of_2(n: int) -> int:
     return triton.next_power_of_2(max(1, int(n)))
 
 
-__all__ = ["INTERPRETED", "LOG2E", "SHARED_KV_STRIDES", "default_device", "multiprocessor_count", "next_power_of_2", "tl", "triton"]
+__all__ = ["INTERPRETED", "LOG2E", "default_device", "multiprocessor_count", "next_power_of_2",
+           "tl", "triton"]

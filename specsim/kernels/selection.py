@@ -29,7 +29,6 @@ in every policy's recent window (keep ``recent ≥ q − 1``).
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 
@@ -37,27 +36,26 @@ from specsim.kernels._runtime import tl, triton
 from specsim.policies import Policy, get_policy, resolve_ranking
 
 
-#: How the top positions are found by default: "topk", "sort" (torch, then ordered by
-#: ``_finish``), "radix" (``topk_select.radix_top_positions``: one Triton kernel that selects
-#: and orders; Quest: its fused page selection) or "best" (the default: each policy's fastest
-#: on the H200, ``specsim.policies.BEST_RANKING`` — radix for SparseSpec-L and Quest, topk for
-#: the others — and topk off CUDA, where Triton only interprets); the same sets up to ties.
-#: See BENCHMARKS.md for which is faster where. ``SPECSIM_RANKING`` sets it.
-RANKING = os.environ.get("SPECSIM_RANKING", "best")
-if RANKING not in ("topk", "sort", "radix", "best"):
-    raise ValueError(f"SPECSIM_RANKING={RANKING!r}: expected topk, sort, radix or best")
+#: The rankings a list can be built with: "topk" (torch.topk, then ordered by ``_finish``),
+#: "radix" (``topk_select.radix_top_positions``: one Triton kernel that selects and orders;
+#: Quest: its fused page selection), or "best": each policy's fastest on the H200
+#: (``specsim.policies.BEST_RANKING``: radix for SparseSpec-L and Quest, topk for the others),
+#: topk off CUDA, where Triton only interprets. The same sets up to ties. The engine ranks as
+#: ``EngineSettings.ranking`` says.
+RANKINGS = ("best", "topk", "radix")
 
 
-def ranking_for(policy: str, ranking: str | None = None,
+def ranking_for(policy: str, ranking: str = "best",
                 device: torch.device | str | None = None) -> str:
-    """The ranking ``policy``'s lists are built with: ``ranking``, else the module's
-    ``RANKING`` (read at each call); "best" resolved per policy (``BEST_RANKING`` in
-    ``specsim.policies``) on a CUDA ``device`` (or none named), torch's topk elsewhere: the
-    radix kernel would run in Triton's interpreter there. A ranking named outright is kept."""
-    setting = ranking or RANKING
-    if setting == "best" and device is not None and torch.device(device).type != "cuda":
+    """The ranking ``policy``'s lists are built with under ``ranking`` (:data:`RANKINGS`):
+    "best" resolved per policy (``BEST_RANKING`` in ``specsim.policies``) on a CUDA ``device``
+    (or none named), torch's topk elsewhere (the radix kernel would run in Triton's
+    interpreter); a ranking named outright is kept."""
+    if ranking not in RANKINGS:
+        raise ValueError(f"ranking must be one of {', '.join(RANKINGS)}, got {ranking!r}")
+    if ranking == "best" and device is not None and torch.device(device).type != "cuda":
         return "topk"
-    return resolve_ranking(policy, setting)
+    return resolve_ranking(policy, ranking)
 
 
 def _ranked_lists(score, lengths, counts, capacity, keep_first, keep_last, ranking, span):
@@ -66,7 +64,7 @@ def _ranked_lists(score, lengths, counts, capacity, keep_first, keep_last, ranki
     if ranking == "radix":
         from specsim.kernels.topk_select import radix_top_positions
         return radix_top_positions(score, lengths, counts, capacity, keep_first, keep_last)
-    chosen = _top_positions(score, lengths, keep_first, keep_last, capacity, ranking)
+    chosen = _top_positions(score, lengths, keep_first, keep_last, capacity)
     return _finish(chosen, counts, span=span)
 
 
@@ -111,26 +109,22 @@ def _finish(chosen: torch.Tensor, counts: torch.Tensor, span: int | None = None
 
 
 def _top_positions(score: torch.Tensor, lengths: torch.Tensor, keep_first: int,
-                   keep_last: int, capacity: int, ranking: str = "topk") -> torch.Tensor:
-    """Top-``capacity`` positions of ``score`` [..., n], best first, after forcing the first
-    ``keep_first`` and last ``keep_last`` valid positions in and positions ≥ length out.
-
-    ``ranking``: "topk" (torch.topk) or "sort" (a full descending sort; on the GPU torch.topk
-    works one row per thread block, which is slow for a handful of long rows)."""
+                   keep_last: int, capacity: int) -> torch.Tensor:
+    """Top-``capacity`` positions of ``score`` [..., n] by torch.topk, best first, after
+    forcing the first ``keep_first`` and last ``keep_last`` valid positions in and positions
+    ≥ length out."""
     n = score.shape[-1]
     position = torch.arange(n, device=score.device)
     length = lengths.long().view(-1, *([1] * (score.dim() - 1)))
     forced = (position < keep_first) | (position >= length - keep_last)
     score = torch.where(forced, float("inf"), score)
     score = torch.where(position < length, score, float("-inf"))  # also clears NaN past length
-    if ranking == "sort":
-        return torch.sort(score, dim=-1, descending=True).indices[..., :min(capacity, n)]
     return torch.topk(score, min(capacity, n), dim=-1, sorted=True).indices
 
 
 def vegas_select(logits: torch.Tensor, lengths: torch.Tensor, s: float, *,
                  max_context: int | None = None, policy: Policy | None = None,
-                 ranking: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                 ranking: str = "best") -> tuple[torch.Tensor, torch.Tensor]:
     """Vegas: one list per sequence from the collected logits [batch, heads, rows, ≥ max len]
     (or their sum, [batch, 1, 1, ≥ max len] fp32: ranked as it is)."""
     policy = policy or get_policy("vegas")
@@ -186,7 +180,8 @@ def attention_mass(logits: torch.Tensor, lse: torch.Tensor, lengths: torch.Tenso
     group = heads // num_kv_heads
     block = 512
     _attention_mass_kernel[(batch * num_kv_heads, triton.cdiv(max_context, block))](
-        logits, lse, lengths, mass, *logits.stride()[:3], *lse.stride(), *mass.stride()[:2], max_context,
+        logits, lse, lengths, mass, *logits.stride()[:3], *lse.stride(), *mass.stride()[:2],
+        max_context,
         NUM_KV_HEADS=num_kv_heads, GROUP=group, WINDOW=window,
         ROW_BLOCK=min(16, triton.next_power_of_2(group * window)), BLOCK=block, num_warps=4)
     return mass
@@ -207,7 +202,7 @@ def attention_mass_reference(logits: torch.Tensor, lengths: torch.Tensor, num_kv
 
 def sparsespec_select(logits: torch.Tensor, lengths: torch.Tensor, s: float, num_kv_heads: int,
                       *, lse: torch.Tensor | None = None, max_context: int | None = None,
-                      policy: Policy | None = None, ranking: str | None = None
+                      policy: Policy | None = None, ranking: str = "best"
                       ) -> tuple[torch.Tensor, torch.Tensor]:
     """SparseSpec-L: one list per KV head from the logits of the last W verify queries,
     ``logits`` [batch, heads, W, ≥ max len] (verify with all rows collected) and their natural
@@ -241,7 +236,7 @@ def streamingllm_select(lengths: torch.Tensor, s: float, *, max_context: int,
 
 def quest_select(q: torch.Tensor, page_min: torch.Tensor, page_max: torch.Tensor,
                  lengths: torch.Tensor, s: float, *, max_context: int,
-                 policy: Policy | None = None, ranking: str | None = None
+                 policy: Policy | None = None, ranking: str = "best"
                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """Quest: one list per KV head from the draft query ``q`` [batch, heads, head_dim] and page
     bounds [batch, kv_heads, ≥ pages, head_dim] (``KVCache.pages``)."""

@@ -32,8 +32,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specsim.kernels._runtime import (SHARED_KV_STRIDES, default_device, next_power_of_2,
-                                      tl, triton)
+from specsim.kernels._runtime import default_device, next_power_of_2, tl, triton
 from specsim.kernels.split_kv import (SplitPlan, combine, fit_shared_memory, plan_splits,
                                       same_kv_strides, softmax_update, store_partial,
                                       v_addressing, workspace)
@@ -129,11 +128,11 @@ def plan_sparse(batch: int, num_heads: int, num_kv_heads: int, head_dim: int,
                 block_n: int | None = None, num_splits: int | None = None,
                 num_warps: int | None = None, num_stages: int | None = None,
                 programs_per_sm: float | None = 2.0, element_size: int = 2,
-                shared_kv_strides: bool | None = None) -> SparsePlan:
+                shared_kv_strides: bool = False) -> SparsePlan:
     """Plan sparse draft launches for lists of up to ``max_selected`` positions
     (``programs_per_sm=None``: whole waves of programs, ``split_kv.wave_splits``;
-    ``shared_kv_strides``, default :data:`~specsim.kernels._runtime.SHARED_KV_STRIDES`: V
-    addressed with K's offsets when their strides are equal)."""
+    ``shared_kv_strides``, ``EngineSettings.shared_kv_strides``: V addressed with K's offsets
+    when their strides are equal)."""
     if num_heads % num_kv_heads:
         raise ValueError(f"num_heads {num_heads} is not a multiple of kv heads {num_kv_heads}")
     if head_dim not in (64, 128):
@@ -152,8 +151,6 @@ def plan_sparse(batch: int, num_heads: int, num_kv_heads: int, head_dim: int,
     if split.num_splits > 1:
         partial_out, partial_lse = workspace(batch * num_kv_heads, split, block_m, head_dim,
                                              device)
-    if shared_kv_strides is None:
-        shared_kv_strides = SHARED_KV_STRIDES
     return SparsePlan(batch, num_heads, num_kv_heads, head_dim, split, block_m, num_warps,
                       num_stages, partial_out, partial_lse, bool(shared_kv_strides))
 

@@ -23,7 +23,6 @@ Row ``r`` of a tile is query head ``h·group + r // q_len`` at query token ``r %
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 
 import torch
@@ -55,12 +54,12 @@ def wave_splits(batch_kv_heads: int, multiprocessors: int, max_splits: int,
     also pays a fixed start (its pipeline filling), ``wave_cost`` of a program's time. The
     fewest chunks within ``tolerance`` of the best win (less for the combine to read).
     Batch 4 × 8 KV heads on 132 multiprocessors: 4 chunks (one wave of 128 programs); 8 and
-    16 chunks (2 and 4 full waves) ran 2% and 6% slower on an H200, 17 chunks (5 waves, the
-    last one 12% full) 8–22% slower (``scripts/decode_config_probe.py``). When one chunk
-    each makes one wave ``single_wave`` to 100% full, one it is: no partials and no combine
-    (batch 32 × 3 KV heads: 1 chunk of 256-key blocks 28.7 µs, 4 chunks 30.8). Past one wave
-    the count is the formula's (batch 64 × 3 KV heads: 2 chunks, 3 waves 97% full; one chunk
-    ran 2 waves 73% full, up to 17% slower).
+    16 chunks (2 and 4 full waves) run 2% and 6% slower on an H200, 17 chunks (5 waves, the
+    last one 12% full) 8–22% slower. When one chunk each makes one wave ``single_wave`` to
+    100% full, one it is: no partials and no combine (batch 32 × 3 KV heads: 1 chunk of
+    256-key blocks 28.7 µs, 4 chunks 30.8). Past one wave the count is the formula's (batch 64
+    × 3 KV heads: 2 chunks, 3 waves 97% full; one chunk runs 2 waves 73% full, up to 17%
+    slower).
     """
     p = max(1, batch_kv_heads)
     if single_wave * multiprocessors <= p <= multiprocessors:
@@ -201,68 +200,9 @@ def _combine_kernel(PartOut, PartLse, Counts, Out, Lse,
                   Q_LEN, GROUP, WRITE_LSE)
 
 
-@triton.jit
-def _combine_block_kernel(PartOut, PartLse, Counts, Out, Lse,
-                          stride_cb, stride_ch,
-                          stride_ob, stride_ot, stride_oh,
-                          stride_lb, stride_lh, stride_lt,
-                          split_size, num_splits,
-                          NUM_KV_HEADS: tl.constexpr, Q_LEN: tl.constexpr, GROUP: tl.constexpr,
-                          HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, ROWS: tl.constexpr,
-                          SPLITS: tl.constexpr, WRITE_LSE: tl.constexpr):
-    """``_combine_kernel`` with the chunks loaded ``SPLITS`` at a time ([SPLITS, ROWS, HEAD_DIM]
-    tiles, one round of loads for most plans instead of one per chunk) and the rows spread over
-    a second grid axis (``ROWS`` of the tile's real rows per program, padding rows skipped)."""
-    pid = tl.program_id(0)
-    b = (pid // NUM_KV_HEADS).to(tl.int64)
-    kvh = (pid % NUM_KV_HEADS).to(tl.int64)
-    count = tl.load(Counts + b * stride_cb + kvh * stride_ch)
-    used_splits = tl.cdiv(count, split_size)
-
-    rows = tl.program_id(1) * ROWS + tl.arange(0, ROWS)
-    chunk = tl.arange(0, SPLITS)
-    dims = tl.arange(0, HEAD_DIM)
-    m = tl.full([ROWS], float("-inf"), tl.float32)
-    total = tl.zeros([ROWS], tl.float32)
-    acc = tl.zeros([ROWS, HEAD_DIM], tl.float32)
-    for j0 in range(0, used_splits, SPLITS):
-        j = j0 + chunk
-        ok = j < used_splits
-        base = (pid * num_splits + j) * BLOCK_M                              # [SPLITS]
-        lse = tl.load(PartLse + base[:, None] + rows[None, :], mask=ok[:, None],
-                      other=float("-inf"))                                   # [SPLITS, ROWS]
-        o = tl.load(PartOut + ((base[:, None] + rows[None, :]) * HEAD_DIM)[:, :, None]
-                    + dims[None, None, :], mask=ok[:, None, None], other=0.0)
-        m_new = tl.maximum(m, tl.max(lse, 0))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m - m_safe)
-        w = tl.exp2(lse - m_safe[None, :])                                   # 0 where masked
-        acc = acc * alpha[:, None] + tl.sum(w[:, :, None] * o, 0)
-        total = total * alpha + tl.sum(w, 0)
-        m = m_new
-
-    _store_merged(Out, Lse, b, kvh, rows, dims, acc, m, total,
-                  stride_ob, stride_ot, stride_oh, stride_lb, stride_lh, stride_lt,
-                  Q_LEN, GROUP, WRITE_LSE)
-
-
-#: How the chunks are merged: "loop" (``_combine_kernel``: one program per (sequence, KV head)
-#: reading its chunks one after another; the default the shipped calibrations time) or
-#: "block" (``_combine_block_kernel``: chunks loaded in blocks, rows over a second grid axis;
-#: on trial: Qwen3-8B's plain step at batch 4, 32K spent 8.4 µs per layer in the loop combine).
-#: ``SPECSIM_COMBINE`` sets it; :func:`combine`'s ``method`` overrides it.
-COMBINE = os.environ.get("SPECSIM_COMBINE", "loop")
-if COMBINE not in ("loop", "block"):
-    raise ValueError(f"SPECSIM_COMBINE={COMBINE!r}: expected loop or block")
-
-#: the block combine's [SPLITS, ROWS, HEAD_DIM] fp32 tile, at most this many elements
-_BLOCK_COMBINE_ELEMENTS = 8192
-
-
 def combine(partial_out: torch.Tensor, partial_lse: torch.Tensor, counts: torch.Tensor,
             counts_per_kv_head: bool, out: torch.Tensor, lse: torch.Tensor | None,
-            split: SplitPlan, *, num_kv_heads: int, q_len: int, group: int,
-            method: str | None = None) -> None:
+            split: SplitPlan, *, num_kv_heads: int, q_len: int, group: int) -> None:
     """Merge the chunks of every (sequence, KV head) into ``out[b, t, head, d]`` (and the natural
     log-sum-exp of each row into ``lse[b, head, t]`` when given)."""
     batch = out.shape[0]
@@ -272,22 +212,6 @@ def combine(partial_out: torch.Tensor, partial_lse: torch.Tensor, counts: torch.
     stride_ch = counts.stride(1) if counts_per_kv_head else 0
     lse_arg = lse if lse is not None else partial_lse
     lse_strides = lse.stride() if lse is not None else (0, 0, 0)
-    if (method or COMBINE) == "block":
-        rows_used = group * q_len
-        splits = min(triton.next_power_of_2(split.num_splits),
-                     max(1, _BLOCK_COMBINE_ELEMENTS // head_dim))
-        rows = max(1, min(triton.next_power_of_2(rows_used),
-                          _BLOCK_COMBINE_ELEMENTS // (splits * head_dim)))
-        _combine_block_kernel[(batch * num_kv_heads, triton.cdiv(rows_used, rows))](
-            partial_out, partial_lse, counts, out, lse_arg,
-            stride_cb, stride_ch,
-            out.stride(0), out.stride(1), out.stride(2),
-            *lse_strides,
-            split.split_size, split.num_splits,
-            NUM_KV_HEADS=num_kv_heads, Q_LEN=q_len, GROUP=group, HEAD_DIM=head_dim,
-            BLOCK_M=block_m, ROWS=rows, SPLITS=splits, WRITE_LSE=lse is not None,
-            num_warps=4)
-        return
     _combine_kernel[(batch * num_kv_heads,)](
         partial_out, partial_lse, counts, out, lse_arg,
         stride_cb, stride_ch,
@@ -308,11 +232,6 @@ def workspace(batch_kv_heads: int, split: SplitPlan, block_m: int, head_dim: int
     return partial_out, partial_lse
 
 
-__all__ = ["LOG2E", "SplitPlan", "combine", "plan_splits", "same_kv_strides", "softmax_update",
-           "store_partial", "v_addressing",
-           "wave_splits", "workspace"]
-
-
 def fit_shared_memory(block_m: int, block_n: int, head_dim: int, num_stages: int,
                       element_size: int) -> tuple[int, int]:
     """(block_n, num_stages) for caches of ``element_size`` bytes.
@@ -331,3 +250,8 @@ def fit_shared_memory(block_m: int, block_n: int, head_dim: int, num_stages: int
     while need(block_n, num_stages, element_size) > budget and block_n > 16:
         block_n //= 2
     return block_n, num_stages
+
+
+__all__ = ["LOG2E", "SplitPlan", "combine", "fit_shared_memory", "plan_splits",
+           "same_kv_strides", "softmax_update", "store_partial", "v_addressing", "wave_splits",
+           "workspace"]

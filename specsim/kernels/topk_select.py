@@ -257,9 +257,8 @@ def quest_select_fused(q: torch.Tensor, page_min: torch.Tensor, page_max: torch.
     first launch over (row, block of pages) programs, then rank and write in a second, one
     program per row; else one launch, each row's program scoring its own pages.
 
-    CUDA-graph capturable: every input is already on the device (an earlier version copied s
-    up from the host at each call, which a capturing stream refuses: the engine's graphed
-    Quest draft step failed with ``SPECSIM_RANKING=radix`` on the H200)."""
+    CUDA-graph capturable: every input is already on the device (a copy from the host at each
+    call is what a capturing stream refuses)."""
     batch, heads, head_dim = q.shape
     kv_heads = page_min.shape[1]
     pages = -(-max_context // page_size)

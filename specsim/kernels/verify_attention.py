@@ -45,13 +45,11 @@ definition the tests compare against.
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass, field
 
 import torch
 
-from specsim.kernels._runtime import (INTERPRETED, SHARED_KV_STRIDES, default_device,
-                                      next_power_of_2, tl, triton)
+from specsim.kernels._runtime import INTERPRETED, default_device, next_power_of_2, tl, triton
 from specsim.kernels.split_kv import (SplitPlan, combine, fit_shared_memory, plan_splits,
                                       same_kv_strides, softmax_update, store_partial,
                                       v_addressing, workspace)
@@ -79,9 +77,9 @@ def _store_collected(s, k, q_c, c_ptrs, c_ok, keys, key_ok, sm_scale,
         s_c = s
     if COLLECT_SUM:
         # an eighth of a per-KV-head row's DRAM bytes at 8 KV heads: the adds meet in L2
-        # (c2q_store_probe sum-seq: 1.027x off at hd128 128K q8, per KV head 1.061x). Whole
-        # blocks add under an always-true mask: unmasked, the hd128 q = 16 tile compiled to
-        # 176 B of spills against 132 and ran 1.24x off against 1.02x (session 14)
+        # (H200, hd128 128K q8: 1.027x off, a row per KV head 1.061x). Whole blocks add under
+        # an always-true mask: unmasked, the hd128 q = 16 tile compiles to 176 B of spills
+        # against 132 and runs 1.24x off against 1.02x
         if MASK_KEYS:
             ok = key_ok
         else:
@@ -262,40 +260,32 @@ DEFAULT_CONFIGS = {
 }
 FALLBACK_CONFIG = (64, 4, 3, 2, None)
 
-#: How ``plan_verify`` cuts each (sequence, KV head)'s keys into chunks by default:
-#: ``"waves"`` (the default since session 11, when all four shipped H200 calibrations were
-#: re-measured with it), for the tiles of ``WAVE_CONFIGS``, the fewest whole waves of programs
-#: (``split_kv.wave_splits``) with those key blocks, the other tiles as "sm"; ``"sm"``,
-#: ``DEFAULT_CONFIGS``' programs per multiprocessor for every tile. ``SPECSIM_VERIFY_SPLITS``
-#: sets it; ``plan_verify``'s ``splits`` argument overrides it.
-VERIFY_SPLITS = os.environ.get("SPECSIM_VERIFY_SPLITS", "waves")
-if VERIFY_SPLITS not in ("sm", "waves"):
-    raise ValueError(f"SPECSIM_VERIFY_SPLITS={VERIFY_SPLITS!r}: expected sm or waves")
 #: (head_dim, tile rows, collect mode) -> (block_n, num_warps, num_stages[, programs resident
-#: per multiprocessor, default 1]) under "waves" (no tile padding). Swept per context
-#: (``scripts/decode_config_probe.py``, H200, batch 4 × 8 KV heads, 8K/32K/128K, q = 1 and 8:
-#: 4 chunks of 128-key blocks beat the "sm" plans by 7–60%), and kept to the tiles where the
-#: session-10 calibrations (SmolLM2, Qwen3-4B: every measured batch and context) ran faster in
-#: whole waves. Elsewhere whole waves of the "sm" key blocks ran up to 33% slower at batch
-#: 32–64 (SmolLM2's collecting tiles) and 7% at Qwen3-4B's 16-row collecting tiles, so those
-#: keep "sm".
+#: per multiprocessor, default 1]) of the tiles whose keys are cut into the fewest whole waves
+#: of programs (``split_kv.wave_splits``, no tile padding); the other tiles take
+#: ``DEFAULT_CONFIGS``' programs per multiprocessor. Swept on an H200 (batch 4 × 8 KV heads,
+#: 8K/32K/128K, q = 1 and 8: 4 chunks of 128-key blocks beat programs-per-multiprocessor plans
+#: by 7–60%) and kept to the tiles whose engine steps ran faster in whole waves at every batch
+#: and context the SmolLM2 and Qwen3-4B calibrations measure (plain step 3.5% faster for
+#: Qwen3-8B at batch 4, 32K, 7.7% for SmolLM2 at batch 32, 4K). Whole waves of the other tiles'
+#: key blocks ran up to 33% slower at batch 32–64 (SmolLM2's collecting tiles) and 7% at
+#: Qwen3-4B's 16-row collecting tiles.
 WAVE_CONFIGS = {
     (128, 16, "off"): (128, 4, 3), (128, 32, "off"): (128, 4, 3),
-    # session 14 (c2q_store_probe --off-configs, q 12/16): 0.94-0.96x the "sm" plan's time at
-    # 8K/32K/128K
+    # q 12/16: 0.94-0.96x the programs-per-multiprocessor plan's time at 8K/32K/128K
     (128, 64, "off"): (128, 4, 3),
     (128, 32, "separate"): (128, 4, 3), (128, 64, "main"): (128, 4, 3),
     (64, 16, "off"): (128, 4, 4), (64, 32, "off"): (128, 4, 4), (64, 64, "off"): (128, 4, 4),
-    # collect_sum (session 12, c2q_store_probe --sum-configs, batch 4, 128K and 32K): the off
-    # tiles' key blocks, and at the 64-row hd128 / 128-row hd64 tiles 1.005 / 1.014× off
-    # where their "sm" off plans ran 1.16 / 3.5×
+    # collect_sum (batch 4, 128K and 32K): the off tiles' key blocks; at the 64-row hd128 /
+    # 128-row hd64 tiles 1.005 / 1.014× off, where programs-per-multiprocessor off plans ran
+    # 1.16 / 3.5×
     (128, 16, "sum"): (128, 4, 3), (128, 32, "sum"): (128, 4, 3), (128, 64, "sum"): (128, 4, 3),
     (64, 16, "sum"): (128, 4, 4), (64, 32, "sum"): (128, 4, 4), (64, 64, "sum"): (128, 4, 4),
     (64, 128, "sum"): (128, 8, 3),
     # a fourth entry: programs resident on each multiprocessor at once (whole waves of them).
-    # hd64's 128-row tile on 64-key blocks, 4 warps, fits two; session 15 (decode_config_probe,
-    # 128K, batch 4 x 8 KV heads): 8 chunks 334 us, 4 chunks 430, the "sm" plan (256-key
-    # blocks, 8 warps, 17 chunks) 414
+    # hd64's 128-row tile on 64-key blocks, 4 warps, fits two (128K, batch 4 × 8 KV heads):
+    # 8 chunks 334 us, 4 chunks 430, the programs-per-multiprocessor plan (256-key blocks,
+    # 8 warps, 17 chunks) 414
     (64, 128, "off"): (64, 4, 4, 2),
 }
 #: Key blocks when a tile of ``WAVE_CONFIGS`` runs as one chunk (one wave 70–100% full): a
@@ -310,9 +300,8 @@ def plan_verify(batch: int, num_heads: int, num_kv_heads: int, head_dim: int, q_
                 block_m: int | None = None, block_n: int | None = None,
                 num_splits: int | None = None, num_warps: int | None = None,
                 num_stages: int | None = None, programs_per_sm: float | None = None,
-                element_size: int = 2, splits: str | None = None,
-                collect_sum: bool = False,
-                shared_kv_strides: bool | None = None) -> VerifyPlan:
+                element_size: int = 2, collect_sum: bool = False,
+                shared_kv_strides: bool = False) -> VerifyPlan:
     """Plan verify launches for sequences of up to ``max_context`` keys.
 
     ``collect_rows``: query rows whose logits are written (``()`` = none, ``None`` = the
@@ -326,18 +315,15 @@ def plan_verify(batch: int, num_heads: int, num_kv_heads: int, head_dim: int, q_
     stages and programs per multiprocessor default to ``DEFAULT_CONFIGS``; pass them to
     override.
     ``element_size``: bytes per cache element (4 for fp32 caches: fewer stages / smaller key
-    blocks so the tiles fit in shared memory). ``shared_kv_strides`` (default
-    :data:`SHARED_KV_STRIDES`): when the V cache's strides equal the K cache's, address V with
-    K's offsets (checked at each call; other layouts take their own strides).
+    blocks so the tiles fit in shared memory). ``shared_kv_strides``
+    (``EngineSettings.shared_kv_strides``): when the V cache's strides equal the K cache's,
+    address V with K's offsets (checked at each call; other layouts take their own strides).
     ``block_m`` pads the tile to more rows (at least ``group · q``). ``num_splits`` sets how
-    many chunks each (sequence, KV head)'s keys are cut into; by default ``splits``
-    (:data:`VERIFY_SPLITS`) chooses it: about ``programs_per_sm`` programs per multiprocessor
-    ("sm"), or, for the tiles of :data:`WAVE_CONFIGS`, the fewest whole waves ("waves",
-    unless ``programs_per_sm`` is given).
+    many chunks each (sequence, KV head)'s keys are cut into; by default the tiles of
+    :data:`WAVE_CONFIGS` take the fewest whole waves of programs (unless ``programs_per_sm``
+    or another launch parameter is given), the others about ``programs_per_sm`` programs per
+    multiprocessor.
     """
-    splits = splits or VERIFY_SPLITS
-    if splits not in ("sm", "waves"):
-        raise ValueError(f"splits must be sm or waves, got {splits!r}")
     if num_heads % num_kv_heads:
         raise ValueError(f"num_heads {num_heads} is not a multiple of kv heads {num_kv_heads}")
     if not 1 <= q_len <= MAX_Q_LEN:
@@ -359,13 +345,13 @@ def plan_verify(batch: int, num_heads: int, num_kv_heads: int, head_dim: int, q_
     device = default_device(device)
     group = num_heads // num_kv_heads
     rows = max(16, next_power_of_2(group * q_len))
-    # the summed row (the separate tile's small dot, summed over its rows, one fp32 row per
-    # KV head) ran within 4-5% of off on the plain tile's configs (c2q_store_probe, hd128 q8)
+    # the summed row (the separate tile's small dot summed over its rows) runs within 4-5% of
+    # off on the plain tile's configs (H200, hd128 q8)
     mode = "off" if not collect_rows else "sum" if collect_sum else \
         "separate" if collect_separate else "main"
-    base_mode = "off" if mode == "sum" else mode     # "sm" plans: the plain tile's
+    base_mode = "off" if mode == "sum" else mode     # programs per SM: the plain tile's
     default = DEFAULT_CONFIGS.get((head_dim, rows, base_mode), FALLBACK_CONFIG)
-    waves = splits == "waves" and (head_dim, rows, mode) in WAVE_CONFIGS
+    waves = (head_dim, rows, mode) in WAVE_CONFIGS
     caller = bool(block_n or num_warps or num_stages or programs_per_sm)
     resident = 1        # programs on each multiprocessor at once, for whole waves
     if waves:
@@ -393,8 +379,6 @@ def plan_verify(batch: int, num_heads: int, num_kv_heads: int, head_dim: int, q_
     if split.num_splits > 1:
         partial_out, partial_lse = workspace(batch * num_kv_heads, split, block_m, head_dim,
                                              device)
-    if shared_kv_strides is None:
-        shared_kv_strides = SHARED_KV_STRIDES
     return VerifyPlan(batch, num_heads, num_kv_heads, head_dim, q_len, collect_rows, split,
                       block_m, num_warps, num_stages, collect_separate, partial_out,
                       partial_lse, bool(collect_sum), bool(shared_kv_strides))
@@ -532,5 +516,6 @@ def verify_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: 
     return out, logits, lse
 
 
-__all__ = ["DEFAULT_CONFIGS", "FALLBACK_CONFIG", "MAX_Q_LEN", "VerifyPlan", "default_collect_rows", "new_logits_buffer",
+__all__ = ["DEFAULT_CONFIGS", "FALLBACK_CONFIG", "MAX_Q_LEN", "VerifyPlan", "default_collect_rows",
+           "new_logits_buffer",
            "plan_verify", "summed_logits", "verify_attention", "verify_attention_reference"]
