@@ -4,11 +4,13 @@ a fallback), the hardware, the trace formats, the batch and the bootstrap size.
 """
 from __future__ import annotations
 
-# What predict assumes for a trace group without a modelled policy or a sparsity, and for a
-# trace without context lengths; `specsim costs` prices these without a trace.
-from specsim.predict import DEFAULT_CONTEXT as CONTEXT  # noqa: F401
-from specsim.predict import DEFAULT_POLICY as POLICY  # noqa: F401
-from specsim.predict import DEFAULT_SPARSITY as SPARSITY  # noqa: F401
+from specsim import predict as _predict
+
+#: What predict assumes for a trace group without a modelled policy or a sparsity, and for a
+#: trace without context lengths; `specsim costs` prices these without a trace.
+POLICY = _predict.DEFAULT_POLICY
+SPARSITY = _predict.DEFAULT_SPARSITY
+CONTEXT = _predict.DEFAULT_CONTEXT
 
 #: The trace every trace-reading command uses without --trace (predict, dashboard, simulate,
 #: tune, validate plan): SmolLM2-135M-Instruct, greedy, bf16, recorded on an H200 as one

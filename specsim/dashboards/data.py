@@ -15,7 +15,7 @@ import numpy as np
 
 from specsim import analytical
 from specsim.costs.base import CostModel
-from specsim.report import CurvePoint, GroupResult, PredictReport
+from specsim.report import CurvePoint, PredictReport
 from specsim.specs import HardwareSpec, ModelSpec
 from specsim.traces.acceptance import MIN_SUPPORT, estimate_acceptance
 from specsim.traces.format import Trace
