@@ -1,10 +1,12 @@
-"""`specsim calibrate`: measure cost tables on a GPU (--gpu) or check a calibration (--check)."""
+"""`specsim calibrate`: measure cost tables on a GPU (--gpu), check a calibration (--check), or
+combine two runs of one model and GPU into one file (--merge)."""
 from __future__ import annotations
 
 import json
 
 import click
 
+from specsim.cli.engine_cmds import setting_option
 from specsim.errors import SpecsimError
 
 
@@ -37,6 +39,28 @@ def _parse_floats(text: str, name: str) -> list[float]:
 @click.option("--check", "check_path", type=click.Path(dir_okay=False), default=None,
               help="Held-out check of a calibration file: predict every third interior "
                    "context point of each series from the rest; MAPE and worst case per term.")
+@click.option("--merge", "merge_paths", nargs=2, type=click.Path(exists=True, dir_okay=False),
+              default=None, metavar="NEW OLD",
+              help="Combine two calibration runs of the same model and GPU into --out: NEW's "
+                   "rows all stay and OLD adds plain/verify/draft/selection rows at the "
+                   "(batch, context) shapes NEW lacks (loop overheads from NEW only; recorded "
+                   "under provenance.merged); with --replace, OLD with NEW's rows of those "
+                   "families instead of its own (provenance.replaced). Rows timed with other "
+                   "engine settings where those settings touch them are not mixed.")
+@click.option("--replace", "replace_families", default=None, metavar="FAMILIES",
+              help="With --merge: comma-separated op families (plain, verify, draft, "
+                   "selection, overhead) or exact ops (draft:quest) to take from NEW, e.g. "
+                   "'overhead' after re-measuring the loop overheads alone (--gpu --only "
+                   "overhead).")
+@click.option("--keep-other-shapes", is_flag=True,
+              help="With --replace: keep OLD's rows of an op at the (batch, context) shapes "
+                   "NEW did not measure it at (a budget-cut re-measurement of unchanged "
+                   "kernels).")
+@click.option("--exclude-ops", default="", metavar="OPS",
+              help="With --merge (no --replace): comma-separated ops whose OLD rows are not "
+                   "taken (their code changed between the runs), e.g. selection:last-token.")
+@click.option("--note", default=None,
+              help="With --merge: why the rows may be combined (recorded in the provenance).")
 @click.option("--model", default="qwen3-8b", show_default=True,
               help="Catalogue name or config.json path (shapes only; weights are random).")
 @click.option("--hardware", default="h200", show_default=True,
@@ -54,32 +78,52 @@ def _parse_floats(text: str, name: str) -> list[float]:
 @click.option("--repeats", type=click.IntRange(min=3), default=20, show_default=True,
               help="Timed repetitions per grid point (after warm-up).")
 @click.option("--out", type=click.Path(dir_okay=False), default=None,
-              help="Calibration file to write (with --gpu). It is rewritten after every "
-                   "(batch, context) shape, so an interrupted run keeps what it measured; "
-                   "the same command again resumes it (measuring only the missing shapes). "
-                   "A file made with other settings is refused, not overwritten.")
+              help="Calibration file to write (with --gpu or --merge). With --gpu it is "
+                   "rewritten after every (batch, context) shape, so an interrupted run keeps "
+                   "what it measured; the same command again resumes it (measuring only the "
+                   "missing shapes). A file made with other settings (the grid, the engine "
+                   "settings, the software) is refused, not overwritten.")
 @click.option("--time-budget", type=click.FloatRange(min=1), default=None,
               help="Seconds after which no new (batch, context) shape is started.")
 @click.option("--only", default=None,
               help="Measure only these op families (comma-separated: plain, verify, draft, "
                    "selection, overhead). E.g. 'overhead' re-measures the decoding loop's "
                    "overheads alone after a change to its host code; put them into a full "
-                   "file with scripts/merge_calibrations.py --replace overhead.")
+                   "file with --merge NEW OLD --replace overhead.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def calibrate_cmd(gpu, check_path, model, hardware, batches, contexts, qs, sparsities, policies,
-                  repeats, out, time_budget, only, as_json):
-    """Measured cost tables for the calibrated cost model, and their held-out check.
+@setting_option
+def calibrate_cmd(gpu, check_path, merge_paths, replace_families, keep_other_shapes, exclude_ops,
+                  note, model, hardware, batches, contexts, qs, sparsities, policies, repeats,
+                  out, time_budget, only, as_json, engine_settings):
+    """Measured cost tables for the calibrated cost model, their held-out check, and the
+    combination of two runs.
 
     \b
-    specsim calibrate --gpu --model qwen3-8b --out models/calibrations/h200-qwen3-8b.json
-    specsim calibrate --check models/calibrations/h200-qwen3-8b.json
+    specsim calibrate --gpu --model qwen3-8b --out qwen3-8b.json [--setting c2q=rows]
+    specsim calibrate --check models/calibrations/h200/qwen3-8b.json
+    specsim calibrate --merge NEW.json OLD.json --out OUT.json --note "why"
+    specsim calibrate --merge NEW.json OLD.json --replace overhead --out OUT.json --note "why"
+
+    A --gpu run records its engine settings and their hash in provenance.engine (settings,
+    settings_hash).
     """
     from specsim.specs import load_hardware, load_model
 
-    if gpu == bool(check_path):
-        raise click.UsageError("give exactly one of --gpu (measure) or --check FILE")
+    if sum((gpu, bool(check_path), bool(merge_paths))) != 1:
+        raise click.UsageError("give exactly one of --gpu (measure), --check FILE or "
+                               "--merge NEW OLD")
+    if not merge_paths and (replace_families or keep_other_shapes or exclude_ops or note):
+        raise click.UsageError("--replace, --keep-other-shapes, --exclude-ops and --note go "
+                               "with --merge")
+    if engine_settings != engine_settings.__class__() and not gpu:
+        raise click.UsageError("--setting goes with --gpu (a measurement's engine)")
+    if merge_paths:
+        _merge(merge_paths, replace_families, keep_other_shapes, exclude_ops, note, out,
+               as_json)
+        return
     if check_path:
-        from specsim.costs.calibrated import held_out_check, read_calibration
+        from specsim.costs.calibration_file import read_calibration
+        from specsim.costs.held_out import held_out_check
         cal = read_calibration(check_path)
         spec = load_model(cal.provenance.get("model") or model)
         report = held_out_check(cal, spec, load_hardware(hardware))
@@ -87,11 +131,17 @@ def calibrate_cmd(gpu, check_path, model, hardware, batches, contexts, qs, spars
             click.echo(json.dumps(report, indent=2))
             return
         from specsim.cli.main import _table
+        from specsim.settings import retired_settings
         prov = cal.provenance
         click.echo(f"{check_path}: {prov.get('gpu')}, {prov.get('model')}, torch "
                    f"{prov.get('torch')}, triton {prov.get('triton')}, {prov.get('date')}")
         click.echo(f"held out {report['held_out']} interior grid points, fitted on "
                    f"{report['kept']}:")
+        retired = retired_settings(cal.provenance.get("engine") or {})
+        if retired:
+            click.echo("timed with settings the engine no longer offers: " + "; ".join(
+                f"{name}={str(ran).lower()} (the engine runs {str(now).lower()})"
+                for name, (ran, now) in retired.items()))
         rows = [[op, v["points"], f"{v['mape'] * 100:.2f}%", f"{v['worst'] * 100:.2f}%"]
                 for op, v in report["per_op"].items()]
         click.echo(_table(["term", "points", "MAPE", "worst"], rows))
@@ -125,8 +175,43 @@ def calibrate_cmd(gpu, check_path, model, hardware, batches, contexts, qs, spars
                            sparsities=_parse_floats(sparsities, "--sparsity"),
                            policies=[p.strip() for p in policies.split(",") if p.strip()],
                            repeats=repeats, time_budget_s=time_budget, only=families)
-    cal = measure(spec, grid, progress=True, checkpoint=out)
+    cal = measure(spec, grid, progress=True, settings=engine_settings, checkpoint=out)
     left = cal.provenance.get("shapes_left", 0)
     click.echo(f"wrote {len(cal.measurements)} measurements to {out}"
                + (f" ({left} shapes not measured: run the same command to resume)"
                   if left else ""))
+
+
+def _merge(paths, families, keep_other_shapes, exclude_ops, note, out, as_json) -> None:
+    """``--merge NEW OLD``: ``merge_calibrations(NEW, OLD)``, or with ``--replace``
+    ``replace_ops(OLD, NEW, families)``, written to ``--out``."""
+    from specsim.costs.calibration_file import read_calibration
+    from specsim.costs.merging import merge_calibrations, replace_ops
+
+    if not out or not note:
+        raise click.UsageError("--merge needs --out FILE and --note WHY")
+    if keep_other_shapes and not families:
+        raise click.UsageError("--keep-other-shapes goes with --replace")
+    if exclude_ops and families:
+        raise click.UsageError("--exclude-ops goes with --merge without --replace")
+    new_path, old_path = paths
+    new, old = read_calibration(new_path), read_calibration(old_path)
+    if families:
+        wanted = [f.strip() for f in families.split(",") if f.strip()]
+        if not wanted:
+            raise click.UsageError("--replace: name some op families")
+        merged = replace_ops(old, new, wanted, note, keep_other_shapes=keep_other_shapes)
+        info = merged.provenance["replaced"][-1]
+        said = (f"{out}: {old_path} with {info['rows']} {'/'.join(info['families'])} rows of "
+                f"{new_path} in place of its {info['replaced_rows']}")
+    else:
+        merged = merge_calibrations(new, old, note,
+                                    tuple(op.strip() for op in exclude_ops.split(",")
+                                          if op.strip()))
+        info = merged.provenance["merged"][-1]
+        said = (f"{out}: {info['rows']} rows at {len(info['shapes'])} shapes added from "
+                f"{old_path} ({info['date']})"
+                + "".join(f"; {op} not taken: {why}"
+                          for op, why in info["ops_skipped"].items()))
+    merged.write(out)
+    click.echo(json.dumps(info, indent=2) if as_json else said)

@@ -134,6 +134,29 @@ def _sampling(preset, temperature, top_p, top_k):
     return params
 
 
+def _parse_settings(ctx, param, values):
+    from specsim.settings import EngineSettings
+    try:
+        return EngineSettings.parse(values)
+    except SpecsimError as error:
+        raise click.BadParameter(str(error)) from None
+
+
+def setting_option(f):
+    """``--setting NAME=VALUE`` (repeatable) → the command's ``engine_settings``
+    (``specsim.settings.EngineSettings``); its help lists every setting."""
+    from specsim.settings import EngineSettings
+    listed = "; ".join(
+        f"{name}={'|'.join(str(c).lower() for c in choices)}"
+        for name, choices in EngineSettings.choices().items())
+    return click.option(
+        "--setting", "engine_settings", multiple=True, metavar="NAME=VALUE",
+        callback=_parse_settings,
+        help=f"An engine setting other than its default (the first value listed); repeat for "
+             f"more: {listed}. What each means and the measurement behind its default: "
+             f"specsim.settings.EngineSettings (README).")(f)
+
+
 def _model_options(f):
     for option in reversed([
         click.option("--model", default="smollm2", show_default=True,
@@ -196,14 +219,18 @@ def _model_options(f):
 @click.option("--compare-plain", is_flag=True, help="Also run plain decoding; report speedup.")
 @click.option("--show-text", is_flag=True, help="Print the generated text.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@setting_option
 def run_cmd(model, weights, dtype, device, sampling, temperature, top_p, top_k, max_new_tokens,
             max_prompt_tokens, seed, policy, k, s, batch, requests, prompts, prompt_file,
-            context, adaptive_k, forced_trace, compare_plain, show_text, as_json):
+            context, adaptive_k, forced_trace, compare_plain, show_text, as_json,
+            engine_settings):
     """Run one configuration of plain or self-speculative decoding and time it.
 
     Prints tokens/s, tokens per iteration (E[m+1]), the time split (draft / verify /
     selection / other, CUDA events on a GPU) and the achieved bandwidth (weights once per
-    forward + the KV rows each pass attends to, over the measured time).
+    forward + the KV rows each pass attends to, over the measured time). The engine runs with
+    its default settings unless --setting says otherwise (on a GPU: CUDA graphs, fused
+    projections, compiled layers, as the shipped calibrations were timed).
     """
     from specsim.engine import AdaptiveK, Engine, forced_prompts
     from specsim.engine.decode import cache_positions
@@ -233,14 +260,17 @@ def run_cmd(model, weights, dtype, device, sampling, temperature, top_p, top_k, 
     speculative = policy != "plain"
     max_len = cache_positions(max(len(p) for p in ids), max_new_tokens, k)
     engine = Engine(net, batch=batch, max_len=max_len,
-                    policy=policy if speculative else "full", s=s, k_max=k)
+                    policy=policy if speculative else "full", s=s, k_max=k,
+                    settings=engine_settings)
     result = engine.generate(ids, max_new_tokens, speculative=speculative, k=k,
                              sampling=params, forced=forced, eos_token_ids=eos, seed=seed,
                              request_ids=names,
                              adaptive=AdaptiveK() if adaptive_k else None)
     report = _report(result, name, weights, policy, k, s, batch, ids, net)
+    report["settings"] = engine_settings.to_json()
     if compare_plain and speculative:
-        plain = Engine(net, batch=batch, max_len=max_len, policy="full", k_max=1).generate(
+        plain = Engine(net, batch=batch, max_len=max_len, policy="full", k_max=1,
+                       settings=engine_settings).generate(
             ids, max_new_tokens, speculative=False, sampling=params, eos_token_ids=eos, seed=seed)
         report["plain"] = _report(plain, name, weights, "plain", 1, 1.0, batch, ids, net)
         report["speedup"] = report["tokens_per_second"] / max(
@@ -346,9 +376,11 @@ def _print_run(r: dict) -> None:
               help="Only write the prompt set's token ids to this JSON file, for "
                    "`python -m specsim.engine.record` on a machine without the CLI (e.g. "
                    "the GPU), so both record the same tokens.")
+@setting_option
 def trace_cmd(model, weights, dtype, device, sampling, temperature, top_p, top_k,
               max_new_tokens, max_prompt_tokens, seed, prompt_file, prompt_set, num_prompts,
-              context, policies, ks, ss, batch, continuous, out, export_prompts):
+              context, policies, ks, ss, batch, continuous, out, export_prompts,
+              engine_settings):
     """Record acceptance traces over a prompt set and a grid of policies, k and s.
 
     One request record per (prompt, policy, k, s), id ``PROMPT|POLICY|kK|sS``. The file is
@@ -356,7 +388,7 @@ def trace_cmd(model, weights, dtype, device, sampling, temperature, top_p, top_k
     batch in flight and a rerun with the same settings continues where it stopped.
     """
     from specsim.engine import prompts as P
-    from specsim.engine.record import record_traces, trace_header
+    from specsim.engine.record import record_traces, run_settings, trace_header
     from specsim.policies import get_policy
 
     if not out and not export_prompts:
@@ -400,7 +432,8 @@ def trace_cmd(model, weights, dtype, device, sampling, temperature, top_p, top_k
                 "seed": seed, "prompts": prompt_source}
     if continuous:
         settings["batching"] = f"continuous, {batch} slots"
-    header = trace_header(name, weights, params.greedy, max_new_tokens, prompt_source, settings)
+    header = trace_header(name, weights, params.greedy, max_new_tokens, prompt_source,
+                          run_settings(engine_settings, **settings))
 
     def bar(units, label):
         with click.progressbar(units, label=label) as units_bar:
@@ -409,7 +442,7 @@ def trace_cmd(model, weights, dtype, device, sampling, temperature, top_p, top_k
     n, added = record_traces(net, prompt_ids, prompt_names, header=header, sampling=params,
                              max_new_tokens=max_new_tokens, policies=policies, ks=ks, ss=ss,
                              batch=batch, out=out, seed=seed, progress=bar,
-                             continuous=continuous)
+                             continuous=continuous, settings=engine_settings)
     click.echo(f"{out}: complete ({n} records)" if not added else f"{out}: {n} records")
 
 

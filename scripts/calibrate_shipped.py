@@ -1,9 +1,13 @@
 """Measure the calibrations shipped in models/calibrations/<hardware>/ (run on that GPU).
 
-Equivalent to `specsim calibrate --gpu` per model, without needing the package installed:
+Equivalent to `specsim calibrate --gpu` per model with each model's shipped grid, without
+needing the CLI installed:
 
     PYTHONPATH=. python scripts/calibrate_shipped.py --hardware h200 --out-dir models/calibrations/h200 \\
-        --models qwen3-8b,smollm2-135m --budget-s 230,150
+        --models qwen3-8b,smollm2-135m --budget-s 230,150 [--setting name=value]
+
+Put a partial run (``--only``) into a shipped file with ``specsim calibrate --merge NEW OLD
+--replace FAMILIES --out FILE --note WHY``.
 """
 from __future__ import annotations
 
@@ -12,6 +16,7 @@ import os
 import time
 
 from specsim.calibrate import CalibrationGrid, measure
+from specsim.settings import EngineSettings
 from specsim.specs import load_model
 
 GRIDS = {
@@ -35,7 +40,8 @@ def main():
     parser.add_argument("--only", default=None,
                         help="comma-separated op families to measure (plain, verify, draft, "
                              "selection, overhead), e.g. 'overhead' after a change to the "
-                             "loop's host code; merge with merge_calibrations.py --replace")
+                             "loop's host code; put them into a file with specsim calibrate "
+                             "--merge NEW OLD --replace FAMILIES")
     parser.add_argument("--budget-s", default="200",
                         help="seconds per model: one for all, or one per model (comma-separated)")
     parser.add_argument("--contexts", default=None,
@@ -45,7 +51,10 @@ def main():
                              "1024,1536,2048,3072,4096,6144,8192)")
     parser.add_argument("--batches", default=None,
                         help="comma-separated batch sizes instead of the model's grid")
+    parser.add_argument("--setting", action="append", default=[], metavar="NAME=VALUE",
+                        help="engine setting (repeatable; specsim calibrate --help lists them)")
     args = parser.parse_args()
+    settings = EngineSettings.parse(args.setting)
     os.makedirs(args.out_dir, exist_ok=True)
     names = args.models.split(",")
     budgets = [float(b) for b in args.budget_s.split(",")]
@@ -69,7 +78,7 @@ def main():
         path = os.path.join(args.out_dir, f"{name}.json")
         # written after every shape: a call cut short keeps what it measured, and the same
         # command resumes it
-        cal = measure(spec, grid, checkpoint=path)
+        cal = measure(spec, grid, settings=settings, checkpoint=path)
         print(f"{name}: {len(cal.measurements)} measurements in {time.perf_counter() - t0:.0f} s"
               f" -> {path}; ceilings {cal.ceilings}")
 

@@ -104,6 +104,43 @@ def test_trace_grid_resumes_and_never_duplicates(tiny_config, tmp_path):
                            catch_exceptions=False)
 
 
+def test_run_takes_engine_settings(tiny_config):
+    """--setting name=value reaches the engine (and the report); --help lists every setting
+    with its values; a bad one is a one-line usage error."""
+    from specsim.settings import EngineSettings
+    args = ["--model", tiny_config, "--weights", "random", "--policy", "vegas", "--k", "3",
+            "--s", "0.3", "--context", "300", "--max-new-tokens", "6", "--json"]
+    default = json.loads(invoke(run_cmd, args).stdout)
+    rows = json.loads(invoke(run_cmd, args + ["--setting", "c2q=rows",
+                                              "--setting", "ranking=TOPK"]).stdout)
+    assert default["settings"] == EngineSettings().to_json()
+    assert rows["settings"] == EngineSettings(c2q="rows", ranking="topk").to_json()
+    assert rows["new_tokens"] == default["new_tokens"]
+    listed = " ".join(CliRunner().invoke(run_cmd, ["--help"]).output.split())
+    for name, choices in EngineSettings.choices().items():
+        assert f"{name}={'|'.join(str(c).lower() for c in choices)}" in listed, name
+    bad = CliRunner().invoke(run_cmd, args + ["--setting", "c2q=both"])
+    assert bad.exit_code == 2 and "c2q takes sum, rows" in bad.output
+
+
+def test_trace_records_its_engine_settings(tiny_config, tmp_path):
+    """A trace's header names the engine settings it was recorded with (and their hash); a
+    run with other settings does not resume it."""
+    from specsim.settings import EngineSettings
+    path = tmp_path / "t.jsonl"
+    args = ["--model", tiny_config, "--weights", "random", "--context", "80", "--num-prompts",
+            "1", "--policies", "vegas", "--k", "2", "--s", "0.5", "--max-new-tokens", "4",
+            "--out", str(path)]
+    invoke(trace_cmd, args + ["--setting", "c2q=rows"])
+    engine = read_trace(path).header["engine"]
+    rows = EngineSettings(c2q="rows")
+    assert engine["engine_settings"] == rows.to_json()
+    assert engine["engine_settings_hash"] == rows.stable_hash()
+    assert "complete" in invoke(trace_cmd, args + ["--setting", "c2q=rows"]).output
+    with pytest.raises(SpecsimError, match="other settings"):
+        CliRunner().invoke(trace_cmd, args, catch_exceptions=False)
+
+
 def test_trace_rejects_bad_grid(tiny_config, tmp_path):
     result = CliRunner().invoke(trace_cmd, ["--model", tiny_config, "--weights", "random",
                                             "--s", "0,2", "--out", str(tmp_path / "x.jsonl")])
