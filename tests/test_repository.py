@@ -59,7 +59,7 @@ def test_no_development_history_where_users_and_maintainers_read():
     read = [f for f in tracked_files()
             if f in ("README.md", "BENCHMARKS.md", "VALIDATION.md", "traces/README.md")
             or (f.split("/", 1)[0] in ("specsim", "cli", "tests", "scripts", "benchmarks")
-                and f.endswith((".py", ".md", ".sh")))]
+                and f.endswith((".py", ".md", ".sh")) and f != "tests/test_repository.py")]
     found = []
     for name in read:
         for number, line in enumerate((REPO_ROOT / name).read_text().splitlines(), 1):

@@ -142,7 +142,7 @@ register_reader("points", _accepts_points, _read_points, "measured vs predicted 
 
 
 def _accepts_calibration(doc) -> bool:
-    from specsim.costs.calibrated import FORMAT_KEY
+    from specsim.costs.calibration_file import FORMAT_KEY
     return isinstance(doc, dict) and FORMAT_KEY in doc
 
 
@@ -152,7 +152,7 @@ def _read_calibration(doc, path: str, context: ReadContext) -> list[ValidationPo
     up). Loop overheads (``overhead:…``: what a decoding loop spends beyond its steps, a
     residual near 0) are not steps the roofline prices, and are left out."""
     from specsim.costs import RooflineCostModel
-    from specsim.costs.calibrated import read_calibration
+    from specsim.costs.calibration_file import read_calibration
     from specsim.dashboards.figures import tokens_label
 
     if context.model is None or context.hardware is None:
