@@ -10,8 +10,6 @@ over enough KV caches that L2 cannot hold them. Correctness is checked in bf16 a
 references first.
 
     PYTHONPATH=. python benchmarks/bench_kernels.py --sweep        # all defaults (H200 run)
-    PYTHONPATH=. python benchmarks/bench_kernels.py --kv-addressing --q-lens 1,8,16 \\
-        --contexts 131072,32768                                     # V's addressing alone
 
 Writes ``bench_kernels.json`` under ``$OUT`` (or ``--out``); prints a compact table last.
 """
@@ -175,27 +173,22 @@ def run_shape(args, head_dim, context, best, results, t0):
 
     # verify, our kernel
     verify_us = {}
-    # " shared-kv": V addressed with K's offsets (EngineSettings.shared_kv_strides)
     variants = (("", "off", ()), (" +c2q", "c2q-sep", None), (" +c2q main-tile", "c2q-main", None),
-                (" +c2q sum", "c2q-sum", None), (" +all", "all", "all"),
-                (" shared-kv", "off-kv", ()), (" +c2q sum shared-kv", "c2q-sum-kv", None))
+                (" +c2q sum", "c2q-sum", None), (" +all", "all", "all"))
     for q_len in args.q_lens:
         for suffix, mode, collect in variants:
-            if q_len not in ((1, 8, 16) if mode == "off-kv" else (8, 16) if suffix
-                             else (q_len,)):
+            if q_len not in ((8, 16) if suffix else (q_len,)):
                 continue
             name = f"verify q={q_len}{suffix}"
             try:
                 rows_collect = tuple(range(q_len)) if collect == "all" else collect
                 config = best_config(best, head_dim, q_len, group,
-                                     {"c2q-sum": "off", "off-kv": "off",
-                                      "c2q-sum-kv": "off"}.get(mode, mode))
+                                     "off" if mode == "c2q-sum" else mode)
                 plan = plan_verify(batch, heads, kv_heads, head_dim, q_len, context,
                                    collect_rows=rows_collect,
                                    collect_separate={"c2q-sep": True,
                                                      "c2q-main": False}.get(mode),
-                                   collect_sum=mode.startswith("c2q-sum"),
-                                   shared_kv_strides=mode.endswith("-kv"), **config)
+                                   collect_sum=mode == "c2q-sum", **config)
                 q = torch.randn(batch, q_len, heads, head_dim, device=DEVICE, dtype=DTYPE)
                 out = torch.empty_like(q)
                 logits = new_logits_buffer(plan, context, device=DEVICE) \
@@ -296,16 +289,10 @@ def run_shape(args, head_dim, context, best, results, t0):
     splan = plan_sparse(batch, heads, kv_heads, head_dim, capacity, **sparse_config)
     for name, indices, counts in (("sparse s=.07 seq sorted", per_seq_sorted, counts_seq),
                                   ("sparse s=.07 seq unsorted", per_seq_unsorted, counts_seq),
-                                  ("sparse s=.07 kvhead sorted", per_head_sorted, counts_head),
-                                  ("sparse s=.07 seq sorted shared-kv", per_seq_sorted,
-                                   counts_seq)):
-        plan_now = splan if not name.endswith("shared-kv") else plan_sparse(
-            batch, heads, kv_heads, head_dim, capacity, shared_kv_strides=True,
-            **sparse_config)
-
-        def fn(plan_now=plan_now):
+                                  ("sparse s=.07 kvhead sorted", per_head_sorted, counts_head)):
+        def fn():
             k, v = rot.next()
-            sparse_attention(q1, k, v, indices, counts, plan_now, out=out1)
+            sparse_attention(q1, k, v, indices, counts, splan, out=out1)
         try:
             us, method = time_us(fn)
         except Exception as error:
@@ -371,14 +358,11 @@ def check_correctness(batch, head_dim, context):
     lengths = torch.tensor([context - 3 * i for i in range(batch)], dtype=torch.int32,
                            device=DEVICE)
     errors = {}
-    # (q, separate tile, summed row per sequence, V addressed with K's offsets)
-    for q_len, separate, summed, shared in ((1, None, False, False), (8, True, False, False),
-                                            (8, False, False, False), (16, True, False, False),
-                                            (8, None, True, False), (16, None, True, True),
-                                            (16, True, False, True)):
+    # (q, separate tile, summed row per sequence)
+    for q_len, separate, summed in ((1, None, False), (8, True, False), (8, False, False),
+                                    (16, True, False), (8, None, True), (16, None, True)):
         plan = plan_verify(batch, heads, kv_heads, head_dim, q_len, context, collect_rows=None,
-                           collect_separate=separate, collect_sum=summed,
-                           shared_kv_strides=shared)
+                           collect_separate=separate, collect_sum=summed)
         q = torch.randn(batch, q_len, heads, head_dim, device=DEVICE, dtype=DTYPE)
         out = torch.full_like(q, float("nan"))
         logits = new_logits_buffer(plan, context, device=DEVICE).fill_(float("nan"))
@@ -389,8 +373,7 @@ def check_correctness(batch, head_dim, context):
             ref_logits = summed_logits(ref_logits)
         written = torch.cat([logits[b, ..., :n] for b, n in enumerate(lengths.tolist())], -1)
         expect = torch.cat([ref_logits[b, ..., :n] for b, n in enumerate(lengths.tolist())], -1)
-        tile = {True: " sep", False: " main"}.get(separate, "") + (" sum" if summed else "") \
-            + (" shared-kv" if shared else "")
+        tile = {True: " sep", False: " main"}.get(separate, "") + (" sum" if summed else "")
         errors[f"verify q={q_len}{tile}"] = relative_error(out, ref)
         errors[f"logits q={q_len}{tile}"] = relative_error(written, expect)
         assert torch.isfinite(out).all() and torch.isfinite(written).all()
@@ -400,10 +383,9 @@ def check_correctness(batch, head_dim, context):
                           device=DEVICE)
     q = torch.randn(batch, heads, head_dim, device=DEVICE, dtype=DTYPE)
     ref = sparse_attention_reference(q, k, v, indices, counts)
-    for shared in (False, True):
-        out = sparse_attention(q, k, v, indices, counts, plan_sparse(
-            batch, heads, kv_heads, head_dim, count, shared_kv_strides=shared))
-        errors["sparse" + (" shared-kv" if shared else "")] = relative_error(out, ref)
+    out = sparse_attention(q, k, v, indices, counts,
+                           plan_sparse(batch, heads, kv_heads, head_dim, count))
+    errors["sparse"] = relative_error(out, ref)
     return errors
 
 
@@ -493,132 +475,6 @@ def sweep(args, head_dim, context, results):
     return {key: value[0] for key, value in best.items()}
 
 
-def kv_addressing(args, results) -> str:
-    """V addressed with its own strides against K's offsets (``shared_kv_strides``), alone:
-    both checked in bf16 against the torch references, then timed in alternating rounds
-    (own, shared, own, ...; the median of each) for the verify kernel at every head_dim,
-    context and q asked for, collecting nothing and with the summed Collect-2-Query row, and
-    for the sparse draft kernel. Returns the table."""
-    errors = {}
-    for head_dim in args.head_dims:
-        heads, kv_heads = HEADS[head_dim]
-        context = min(max(args.contexts), 32768)
-        k = torch.randn(args.batch, kv_heads, context, head_dim, device=DEVICE, dtype=DTYPE)
-        v = torch.randn_like(k)
-        lengths = torch.tensor([context - 3 * i for i in range(args.batch)], dtype=torch.int32,
-                               device=DEVICE)
-        for q_len in args.q_lens:
-            for summed in (False, True) if q_len > 1 else (False,):
-                q = torch.randn(args.batch, q_len, heads, head_dim, device=DEVICE, dtype=DTYPE)
-                ref, ref_logits, _ = verify_attention_reference(
-                    q, k, v, lengths, collect_rows=() if not summed else
-                    plan_verify(args.batch, heads, kv_heads, head_dim, q_len, context,
-                                collect_rows=None).collect_rows)
-                for shared in (False, True):
-                    plan = plan_verify(args.batch, heads, kv_heads, head_dim, q_len, context,
-                                       collect_rows=None if summed else (),
-                                       collect_sum=summed, shared_kv_strides=shared)
-                    out = torch.full_like(q, float("nan"))
-                    logits = new_logits_buffer(plan, context, device=DEVICE).fill_(
-                        float("nan")) if summed else None
-                    verify_attention(q, k, v, lengths, plan, out=out, logits=logits)
-                    name = (f"hd{head_dim} q={q_len} {'sum' if summed else 'off'} "
-                            f"{'shared' if shared else 'own'}")
-                    errors[name] = relative_error(out, ref)
-                    assert torch.isfinite(out).all(), name
-                    if summed:
-                        want = summed_logits(ref_logits)
-                        got = torch.cat([logits[b, ..., :n] for b, n in
-                                         enumerate(lengths.tolist())], -1)
-                        expect = torch.cat([want[b, ..., :n] for b, n in
-                                            enumerate(lengths.tolist())], -1)
-                        errors[name + " logits"] = relative_error(got, expect)
-        count = math.ceil(args.sparsity * context)
-        indices = torch.rand(args.batch, context, device=DEVICE).topk(count, -1).indices
-        indices = indices.sort(-1).values.int()
-        counts = torch.tensor([count - 5 * i for i in range(args.batch)], dtype=torch.int32,
-                              device=DEVICE)
-        q1 = torch.randn(args.batch, heads, head_dim, device=DEVICE, dtype=DTYPE)
-        ref = sparse_attention_reference(q1, k, v, indices, counts)
-        for shared in (False, True):
-            out = sparse_attention(q1, k, v, indices, counts, plan_sparse(
-                args.batch, heads, kv_heads, head_dim, count, shared_kv_strides=shared))
-            errors[f"hd{head_dim} sparse {'shared' if shared else 'own'}"] = \
-                relative_error(out, ref)
-        del k, v
-    results["kv errors"] = errors
-    log("bf16 vs fp32 reference: " + ", ".join(f"{k} {v:.1e}" for k, v in errors.items()))
-    assert all(e < 1e-2 for e in errors.values()), "kernel disagrees with reference"
-
-    rounds = 1 if DRY_RUN else args.rounds
-    table = []
-    for head_dim in args.head_dims:
-        heads, kv_heads = HEADS[head_dim]
-        for context in args.contexts:
-            rot = Rotation(args.batch, kv_heads, context, head_dim)
-            lengths = torch.full((args.batch,), context, dtype=torch.int32, device=DEVICE)
-            kv_bytes = 2 * args.batch * kv_heads * context * head_dim * 2
-            cases = []
-            for q_len in args.q_lens:
-                q = torch.randn(args.batch, q_len, heads, head_dim, device=DEVICE, dtype=DTYPE)
-                out = torch.empty_like(q)
-                for summed in (False, True) if q_len > 1 else (False,):
-                    plans = [plan_verify(args.batch, heads, kv_heads, head_dim, q_len, context,
-                                         collect_rows=None if summed else (),
-                                         collect_sum=summed, shared_kv_strides=shared)
-                             for shared in (False, True)]
-                    logits = new_logits_buffer(plans[0], context, device=DEVICE) \
-                        if summed else None
-
-                    def call(plan, q=q, out=out, logits=logits):
-                        k, v = rot.next()
-                        verify_attention(q, k, v, lengths, plan, out=out, logits=logits)
-                    cases.append((f"verify q={q_len} {'sum' if summed else 'off'}", plans,
-                                  call, kv_bytes))
-            count = math.ceil(args.sparsity * context)
-            indices = torch.rand(args.batch, context, device=DEVICE).topk(count, -1).indices
-            indices = indices.sort(-1).values.int()
-            counts = torch.full((args.batch,), count, dtype=torch.int32, device=DEVICE)
-            q1 = torch.randn(args.batch, heads, head_dim, device=DEVICE, dtype=DTYPE)
-            out1 = torch.empty_like(q1)
-            plans = [plan_sparse(args.batch, heads, kv_heads, head_dim, count,
-                                 shared_kv_strides=shared) for shared in (False, True)]
-
-            def sparse_call(plan):
-                k, v = rot.next()
-                sparse_attention(q1, k, v, indices, counts, plan, out=out1)
-            cases.append((f"sparse s={args.sparsity:g}", plans, sparse_call,
-                          2 * args.batch * kv_heads * count * head_dim * 2))
-            for name, plans, call, nbytes in cases:
-                times = ([], [])
-                for _ in range(rounds):
-                    for i, plan in enumerate(plans):
-                        times[i].append(time_us(lambda plan=plan: call(plan), target_ms=10,
-                                                replays=5)[0])
-                own, shared = (statistics.median(t) for t in times)
-                row = {"head_dim": head_dim, "context": context, "case": name, "own_us": own,
-                       "shared_us": shared, "ratio": shared / own, "own_rounds": times[0],
-                       "shared_rounds": times[1], "tbps_own": nbytes / (own * 1e-6) / 1e12}
-                table.append(row)
-                log(f"  hd{head_dim} {shape_tag(head_dim, context)[len(f'hd{head_dim} '):]:>5} "
-                    f"{name:18s} own {own:8.1f} us  shared {shared:8.1f} us  "
-                    f"shared/own {shared / own:.3f}")
-            del rot
-            torch.cuda.empty_cache() if not DRY_RUN else None
-    results["kv addressing"] = table
-    lines = [f"V addressing, batch {args.batch}, median of {rounds} alternating rounds (µs; "
-             f"shared/own < 1: K's offsets faster)",
-             f"{'head_dim':>8} {'context':>8} {'case':18s} {'own':>9} {'shared':>9} "
-             f"{'shared/own':>10}"]
-    lines += [f"{r['head_dim']:>8} {r['context']:>8} {r['case']:18s} {r['own_us']:9.1f} "
-              f"{r['shared_us']:9.1f} {r['ratio']:10.3f}" for r in table]
-    ratios = [r["ratio"] for r in table]
-    mean = math.exp(statistics.fmean(map(math.log, ratios)))
-    lines.append(f"geometric mean shared/own {mean:.3f}, range {min(ratios):.3f}-"
-                 f"{max(ratios):.3f}")
-    return "\n".join(lines)
-
-
 def summary(results, copy_tbps, head_dims, contexts):
     lines = [f"copy bandwidth (read+write): {copy_tbps:.2f} TB/s",
              "each cell: TB/s on the KV bytes read, then µs (selection: time as a multiple "
@@ -627,12 +483,10 @@ def summary(results, copy_tbps, head_dims, contexts):
              "verify q=8 +c2q", "verify q=8 +c2q main-tile", "verify q=8 +c2q sum",
              "verify q=8 +all", "verify q=16 +c2q", "verify q=16 +c2q main-tile",
              "verify q=16 +c2q sum",
-             "verify q=16 +all", "verify q=1 shared-kv", "verify q=8 shared-kv",
-             "verify q=16 shared-kv", "verify q=8 +c2q sum shared-kv",
-             "verify q=16 +c2q sum shared-kv",
+             "verify q=16 +all",
              "sdpa-cudnn q=1", "sdpa-flash q=1", "sdpa-cudnn q=8", "sdpa-flash q=8",
              "flex q=1", "flex q=8", "sparse s=.07 seq sorted", "sparse s=.07 seq unsorted",
-             "sparse s=.07 kvhead sorted", "sparse s=.07 seq sorted shared-kv",
+             "sparse s=.07 kvhead sorted",
              "gather+sdpa s=.07", "select vegas", "select vegas sum", "select vegas (radix)",
              "select sparsespec", "select sparsespec (radix)", "select streamingllm",
              "select quest", "select quest (radix)"]
@@ -673,17 +527,6 @@ def summary(results, copy_tbps, head_dims, contexts):
         except (KeyError, ValueError):
             checks.append(f"{tag}: incomplete")
             continue
-        shared = {name: rows.get(f"{name} shared-kv", {}).get("us", float("nan"))
-                  for name in ("verify q=1", "verify q=8", "verify q=16", "verify q=8 +c2q sum",
-                               "verify q=16 +c2q sum", "sparse s=.07 seq sorted")}
-        checks.append(
-            f"{tag} shared-kv: q8 {rows['verify q=8']['bytes'] / shared['verify q=8'] / 1e6:.2f}"
-            f" TB/s | q16/q1 {shared['verify q=16'] / shared['verify q=1']:.2f} | sum/off q8 "
-            f"{shared['verify q=8 +c2q sum'] / shared['verify q=8']:.3f} q16 "
-            f"{shared['verify q=16 +c2q sum'] / shared['verify q=16']:.3f} | sparse "
-            f"{rows['sparse s=.07 seq sorted']['bytes'] / shared['sparse s=.07 seq sorted'] / 1e6:.2f}"
-            f" TB/s | each vs own strides: q1 {shared['verify q=1'] / q1:.3f} q8 "
-            f"{shared['verify q=8'] / q8:.3f} q16 {shared['verify q=16'] / q16:.3f}")
     return "\n".join(lines + ["targets:"] + checks)
 
 
@@ -704,12 +547,6 @@ def main(argv=None):
     parser.add_argument("--no-check", action="store_true")
     parser.add_argument("--budget-s", type=float, default=450.0,
                         help="skip remaining shapes past this many seconds")
-    parser.add_argument("--kv-addressing", action="store_true",
-                        help="only V's own strides against K's offsets (shared_kv_strides), "
-                             "checked and timed in alternating rounds (verify: q lens, off "
-                             "and the summed row; sparse)")
-    parser.add_argument("--rounds", type=int, default=3,
-                        help="alternating rounds per case with --kv-addressing")
     parser.add_argument("--out", default=os.environ.get("OUT", "benchmarks/out"))
     parser.add_argument("--dry-run", action="store_true", help="exercise the script on the "
                         "CPU (Triton interpreter, tiny shapes, timings meaningless)")
@@ -729,14 +566,6 @@ def main(argv=None):
     results["copy_tbps"], results["copy_variants"] = copy_tbps, copies
     log("copy bandwidth (read+write): " + ", ".join(f"{k} {v:.2f} TB/s"
                                                     for k, v in copies.items()))
-    if args.kv_addressing:
-        table = kv_addressing(args, results)
-        os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "bench_kernels_kv.json"), "w") as handle:
-            json.dump(results, handle, indent=1, default=str)
-        log(f"\ntotal {time.time() - t0:.0f} s")
-        log(table)
-        return
     if not args.no_check:
         for head_dim in args.head_dims:
             errors = check_correctness(args.batch, head_dim, min(max(args.contexts), 32768))

@@ -14,7 +14,7 @@ key loop), the instruction mix (address arithmetic ``LEA``/``IMAD``, asynchronou
 time anything: a config with fewer spills can still run slower (bench_kernels, on a GPU).
 
     python scripts/kernel_resources.py --head-dims 128 --q-lens 8,16 --modes off,sum \\
-        --block-n 128 --shared-kv both
+        --block-n 128
 """
 from __future__ import annotations
 
@@ -70,7 +70,7 @@ def launch_args(plan, context: int, logits_fp32: bool):
     pointers = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "Lengths": "*i32", "Out": "*bf16",
                 "Lse": "*bf16", "PartOut": "*fp32", "PartLse": "*fp32",
                 "Logits": "*fp32" if logits_fp32 else "*bf16"}
-    const = launch_constexprs(plan, write_lse=False, same_kv=plan.shared_kv_strides)
+    const = launch_constexprs(plan, write_lse=False)
     return pointers, ints, const
 
 
@@ -135,16 +135,13 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--block-n", default="64,128", help="key blocks to compile")
     parser.add_argument("--warps", type=int, default=4)
     parser.add_argument("--stages", type=int, default=3)
-    parser.add_argument("--shared-kv", choices=("off", "on", "both"), default="both",
-                        help="compile with SAME_KV_STRIDES off, on, or both")
     parser.add_argument("--context", type=int, default=131072)
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--arch", type=int, default=90, help="compute capability × 10")
     parser.add_argument("--json", help="also write the rows to this file")
     args = parser.parse_args(argv)
-    shared = {"off": (False,), "on": (True,), "both": (False, True)}[args.shared_kv]
     rows = []
-    header = (f"{'hd':>3} {'q':>2} {'mode':8} {'bn':>4} {'kv':5} {'regs':>4} {'spill':>7} "
+    header = (f"{'hd':>3} {'q':>2} {'mode':8} {'bn':>4} {'regs':>4} {'spill':>7} "
               f"{'stack':>5} {'instr':>6} " + " ".join(f"{op:>6}" for op in COUNTED))
     print(header)
     for head_dim in map(int, args.head_dims.split(",")):
@@ -155,23 +152,21 @@ def main(argv=None) -> list[dict]:
                     raise SystemExit(f"--modes: unknown {mode!r}")
                 collect = () if mode == "off" else default_collect_rows(q_len)
                 for block_n in map(int, args.block_n.split(",")):
-                    for same in shared:
-                        plan = plan_verify(
-                            args.batch, heads, kv_heads, head_dim, q_len, args.context,
-                            device="cpu", collect_rows=collect,
-                            collect_separate=None if mode in ("off", "sum") else
-                            mode == "separate", collect_sum=mode == "sum", block_n=block_n,
-                            num_warps=args.warps, num_stages=args.stages,
-                            shared_kv_strides=same, num_splits=4)
-                        got = resources(compile_plan(plan, args.context, args.arch), args.arch)
-                        got.update(head_dim=head_dim, q=q_len, mode=mode, block_n=block_n,
-                                   shared_kv_strides=same, block_m=plan.block_m)
-                        rows.append(got)
-                        print(f"{head_dim:>3} {q_len:>2} {mode:8} {block_n:>4} "
-                              f"{'same' if same else 'own':5} {got['registers']:>4} "
-                              f"{got['spill_stores']:>3}/{got['spill_loads']:<3} "
-                              f"{got['stack']:>5} {got['instructions']:>6} "
-                              + " ".join(f"{got[op]:>6}" for op in COUNTED), flush=True)
+                    plan = plan_verify(
+                        args.batch, heads, kv_heads, head_dim, q_len, args.context,
+                        device="cpu", collect_rows=collect,
+                        collect_separate=None if mode in ("off", "sum") else
+                        mode == "separate", collect_sum=mode == "sum", block_n=block_n,
+                        num_warps=args.warps, num_stages=args.stages, num_splits=4)
+                    got = resources(compile_plan(plan, args.context, args.arch), args.arch)
+                    got.update(head_dim=head_dim, q=q_len, mode=mode, block_n=block_n,
+                               block_m=plan.block_m)
+                    rows.append(got)
+                    print(f"{head_dim:>3} {q_len:>2} {mode:8} {block_n:>4} "
+                          f"{got['registers']:>4} "
+                          f"{got['spill_stores']:>3}/{got['spill_loads']:<3} "
+                          f"{got['stack']:>5} {got['instructions']:>6} "
+                          + " ".join(f"{got[op]:>6}" for op in COUNTED), flush=True)
     if args.json:
         with open(args.json, "w") as handle:
             json.dump(rows, handle, indent=1)

@@ -49,13 +49,6 @@ class EngineSettings:
         "37.9 ms per iteration), torch.topk for the others (Vegas: 182 against 207 us); "
         "torch.topk everywhere off CUDA. topk: torch.topk for every policy, for a GPU where "
         "the radix kernel is not the faster")
-    #: Whether the verify and sparse-draft kernels address V with K's offsets.
-    shared_kv_strides: bool = _choice(
-        False, (False, True),
-        "True: where V's strides equal K's (the engine's caches), V is addressed with K's "
-        "offsets; False: V's own strides (H200, hd128, batch 4, 128K: with K's offsets the "
-        "q = 16 verify tile runs 3% slower collecting nothing and 3% faster with the summed "
-        "row, q = 8 and the sparse draft kernel unchanged)")
     #: Whether the hot steps replay as CUDA graphs.
     cuda_graphs: bool = _choice(
         True, (True, False),
@@ -183,6 +176,12 @@ RETIRED = {
                         "batch 4, 32K and 128K)"),
     "linear": ("torch", "projections by nn.Linear (cuBLAS); the skinny GEMM kernel made the "
                         "plain step 3% slower (H200)"),
+    "shared_kv_strides": (False, "the verify and sparse draft kernels address V with its own "
+                                 "strides; with K's offsets (where the strides are equal) "
+                                 "they ran 0.995-1.089x as long, never faster beyond noise "
+                                 "(H200, batch 4, hd128 and hd64, 32K and 128K, q = 1, 8, 16, "
+                                 "collecting nothing and the summed row; hd64 q = 8-16: "
+                                 "4-9% slower)"),
 }
 
 #: ``provenance.engine`` keys that state how the engine ran, not choices: the chained greedy

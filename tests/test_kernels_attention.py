@@ -64,7 +64,7 @@ VERIFY_CASES_GPU = [
 VERIFY_CASES = VERIFY_CASES_GPU if GPU else VERIFY_CASES_CPU
 
 
-def _check_verify(case, collect, seed, separate=None, align=1, shared=False, v_layout="same"):
+def _check_verify(case, collect, seed, separate=None, align=1, v_layout="same"):
     heads, kv_heads, head_dim, q_len, lengths, num_splits, block_n = case
     lengths = [max(q_len, n) for n in lengths]
     batch, max_len = len(lengths), -(-(max(lengths) + 3) // align) * align
@@ -79,7 +79,7 @@ def _check_verify(case, collect, seed, separate=None, align=1, shared=False, v_l
     length_tensor = torch.tensor(lengths, dtype=torch.int32, device=DEVICE)
     plan = plan_verify(batch, heads, kv_heads, head_dim, q_len, max(lengths), device=DEVICE,
                        collect_rows=collect, collect_separate=separate, block_n=block_n,
-                       num_splits=num_splits, shared_kv_strides=shared)
+                       num_splits=num_splits)
     out = torch.full_like(q, float("nan"))
     lse = torch.full((batch, heads, q_len), float("nan"), device=DEVICE)
     logits = None
@@ -159,14 +159,12 @@ def test_verify_collect_sum(case, rows):
                     collect_sum=True)
 
 
-@pytest.mark.parametrize("v_layout", ["same", "other"])
 @pytest.mark.parametrize("case", VERIFY_CASES)
-def test_verify_shared_kv_strides(case, v_layout):
-    """shared_kv_strides: V addressed with K's offsets when its strides equal K's (the
-    engine's caches); a V cache laid out otherwise still takes its own strides."""
-    plan = _check_verify(case, None, seed=41, shared=True, v_layout=v_layout)
-    assert plan.shared_kv_strides
-    _check_verify(case, (), seed=42, shared=True, v_layout=v_layout)
+def test_verify_reads_v_by_its_own_strides(case):
+    """A V cache laid out otherwise than K (a view of a padded buffer: every stride but the
+    last differs) is read by its own strides, collecting or not."""
+    _check_verify(case, None, seed=41, v_layout="other")
+    _check_verify(case, (), seed=42, v_layout="other")
 
 
 @pytest.mark.parametrize("case", [VERIFY_CASES[1], VERIFY_CASES[3]])
@@ -303,15 +301,13 @@ def test_sparse_matches_reference(case):
     _check_sparse(case, seed=5)
 
 
-@pytest.mark.parametrize("v_layout", ["same", "other"])
 @pytest.mark.parametrize("case", SPARSE_CASES)
-def test_sparse_shared_kv_strides(case, v_layout):
-    """As for verify: V addressed with K's offsets only where its strides equal K's."""
-    plan = _check_sparse(case, seed=43, shared=True, v_layout=v_layout)
-    assert plan.shared_kv_strides
+def test_sparse_reads_v_by_its_own_strides(case):
+    """As for verify: a V cache laid out otherwise than K is read by its own strides."""
+    _check_sparse(case, seed=43, v_layout="other")
 
 
-def _check_sparse(case, seed, shared=False, v_layout="same"):
+def _check_sparse(case, seed, v_layout="same"):
     heads, kv_heads, head_dim, lengths, counts, per_kv_head, sort, num_splits, block_n = case
     batch, max_len = len(lengths), max(lengths)
     generator = make_generator(seed)
@@ -333,7 +329,7 @@ def _check_sparse(case, seed, shared=False, v_layout="same"):
                 chosen = chosen.sort().values
             (indices[b, g] if per_kv_head else indices[b])[:n] = chosen
     plan = plan_sparse(batch, heads, kv_heads, head_dim, capacity, device=DEVICE,
-                       block_n=block_n, num_splits=num_splits, shared_kv_strides=shared)
+                       block_n=block_n, num_splits=num_splits)
     out = torch.full_like(q, float("nan"))
     sparse_attention(q, k, v, indices, counts, plan, out=out)
     ref = sparse_attention_reference(q, k, v, indices, counts,
@@ -417,7 +413,7 @@ def test_fp32_caches_get_configs_that_fit_in_shared_memory():
 def test_kernel_resources_compiles_for_hopper_on_the_cpu(tmp_path):
     """scripts/kernel_resources.py compiles the verify kernel for sm_90 without a GPU, with
     Triton's argument specialisation (without it the K/V loads are neither vectorised nor
-    pipelined: no LDGSTS), both V addressings, and reads back registers and the SASS mix."""
+    pipelined: no LDGSTS), and reads back registers and the SASS mix."""
     import json
     import subprocess
     import sys
@@ -436,8 +432,7 @@ def test_kernel_resources_compiles_for_hopper_on_the_cpu(tmp_path):
                           env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
     assert done.returncode == 0, done.stderr[-2000:]
     rows = json.loads(out.read_text())
-    assert {(r["mode"], r["shared_kv_strides"]) for r in rows} == {
-        ("off", False), ("off", True), ("sum", False), ("sum", True)}
+    assert {r["mode"] for r in rows} == {"off", "sum"}
     for r in rows:
         assert 0 < r["registers"] <= 255 and r["instructions"] > 100
         assert r["LDGSTS"] > 0, "the K/V loads were not pipelined (specialisation lost)"

@@ -170,8 +170,7 @@ class AttentionBackend:
     """Runs verify and draft attention on one device, choosing kernels or torch per shape."""
 
     def __init__(self, device: torch.device, *, num_heads: int, num_kv_heads: int,
-                 head_dim: int, batch: int, max_len: int, use_triton: bool | None = None,
-                 shared_kv_strides: bool = False):
+                 head_dim: int, batch: int, max_len: int, use_triton: bool | None = None):
         self.device = torch.device(device)
         kernels_fit = head_dim in KERNEL_HEAD_DIMS
         if use_triton is None:
@@ -179,8 +178,6 @@ class AttentionBackend:
         self.use_triton = bool(use_triton) and kernels_fit
         self.shape = (batch, num_heads, num_kv_heads, head_dim)
         self.max_len = max_len
-        #: V addressed with K's offsets in the kernels (``EngineSettings.shared_kv_strides``)
-        self.shared_kv_strides = shared_kv_strides
         self._verify_plans: dict = {}
         self._sparse_plan = None
 
@@ -203,8 +200,7 @@ class AttentionBackend:
                                                          device=self.device,
                                                          collect_rows=collect_rows,
                                                          element_size=k_cache.element_size(),
-                                                         collect_sum=collect_sum,
-                                                         shared_kv_strides=self.shared_kv_strides)
+                                                         collect_sum=collect_sum)
         return verify_attention(q.contiguous(), k_cache, v_cache, lengths, plan,
                                 logits=logits if collect_rows else None, lse=lse)
 
@@ -213,8 +209,7 @@ class AttentionBackend:
             return sparse_attention_torch(q, k_cache, v_cache, indices, counts)
         if self._sparse_plan is None or self._sparse_plan.split.max_keys < indices.shape[-1]:
             self._sparse_plan = plan_sparse(*self.shape, indices.shape[-1], device=self.device,
-                                            element_size=k_cache.element_size(),
-                                            shared_kv_strides=self.shared_kv_strides)
+                                            element_size=k_cache.element_size())
         return sparse_attention(q.contiguous(), k_cache, v_cache, indices, counts,
                                 self._sparse_plan)
 

@@ -225,8 +225,7 @@ class Engine:
             page_size=self.policy.page_size if self.policy.name == "quest" else None)
         self.backend = attention.AttentionBackend(
             self.device, num_heads=args.num_heads, num_kv_heads=args.num_kv_heads,
-            head_dim=args.head_dim, batch=batch, max_len=self.max_len, use_triton=use_triton,
-            shared_kv_strides=settings.shared_kv_strides)
+            head_dim=args.head_dim, batch=batch, max_len=self.max_len, use_triton=use_triton)
         # one-position writes by one Triton kernel with the Triton backend (the CPU path
         # writes with torch)
         self.cache.fused_append = self.backend.use_triton

@@ -34,8 +34,7 @@ import torch
 
 from specsim.kernels._runtime import default_device, next_power_of_2, tl, triton
 from specsim.kernels.split_kv import (SplitPlan, combine, fit_shared_memory, plan_splits,
-                                      same_kv_strides, softmax_update, store_partial,
-                                      v_addressing, workspace)
+                                      softmax_update, store_partial, workspace)
 
 
 @triton.jit
@@ -47,8 +46,7 @@ def _sparse_kernel(Q, K, V, Indices, Counts, Out, PartOut, PartLse,
                    stride_ob, stride_oh,
                    split_size, num_splits, sm_scale,
                    NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DIRECT_OUTPUT: tl.constexpr,
-                   SAME_KV_STRIDES: tl.constexpr):
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DIRECT_OUTPUT: tl.constexpr):
     pid = tl.program_id(0)
     split = tl.program_id(1)
     b = (pid // NUM_KV_HEADS).to(tl.int64)  # 64-bit: batch strides can pass 2**31
@@ -67,8 +65,7 @@ def _sparse_kernel(Q, K, V, Indices, Counts, Out, PartOut, PartLse,
 
     index_base = Indices + b * stride_ib + kvh * stride_ih
     k_base = K + b * stride_kb + kvh * stride_kh
-    v_base, v_stride_t = v_addressing(V, b, kvh, stride_kb, stride_kh, stride_kt, stride_vb,
-                                      stride_vh, stride_vt, SAME_KV_STRIDES)
+    v_base = V + b * stride_vb + kvh * stride_vh
     offs_n = tl.arange(0, BLOCK_N)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -79,7 +76,7 @@ def _sparse_kernel(Q, K, V, Indices, Counts, Out, PartOut, PartLse,
         positions = tl.load(index_base + n0 + offs_n)
         k = tl.load(k_base + positions[:, None] * stride_kt + dims[None, :])
         s = tl.dot(q, tl.trans(k))
-        v = tl.load(v_base + positions[:, None] * v_stride_t + dims[None, :])
+        v = tl.load(v_base + positions[:, None] * stride_vt + dims[None, :])
         acc, m_i, l_i = softmax_update(acc, m_i, l_i, s, qk_scale, v)
     for n0 in range(full_end, end, BLOCK_N):  # the list's ragged tail
         slots = n0 + offs_n
@@ -88,7 +85,7 @@ def _sparse_kernel(Q, K, V, Indices, Counts, Out, PartOut, PartLse,
         k = tl.load(k_base + positions[:, None] * stride_kt + dims[None, :],
                     mask=slot_ok[:, None], other=0.0)
         s = tl.where(slot_ok[None, :], tl.dot(q, tl.trans(k)), float("-inf"))
-        v = tl.load(v_base + positions[:, None] * v_stride_t + dims[None, :],
+        v = tl.load(v_base + positions[:, None] * stride_vt + dims[None, :],
                     mask=slot_ok[:, None], other=0.0)
         acc, m_i, l_i = softmax_update(acc, m_i, l_i, s, qk_scale, v)
 
@@ -116,7 +113,6 @@ class SparsePlan:
     num_stages: int
     partial_out: torch.Tensor | None = field(repr=False, default=None)
     partial_lse: torch.Tensor | None = field(repr=False, default=None)
-    shared_kv_strides: bool = False
 
     @property
     def group(self) -> int:
@@ -127,12 +123,9 @@ def plan_sparse(batch: int, num_heads: int, num_kv_heads: int, head_dim: int,
                 max_selected: int, *, device: torch.device | str | None = None,
                 block_n: int | None = None, num_splits: int | None = None,
                 num_warps: int | None = None, num_stages: int | None = None,
-                programs_per_sm: float | None = 2.0, element_size: int = 2,
-                shared_kv_strides: bool = False) -> SparsePlan:
+                programs_per_sm: float | None = 2.0, element_size: int = 2) -> SparsePlan:
     """Plan sparse draft launches for lists of up to ``max_selected`` positions
-    (``programs_per_sm=None``: whole waves of programs, ``split_kv.wave_splits``;
-    ``shared_kv_strides``, ``EngineSettings.shared_kv_strides``: V addressed with K's offsets
-    when their strides are equal)."""
+    (``programs_per_sm=None``: whole waves of programs, ``split_kv.wave_splits``)."""
     if num_heads % num_kv_heads:
         raise ValueError(f"num_heads {num_heads} is not a multiple of kv heads {num_kv_heads}")
     if head_dim not in (64, 128):
@@ -152,7 +145,7 @@ def plan_sparse(batch: int, num_heads: int, num_kv_heads: int, head_dim: int,
         partial_out, partial_lse = workspace(batch * num_kv_heads, split, block_m, head_dim,
                                              device)
     return SparsePlan(batch, num_heads, num_kv_heads, head_dim, split, block_m, num_warps,
-                      num_stages, partial_out, partial_lse, bool(shared_kv_strides))
+                      num_stages, partial_out, partial_lse)
 
 
 def sparse_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -194,7 +187,6 @@ def sparse_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         split.split_size, split.num_splits, sm_scale,
         NUM_KV_HEADS=num_kv_heads, GROUP=plan.group, HEAD_DIM=head_dim,
         BLOCK_M=plan.block_m, BLOCK_N=split.block_n, DIRECT_OUTPUT=direct,
-        SAME_KV_STRIDES=same_kv_strides(plan.shared_kv_strides, k_cache, v_cache),
         num_warps=plan.num_warps, num_stages=plan.num_stages)
     if not direct:
         combine(plan.partial_out, plan.partial_lse, counts, per_kv_head, out.unsqueeze(1), None,

@@ -115,25 +115,6 @@ def softmax_update(acc, m_i, l_i, s, qk_scale, v):
 
 
 @triton.jit
-def v_addressing(V, b, kvh, stride_kb, stride_kh, stride_kt, stride_vb, stride_vh, stride_vt,
-                 SAME_KV_STRIDES: tl.constexpr):
-    """The V cache's base pointer for (sequence ``b``, KV head ``kvh``) and its stride per key:
-    with SAME_KV_STRIDES, K's, so the V loads reuse the K loads' offset tensor."""
-    if SAME_KV_STRIDES:
-        v_base = V + b * stride_kb + kvh * stride_kh
-        v_stride_t = stride_kt
-    else:
-        v_base = V + b * stride_vb + kvh * stride_vh
-        v_stride_t = stride_vt
-    return v_base, v_stride_t
-
-
-def same_kv_strides(requested: bool, k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
-    """Whether a launch may address V with K's offsets: asked for, and V laid out like K."""
-    return bool(requested) and k_cache.stride()[:3] == v_cache.stride()[:3]
-
-
-@triton.jit
 def store_partial(PartOut, PartLse, part, acc, m_i, l_i,
                   BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr):
     """Write one chunk's normalised output and base-2 log-sum-exp to the workspace."""
@@ -253,5 +234,5 @@ def fit_shared_memory(block_m: int, block_n: int, head_dim: int, num_stages: int
 
 
 __all__ = ["LOG2E", "SplitPlan", "combine", "fit_shared_memory", "plan_splits",
-           "same_kv_strides", "softmax_update", "store_partial", "v_addressing", "wave_splits",
+           "softmax_update", "store_partial", "wave_splits",
            "workspace"]

@@ -51,8 +51,7 @@ import torch
 
 from specsim.kernels._runtime import INTERPRETED, default_device, next_power_of_2, tl, triton
 from specsim.kernels.split_kv import (SplitPlan, combine, fit_shared_memory, plan_splits,
-                                      same_kv_strides, softmax_update, store_partial,
-                                      v_addressing, workspace)
+                                      softmax_update, store_partial, workspace)
 
 MAX_Q_LEN = 16
 
@@ -109,8 +108,7 @@ def _verify_kernel(Q, K, V, Lengths, Out, Lse, PartOut, PartLse, Logits,
                    DIRECT_OUTPUT: tl.constexpr, WRITE_LSE: tl.constexpr,
                    COLLECT_MASK: tl.constexpr, COLLECT_SEPARATE: tl.constexpr,
                    N_COLLECT: tl.constexpr, COLLECT_TOKENS: tl.constexpr,
-                   BLOCK_C: tl.constexpr, COLLECT_SUM: tl.constexpr,
-                   SAME_KV_STRIDES: tl.constexpr):
+                   BLOCK_C: tl.constexpr, COLLECT_SUM: tl.constexpr):
     pid = tl.program_id(0)
     split = tl.program_id(1)
     b = (pid // NUM_KV_HEADS).to(tl.int64)  # 64-bit: batch strides can pass 2**31
@@ -157,8 +155,7 @@ def _verify_kernel(Q, K, V, Lengths, Out, Lse, PartOut, PartLse, Logits,
             c_ptrs = Logits + b * stride_gb + c_head * stride_gh + c_slot * stride_gr
 
     k_base = K + b * stride_kb + kvh * stride_kh
-    v_base, v_stride_t = v_addressing(V, b, kvh, stride_kb, stride_kh, stride_kt, stride_vb,
-                                      stride_vh, stride_vt, SAME_KV_STRIDES)
+    v_base = V + b * stride_vb + kvh * stride_vh
     offs_n = tl.arange(0, BLOCK_N)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -174,7 +171,7 @@ def _verify_kernel(Q, K, V, Lengths, Out, Lse, PartOut, PartLse, Logits,
         if COLLECT_MASK != 0:
             _store_collected(s, k, q_c, c_ptrs, c_ok, keys, keys, sm_scale, COLLECT_SEPARATE,
                              COLLECT_SUM, False)
-        v = tl.load(v_base + keys[:, None] * v_stride_t + dims[None, :])
+        v = tl.load(v_base + keys[:, None] * stride_vt + dims[None, :])
         acc, m_i, l_i = softmax_update(acc, m_i, l_i, s, qk_scale, v)
     # The rest (at most a block or two): split boundary and causal mask.
     for n0 in range(full_end, end, BLOCK_N):
@@ -188,7 +185,7 @@ def _verify_kernel(Q, K, V, Lengths, Out, Lse, PartOut, PartLse, Logits,
                              COLLECT_SUM, True)
         visible = (keys[None, :] <= q_pos[:, None]) & key_ok[None, :]
         s = tl.where(visible, s, float("-inf"))
-        v = tl.load(v_base + keys[:, None] * v_stride_t + dims[None, :], mask=key_ok[:, None],
+        v = tl.load(v_base + keys[:, None] * stride_vt + dims[None, :], mask=key_ok[:, None],
                     other=0.0)
         acc, m_i, l_i = softmax_update(acc, m_i, l_i, s, qk_scale, v)
 
@@ -223,7 +220,6 @@ class VerifyPlan:
     partial_out: torch.Tensor | None = field(repr=False, default=None)
     partial_lse: torch.Tensor | None = field(repr=False, default=None)
     collect_sum: bool = False
-    shared_kv_strides: bool = False
 
     @property
     def group(self) -> int:
@@ -300,8 +296,7 @@ def plan_verify(batch: int, num_heads: int, num_kv_heads: int, head_dim: int, q_
                 block_m: int | None = None, block_n: int | None = None,
                 num_splits: int | None = None, num_warps: int | None = None,
                 num_stages: int | None = None, programs_per_sm: float | None = None,
-                element_size: int = 2, collect_sum: bool = False,
-                shared_kv_strides: bool = False) -> VerifyPlan:
+                element_size: int = 2, collect_sum: bool = False) -> VerifyPlan:
     """Plan verify launches for sequences of up to ``max_context`` keys.
 
     ``collect_rows``: query rows whose logits are written (``()`` = none, ``None`` = the
@@ -315,9 +310,7 @@ def plan_verify(batch: int, num_heads: int, num_kv_heads: int, head_dim: int, q_
     stages and programs per multiprocessor default to ``DEFAULT_CONFIGS``; pass them to
     override.
     ``element_size``: bytes per cache element (4 for fp32 caches: fewer stages / smaller key
-    blocks so the tiles fit in shared memory). ``shared_kv_strides``
-    (``EngineSettings.shared_kv_strides``): when the V cache's strides equal the K cache's,
-    address V with K's offsets (checked at each call; other layouts take their own strides).
+    blocks so the tiles fit in shared memory).
     ``block_m`` pads the tile to more rows (at least ``group · q``). ``num_splits`` sets how
     many chunks each (sequence, KV head)'s keys are cut into; by default the tiles of
     :data:`WAVE_CONFIGS` take the fewest whole waves of programs (unless ``programs_per_sm``
@@ -381,17 +374,17 @@ def plan_verify(batch: int, num_heads: int, num_kv_heads: int, head_dim: int, q_
                                              device)
     return VerifyPlan(batch, num_heads, num_kv_heads, head_dim, q_len, collect_rows, split,
                       block_m, num_warps, num_stages, collect_separate, partial_out,
-                      partial_lse, bool(collect_sum), bool(shared_kv_strides))
+                      partial_lse, bool(collect_sum))
 
 
-def launch_constexprs(plan: VerifyPlan, *, write_lse: bool, same_kv: bool) -> dict:
+def launch_constexprs(plan: VerifyPlan, *, write_lse: bool) -> dict:
     """The compile-time arguments ``verify_attention`` launches ``_verify_kernel`` with."""
     return dict(NUM_KV_HEADS=plan.num_kv_heads, Q_LEN=plan.q_len, GROUP=plan.group,
                 HEAD_DIM=plan.head_dim, BLOCK_M=plan.block_m, BLOCK_N=plan.split.block_n,
                 DIRECT_OUTPUT=plan.split.num_splits == 1, WRITE_LSE=write_lse,
                 COLLECT_MASK=plan.collect_mask, COLLECT_SEPARATE=plan.collect_separate,
                 N_COLLECT=max(1, len(plan.collect_rows)), COLLECT_TOKENS=plan.collect_tokens,
-                BLOCK_C=plan.block_c, COLLECT_SUM=plan.collect_sum, SAME_KV_STRIDES=same_kv)
+                BLOCK_C=plan.block_c, COLLECT_SUM=plan.collect_sum)
 
 
 def verify_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -451,8 +444,7 @@ def verify_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         out.stride(0), out.stride(1), out.stride(2),
         *lse_strides, *gstrides,
         split.split_size, split.num_splits, sm_scale,
-        **launch_constexprs(plan, write_lse=lse is not None,
-                            same_kv=same_kv_strides(plan.shared_kv_strides, k_cache, v_cache)),
+        **launch_constexprs(plan, write_lse=lse is not None),
         num_warps=plan.num_warps, num_stages=plan.num_stages)
     if not direct:
         combine(plan.partial_out, plan.partial_lse, lengths, False, out, lse, split,
