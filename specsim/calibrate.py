@@ -399,7 +399,7 @@ def _measure_policy(torch, Engine, model, grid: CalibrationGrid, batch: int, con
         engine = Engine(model, batch=batch, max_len=context + room,
                         policy=policy, s=s, k_max=q_max - 1, beyond_max_position=True)
         engine.prefill(prompts, "random")
-        rows = engine._prefill_rows
+        rows = engine.prefill_rows
         zeros = torch.zeros(batch, dtype=torch.long, device=engine.device)
 
         def refresh():
@@ -463,9 +463,9 @@ def _loop_overhead(torch, engine, prompts, *, speculative: bool, k: int = OVERHE
     CUDA-event totals of the steps the cost model prices separately (draft, verify, the
     in-loop selection refreshes) are subtracted, so what remains — the ``other`` phase
     (accept/reject, rollback) and the host's gaps — is measured in the same run rather than as
-    the small difference of separately measured medians (which over-estimated it). The call's
+    the small difference of separately measured medians (which over-estimates it). The call's
     fixed costs outside the loop (prefill, the first selection, building the outputs and
-    traces) are not in that clock: an earlier version spread them over the loop's iterations."""
+    traces) are not in that clock, so they are not spread over the loop's iterations."""
     from specsim.traces.format import RequestTrace
 
     n = OVERHEAD_STEPS

@@ -210,7 +210,8 @@ def test_sampling_test_rejects_an_uncorrected_draft(small_vocab, monkeypatch):
         token = sample(target_probs[torch.arange(batch), m], generator)
         return m, token, torch.ones(batch, k)
 
-    monkeypatch.setattr(decode, "accept_speculative", accept_all)
+    from specsim.engine import loop
+    monkeypatch.setattr(loop, "accept_speculative", accept_all)
     prompt = prompts_of((PROMPT,), vocab=VOCAB, seed=5)[0]
     exact = exact_distribution(small_vocab, prompt)
     counts, _ = sampled_counts(small_vocab, prompt, SMALL["vegas"], 2, 0.1, seed=11)
@@ -281,9 +282,9 @@ def test_forced_replay_of_per_sequence_draft_lengths(tiny, ragged):
     for got, want in zip(replay.traces, recorded):
         assert got.k.tolist() == want.k.tolist() and got.m.tolist() == want.m.tolist()
     with torch.inference_mode():                   # as inside generate
-        staged = engine._to_device("k", [5, 0, 7])
+        staged = engine.transfers.to_device("k", [5, 0, 7])
         assert staged.tolist() == [5, 0, 7]
-        assert engine._to_device("k", [1, 2, 3]).data_ptr() == staged.data_ptr()
+        assert engine.transfers.to_device("k", [1, 2, 3]).data_ptr() == staged.data_ptr()
 
 
 def test_adaptive_k_uses_the_analytical_controller(tiny, ragged, plain_ragged, monkeypatch):
@@ -389,15 +390,17 @@ def test_a_finished_sequence_never_writes_past_the_cache(tiny, monkeypatch):
     tokens past its output; sequence 1 accepts none and goes on, so sequence 0 keeps drafting
     and verifying on its grown cache. An engine sized by ``cache_positions`` holds it (an index
     past max_len raised here, and was a device-side assert on the GPU)."""
+    from specsim.engine import loop
+
     k, max_new = 5, 8
-    real = decode.accept_greedy
+    real = loop.accept_greedy
 
     def skewed(drafts, logits, k_t):
         _, _, accept = real(drafts, logits, k_t)
         m = torch.stack([k_t[0], torch.zeros_like(k_t[1])])
         return m, logits.argmax(-1).gather(1, m[:, None]).squeeze(1), accept
 
-    monkeypatch.setattr(decode, "accept_greedy", skewed)
+    monkeypatch.setattr(loop, "accept_greedy", skewed)
     prompts = prompts_of([30, 12])
     need = decode.cache_positions(30, max_new, k)            # 49: one past a whole page
     # 64 positions: the cache is padded to whole pages only (not to 128), as tight as it gets
@@ -628,16 +631,16 @@ def test_the_collector_is_paused_while_decoding_and_restored(tiny, ragged, monke
     iterations) and leaves it as it found it — enabled, disabled, or after an error."""
     import gc
 
-    from specsim.engine import decode
+    from specsim.engine import loop
 
     seen = []
-    real = decode.Engine._speculative
+    real = loop.SpeculativeLoop.decode
 
     def spy(self, *a, **kw):
         seen.append(gc.isenabled())
         return real(self, *a, **kw)
 
-    monkeypatch.setattr(decode.Engine, "_speculative", spy)
+    monkeypatch.setattr(loop.SpeculativeLoop, "decode", spy)
     engine = Engine(tiny, batch=3, max_len=1024, policy="vegas", s=0.2, k_max=4)
     assert gc.isenabled()
     engine.generate(ragged, 6, k=3)
@@ -652,7 +655,7 @@ def test_the_collector_is_paused_while_decoding_and_restored(tiny, ragged, monke
     def broken(self, *a, **kw):
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(decode.Engine, "_speculative", broken)
+    monkeypatch.setattr(loop.SpeculativeLoop, "decode", broken)
     with pytest.raises(RuntimeError, match="boom"):
         engine.generate(ragged, 6, k=3)
     assert gc.isenabled()

@@ -74,7 +74,7 @@ def test_graphed_refresh_builds_the_eager_lists(model, policy):
             engine.refresh(rows, m, slice(7 - rows, 7))
         assert torch.equal(engines[0].selection.counts, engines[1].selection.counts)
         assert torch.equal(engines[0].selection.indices, engines[1].selection.indices)
-        assert len([k for k in engines[1]._graphs if k[0] == "refresh"]) == 1
+        assert len([k for k in engines[1].steps.graphs if k[0] == "refresh"]) == 1
 
 
 def test_greedy_self_speculation_matches_plain_on_gpu(model):

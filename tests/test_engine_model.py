@@ -61,13 +61,13 @@ def engine_logits(model, tokens: list[int], q: int) -> tuple[torch.Tensor, torch
             logits, _ = engine.prefill([tokens[:t + 1]])
             whole.append(logits[0])
         engine.prefill([tokens[:n - q]])
-        engine.verify_input(q)[0] = torch.tensor(tokens[n - q:])
+        engine.steps.verify_input(q)[0] = torch.tensor(tokens[n - q:])
         verify = engine.verify(q, collect=False)[0]
         engine.prefill([tokens[:n - q]])
         drafts = []
         for t in tokens[n - q:]:
-            engine.draft_input[0, 0] = t
-            drafts.append(engine.draft()[0].clone())
+            engine.steps.draft_input[0, 0] = t
+            drafts.append(engine.steps.draft()[0].clone())
     return torch.stack(whole), verify, torch.stack(drafts)
 
 
@@ -175,7 +175,7 @@ def test_smollm2_logits_match_transformers(smollm2_folder):
     engine = Engine(ours, batch=1, max_len=len(tokens) + 8, policy="full", k_max=q)
     with torch.inference_mode():
         last, _ = engine.prefill([tokens[:-q]])
-        engine.verify_input(q)[0] = torch.tensor(tokens[-q:])
+        engine.steps.verify_input(q)[0] = torch.tensor(tokens[-q:])
         verify = engine.verify(q, collect=False)[0]
     assert relative_error(last[0], expected[-q - 1]) < 1e-4
     assert relative_error(verify, expected[-q:]) < 1e-4

@@ -7,7 +7,10 @@ recording traces in specsim's format.
 - ``selection``: per-layer draft index lists for each policy, refreshed after every verify.
 - ``sampling``: temperature / top-k / top-p, greedy and speculative-sampling acceptance.
 - ``decode``: ``Engine`` (plan once, ``generate`` often), ``plain_decode``,
-  ``speculative_decode``, adaptive k, forced acceptance, trace rows.
+  ``speculative_decode``, adaptive k, forced acceptance; the engine's parts:
+  ``steps`` (model passes on static buffers, eager or graphed), ``prefill`` (prompts into the
+  cache slots), ``loop`` (the decoding loops and an iteration's phases), ``run`` (one call's
+  host-side bookkeeping and trace rows).
 - ``timing`` / ``graphs``: per-phase CUDA-event timing, CUDA graphs (GPU only).
 - ``fetch``: SmolLM2-135M-Instruct from PyPI, converted once to safetensors.
 - ``prompts``: the long-prompt set used to record real traces.
