@@ -1,6 +1,6 @@
 """SmolLM2-135M with its real weights, free-running: self-speculative speedup over plain decoding
-for every (k, s) at each batch size, on long prompts (issue #4's SmolLM2 table, batch 32–64,
-8K context).
+for every (k, s) at each batch size, on long prompts (BENCHMARKS.md's SmolLM2 table, batch
+32–64, 8K context).
 
 The prompts (token ids, ``traces/smollm2-prompt-ids-long.json``: 41 excerpts of 7.1K–7.9K
 tokens, ``specsim trace --prompt-set long --max-prompt-tokens 7900 --export-prompts``) go
@@ -8,9 +8,10 @@ through ``batch`` slots as one continuous batch of ``--requests`` answers (cycle
 128 new tokens each, measured as ``specsim validate`` measures (``specsim.validate.measure``:
 one prefill per prompt shared by every configuration, a warm-up per configuration, the steady
 window of full-batch iterations and the whole run). Speedup = tokens/s over plain decoding's in
-the same process. On the GPU machine (no CLI there), after ``scripts/gpu_smollm2_stage.sh``:
+the same process. On a GPU machine without the CLI, with SmolLM2's weights converted to a
+folder (``specsim models fetch smollm2`` where the CLI is, then copied):
 
-    PYTHONPATH=.:/tmp/site python3 scripts/smollm2_table.py --weights /root/smollm2 \\
+    PYTHONPATH=. python3 benchmarks/bench_smollm2_table.py --weights /root/smollm2 \\
         --batches 32,64 --out $OUT/smollm2-table.json
 """
 from __future__ import annotations
@@ -77,8 +78,9 @@ def markdown(rows: list[dict]) -> str:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--prompts", default="traces/smollm2-prompt-ids-long.json",
-                        help="token ids (specsim trace --export-prompts)")
+    parser.add_argument("--prompts", default=None,
+                        help="token ids (specsim trace --export-prompts); default: the shipped "
+                             "traces/smollm2-prompt-ids-long.json")
     parser.add_argument("--weights", required=True, help="SmolLM2 safetensors folder")
     parser.add_argument("--batches", default="32,64")
     parser.add_argument("--requests", type=int, default=None,
@@ -94,6 +96,9 @@ def main(argv=None) -> None:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--out", default="smollm2-table.json")
     args = parser.parse_args(argv)
+    if args.prompts is None:
+        from specsim.shipped import shipped_path
+        args.prompts = str(shipped_path("traces/smollm2-prompt-ids-long.json"))
     doc = json.load(open(args.prompts))
     prompts = [(p["id"], p["tokens"][-args.max_prompt_tokens:] if args.max_prompt_tokens
                 else p["tokens"]) for p in doc["prompts"]][:args.num_prompts]

@@ -139,7 +139,7 @@ def calibrate_cmd(gpu, check_path, merge_paths, replace_families, keep_other_sha
                    f"{report['kept']}:")
         retired = retired_settings(cal.provenance.get("engine") or {})
         if retired:
-            click.echo("timed with settings the engine no longer offers: " + "; ".join(
+            click.echo("timed with retired engine settings: " + "; ".join(
                 f"{name}={str(ran).lower()} (the engine runs {str(now).lower()})"
                 for name, (ran, now) in retired.items()))
         rows = [[op, v["points"], f"{v['mape'] * 100:.2f}%", f"{v['worst'] * 100:.2f}%"]

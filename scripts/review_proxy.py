@@ -11,7 +11,7 @@ accepted per iteration differs. Writes a small JSON (per run and prompt: sums, n
 entries) that ``specsim review --proxy FILE`` reads.
 
     python scripts/review_proxy.py --prompts 6 --ks 4,8 --ss 0.03,0.05,0.1 \\
-        --max-new-tokens 64 --out benchmarks/review-proxy-smollm2-135m.json
+        --max-new-tokens 64 --out traces/review-proxy-smollm2-135m.json
 """
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ def main(argv=None) -> None:
     parser.add_argument("--ss", default="0.03,0.05,0.1")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
-    parser.add_argument("--out", default="benchmarks/review-proxy-smollm2-135m.json")
+    parser.add_argument("--out", default="traces/review-proxy-smollm2-135m.json")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     ks, ss = _list(args.ks, int), _list(args.ss, float)

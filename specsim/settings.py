@@ -12,9 +12,9 @@ A calibration's ``provenance.engine`` also states facts of the engine that are n
 greedy drafts, the cache padding), and older files name some settings flat, by their own keys
 (``fused_append``, ``ranking``, ``verify_splits``, ``c2q``, ...), or not at all.
 :meth:`EngineSettings.from_provenance` reads all of them: missing keys take
-:data:`LEGACY_DEFAULTS` (how those runs ran), and keys of settings that no longer exist
-(:data:`RETIRED`: alternatives that lost a measurement) are accepted; :func:`retired_settings`
-says where such a file ran otherwise than the engine runs now.
+:data:`LEGACY_DEFAULTS` (how those runs ran), and keys of retired settings (:data:`RETIRED`:
+alternatives that lost a measurement) are accepted; :func:`retired_settings` says where such a
+file ran otherwise than the engine runs now.
 """
 from __future__ import annotations
 
@@ -161,8 +161,9 @@ class EngineSettings:
         return "\n\n".join(lines)
 
 
-#: Settings that no longer exist, with how the engine runs now and the measurement that chose
-#: it; a file that recorded one is read, and :func:`retired_settings` reports a difference.
+#: Retired settings (alternatives that lost a measurement), with how the engine runs instead
+#: and the measurement that chose it; a file that records one is read, and
+#: :func:`retired_settings` reports a difference.
 RETIRED = {
     "fused_append": (True, "one Triton kernel writes each draft/plain step's K/V rows (and "
                            "Quest's page bounds) on CUDA: H200, Qwen3-8B batch 4, 32K plain "

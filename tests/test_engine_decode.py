@@ -673,7 +673,7 @@ def test_radix_ranking_in_the_engine_gives_the_same_run(tiny, ragged, plain_ragg
                         "radix" if ranking == "best" else "topk")
     runs = {}
     for ranking in ("topk", "best"):
-        runs[ranking] = speculative_decode(tiny, ragged, 24, policy=SMALL[policy], k=4, s=0.1,
+        runs[ranking] = speculative_decode(tiny, ragged, 12, policy=SMALL[policy], k=4, s=0.1,
                                            settings=EngineSettings(ranking=ranking))
         assert all(a == b[:len(a)] for a, b in zip(runs[ranking].tokens, plain_ragged.tokens))
     assert [t.m.tolist() for t in runs["best"].traces] == \

@@ -1,6 +1,6 @@
 """The engine's settings object: no module reads engine behaviour from the environment, and
 the settings parse, hash and round-trip through a calibration's provenance (shipped files,
-older flat files, files naming settings that no longer exist)."""
+older flat files, files naming retired settings)."""
 import ast
 import json
 from dataclasses import fields
@@ -175,7 +175,7 @@ def test_every_shipped_calibration_reads(path):
     settings = EngineSettings.from_provenance(engine)
     for name in ("c2q", "ranking", "fuse_projections", "compile_layers", "cuda_graphs"):
         assert getattr(settings, name) == engine.get(name, LEGACY_DEFAULTS[name]), name
-    assert retired_settings(engine) == {}, "a shipped file times an engine that no longer runs"
+    assert retired_settings(engine) == {}, "a shipped file times a retired alternative"
 
 
 @given(st.fixed_dictionaries({}, optional={
