@@ -60,8 +60,8 @@ def load_engine_model(model: str, weights: str, dtype: str, device: str, seed: i
             folder = fetch.fetch_model(model, log=log)
             config = folder / "config.json"
         else:
-            from specsim.specs import catalog_dir
-            config = catalog_dir() / fetch.MODELS[model.lower()].folder / "config.json"
+            from specsim.shipped import catalog_file
+            config = catalog_file(f"{fetch.MODELS[model.lower()].folder}/config.json")
             if fetch.verify(fetch.model_dir(model)):
                 folder = fetch.model_dir(model)
     else:
@@ -70,8 +70,8 @@ def load_engine_model(model: str, weights: str, dtype: str, device: str, seed: i
             config = path / "config.json" if path.is_dir() else path
             folder = config.parent if path.is_dir() else None
         else:
-            from specsim.specs import catalog_dir
-            config = catalog_dir() / model.lower() / "config.json"
+            from specsim.shipped import catalog_file
+            config = catalog_file(f"{model.lower()}/config.json")
             if not config.is_file():
                 raise SpecsimError(f"unknown model '{model}': not fetchable, not in the "
                                    f"catalogue, not a path")

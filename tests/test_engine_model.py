@@ -14,7 +14,7 @@ import torch
 from specsim.engine import Engine, ModelArgs, build_model
 from specsim.engine.model import rope_frequencies
 from specsim.errors import SpecsimError
-from specsim.specs import catalog_dir
+from specsim.shipped import catalog_file
 
 transformers = pytest.importorskip("transformers")
 
@@ -87,7 +87,7 @@ def test_random_weights_match_transformers(config):
 
 def test_family_flags_from_shipped_configs():
     load = lambda name: ModelArgs.from_config(  # noqa: E731
-        json.loads((catalog_dir() / name / "config.json").read_text()))
+        json.loads(catalog_file(f"{name}/config.json").read_text()))
     smol, llama, qwen2, qwen3 = (load(n) for n in ("smollm2-135m", "llama-3.1-8b", "qwen2.5-7b",
                                                    "qwen3-8b"))
     assert smol.tie_embeddings and smol.head_dim == 64 and smol.rope_scaling is None

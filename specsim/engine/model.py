@@ -438,15 +438,12 @@ TINY_SHAPES = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2,
 
 
 def timing_model(name: str) -> Transformer:
-    """Random weights of catalogue model ``name``'s shapes, prepared as timed runs use it: on a
-    GPU in bf16 with fused projections and compiled layers; on a CPU a tiny model of the same
-    family in fp32 (for smoke-testing timing scripts)."""
-    from specsim.specs import catalog_dir
+    """Random weights of catalogue model ``name``'s shapes as timed runs use them: on a GPU in
+    bf16 (an engine then prepares it as its settings say: fused projections, compiled layers);
+    on a CPU a tiny model of the same family in fp32 (for smoke-testing timing scripts)."""
+    from specsim.shipped import catalog_file
 
-    config = json.loads((catalog_dir() / name / "config.json").read_text())
+    config = json.loads(catalog_file(f"{name}/config.json").read_text())
     if not torch.cuda.is_available():
         return build_model({**config, **TINY_SHAPES}, weights="random")
-    model = build_model(config, weights="random", dtype=torch.bfloat16, device="cuda")
-    model.fuse_projections()
-    model.compile_layers()
-    return model
+    return build_model(config, weights="random", dtype=torch.bfloat16, device="cuda")
