@@ -7,10 +7,11 @@ model's loop overhead term): the engine's loop under torch.profiler on the GPU.
 (``--phases-only``: only the phase split, no profiler run.)
 
 Random weights, forced acceptance (m = k // 2), the engine's settings (by default the model
-fused and compiled, as the runs use it). Prints the per-iteration phase split (CUDA events), the loop's own clock, the CUDA kernels
-by total time, and the host-side ops by self CPU time; writes a Chrome trace to OUT_DIR (open
-it in chrome://tracing or Perfetto to see the idle gaps between launches). On the CPU it runs a
-tiny model of the same family (a smoke test of the script).
+fused and compiled, as the runs use it). Prints the per-iteration phase split (CUDA events),
+the loop's own clock, the CUDA kernels by total time, and the host-side ops by self CPU time;
+writes a Chrome trace to OUT_DIR (open it in chrome://tracing or Perfetto to see the idle gaps
+between launches). On the CPU it runs a tiny model of the same family (a smoke test of the
+script).
 """
 from __future__ import annotations
 
