@@ -146,20 +146,20 @@ def test_loop_overhead_is_timed_by_the_loops_own_clock(monkeypatch):
 
     import specsim.calibrate as C
     from specsim.engine import Engine, build_model
-    from specsim.engine import decode
+    from specsim.engine.run import Run
 
     tiny = dict(model_type="llama", vocab_size=128, hidden_size=64, num_hidden_layers=2,
                 num_attention_heads=4, num_key_value_heads=2, intermediate_size=96,
                 max_position_embeddings=4096, tie_word_embeddings=True)
     model = build_model(tiny, weights="random", dtype=torch.float32, device="cpu")
     monkeypatch.setattr(C, "OVERHEAD_STEPS", 3)
-    slow = decode._Run.traces
+    slow = Run.traces
 
     def slow_traces(self, *a, **kw):
         time.sleep(0.3)
         return slow(self, *a, **kw)
 
-    monkeypatch.setattr(decode._Run, "traces", slow_traces)
+    monkeypatch.setattr(Run, "traces", slow_traces)
     prompts = [[0] * 200] * 2
     with torch.inference_mode():
         engine = Engine(model, batch=2, max_len=400, policy="vegas", s=0.2, k_max=5)
