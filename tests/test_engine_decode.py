@@ -27,6 +27,11 @@ from specsim.policies import Policy
 from specsim.settings import EngineSettings
 from specsim.traces.format import make_header, read_trace, write_trace
 
+#: The CPU runs of the Triton kernels go through Triton's interpreter, which a machine with a
+#: GPU does not use: there tests/test_engine_gpu.py runs the same paths on CUDA.
+INTERPRETED_ONLY = pytest.mark.skipif(torch.cuda.is_available(),
+                                      reason="CPU tensors through Triton's interpreter")
+
 TINY = dict(model_type="qwen3", vocab_size=256, hidden_size=64, num_hidden_layers=2,
             num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=128,
             max_position_embeddings=2048, rope_theta=10000.0, tie_word_embeddings=False)
@@ -95,6 +100,7 @@ def test_greedy_lossless_sparse_drafts(tiny, ragged, plain_ragged, policy):
     assert 0 < np.mean(accepted) and min(accepted) == 0   # both outcomes exercised
 
 
+@INTERPRETED_ONLY
 @pytest.mark.parametrize("policy", ["vegas", "sparsespec", "quest"])
 def test_greedy_lossless_through_triton_kernels(policy, monkeypatch):
     """The GPU path's kernel calls (verify with collected logits + lse, sparse drafts, the
@@ -661,6 +667,7 @@ def test_the_collector_is_paused_while_decoding_and_restored(tiny, ragged, monke
     assert gc.isenabled()
 
 
+@INTERPRETED_ONLY
 @pytest.mark.parametrize("policy", sorted(SMALL))
 def test_radix_ranking_in_the_engine_gives_the_same_run(tiny, ragged, plain_ragged, policy,
                                                         monkeypatch):
@@ -709,6 +716,7 @@ def test_summed_collect_2_query_gives_the_same_run(tiny, ragged, plain_ragged):
                       settings=rows).selection.summed
 
 
+@INTERPRETED_ONLY
 def test_summed_collect_2_query_through_the_kernel():
     """The same with the Triton verify kernel's collect_sum (interpreter, head_dim 64)."""
     config = dict(TINY, head_dim=64, num_attention_heads=4, num_key_value_heads=2,
