@@ -14,7 +14,8 @@ from pathlib import Path
 
 from specsim.errors import SpecsimError, UnknownNameError
 
-from specsim.shipped import catalog_dir  # noqa: E402,F401  (the catalogue folder)
+from specsim.shipped import (catalog_dir, catalog_dirs, catalog_file,  # noqa: F401
+                             catalog_names)
 
 
 # --------------------------------------------------------------------------------------------
@@ -215,8 +216,7 @@ def model_spec_from_config(config: dict, name: str = "custom", dtype_bytes: int 
 
 
 def known_models() -> list[str]:
-    root = catalog_dir()
-    return sorted(p.parent.name for p in root.glob("*/config.json"))
+    return sorted({p.parent.name for root in catalog_dirs() for p in root.glob("*/config.json")})
 
 
 def model_for_trace(model: str | None, trace_header: dict, fallback: str = "qwen3-8b") -> str:
@@ -234,7 +234,7 @@ def load_model(name_or_path: str, dtype_bytes: int = 2) -> ModelSpec:
     if path.is_dir():
         path = path / "config.json"
     if not path.is_file():
-        candidate = catalog_dir() / name_or_path.lower() / "config.json"
+        candidate = catalog_file(f"{name_or_path.lower()}/config.json")
         if not candidate.is_file():
             raise UnknownNameError("model", name_or_path, known_models())
         path = candidate
@@ -313,13 +313,13 @@ def hardware_from_dict(d: dict, name: str) -> HardwareSpec:
 
 
 def known_hardware() -> list[str]:
-    return sorted(p.stem for p in (catalog_dir() / "hardware").glob("*.json"))
+    return sorted(Path(name).stem for name in catalog_names("hardware", "*.json"))
 
 
 def load_hardware(name_or_path: str) -> HardwareSpec:
     path = Path(name_or_path)
     if not path.is_file():
-        path = catalog_dir() / "hardware" / f"{name_or_path.lower()}.json"
+        path = catalog_file(f"hardware/{name_or_path.lower()}.json")
         if not path.is_file():
             raise UnknownNameError("hardware", name_or_path, known_hardware())
     try:

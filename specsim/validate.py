@@ -286,7 +286,7 @@ def measure(plan: dict, repeats: int = 2, progress: bool = True, device: str = "
 
     from specsim.engine import Engine, build_model
     from specsim.engine.decode import cache_positions
-    from specsim.specs import catalog_dir
+    from specsim.shipped import catalog_file
     from specsim.traces.format import RequestTrace
 
     out = {MEASURED_KEY: 1, "plan_created": plan["created"], "setups": []}
@@ -297,7 +297,7 @@ def measure(plan: dict, repeats: int = 2, progress: bool = True, device: str = "
     out["torch"] = torch.__version__
     for entry in plan["setups"]:
         setup = Setup(**entry["setup"])
-        config = json.loads((catalog_dir() / setup.model / "config.json").read_text())
+        config = json.loads(catalog_file(f"{setup.model}/config.json").read_text())
         weights = setup.weights if setup.mode == "free" else "random"
         if setup.mode == "free" and len(setup.prompts) < setup.batch:
             raise SpecsimError(f"setup {setup.name}: {len(setup.prompts)} prompts for "

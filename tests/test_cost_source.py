@@ -60,13 +60,14 @@ def test_a_calibration_file_given_is_used_as_given(tmp_path):
 
 @pytest.fixture
 def catalogue(tmp_path, monkeypatch):
-    """A user's catalogue with Llama-3.1-8B and no calibration yet."""
+    """A user's catalogue with its own model (Llama-3.1-8B's shapes under a name nothing ships a
+    calibration for) and no calibration yet."""
     root = tmp_path / "models"
     shutil.copytree(shipped_root("models") / "hardware", root / "hardware")
-    shutil.copytree(shipped_root("models") / "llama-3.1-8b", root / "llama-3.1-8b")
+    shutil.copytree(shipped_root("models") / "llama-3.1-8b", root / "my-llama")
     monkeypatch.setenv("SPECSIM_MODELS", str(root))
     (root / "calibrations" / "h200").mkdir(parents=True)
-    return root / "calibrations" / "h200" / "llama-3.1-8b.json"
+    return root / "calibrations" / "h200" / "my-llama.json"
 
 
 def every_policy(cal):
@@ -82,7 +83,7 @@ def every_policy(cal):
 def test_auto_takes_a_calibration_only_when_it_covers_every_policy(catalogue):
     """Mixing measured and roofline prices across policies would bias their comparison: a
     calibration of some policies is used only when asked for."""
-    model = load_model("llama-3.1-8b")
+    model = load_model("my-llama")
     assert resolve_cost_source(model, HW).fallback == "no calibration shipped"
     synthetic().write(str(catalogue))                                # Vegas' drafts only
     got = resolve_cost_source(model, HW)
@@ -92,7 +93,7 @@ def test_auto_takes_a_calibration_only_when_it_covers_every_policy(catalogue):
     every_policy(synthetic()).write(str(catalogue))
     got = resolve_cost_source(model, HW)
     assert got.kind == "calibration" and got.path == str(catalogue)
-    r = CliRunner().invoke(cli, ["predict", "--model", "llama-3.1-8b", "--bootstrap", "50",
+    r = CliRunner().invoke(cli, ["predict", "--model", "my-llama", "--bootstrap", "50",
                                  "--json"])
     assert r.exit_code == 0, r.output
     doc = json.loads(r.output)

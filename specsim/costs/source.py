@@ -37,8 +37,8 @@ class _NotHere(Exception):
 def shipped_calibration(model: ModelSpec, hardware: HardwareSpec) -> Path | None:
     """Path of the calibration shipped for (hardware, model), or None:
     ``models/calibrations/<hardware key>/<model name>.json`` in the catalogue."""
-    from specsim.shipped import catalog_dir
-    path = catalog_dir() / "calibrations" / hardware.key / f"{model.name}.json"
+    from specsim.shipped import catalog_file
+    path = catalog_file(f"calibrations/{hardware.key}/{model.name}.json")
     return path if hardware.key and path.is_file() else None
 
 
