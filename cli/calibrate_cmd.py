@@ -6,6 +6,7 @@ import json
 
 import click
 
+from specsim.cli import defaults
 from specsim.cli.engine_cmds import setting_option
 from specsim.errors import SpecsimError
 
@@ -61,9 +62,9 @@ def _parse_floats(text: str, name: str) -> list[float]:
                    "taken (their code changed between the runs), e.g. selection:last-token.")
 @click.option("--note", default=None,
               help="With --merge: why the rows may be combined (recorded in the provenance).")
-@click.option("--model", default="qwen3-8b", show_default=True,
+@click.option("--model", default=defaults.FALLBACK_MODEL, show_default=True,
               help="Catalogue name or config.json path (shapes only; weights are random).")
-@click.option("--hardware", default="h200", show_default=True,
+@click.option("--hardware", default=defaults.HARDWARE, show_default=True,
               help="Hardware spec for the roofline fallback outside the grid.")
 @click.option("--batch", "batches", default="1,2,4,8,16,32,64", show_default=True,
               help="Batch sizes (dense where costs bend: small batches).")

@@ -90,7 +90,8 @@ class CalibrationGrid:
     overheads: bool = True               # measure overhead:plain / overhead:speculative
     #: only these op families (``OP_FAMILIES``; None: all) — e.g. ``["overhead"]`` re-measures
     #: the loop overheads alone (after a change to the loop's host code) at the shapes where
-    #: they are measured, for ``costs.calibrated.replace_ops`` to put into a shipped file
+    #: they are measured, for ``specsim calibrate --merge --replace`` to put into a shipped
+    #: file
     only: list[str] | None = None
 
     def __post_init__(self):
