@@ -85,9 +85,12 @@ def record_traces(net, prompt_ids: list[list[int]], prompt_names: list[str], *, 
     records = []
     if os.path.exists(out):
         existing = read_trace(out)
-        if existing.header.get("engine") != json.loads(json.dumps(header["engine"])):
-            raise SpecsimError(f"{out} was recorded with other settings; choose another out "
-                               f"file or delete it")
+        there = existing.header.get("engine") or {}
+        here = json.loads(json.dumps(header["engine"]))
+        if there != here:
+            differ = sorted(k for k in set(there) | set(here) if there.get(k) != here.get(k))
+            raise SpecsimError(f"{out} was recorded with other settings ({', '.join(differ)} "
+                               f"differ); choose another out file or delete it")
         records = existing.requests
     done = {r.id for r in records}
     configs = [(policy, k, s) for policy in policies for k in ks for s in ss]
