@@ -1,0 +1,184 @@
+"""The operator table file: what ``specsim calibrate --gpu --operators`` writes and the operator
+cost model (:mod:`specsim.costs.operators`) reads.
+
+One file per GPU holds model-agnostic measurements of the operators every catalogue model is
+composed of, each a *point*: an operator name (``OPERATORS``), its discrete ``key`` (e.g. a
+GEMM's ``n`` and ``k``, an attention kernel's ``head_dim``, ``group``, ``q`` and what it
+collects), the continuous axes it was measured ``at`` (a GEMM's ``m`` tokens; an attention
+pass's ``batch_kv_heads`` and ``context``) and its raw timing samples in milliseconds. Beside
+them:
+
+- ``provenance``: GPU, multiprocessors, clocks, driver, CUDA, torch, triton, the kernels' source
+  hash, the engine settings (:class:`specsim.settings.EngineSettings`, ``to_json`` and
+  ``stable_hash``), the grid, the date, and whether every group was measured;
+- ``probe``: the copy bandwidth and bf16 matmul rate measured in the same run, so a table
+  measured on one machine can be normalised against another's probe.
+
+Every problem with a file is a one-line :class:`~specsim.errors.SpecsimError` naming the file
+and the field.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from specsim.atomic import atomic_writer, read_json
+from specsim.errors import SpecsimError
+from specsim.settings import EngineSettings
+
+FORMAT_KEY = "specsim_operators"
+VERSION = 1
+
+#: Each operator: its key fields and the axes it is measured at.
+OPERATORS = {
+    # a bf16 nn.Linear of ``m`` rows: [m, k] @ [k, n]
+    "gemm": (("n", "k"), ("m",)),
+    # the verify kernel (plan_verify) for one layer: q query tokens per sequence over its full
+    # KV; collect: off (nothing), sum (Vegas' summed row), rows (every row's logits)
+    "verify": (("head_dim", "group", "q", "collect"), ("batch_kv_heads", "context")),
+    # the sparse draft kernel (plan_sparse) for one layer: one query over ``selected`` entries
+    "sparse": (("head_dim", "group", "per_kv_head"), ("batch_kv_heads", "selected")),
+    # the fused one-position K/V append of one layer (paged: with Quest's page bounds)
+    "kv_append": (("head_dim", "paged"), ("batch_kv_heads",)),
+    # one compiled element-wise kernel (norm, rotary, SwiGLU, residual, casts) moving ``bytes``
+    "elementwise": ((), ("bytes",)),
+    # one policy's selection for every list of a step at once (lists = layers·batch, times KV
+    # heads for per-KV-head policies), over a buffer of ``context`` positions; group and rows
+    # (ranked verify rows) where the policy's cost depends on them, else 0
+    "selection": (("policy", "group", "rows"), ("lists", "context")),
+    # replay of a CUDA graph holding ``kernels`` minimal kernels, with the host's wait
+    "graph": ((), ("kernels",)),
+}
+#: Provenance every file carries (a string, a number or null each).
+PROVENANCE_FIELDS = ("gpu", "driver", "cuda", "torch", "triton", "kernel_config_hash",
+                     "engine", "date", "complete")
+#: The probe every file carries.
+PROBE_FIELDS = ("copy_bandwidth_Bps", "bf16_matmul_flops")
+
+
+@dataclass
+class Point:
+    """One measured point of one operator."""
+
+    op: str
+    key: dict
+    at: dict
+    samples_ms: list[float] = field(default_factory=list)
+
+    @property
+    def median_ms(self) -> float:
+        return float(np.median(self.samples_ms))
+
+    @property
+    def key_tuple(self) -> tuple:
+        return tuple(self.key[name] for name in OPERATORS[self.op][0])
+
+    @property
+    def at_tuple(self) -> tuple:
+        return tuple(float(self.at[name]) for name in OPERATORS[self.op][1])
+
+    def to_json(self) -> dict:
+        spread = float(np.std(self.samples_ms)) if self.samples_ms else 0.0
+        return {"op": self.op, "key": self.key, "at": self.at,
+                "median_ms": self.median_ms, "std_ms": spread, "samples_ms": self.samples_ms}
+
+
+@dataclass
+class OperatorTable:
+    provenance: dict
+    probe: dict
+    points: list[Point]
+    path: str | None = None
+
+    @property
+    def settings(self) -> EngineSettings:
+        return EngineSettings.from_json(self.provenance["engine"]["settings"])
+
+    @property
+    def groups(self) -> dict[tuple, list[Point]]:
+        """Points by (operator, key)."""
+        out: dict[tuple, list[Point]] = {}
+        for p in self.points:
+            out.setdefault((p.op, p.key_tuple), []).append(p)
+        return out
+
+    def to_json(self) -> dict:
+        return {FORMAT_KEY: VERSION, "provenance": self.provenance, "probe": self.probe,
+                "points": [p.to_json() for p in self.points]}
+
+    def write(self, path: str) -> None:
+        with atomic_writer(path) as fh:
+            json.dump(self.to_json(), fh, indent=1)
+
+
+def _bad(path, message) -> SpecsimError:
+    return SpecsimError(f"{path}: bad operator table: {message}")
+
+
+def read_operator_table(path: str) -> OperatorTable:
+    """The operator table in ``path``, validated; any problem is a one-line error naming the
+    file and the field."""
+    try:
+        doc = read_json(path, "operator table")
+    except (OSError, ValueError, RecursionError) as exc:
+        raise _bad(path, f"cannot be read as JSON text ({type(exc).__name__})") from None
+    if not isinstance(doc, dict) or doc.get(FORMAT_KEY) != VERSION:
+        raise _bad(path, f"expected \"{FORMAT_KEY}\": {VERSION}")
+    prov = doc.get("provenance")
+    if not isinstance(prov, dict):
+        raise _bad(path, "missing provenance")
+    missing = [f for f in PROVENANCE_FIELDS if f not in prov]
+    if missing:
+        raise _bad(path, f"provenance lacks {', '.join(missing)}")
+    engine = prov["engine"]
+    if not isinstance(engine, dict) or not isinstance(engine.get("settings"), dict):
+        raise _bad(path, "provenance.engine.settings must be an object")
+    try:
+        settings = EngineSettings.from_json(engine["settings"])
+    except SpecsimError as exc:
+        raise _bad(path, f"provenance.engine.settings: {exc}") from None
+    if engine.get("settings_hash") != settings.stable_hash():
+        raise _bad(path, "provenance.engine.settings_hash does not match its settings")
+    probe = doc.get("probe")
+    if not isinstance(probe, dict):
+        raise _bad(path, "missing probe")
+    for name in PROBE_FIELDS:
+        value = probe.get(name)
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
+            raise _bad(path, f"probe.{name} must be a positive number")
+    rows = doc.get("points")
+    if not isinstance(rows, list) or not rows:
+        raise _bad(path, "no points")
+    points = [_point(path, f"points[{i}]", row) for i, row in enumerate(rows)]
+    return OperatorTable(prov, probe, points, path)
+
+
+def _point(path, where: str, row) -> Point:
+    if not isinstance(row, dict):
+        raise _bad(path, f"{where} must be an object")
+    op = row.get("op")
+    if op not in OPERATORS:
+        raise _bad(path, f"{where}.op: unknown operator {op!r} (known: {', '.join(OPERATORS)})")
+    key_names, axes = OPERATORS[op]
+    key, at = row.get("key"), row.get("at")
+    if not isinstance(key, dict) or sorted(key) != sorted(key_names):
+        raise _bad(path, f"{where}.key must hold {', '.join(key_names) or 'nothing'}")
+    if not isinstance(at, dict) or sorted(at) != sorted(axes):
+        raise _bad(path, f"{where}.at must hold {', '.join(axes)}")
+    for name in axes:
+        value = at[name]
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
+            raise _bad(path, f"{where}.at.{name} must be a positive number")
+    samples = row.get("samples_ms")
+    if not isinstance(samples, list) or not samples or not all(
+            isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+            and x >= 0 for x in samples):
+        raise _bad(path, f"{where}.samples_ms must be a non-empty list of times ≥ 0")
+    return Point(op, dict(key), dict(at), [float(x) for x in samples])
+
+
+__all__ = ["FORMAT_KEY", "OPERATORS", "OperatorTable", "Point", "VERSION",
+           "read_operator_table"]

@@ -1,0 +1,482 @@
+"""Operator cost model: a model's steps composed from a GPU's measured operators.
+
+It prices any :class:`~specsim.specs.ModelSpec` from an operator table
+(:mod:`specsim.costs.operator_file`), as the engine runs the model (its settings are the
+table's): one forward pass of ``T = batch·q`` tokens is, per layer,
+
+- the GEMMs at the engine's widths: q|k|v fused into one ``(H + 2·KVH)·head_dim`` wide
+  matmul and gate|up into one ``2·I`` wide (three and two matmuls when the table's engine does
+  not fuse projections), ``o_proj`` (``H·head_dim`` → hidden) and ``down`` (``I`` → hidden);
+  MoE layers: the router and, per expert the batch's tokens touch (uniform routing), its
+  gate|up and down GEMMs over its share of the tokens (the engine does not run MoE: modelled);
+- attention: full-attention layers by the verify kernel (q query tokens, collecting what the
+  policy collects) over each sequence's context, or by the sparse draft kernel over the
+  longest selected list; sliding-window layers by the verify kernel over at most the window;
+  keyed by head_dim and GQA group, at ``batch·KV heads`` programs' rows;
+- the K/V append (the fused one-position kernel for q = 1; the torch write of q rows modelled as
+  element-wise kernels);
+- the element-wise kernels around the matmuls (``ELEMENTWISE_PER_LAYER``: input norm,
+  q/k-norm with rotary, residual with post norm, SwiGLU, residual), priced by the bytes each
+  moves;
+
+then the final norm, the LM head GEMM over the tokens whose logits are computed, the fp32 cast
+and the greedy sampling, and one CUDA-graph replay. A policy's selection is its measured
+``selection`` operator (Quest's page scoring inside each of its draft steps, per layer).
+
+Inside the measured ranges each operator is interpolated (piecewise linear in each axis, and
+linearly between measured keys: q, group, rows); outside, a stated model, and the returned
+:class:`~specsim.costs.base.Cost` says so in ``notes``: attention and element-wise times beyond
+the largest measured point grow as the bytes (the achieved rate there held), below the smallest
+point they are held (launch-bound); a GEMM's time is its roofline over the probe's ceilings
+scaled by the efficiency measured at the nearest shapes. What the table does not hold at all is
+bytes over the probe's copy bandwidth (noted), and the per-iteration host overhead is the
+hardware spec's constant (noted).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Sequence
+
+import numpy as np
+
+from specsim.costs.base import Cost, IterationCost, as_contexts, compose_iteration
+from specsim.costs.operator_file import OperatorTable
+from specsim.costs.roofline import RooflineCostModel
+from specsim.errors import SpecsimError
+from specsim.policies import SPARSESPEC_WINDOW, get_policy
+from specsim.specs import FULL_ATTENTION, HardwareSpec, ModelSpec
+
+#: Compiled element-wise kernels per layer around the matmuls, as torch.compile emits them for
+#: the engine's two compiled halves of a layer (``DecoderLayer.before_attention`` /
+#: ``after_attention``): name → bytes moved per token as a function of the model.
+ELEMENTWISE_PER_LAYER = {
+    "input norm": lambda m: 2 * m.hidden_size,
+    "q/k norm and rotary": lambda m: 2 * (m.num_heads + 2 * m.num_kv_heads) * m.head_dim,
+    "residual and post norm": lambda m: 4 * m.hidden_size,
+    "SwiGLU": lambda m: 3 * _mlp_width(m),
+    "residual": lambda m: 3 * m.hidden_size,
+}
+#: What each policy's verify pass collects (the ``verify`` operator's ``collect`` key).
+COLLECT = {"vegas": "sum", "vegas-all": "all", "last-token": "all", "sparsespec": "all",
+           "streamingllm": "off", "quest": "off", "full": "off"}
+#: Policies whose selection cost depends on the model's group and the ranked rows.
+PER_HEAD_SELECTION = ("sparsespec",)
+
+
+def _mlp_width(m: ModelSpec) -> int:
+    return (m.moe_intermediate_size or m.intermediate_size) if m.is_moe else m.intermediate_size
+
+
+def _series(xs: np.ndarray, ts: np.ndarray, x: float) -> tuple[float, str | None]:
+    """Piecewise-linear interpolation of a measured series at ``x``; beyond the largest point
+    the time grows as ``x`` (the rate there held), below the smallest it is held. Returns
+    (seconds, None inside | what was assumed outside)."""
+    if x < xs[0] * (1 - 1e-9):
+        return float(ts[0]), "below the measured range: held at its smallest point"
+    if x > xs[-1] * (1 + 1e-9):
+        return float(ts[-1] * x / xs[-1]), "beyond the measured range: grown as its bytes"
+    return float(np.interp(x, xs, ts)), None
+
+
+class _Grid:
+    """One operator key's points: a 1-D series or a 2-D grid (a series along the second axis
+    for each measured value of the first), medians in seconds."""
+
+    def __init__(self, points):
+        rows: dict[tuple, list[float]] = {}
+        for p in points:
+            rows.setdefault(p.at_tuple, []).append(p.median_ms / 1e3)
+        self.values = {at: float(np.median(ts)) for at, ts in rows.items()}
+        self.dims = len(next(iter(self.values)))
+
+    def __call__(self, *at: float) -> tuple[float, str | None]:
+        if self.dims == 1:
+            xs = np.array(sorted(a[0] for a in self.values))
+            ts = np.array([self.values[(x,)] for x in xs])
+            return _series(xs, ts, at[0])
+        firsts = sorted({a[0] for a in self.values})
+
+        def along(a0):
+            xs = np.array(sorted(a[1] for a in self.values if a[0] == a0))
+            ts = np.array([self.values[(a0, x)] for x in xs])
+            return _series(xs, ts, at[1])
+
+        a = at[0]
+        if a <= firsts[0] or a >= firsts[-1]:
+            edge = firsts[0] if a <= firsts[0] else firsts[-1]
+            t, note = along(edge)
+            if a < edge * (1 - 1e-9):
+                return t, "below the measured range: held at its smallest point"
+            if a > edge * (1 + 1e-9):
+                return t * a / edge, "beyond the measured range: grown as its bytes"
+            return t, note
+        hi = next(x for x in firsts if x >= a)
+        lo = max(x for x in firsts if x <= a)
+        (t_lo, n_lo), (t_hi, n_hi) = along(lo), along(hi)
+        w = 0.0 if hi == lo else (a - lo) / (hi - lo)
+        return (1 - w) * t_lo + w * t_hi, n_lo or n_hi
+
+
+class OperatorCostModel:
+    """A model priced from a GPU's operator table behind the
+    :class:`~specsim.costs.base.CostModel` interface."""
+
+    name = "operators"
+
+    def __init__(self, table: OperatorTable, model: ModelSpec, hardware: HardwareSpec,
+                 tp: int = 1):
+        if tp != 1:
+            raise SpecsimError("operator tables are measured on one GPU; use the roofline model "
+                               "for tensor parallelism")
+        self.table, self.model, self.hardware = table, model, hardware
+        self.settings = table.settings
+        self.roofline = RooflineCostModel(model, hardware, tp, c2q=self.settings.c2q)
+        self.overheads = self.roofline.overheads
+        self.bandwidth = float(table.probe["copy_bandwidth_Bps"])
+        self.matmul_rate = float(table.probe["bf16_matmul_flops"])
+        self.grids = {key: _Grid(points) for key, points in table.groups.items()}
+        self.keys: dict[str, list[tuple]] = {}
+        for op, key in self.grids:
+            self.keys.setdefault(op, []).append(key)
+        self.n_full = sum(t == FULL_ATTENTION for t in model.layer_types)
+        self.n_sliding = model.num_layers - self.n_full
+        self.source = getattr(table, "path", None) or "operator table"
+        self.warnings = self._layout_warnings()
+
+    def _layout_warnings(self) -> list[str]:
+        m = self.model
+        out = []
+        if m.head_dim not in {k[0] for k in self.keys.get("verify", [])}:
+            out.append(f"head_dim {m.head_dim} not measured: attention from the nearest "
+                       f"head_dim scaled by its bytes")
+        if m.is_moe:
+            out.append("MoE experts modelled as a loop over the touched experts' GEMMs "
+                       "(uniform routing)")
+        return out
+
+    # ---- one operator --------------------------------------------------------------------
+    def _at_key(self, op: str, key: tuple, at: tuple) -> tuple[float, list[str]] | None:
+        grid = self.grids.get((op, key))
+        if grid is None:
+            return None
+        t, note = grid(*at)
+        return t, [f"{_key_text(op, key)}: {note}"] if note else []
+
+    def _priced(self, op: str, key: tuple, at: tuple, fallback_bytes: float | None,
+                interpolated=()) -> tuple[float, list[str]]:
+        """An operator's seconds and notes: measured (through ``interpolated`` key fields,
+        linearly between the measured values around each, held at the nearest beyond them),
+        else ``fallback_bytes`` over the probe's copy bandwidth (None: :class:`_Unmeasured`)."""
+        def resolve(k, axes):
+            if not axes:
+                return self._at_key(op, k, at)
+            got = resolve(k, axes[1:])
+            if got is not None:
+                return got
+            axis = axes[0]
+            same = sorted({x[axis] for x in self.keys.get(op, [])})
+            if not same:
+                return None
+            v = k[axis]
+            if v in same:
+                return None
+            lo = max((x for x in same if x < v), default=None)
+            hi = min((x for x in same if x > v), default=None)
+            if lo is None or hi is None:
+                edge = lo if hi is None else hi
+                got = resolve(k[:axis] + (edge,) + k[axis + 1:], axes[1:])
+                return None if got is None else (got[0], got[1] + [
+                    f"{_key_text(op, k)}: held at the nearest measured "
+                    f"{OP_KEY_NAMES[op][axis]}={edge}"])
+            got_lo = resolve(k[:axis] + (lo,) + k[axis + 1:], axes[1:])
+            got_hi = resolve(k[:axis] + (hi,) + k[axis + 1:], axes[1:])
+            if got_lo is None or got_hi is None:
+                return None
+            w = (v - lo) / (hi - lo)
+            return (1 - w) * got_lo[0] + w * got_hi[0], got_lo[1] + got_hi[1]
+
+        got = resolve(key, tuple(interpolated))
+        if got is not None:
+            return got
+        if fallback_bytes is None:
+            raise _Unmeasured(f"{_key_text(op, key)} not measured")
+        return fallback_bytes / self.bandwidth, [
+            f"{_key_text(op, key)} not measured: bytes over the probe's copy bandwidth"]
+
+    def gemm(self, m: float, n: int, k: int) -> tuple[float, list[str]]:
+        """A bf16 GEMM [m, k] @ [k, n]: measured at (n, k), else its roofline over the probe's
+        ceilings scaled by the efficiency measured at the nearest measured (n, k) shapes."""
+        if m <= 0:
+            return 0.0, []
+        exact = self._at_key("gemm", (n, k), (m,))
+        if exact is not None:
+            return exact
+        shapes = self.keys.get("gemm", [])
+        roof = self._gemm_roof(m, n, k)
+        if not shapes:
+            return roof, [f"gemm n={n} k={k} not measured: roofline over the probe's ceilings"]
+        ns = sorted({s[0] for s in shapes})
+        ks = sorted({s[1] for s in shapes})
+        weights = []
+        for nn in _bracket(ns, n):
+            for kk in _bracket(ks, k):
+                weights.append((nn, kk, _log_weight(ns, n, nn) * _log_weight(ks, k, kk)))
+        notes: list[str] = []
+        ratio, total = 0.0, 0.0
+        for nn, kk, w in weights:
+            got = self._at_key("gemm", (nn, kk), (m,))
+            if got is None or w == 0:
+                continue
+            ratio += w * got[0] / self._gemm_roof(m, nn, kk)
+            total += w
+            notes += got[1]
+        if total == 0:
+            nn, kk = min(shapes, key=lambda s: abs(math.log(s[0] / n)) + abs(math.log(s[1] / k)))
+            got = self._at_key("gemm", (nn, kk), (m,))
+            ratio, total = got[0] / self._gemm_roof(m, nn, kk), 1.0
+            notes += got[1]
+        if not (ns[0] <= n <= ns[-1] and ks[0] <= k <= ks[-1]):
+            notes.append(f"gemm n={n} k={k}: outside the measured widths, the nearest "
+                         f"shapes' efficiency held")
+        return roof * ratio / total, notes
+
+    def _gemm_roof(self, m: float, n: int, k: int) -> float:
+        d = self.model.dtype_bytes
+        moved = d * (n * k + m * k + m * n)
+        return max(moved / self.bandwidth, 2.0 * m * n * k / self.matmul_rate)
+
+    def _elementwise(self, moved: float) -> tuple[float, list[str]]:
+        return self._priced("elementwise", (), (moved,), moved)
+
+    def _attention(self, q: int, collect: str, batch: int, context: float
+                   ) -> tuple[float, list[str]]:
+        m = self.model
+        kv = m.kv_bytes_per_token_layer() * batch * context
+        return self._priced("verify", (m.head_dim, m.group_size, q, collect),
+                            (batch * m.num_kv_heads, context), kv, interpolated=(1, 2))
+
+    def _sparse(self, per_kv_head: bool, batch: int, selected: float) -> tuple[float, list[str]]:
+        m = self.model
+        kv = m.kv_bytes_per_token_layer() * batch * selected
+        return self._priced("sparse", (m.head_dim, m.group_size, per_kv_head),
+                            (batch * m.num_kv_heads, max(selected, 1.0)), kv, interpolated=(1,))
+
+    # ---- a forward pass ------------------------------------------------------------------
+    def forward_parts(self, contexts: Sequence[int], q: int, *, draft: str | None = None,
+                      s: float | None = None, collect: str = "off"
+                      ) -> tuple[dict[str, float], list[str]]:
+        """Seconds by operator of one forward pass of ``q`` tokens per sequence: full
+        attention collecting ``collect`` (``COLLECT``), or with ``draft`` a policy's sparse
+        draft step at ``s``. Returns ({operator: seconds summed over layers}, notes)."""
+        ctx = as_contexts(contexts)
+        m = self.model
+        batch = ctx.size
+        tokens = batch * q
+        parts: dict[str, float] = {}
+        notes: list[str] = []
+
+        def add(name, priced, times=1.0):
+            seconds, more = priced
+            parts[name] = parts.get(name, 0.0) + seconds * times
+            notes.extend(more)
+
+        layers = m.num_layers
+        h, hd = m.hidden_size, m.head_dim
+        if self.settings.fuse_projections:
+            add("gemm qkv", self.gemm(tokens, (m.num_heads + 2 * m.num_kv_heads) * hd, h),
+                layers)
+        else:
+            add("gemm qkv", self.gemm(tokens, m.num_heads * hd, h), layers)
+            add("gemm qkv", self.gemm(tokens, m.num_kv_heads * hd, h), 2 * layers)
+        add("gemm o_proj", self.gemm(tokens, h, m.num_heads * hd), layers)
+        if m.is_moe:
+            e, a = m.num_experts, m.experts_per_token
+            touched = e * (1.0 - (1.0 - a / e) ** tokens)
+            rows = tokens * a / touched
+            inter = _mlp_width(m)
+            add("gemm router", self.gemm(tokens, e, h), layers)
+            add("gemm gate_up", self.gemm(rows, 2 * inter, h), layers * touched)
+            add("gemm down", self.gemm(rows, h, inter), layers * touched)
+        elif self.settings.fuse_projections:
+            add("gemm gate_up", self.gemm(tokens, 2 * m.intermediate_size, h), layers)
+            add("gemm down", self.gemm(tokens, h, m.intermediate_size), layers)
+        else:
+            add("gemm gate_up", self.gemm(tokens, m.intermediate_size, h), 2 * layers)
+            add("gemm down", self.gemm(tokens, h, m.intermediate_size), layers)
+        for name, per_token in ELEMENTWISE_PER_LAYER.items():
+            add("elementwise", self._elementwise(per_token(m) * tokens * m.dtype_bytes), layers)
+        # attention, per layer type
+        window = m.sliding_window
+        if self.n_full:
+            if draft is None:
+                add("attention", self._attention(q, collect, batch, float(ctx.mean())),
+                    self.n_full)
+            else:
+                pol = get_policy(draft)
+                selected = float(pol.selected_array(ctx, s).max())
+                add("attention", self._sparse(pol.per_kv_head, batch, selected), self.n_full)
+                if pol.rescore_every_draft:
+                    add("selection", self._selection_op("quest", batch * m.num_kv_heads,
+                                                        float(ctx.max()), 0), self.n_full)
+        if self.n_sliding:
+            capped = float(np.minimum(ctx, window or ctx.max()).mean())
+            add("attention", self._attention(q, "off" if draft else collect, batch, capped),
+                self.n_sliding)
+        # the new tokens' K/V rows
+        kv_row = m.num_kv_heads * hd * m.dtype_bytes * 2
+        paged = (draft == "quest") or collect == "paged"
+        if q == 1:
+            add("kv append", self._priced("kv_append", (hd, paged), (batch * m.num_kv_heads,),
+                                          tokens * kv_row), layers)
+        else:
+            add("kv append", self._elementwise(2 * tokens * kv_row), 3 * layers)
+            notes.append(f"kv append of q={q} rows: the torch write modelled as 3 element-wise "
+                         f"kernels")
+        # embedding, final norm, LM head over the tokens whose logits are computed, fp32 cast,
+        # greedy sampling
+        out_tokens = tokens
+        add("elementwise", self._elementwise(2 * tokens * h * m.dtype_bytes))
+        add("elementwise", self._elementwise(2 * out_tokens * h * m.dtype_bytes))
+        add("gemm lm_head", self.gemm(out_tokens, m.vocab_size, h))
+        add("sampling", self._elementwise(out_tokens * m.vocab_size * (m.dtype_bytes + 4)))
+        add("sampling", self._elementwise(out_tokens * m.vocab_size * 4))
+        add("graph replay", self._graph())
+        return parts, notes
+
+    def _graph(self) -> tuple[float, list[str]]:
+        """One CUDA-graph replay with its host wait: the measured graph of the fewest kernels."""
+        grid = self.grids.get(("graph", ()))
+        if grid is None:
+            return self.overheads.forward, ["graph replay not measured: the hardware spec's "
+                                            "per-forward overhead"]
+        smallest = min(a[0] for a in grid.values)
+        return grid.values[(smallest,)], []
+
+    def _selection_op(self, policy: str, lists: float, context: float, rows: int
+                      ) -> tuple[float, list[str]]:
+        group = self.model.group_size if policy in PER_HEAD_SELECTION + ("quest",) else 0
+        key = (policy, group, rows)
+        return self._priced("selection", key, (lists, context), None, interpolated=(1, 2))
+
+    def _cost(self, base: Cost, parts: dict[str, float], notes: list[str]) -> Cost:
+        seconds = float(sum(parts.values()))
+        said = [f"operators ({self.source})"] + list(dict.fromkeys(notes))
+        return Cost(seconds, base.weight_bytes, base.kv_bytes, base.other_bytes, base.flops,
+                    parts.get("graph replay", 0.0), base.comm_s,
+                    "overhead" if parts.get("graph replay", 0.0) > seconds / 2 else base.bound,
+                    (*base.notes, *said))
+
+    # ---- the interface -------------------------------------------------------------------
+    def plain_step(self, contexts: Sequence[int]) -> Cost:
+        ctx = as_contexts(contexts)
+        parts, notes = self.forward_parts(ctx, 1)
+        return self._cost(self.roofline.plain_step(ctx), parts, notes)
+
+    def verify(self, contexts: Sequence[int], q: int) -> Cost:
+        """The shared verify pass: Vegas' engine's (collecting its summed row)."""
+        return self.policy_verify(contexts, q, "vegas")
+
+    def policy_verify(self, contexts: Sequence[int], q: int, policy: str) -> Cost:
+        """A verify pass of ``q`` tokens as ``policy``'s engine runs it (what it collects;
+        Quest's page bounds updated on every K write)."""
+        if q < 1:
+            raise ValueError("a verify pass needs q ≥ 1 query tokens")
+        ctx = as_contexts(contexts)
+        name = get_policy(policy).name
+        collect = COLLECT.get(name, "off")
+        notes = []
+        if name == "vegas" and self.settings.c2q == "rows":
+            notes.append("vegas with c2q=rows priced as the summed-row verify")
+        parts, more = self.forward_parts(ctx, q, collect=collect)
+        if name == "quest":
+            m = self.model
+            bounds = ctx.size * m.num_kv_heads * m.head_dim * m.dtype_bytes * 4
+            seconds, said = self._elementwise(bounds)
+            parts["kv append"] = parts.get("kv append", 0.0) + seconds * 14 * m.num_layers
+            notes += said + ["quest: page bounds of the written pages modelled as 14 "
+                             "element-wise kernels per layer"]
+        return self._cost(self.roofline.verify(ctx, q), parts, notes + more)
+
+    def draft_step(self, contexts: Sequence[int], s: float, policy: str) -> Cost:
+        ctx = as_contexts(contexts)
+        base = self.roofline.draft_step(ctx, s, policy)
+        try:
+            parts, notes = self.forward_parts(ctx, 1, draft=policy, s=s)
+        except _Unmeasured as why:
+            return _relabel(base, base.seconds, f"{why}: roofline model")
+        return self._cost(base, parts, notes)
+
+    def selection(self, contexts: Sequence[int], s: float, policy: str, k: int) -> Cost:
+        ctx = as_contexts(contexts)
+        pol = get_policy(policy)
+        base = self.roofline.selection(ctx, s, policy, k)
+        if pol.name in ("full", "streamingllm", "quest"):
+            # StreamingLLM's window is arithmetic; Quest scores pages inside its draft steps
+            return _relabel(Cost(0.0, bound="overhead"), 0.0,
+                            f"{pol.name}: no refresh work (operators)")
+        m = self.model
+        rows = min(k + 1, SPARSESPEC_WINDOW) if pol.name in PER_HEAD_SELECTION else 0
+        lists = self.n_full * ctx.size * (m.num_kv_heads if pol.per_kv_head else 1)
+        try:
+            seconds, notes = self._selection_op(pol.name, lists, float(ctx.max()), rows)
+        except _Unmeasured as why:
+            return _relabel(base, base.seconds, f"{why}: roofline model")
+        graph, more = self._graph()
+        return self._cost(base, {"selection": seconds, "graph replay": graph}, notes + more)
+
+    def prefill(self, prompt_lengths: Sequence[int]) -> Cost:
+        cost = self.roofline.prefill(prompt_lengths)
+        return _relabel(cost, cost.seconds, "prefill not in the operator tables: roofline model")
+
+    def iteration(self, contexts: Sequence[int], k: int, s: float, policy: str) -> IterationCost:
+        """``compose_iteration`` with the policy's own verify pass; the per-iteration host
+        overhead is the hardware spec's constant (not measured by the operator tables)."""
+        cost = compose_iteration(self, contexts, k, s, policy)
+        return dataclasses.replace(cost, verify=self.policy_verify(contexts, k + 1, policy))
+
+
+class _Unmeasured(Exception):
+    """An operator the table does not hold and no stated model replaces."""
+
+
+#: Key field names by operator (for notes).
+OP_KEY_NAMES = {
+    "gemm": ("n", "k"), "verify": ("head_dim", "group", "q", "collect"),
+    "sparse": ("head_dim", "group", "per_kv_head"), "kv_append": ("head_dim", "paged"),
+    "elementwise": (), "selection": ("policy", "group", "rows"), "graph": (),
+}
+
+
+def _key_text(op: str, key: tuple) -> str:
+    """``op`` with its key fields, as notes name an operator."""
+    return " ".join([op] + [f"{name}={value}" for name, value in zip(OP_KEY_NAMES[op], key)])
+
+
+def _bracket(values: list, x: float) -> list:
+    """The measured values around ``x`` (one when ``x`` is measured or outside)."""
+    if x <= values[0]:
+        return [values[0]]
+    if x >= values[-1]:
+        return [values[-1]]
+    if x in values:
+        return [x]
+    return [max(v for v in values if v < x), min(v for v in values if v > x)]
+
+
+def _log_weight(values: list, x: float, v: float) -> float:
+    """Linear weight in log space of the bracket value ``v`` for ``x``."""
+    around = _bracket(values, x)
+    if len(around) == 1:
+        return 1.0
+    lo, hi = around
+    w = (math.log(x) - math.log(lo)) / (math.log(hi) - math.log(lo))
+    return w if v == hi else 1.0 - w
+
+
+def _relabel(cost: Cost, seconds: float, note: str) -> Cost:
+    return Cost(seconds, cost.weight_bytes, cost.kv_bytes, cost.other_bytes, cost.flops,
+                cost.overhead_s, cost.comm_s, cost.bound, (*cost.notes, note))
+
+
+__all__ = ["COLLECT", "ELEMENTWISE_PER_LAYER", "OperatorCostModel"]

@@ -1,0 +1,490 @@
+"""`specsim calibrate --gpu --operators`: time the engine's operators on this GPU at a
+model-agnostic grid, for the operator cost model (:mod:`specsim.costs.operators`).
+
+GPU side (torch, triton and the engine's kernels; no simpy/plotly). Each operator of
+:data:`specsim.costs.operator_file.OPERATORS` is timed as the engine runs it:
+
+- ``gemm``: a bf16 ``nn.Linear`` (cuBLAS, the engine's projections) of ``m`` rows at each
+  (n, k) of the grid whose weight fits ``max_weight_bytes``;
+- ``verify``: ``specsim.kernels.verify_attention`` with its planner's launch (``plan_verify``:
+  whole waves and splits over this GPU's multiprocessors) for each head_dim, GQA group, q and
+  collection (off; Vegas' summed row; every row), at ``batch·KV heads`` rows and contexts;
+- ``sparse``: ``sparse_attention`` with ``plan_sparse`` over lists of ``selected`` random
+  positions, one list per sequence or per KV head;
+- ``kv_append``: the cache's fused one-position append (with Quest's page bounds or not);
+- ``elementwise``: a compiled RMSNorm pass (the engine's layers compile their element-wise work)
+  moving a given number of bytes;
+- ``selection``: each policy's refresh of every list through ``specsim.kernels.selection``
+  (Vegas and last-token from the collected logits, SparseSpec-L's attention mass and per-KV-head
+  ranking, Quest's page scoring and ranking of one layer's draft query), at s = ``selection_s``;
+- ``graph``: the replay of a CUDA graph of ``kernels`` minimal kernels with the host's wait.
+
+A point's samples are ``repeats`` timings, each of ``inner`` back-to-back calls between two
+CUDA events divided by ``inner`` (the engine replays its steps as CUDA graphs, so a step's
+kernels run back to back); the graph point is timed on the host clock. The run writes the
+table after every group (an operator and key), and the same command resumes a table it finds
+(same GPU, software, kernels, settings and grid), measuring only the groups it lacks; after
+``time_budget_s`` no new group starts. Off CUDA the same code runs on the CPU (fp32, the
+Triton interpreter, the wall clock): with :meth:`OperatorGrid.tiny` it proves the harness and
+the file, not the CPU's speed.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+
+from specsim.costs.operator_file import OperatorTable, Point, read_operator_table
+from specsim.errors import SpecsimError
+from specsim.settings import DEFAULT, EngineSettings, engine_provenance
+
+#: Provenance that must match for a table to be resumed.
+RESUME_FIELDS = ("gpu", "driver", "cuda", "torch", "triton", "kernel_config_hash", "engine",
+                 "grid")
+
+
+@dataclass
+class OperatorGrid:
+    """What ``--operators`` measures (defaults: the H200 grid, about 15 minutes)."""
+
+    gemm_m: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64, 128, 256, 512])
+    gemm_n: list[int] = field(default_factory=lambda: [512, 1024, 2048, 4096, 8192, 16384,
+                                                       32768, 131072])
+    gemm_k: list[int] = field(default_factory=lambda: [512, 1024, 2048, 4096, 8192, 16384])
+    max_weight_bytes: float = 3e9
+    head_dims: list[int] = field(default_factory=lambda: [128, 64])
+    groups: list[int] = field(default_factory=lambda: [3, 4, 5, 8])
+    qs: list[int] = field(default_factory=lambda: [1, 2, 3, 5, 9, 16])
+    collects: list[str] = field(default_factory=lambda: ["off", "sum", "all"])
+    batch_kv_heads: list[int] = field(default_factory=lambda: [4, 16, 64, 256])
+    contexts: list[int] = field(default_factory=lambda: [1024, 4096, 16384, 65536, 131072])
+    selected: list[int] = field(default_factory=lambda: [256, 1024, 4096, 16384])
+    elementwise_bytes: list[int] = field(default_factory=lambda: [2**k for k in range(12, 31, 3)])
+    selection_policies: list[str] = field(default_factory=lambda: ["vegas", "last-token",
+                                                                   "sparsespec", "quest"])
+    selection_lists: list[int] = field(default_factory=lambda: [32, 128, 512])
+    selection_contexts: list[int] = field(default_factory=lambda: [4096, 16384, 65536])
+    selection_rows: list[int] = field(default_factory=lambda: [3, 9, 16])
+    selection_s: float = 0.05
+    graph_kernels: list[int] = field(default_factory=lambda: [1, 64, 512])
+    max_cache_bytes: float = 24e9
+    repeats: int = 5
+    warmup: int = 2
+    inner: int = 3
+    time_budget_s: float | None = 900.0
+
+    @classmethod
+    def tiny(cls) -> "OperatorGrid":
+        """A grid the CPU runs in seconds (the harness's test)."""
+        return cls(gemm_m=[1, 4], gemm_n=[64, 128], gemm_k=[64, 128], head_dims=[64],
+                   groups=[2, 4], qs=[1, 3], collects=["off", "sum"], batch_kv_heads=[2, 4],
+                   contexts=[64, 128], selected=[16, 64], elementwise_bytes=[4096, 65536],
+                   selection_policies=["vegas", "sparsespec", "quest"], selection_lists=[2, 4],
+                   selection_contexts=[64, 128], selection_rows=[3], graph_kernels=[1, 8],
+                   repeats=2, warmup=1, inner=1, time_budget_s=None)
+
+    def grid_json(self) -> dict:
+        out = dataclasses.asdict(self)
+        out.pop("time_budget_s")
+        return out
+
+
+class _Timer:
+    def __init__(self, torch, device):
+        self.torch, self.cuda = torch, device.type == "cuda"
+
+    def __call__(self, fn, grid: OperatorGrid, inner: int | None = None) -> list[float]:
+        """Milliseconds per call: ``grid.repeats`` samples of ``inner`` back-to-back calls."""
+        torch, inner = self.torch, inner or grid.inner
+        for _ in range(grid.warmup):
+            fn()
+        out = []
+        if self.cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            for _ in range(grid.repeats):
+                start.record()
+                for _ in range(inner):
+                    fn()
+                end.record()
+                end.synchronize()
+                out.append(start.elapsed_time(end) / inner)
+        else:
+            for _ in range(grid.repeats):
+                started = time.perf_counter()
+                for _ in range(inner):
+                    fn()
+                out.append((time.perf_counter() - started) * 1e3 / inner)
+        return out
+
+
+def _groups(grid: OperatorGrid):
+    """(operator, key, [at ...]) in the order measured: what every model needs first."""
+    out = []
+    for n in grid.gemm_n:
+        for k in grid.gemm_k:
+            if n * k * 2 <= grid.max_weight_bytes:
+                out.append(("gemm", {"n": n, "k": k}, [{"m": m} for m in grid.gemm_m]))
+    out.append(("elementwise", {}, [{"bytes": b} for b in grid.elementwise_bytes]))
+    out.append(("graph", {}, [{"kernels": n} for n in grid.graph_kernels]))
+    for hd in grid.head_dims:
+        for paged in (False, True):
+            out.append(("kv_append", {"head_dim": hd, "paged": paged},
+                        [{"batch_kv_heads": b} for b in grid.batch_kv_heads]))
+    attention_at = [{"batch_kv_heads": b, "context": c} for b in grid.batch_kv_heads
+                    for c in grid.contexts
+                    if b * c * 128 * 4 <= grid.max_cache_bytes]
+    sparse_at = [{"batch_kv_heads": b, "selected": n} for b in grid.batch_kv_heads
+                 for n in grid.selected]
+    for collect in grid.collects:
+        for hd in grid.head_dims:
+            for g in grid.groups:
+                for q in grid.qs:
+                    if collect != "off" and q == 1 or q * g > 128:
+                        continue
+                    out.append(("verify", {"head_dim": hd, "group": g, "q": q,
+                                           "collect": collect}, attention_at))
+            if collect == "off":
+                for g in grid.groups:
+                    for per in (False, True):
+                        out.append(("sparse", {"head_dim": hd, "group": g, "per_kv_head": per},
+                                    sparse_at))
+        if collect == "off":
+            for policy in grid.selection_policies:
+                out += _selection_groups(grid, policy)
+    return out
+
+
+def _selection_groups(grid, policy):
+    at = [{"lists": n, "context": c} for n in grid.selection_lists
+          for c in grid.selection_contexts]
+    if policy in ("vegas", "last-token"):
+        return [("selection", {"policy": policy, "group": 0, "rows": 0}, at)]
+    if policy == "sparsespec":
+        return [("selection", {"policy": policy, "group": g, "rows": r}, at)
+                for g in grid.groups for r in grid.selection_rows]
+    if policy == "quest":
+        return [("selection", {"policy": policy, "group": g, "rows": 0}, at)
+                for g in grid.groups]
+    raise SpecsimError(f"no selection operator for policy '{policy}'")
+
+
+def _kernel_hash() -> str:
+    from specsim.calibrate import kernel_config_hash
+    return kernel_config_hash()
+
+
+def provenance(grid: OperatorGrid, settings: EngineSettings, device) -> dict:
+    from specsim.costs.calibration_file import collect_provenance
+    from specsim.specs import ModelSpec
+
+    placeholder = ModelSpec("operators", "none", 1, 1, 1, 1, 1, 1, 1)
+    prov = collect_provenance(placeholder, _kernel_hash())
+    for name in ("model", "model_spec_hash"):
+        prov.pop(name, None)
+    import torch
+    if device.type == "cuda":
+        p = torch.cuda.get_device_properties(device)
+        prov["multiprocessors"] = p.multi_processor_count
+        prov["clock_mhz"] = _clocks()
+    prov["engine"] = engine_provenance(settings)
+    prov["grid"] = grid.grid_json()
+    return prov
+
+
+def _clocks() -> dict | None:
+    import subprocess
+    try:
+        text = subprocess.run(["nvidia-smi", "--query-gpu=clocks.sm,clocks.mem,clocks.max.sm",
+                               "--format=csv,noheader,nounits"], capture_output=True, text=True,
+                              timeout=10).stdout.strip().splitlines()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if not text:
+        return None
+    try:
+        sm, mem, sm_max = (float(x) for x in text[0].split(","))
+    except ValueError:
+        return None
+    return {"sm": sm, "memory": mem, "sm_max": sm_max}
+
+
+def probe(torch, device, timer: _Timer, grid: OperatorGrid) -> dict:
+    """Copy bandwidth and bf16 matmul rate of this device (fp32 off CUDA)."""
+    cuda = device.type == "cuda"
+    dtype = torch.bfloat16 if cuda else torch.float32
+    n = 2**29 if cuda else 2**20
+    a = torch.empty(n, dtype=dtype, device=device)
+    b = torch.empty_like(a)
+    copy = timer(lambda: b.copy_(a), grid)
+    size = 8192 if cuda else 256
+    x = torch.randn(size, size, dtype=dtype, device=device)
+    mm = timer(lambda: x @ x, grid)
+    del a, b, x
+    median = sorted(copy)[len(copy) // 2] / 1e3
+    return {"copy_bandwidth_Bps": 2 * n * a_element(dtype) / median,
+            "bf16_matmul_flops": 2 * size**3 / (sorted(mm)[len(mm) // 2] / 1e3),
+            "copy_samples_ms": copy, "matmul_samples_ms": mm}
+
+
+def a_element(dtype) -> int:
+    import torch
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def resumable(path: str, prov: dict) -> OperatorTable | None:
+    """The table in ``path`` when this run may resume it, None when there is none; a table
+    measured otherwise is refused with what differs (one line), never overwritten."""
+    if not os.path.exists(path):
+        return None
+    have = read_operator_table(path)
+    differ = [f for f in RESUME_FIELDS if have.provenance.get(f) != prov.get(f)]
+    if differ:
+        raise SpecsimError(f"{path} holds an operator table measured otherwise "
+                           f"({', '.join(differ)}): not resuming it and not overwriting it; "
+                           f"remove it or write to another file")
+    return have
+
+
+def measure_operators(grid: OperatorGrid, out: str, *, settings: EngineSettings = DEFAULT,
+                      progress: bool = True) -> OperatorTable:
+    """Measure ``grid`` on this machine's GPU (else its CPU) into ``out`` (module doc)."""
+    import torch
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    timer = _Timer(torch, device)
+    prov = provenance(grid, settings, device)
+    prior = resumable(out, prov)
+    if prior is not None:
+        points, ceilings = list(prior.points), prior.probe
+        prov["resumed"] = list(prior.provenance.get("resumed", [])) + [
+            prior.provenance.get("date")]
+        done = {(p.op, p.key_tuple) for p in points}
+    else:
+        points, ceilings, done = [], probe(torch, device, timer, grid), set()
+    groups = _groups(grid)
+    todo = [g for g in groups
+            if (g[0], Point(g[0], g[1], {}).key_tuple) not in done]
+    started = time.perf_counter()
+
+    def table(left: int) -> OperatorTable:
+        return OperatorTable(dict(prov, complete=left == 0, groups_left=left), ceilings,
+                             list(points))
+
+    left = len(todo)
+    for i, (op, key, ats) in enumerate(todo):
+        if grid.time_budget_s and time.perf_counter() - started > grid.time_budget_s:
+            print(f"time budget reached: {left} groups left unmeasured", file=sys.stderr)
+            break
+        if progress:
+            print(f"[{len(groups) - left + 1}/{len(groups)}] {op} {key} "
+                  f"({time.perf_counter() - started:.0f} s)", file=sys.stderr, flush=True)
+        try:
+            with torch.inference_mode():
+                points += _measure_group(torch, device, timer, grid, settings, op, key, ats)
+        except torch.OutOfMemoryError:
+            print(f"  out of memory: {op} {key} skipped", file=sys.stderr, flush=True)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        left -= 1
+        table(left).write(out)
+    result = table(left)
+    result.write(out)
+    result.path = out
+    return result
+
+
+def _measure_group(torch, device, timer, grid, settings, op, key, ats) -> list[Point]:
+    return [Point(op, dict(key), dict(at), ms)
+            for at, ms in MEASURES[op](torch, device, timer, grid, settings, key, ats)]
+
+
+def _dtype(torch, device):
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+def _gemm(torch, device, timer, grid, settings, key, ats):
+    dtype = _dtype(torch, device)
+    layer = torch.nn.Linear(key["k"], key["n"], bias=False, device=device, dtype=dtype)
+    for at in ats:
+        x = torch.randn(at["m"], key["k"], device=device, dtype=dtype)
+        yield at, timer(lambda: layer(x), grid)
+
+
+def _elementwise(torch, device, timer, grid, settings, key, ats):
+    """A compiled RMSNorm over rows of 4096 (what the compiled layers emit around the
+    matmuls), moving ``bytes``: read and written once."""
+    from specsim.engine.model import RMSNorm
+
+    dtype = _dtype(torch, device)
+    width = 4096
+    norm = RMSNorm(width, 1e-6).to(device=device, dtype=dtype)
+    fn = torch.compile(norm, dynamic=True) if device.type == "cuda" and \
+        settings.compile_layers else norm
+    element = a_element(dtype)
+    for at in ats:
+        rows = max(1, int(at["bytes"] // (2 * width * element)))
+        x = torch.randn(rows, width, device=device, dtype=dtype)
+        yield {"bytes": 2 * rows * width * element}, timer(lambda: fn(x), grid)
+
+
+def _graph(torch, device, timer, grid, settings, key, ats):
+    """A graph of ``kernels`` one-element adds replayed, with the host's wait: wall clock."""
+    x = torch.zeros(1, device=device)
+    for at in ats:
+        n = int(at["kernels"])
+
+        def body():
+            for _ in range(n):
+                x.add_(1.0)
+
+        if device.type == "cuda" and settings.cuda_graphs:
+            body()
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                body()
+
+            def run():
+                graph.replay()
+                torch.cuda.synchronize()
+        else:
+            run = body
+        samples = []
+        for _ in range(grid.warmup):
+            run()
+        for _ in range(grid.repeats):
+            started = time.perf_counter()
+            run()
+            samples.append((time.perf_counter() - started) * 1e3)
+        yield at, samples
+
+
+def _cache(torch, device, bkv, length, hd):
+    kv_heads = min(4, bkv)
+    batch = max(1, bkv // kv_heads)
+    dtype = _dtype(torch, device)
+    k = torch.randn(batch, kv_heads, length, hd, device=device, dtype=dtype)
+    v = torch.randn_like(k)
+    return batch, kv_heads, k, v
+
+
+def _kv_append(torch, device, timer, grid, settings, key, ats):
+    from specsim.kernels import KVCache
+
+    hd = key["head_dim"]
+    for at in ats:
+        bkv = int(at["batch_kv_heads"])
+        kv_heads = min(4, bkv)
+        batch = max(1, bkv // kv_heads)
+        cache = KVCache(batch, kv_heads, 64, hd, device=device, dtype=_dtype(torch, device),
+                        page_size=16 if key["paged"] else None,
+                        fused_append=device.type == "cuda")
+        cache.extend(8)
+        k_new = torch.randn(batch, kv_heads, 1, hd, device=device, dtype=_dtype(torch, device))
+        yield {"batch_kv_heads": batch * kv_heads}, timer(lambda: cache.write(0, k_new, k_new),
+                                                           grid)
+
+
+def _verify(torch, device, timer, grid, settings, key, ats):
+    from specsim.kernels.verify_attention import (default_collect_rows, new_logits_buffer,
+                                                  plan_verify, verify_attention)
+
+    hd, group, q, collect = key["head_dim"], key["group"], key["q"], key["collect"]
+    for at in ats:
+        context = int(at["context"])
+        batch, kv_heads, k, v = _cache(torch, device, int(at["batch_kv_heads"]), context, hd)
+        heads = kv_heads * group
+        rows = () if collect == "off" else tuple(range(q)) if collect == "all" else \
+            default_collect_rows(q)
+        plan = plan_verify(batch, heads, kv_heads, hd, q, context, device=device,
+                           collect_rows=rows, element_size=k.element_size(),
+                           collect_sum=collect == "sum")
+        query = torch.randn(batch, q, heads, hd, device=device, dtype=k.dtype)
+        lengths = torch.full((batch,), context, dtype=torch.int32, device=device)
+        logits = new_logits_buffer(plan, context, device=device) if rows else None
+        lse = torch.empty(batch, heads, q, device=device) if collect == "all" else None
+        yield {"batch_kv_heads": batch * kv_heads, "context": context}, timer(
+            lambda: verify_attention(query, k, v, lengths, plan, logits=logits, lse=lse), grid)
+        del k, v, logits
+
+
+def _sparse(torch, device, timer, grid, settings, key, ats):
+    from specsim.kernels.sparse_attention import plan_sparse, sparse_attention
+
+    hd, group, per = key["head_dim"], key["group"], key["per_kv_head"]
+    for at in ats:
+        selected = int(at["selected"])
+        length = max(4 * selected, 1024) if device.type == "cuda" else 2 * selected
+        batch, kv_heads, k, v = _cache(torch, device, int(at["batch_kv_heads"]), length, hd)
+        heads = kv_heads * group
+        shape = (batch, kv_heads, selected) if per else (batch, selected)
+        indices = torch.sort(torch.randint(0, length, shape, device=device), dim=-1)[0] \
+            .to(torch.int32).contiguous()
+        counts = torch.full(shape[:-1], selected, dtype=torch.int32, device=device)
+        plan = plan_sparse(batch, heads, kv_heads, hd, selected, device=device,
+                           element_size=k.element_size())
+        query = torch.randn(batch, heads, hd, device=device, dtype=k.dtype)
+        yield {"batch_kv_heads": batch * kv_heads, "selected": selected}, timer(
+            lambda: sparse_attention(query, k, v, indices, counts, plan), grid)
+        del k, v
+
+
+def _selection(torch, device, timer, grid, settings, key, ats):
+    from specsim.kernels import selection as S
+    from specsim.policies import get_policy
+
+    policy = get_policy(key["policy"])
+    s = grid.selection_s
+    for at in ats:
+        lists, context = int(at["lists"]), int(at["context"])
+        if policy.name in ("vegas", "last-token"):
+            if policy.name == "vegas" and settings.c2q == "sum":
+                logits = torch.randn(lists, 1, 1, context, device=device)
+            else:
+                heads = 32
+                rows = 2 if policy.name == "vegas" else 1
+                logits = torch.randn(lists, heads, rows, context, device=device,
+                                     dtype=_dtype(torch, device))
+            lengths = torch.full((lists,), context, dtype=torch.int32, device=device)
+            fn = (lambda: S.vegas_select(logits, lengths, s, max_context=context, policy=policy,
+                                         ranking=settings.ranking))
+            yield at, timer(fn, grid)
+        elif policy.name == "sparsespec":
+            group, rows = key["group"], key["rows"]
+            kv_heads = min(8, lists)
+            sequences = max(1, lists // kv_heads)
+            heads = kv_heads * group
+            logits = torch.randn(sequences, heads, rows, context, device=device,
+                                 dtype=_dtype(torch, device))
+            lse = torch.randn(sequences, heads, rows, device=device).abs() + 10
+            lengths = torch.full((sequences,), context, dtype=torch.int32, device=device)
+            fn = (lambda: S.sparsespec_select(logits, lengths, s, kv_heads, lse=lse,
+                                              max_context=context, policy=policy,
+                                              ranking=settings.ranking))
+            yield {"lists": sequences * kv_heads, "context": context}, timer(fn, grid)
+        elif policy.name == "quest":
+            group = key["group"]
+            kv_heads = min(8, lists)
+            batch = max(1, lists // kv_heads)
+            heads = kv_heads * group
+            hd = 128
+            pages = math.ceil(context / policy.page_size)
+            dtype = _dtype(torch, device)
+            page_min = torch.randn(batch, kv_heads, pages, hd, device=device, dtype=dtype)
+            page_max = page_min + 1
+            query = torch.randn(batch, heads, hd, device=device, dtype=dtype)
+            lengths = torch.full((batch,), context, dtype=torch.int32, device=device)
+            fn = (lambda: S.quest_select(query, page_min, page_max, lengths, s,
+                                         max_context=context, policy=policy,
+                                         ranking=settings.ranking))
+            yield {"lists": batch * kv_heads, "context": context}, timer(fn, grid)
+
+
+MEASURES = {"gemm": _gemm, "elementwise": _elementwise, "graph": _graph,
+            "kv_append": _kv_append, "verify": _verify, "sparse": _sparse,
+            "selection": _selection}
+
+__all__ = ["OperatorGrid", "measure_operators", "resumable"]
