@@ -34,41 +34,137 @@ def _measured_for(plan_path: str, measured: str | None) -> str:
     return DEFAULT_MEASURED
 
 
-def _ints(text):
-    return sorted({int(x) for x in text.split(",") if x.strip()})
+def parse_ints(text: str, option: str, low: int = 1) -> list[int]:
+    """Comma-separated integers of at least ``low``, sorted, each once; anything else is one
+    line naming ``option`` and the value."""
+    out = set()
+    for item in (x.strip() for x in text.split(",")):
+        if not item:
+            continue
+        try:
+            value = int(item)
+        except ValueError:
+            raise SpecsimError(f"{option}: '{item}' is not an integer") from None
+        if value < low:
+            raise SpecsimError(f"{option}: {value} is below {low}")
+        out.add(value)
+    if not out:
+        raise SpecsimError(f"{option}: give one or more integers, comma-separated")
+    return sorted(out)
 
 
-def _floats(text):
-    return sorted({float(x) for x in text.split(",") if x.strip()})
+def parse_sparsities(text: str, option: str = "--s") -> list[float]:
+    """Comma-separated fractions of the context kept, in (0, 1], sorted, each once."""
+    out = set()
+    for item in (x.strip() for x in text.split(",")):
+        if not item:
+            continue
+        try:
+            value = float(item)
+        except ValueError:
+            raise SpecsimError(f"{option}: '{item}' is not a number") from None
+        if not 0.0 < value <= 1.0:          # NaN fails this too
+            raise SpecsimError(f"{option}: {item} is not a fraction in (0, 1]")
+        out.add(value)
+    if not out:
+        raise SpecsimError(f"{option}: give one or more sparsities, comma-separated")
+    return sorted(out)
+
+
+def parse_names(text: str, option: str) -> list[str]:
+    """Comma-separated names in the order given, each once."""
+    out = list(dict.fromkeys(x.strip() for x in text.split(",") if x.strip()))
+    if not out:
+        raise SpecsimError(f"{option}: give one or more names, comma-separated")
+    return out
+
+
+#: The shipped setups, the plan without --model, --batch, --context, --ks or --mode: a forced
+#: setup (random weights at the model's shapes, the trace's accepted lengths replayed) and a
+#: free-running one (real weights, the trace's own model and prompts).
+FORCED_MODEL, FORCED_BATCH, FORCED_CONTEXT = "qwen3-8b", 4, 32768
+K_FORCED, K_FREE = "2,4,8,12", "2,4,8,12,15"
+#: Options that ask for setups of their own; options only the shipped setups take.
+SETUP_OPTIONS = ("model", "batch", "context", "ks", "mode")
+SHIPPED_ONLY = {"k_forced": "--k-forced", "k_free": "--k-free", "batch_free": "--batch-free",
+                "no_free": "--no-free"}
+
+
+def _label(context: int) -> str:
+    return f"{context // 1024}k" if context % 1024 == 0 else str(context)
+
+
+def free_setup(name, model, batch, policies, ks, ss, weights, prompts_file, requests=None,
+               prompt_ids=None):
+    """A free-running setup: real weights (``weights``, a safetensors folder on the GPU
+    machine), ``batch`` slots, ``requests`` prompts as a continuous batch — the prompt-id
+    file's prompts the trace recorded (``prompt_ids``; the default set's 12 when None),
+    cycled. The plan names the file and its sha256 instead of copying the token ids."""
+    from specsim.engine.prompts import DEFAULT_SET
+    from specsim.engine.record import read_prompt_ids
+    from specsim.validate import Setup, _sha, repo_file
+
+    found, named = repo_file(prompts_file)
+    wanted = prompt_ids or {p[0] for p in DEFAULT_SET}
+    ids, tokens, _ = read_prompt_ids(found)
+    chosen = [(n, t) for n, t in zip(ids, tokens) if n in wanted]
+    if not chosen:
+        raise SpecsimError(f"none of the prompts of {prompts_file} is in the trace")
+    n = max(requests or batch, batch)
+    cycled = [chosen[i % len(chosen)] for i in range(n)]
+    # the tokens as read here (the plan records only the file and its sha256)
+    return Setup(name, model, "free", batch, policies, ks, ss,
+                 prompts=[t for _, t in cycled], prompt_ids=[n for n, _ in cycled],
+                 weights=weights, prompts_file=named, prompts_sha256=_sha(found))
 
 
 def default_setups(policies, ks_forced, ks_free, ss, batch_free, context, weights,
                    prompts_file=None, requests_free=None, prompt_ids=None):
-    """Qwen3-8B shapes forced (random weights, batch 4, context 32K) and, with ``prompts_file``
-    (a prompt-id file), SmolLM2-135M free (real weights, ``batch_free`` slots,
-    ``requests_free`` prompts as a continuous batch: the file's prompts the trace recorded —
-    ``prompt_ids``; the default set's 12 when None — cycled). The plan names the file and its
-    sha256 instead of copying the token ids."""
-    from specsim.validate import Setup, _sha, repo_file
+    """The shipped setups: Qwen3-8B forced (random weights, batch 4, at ``context``: one
+    setup per context when it is a list) and, with ``prompts_file`` (a prompt-id file),
+    SmolLM2-135M free (:func:`free_setup`)."""
+    from specsim.validate import Setup
 
-    out = [Setup("qwen3-8b", "qwen3-8b", "forced", 4, policies, ks_forced, ss,
-                 context=context)]
+    contexts = context if isinstance(context, (list, tuple)) else [context]
+    out = [Setup(FORCED_MODEL if len(contexts) == 1 else f"{FORCED_MODEL}-{_label(c)}",
+                 FORCED_MODEL, "forced", FORCED_BATCH, policies, ks_forced, ss, context=c)
+           for c in contexts]
     if prompts_file:
-        from specsim.engine.prompts import DEFAULT_SET
-        from specsim.engine.record import read_prompt_ids
-        found, named = repo_file(prompts_file)
-        wanted = prompt_ids or {p[0] for p in DEFAULT_SET}
-        ids, tokens, _ = read_prompt_ids(found)
-        chosen = [(n, t) for n, t in zip(ids, tokens) if n in wanted]
-        if not chosen:
-            raise SpecsimError(f"none of the prompts of {prompts_file} is in the trace")
-        n = max(requests_free or batch_free, batch_free)
-        cycled = [chosen[i % len(chosen)] for i in range(n)]
-        # the tokens as read here (the plan records only the file and its sha256)
-        out.append(Setup("smollm2", "smollm2-135m", "free", batch_free, policies, ks_free, ss,
-                         prompts=[t for _, t in cycled], prompt_ids=[n for n, _ in cycled],
-                         weights=weights, prompts_file=named, prompts_sha256=_sha(found)))
+        out.append(free_setup("smollm2", "smollm2-135m", batch_free, policies, ks_free, ss,
+                              weights, prompts_file, requests_free, prompt_ids))
     return out
+
+
+def requested_setups(model, batches, contexts, mode, policies, ks, ss, weights, prompts_file,
+                     requests, prompt_ids, trace_model):
+    """Exactly the setups asked for: one per (batch, context) of ``model`` (a catalogue name
+    or a config.json path, whose config the plan then carries), forced, or free-running where
+    the model is the trace's own (``trace_model``), one per batch."""
+    from pathlib import Path
+
+    from specsim.specs import load_model
+    from specsim.validate import Setup
+
+    spec = load_model(model)                       # an unknown name: one line, the known ones
+    config = None
+    if Path(model).exists():                       # as load_model reads it
+        from specsim.atomic import read_json
+        config = read_json(str(Path(model) / "config.json" if Path(model).is_dir()
+                               else Path(model)), "model config")
+    if mode == "free":
+        if config is not None or spec.name != trace_model:
+            raise SpecsimError(f"free-running setups decode the trace's own model "
+                               f"({trace_model}) with its real weights and recorded prompts; "
+                               f"{model} runs forced (--mode forced)")
+        if contexts is not None:
+            raise SpecsimError("--context sets forced setups' prompts; free-running setups "
+                               "decode the prompt-id file's prompts (--prompts) at their own "
+                               "lengths")
+        return [free_setup(f"{spec.name}-b{b}-free", spec.name, b, policies, ks, ss, weights,
+                           prompts_file, requests, prompt_ids) for b in batches]
+    return [Setup(f"{spec.name}-b{b}-{_label(c)}", spec.name, "forced", b, policies, ks, ss,
+                  context=c, model_config=config)
+            for b in batches for c in contexts or [FORCED_CONTEXT]]
 
 
 @click.group("validate", invoke_without_command=True)
@@ -91,7 +187,8 @@ def validate_cmd(ctx, gpu, plan_path, out, repeats, setups, policies):
     \b
     1. specsim validate plan            predictions first (any machine)
     2. specsim validate --gpu           measure the plan's grid on the GPU
-    3. specsim validate report          MAPE, worst case, Pearson r, k*/s* regret
+    3. specsim validate report          per policy: MAPE, worst cell, regret of the
+                                        predicted best (k, s); overall (policy, k, s)
 
     The GPU step needs only torch (no simpy); without the CLI installed run it as
     `python -m specsim.validate PLAN OUT`.
@@ -112,40 +209,68 @@ def validate_cmd(ctx, gpu, plan_path, out, repeats, setups, policies):
 
 
 @validate_cmd.command("plan")
+@click.option("--model", default=None,
+              help="Catalogue name (see `specsim models`) or path to a config.json: the plan "
+                   "holds exactly the setups of --model, --batch, --context and --mode asked "
+                   f"for, those not given taken from the shipped forced setup ({FORCED_MODEL}, "
+                   f"batch {FORCED_BATCH}, context {FORCED_CONTEXT}, k {K_FORCED}). Without "
+                   "any of --model, --batch, --context, --ks, --mode: the shipped setups "
+                   f"(that forced one and SmolLM2-135M free-running).")
+@click.option("--batch", "batch_text", default=None,
+              help=f"Slots, comma-separated (one setup each). Default: {FORCED_BATCH}.")
+@click.option("--context", "context_text", default=None,
+              help="Prompt length of forced setups, comma-separated (one setup each), at "
+                   f"least 256. Default: {FORCED_CONTEXT}.")
+@click.option("--ks", "ks_text", default=None,
+              help=f"Draft lengths, comma-separated. Default: {K_FORCED} forced, {K_FREE} free.")
+@click.option("--mode", type=click.Choice(["forced", "free"]), default=None,
+              help="forced (default): random weights at the model's shapes replay the trace's "
+                   "accepted lengths, so only cost is tested, for any model; free: the "
+                   "trace's own model with its real weights (--weights) decodes its recorded "
+                   "prompts.")
+@click.option("--costs", default="auto", show_default=True, help=defaults.COSTS_HELP
+              + " The plan records which source priced each setup.")
 @click.option("--trace", "trace_path", default=None, type=click.Path(dir_okay=False),
               help=f"Acceptance trace. Default: the shipped {defaults.TRACE}.")
 @click.option("--hardware", default=defaults.HARDWARE, show_default=True,
-              help="Its shipped calibrations cost the predictions.")
+              help=defaults.HARDWARE_HELP + " Its memory bounds batch and context.")
 @click.option("--policies", default="vegas,sparsespec,streamingllm,quest,last-token",
               show_default=True)
-@click.option("--k-forced", default="2,4,8,12", show_default=True,
-              help="Draft lengths of the Qwen3-8B forced-acceptance setup.")
-@click.option("--k-free", default="2,4,8,12,15", show_default=True,
-              help="Draft lengths of the SmolLM2 free-running setup (> the trace's k_rec: the "
+@click.option("--s", "ss", default="0.03,0.1", show_default=True,
+              help="Sparsities, comma-separated: the trace's groups of each policy.")
+@click.option("--k-forced", default=K_FORCED, show_default=True,
+              help="Draft lengths of the shipped forced setup.")
+@click.option("--k-free", default=K_FREE, show_default=True,
+              help="Draft lengths of the shipped free-running setup (> the trace's k_rec: the "
                    "fitted extrapolation is checked too).")
-@click.option("--s", "ss", default="0.03,0.1", show_default=True)
-@click.option("--context", type=click.IntRange(min=256), default=32768, show_default=True,
-              help="Prompt length of the forced setup.")
 @click.option("--batch-free", type=click.IntRange(min=1), default=32, show_default=True,
-              help="Slots of the SmolLM2 free-running setup.")
+              help="Slots of the shipped free-running setup.")
 @click.option("--requests-free", type=click.IntRange(min=1), default=96, show_default=True,
-              help="Prompts through those slots: more than --batch-free run as a continuous "
-                   "batch (a finished answer's slot takes the next prompt), so the steady "
-                   "window spans whole answers; equal to it, one static batch.")
+              help="Prompts through a free-running setup's slots: more than its slots run as "
+                   "a continuous batch (a finished answer's slot takes the next prompt), so "
+                   "the steady window spans whole answers; equal to them, one static batch.")
 @click.option("--weights", default="/root/smollm2", show_default=True,
-              help="Where the SmolLM2 safetensors will be on the GPU machine.")
+              help="Where the free-running model's safetensors will be on the GPU machine.")
 @click.option("--prompts", "prompts_file", default="traces/smollm2-prompt-ids-extended.json",
               show_default=True, type=click.Path(dir_okay=False),
-              help="Prompt-id file of the free-running setup (the trace's prompts: the plan "
+              help="Prompt-id file of free-running setups (the trace's prompts: the plan "
                    "names it and its sha256; the GPU run reads the token ids from it).")
-@click.option("--no-free", is_flag=True, help="Only the forced-acceptance setup.")
+@click.option("--no-free", is_flag=True, help="Only the shipped forced setup.")
 @click.option("--out", default=DEFAULT_PLAN, show_default=True, type=click.Path(dir_okay=False))
 @click.option("--force", is_flag=True,
               help="Replace an existing plan file (a plan is the record of what was predicted "
                    "before its runs: by default it is never overwritten).")
-def plan_cmd(trace_path, hardware, policies, k_forced, k_free, ss, context, batch_free,
-             requests_free, weights, prompts_file, no_free, out, force):
-    """Predict every configuration before the GPU runs it."""
+@click.pass_context
+def plan_cmd(ctx, model, batch_text, context_text, ks_text, mode, costs, trace_path, hardware,
+             policies, ss, k_forced, k_free, batch_free, requests_free, weights, prompts_file,
+             no_free, out, force):
+    """Predict every configuration before the GPU runs it.
+
+    \b
+    Any catalogue model on this GPU, forced acceptance at its real shapes:
+      specsim validate plan --model llama-3.2-3b --batch 8 --context 32768
+      specsim validate --gpu && specsim validate report
+    """
     import os
 
     if os.path.exists(out) and not force:
@@ -153,23 +278,55 @@ def plan_cmd(trace_path, hardware, policies, k_forced, k_free, ss, context, batc
             f"{out} exists: a plan records what was predicted before its runs, and results may "
             f"have been measured against it; write the new one with --out FILE, or pass "
             f"--force to replace it")
+    from click.core import ParameterSource
+
     from specsim.traces.importers import load_trace
     from specsim.validate import build_plan, repo_file, write_json
+    given = {name for name in ctx.params
+             if ctx.get_parameter_source(name) != ParameterSource.DEFAULT}
+    requested = {"model": model, "batch": batch_text, "context": context_text, "ks": ks_text,
+                 "mode": mode}
+    custom = any(requested[name] is not None for name in SETUP_OPTIONS)
+    if custom:
+        clash = [flag for name, flag in SHIPPED_ONLY.items() if name in given]
+        if clash:
+            raise SpecsimError(f"{clash[0]} describes the shipped setups; with --model, "
+                               f"--batch, --context, --ks or --mode the plan holds only the "
+                               f"setups asked for (draft lengths: --ks)")
+    names = parse_names(policies, "--policies")
+    sparsities = parse_sparsities(ss, "--s")
     trace_path, trace_named = repo_file(trace_path or defaults.TRACE)
-    names = [p.strip() for p in policies.split(",") if p.strip()]
-    # the free run decodes the prompts the trace recorded (for the grid's groups), so that
+    trace = load_trace(trace_path)
+    groups = trace.groups()
+    # a free run decodes the prompts the trace recorded (for the grid's groups), so that
     # the acceptance it is predicted from is that of its own workload
-    groups = load_trace(trace_path).groups()
-    recorded = {r.prompt_id for (p, s), g in groups.items() if p in names and s in _floats(ss)
-                for r in g.requests if r.prompt_id}
-    setups = default_setups(names, _ints(k_forced), _ints(k_free), _floats(ss), batch_free,
-                            context, weights, None if no_free else prompts_file, requests_free,
-                            recorded or None)
-    plan = build_plan(setups, trace_path, hardware)
+    recorded = {r.prompt_id for (p, s), g in groups.items() if p in names and s in sparsities
+                for r in g.requests if r.prompt_id} or None
+    if custom:
+        contexts = parse_ints(context_text, "--context", low=256) if context_text else None
+        free = mode == "free"
+        trace_model = str(trace.header.get("model") or "").lower()
+        setups = requested_setups(
+            model or (trace_model if free else FORCED_MODEL),
+            parse_ints(batch_text, "--batch") if batch_text else [FORCED_BATCH], contexts,
+            mode or "forced", names, parse_ints(ks_text or (K_FREE if free else K_FORCED),
+                                                "--ks"),
+            sparsities, weights, prompts_file, requests_free, recorded, trace_model)
+    else:
+        setups = default_setups(names, parse_ints(k_forced, "--k-forced"),
+                                parse_ints(k_free, "--k-free"), sparsities, batch_free,
+                                FORCED_CONTEXT, weights, None if no_free else prompts_file,
+                                requests_free, recorded)
+    plan = build_plan(setups, trace_path, hardware, costs=costs)
     plan["trace"] = trace_named          # relative to the repository when inside it
     write_json(out, plan)
     n = sum(len(s["configs"]) for s in plan["setups"])
     click.echo(f"wrote {out}: {n} configurations in {len(plan['setups'])} setups")
+    for entry in plan["setups"]:
+        click.echo(f"  {entry['setup']['name']}: {len(entry['configs'])} configurations; "
+                   f"costs ({entry['cost_source']['kind']}): {entry['cost_source']['note']}")
+    for note in plan.get("notes", ()):
+        click.echo(f"note: {note}", err=True)
 
 
 @validate_cmd.command("report")

@@ -1,12 +1,16 @@
 """`specsim validate`: does specsim predict the throughput it will measure, and pick the right
 k and s? Three steps, so that the predictions exist before the GPU runs:
 
-1. ``plan`` (any machine; needs simpy): for each *setup* — a model, a batch and a mode — and
-   each configuration (policy, k, s) of its grid, the predictions of ``specsim predict`` (the
-   analytical model: expected tokens per iteration from the trace × the cost model's iteration
-   time) and of ``specsim simulate`` (the SimPy simulator, replaying the same acceptance) from
-   the shipped calibration and traces. Written to a plan file with everything the GPU needs
-   (prompt token ids, forced k/m per sequence).
+1. ``plan`` (any machine; needs simpy): for each *setup* — a model, a batch, a context and a
+   mode — and each configuration (policy, k, s) of its grid, the predictions of ``specsim
+   predict`` (the analytical model: expected tokens per iteration from the trace × the cost
+   model's iteration time) and of ``specsim simulate`` (the SimPy simulator, replaying the
+   same acceptance), priced by the cost source :func:`specsim.costs.source.resolve_cost_source`
+   picks (the plan records its kind, note and file). Written to a plan file with everything
+   the GPU needs (the model's config where it is not a catalogue model, prompt token ids,
+   forced k/m per sequence). :func:`check_setups` refuses a grid the GPU run could not hold
+   (unknown policy, a (policy, s) the trace lacks, k beyond the kernels or the trace, a batch
+   and context beyond the GPU's memory) in one line.
 2. ``measure`` (the GPU; torch only): runs every configuration of the plan with the engine —
    ``forced`` setups replay the plan's per-iteration k and m with random weights of the real
    shapes; ``free`` setups decode freely with real weights (greedy) — and records measured
@@ -17,11 +21,13 @@ k and s? Three steps, so that the predictions exist before the GPU runs:
    finished sequence's slot takes the next prompt, as a server does), so its steady window
    spans whole answers, start to end; once the queue is empty the run ends in a tail where
    finished sequences hold their slots.
-3. ``report``: per setup and policy, MAPE / worst error of each predictor, Pearson r, and the
-   regret of the predicted optimum (measured throughput at the predicted best (k, s) over the
-   best measured); for free-running setups also the acceptance-side error — counterfactual
-   replay (k ≤ the trace's k_rec) and the fitted extrapolation (k > k_rec) against the
-   measured tokens per iteration.
+3. ``report``: per setup and policy, MAPE / worst error of each predictor with its worst cell
+   (the configuration and its signed error), Pearson r, and the regret of the predicted
+   optimum (measured throughput at the predicted best (k, s) — over the whole grid (policy,
+   k, s) — over the best measured); the same per policy across every setup of the plan; for
+   free-running setups also the acceptance-side error — counterfactual replay (k ≤ the
+   trace's k_rec) and the fitted extrapolation (k > k_rec) against the measured tokens per
+   iteration.
 
 ``predict`` prices a full batch in steady state (tokens / Σ iteration times of the cost model,
 which includes the calibrated loop overhead) and is compared with the steady window;
@@ -70,9 +76,13 @@ class Setup:
     weights: str = "random"          # free: a model folder (safetensors) on the GPU machine
     #: free: instead of ``prompts`` in the plan, the prompt-id file they come from (``specsim
     #: trace --export-prompts``; ``prompt_ids`` name each request's) and its sha256: the plan
-    #: stays small (the token ids made a plan 5 MB) and names the file its trace was recorded on
+    #: stays small (a few hundred long prompts' token ids are megabytes) and names the file its
+    #: trace was recorded on
     prompts_file: str | None = None
     prompts_sha256: str | None = None
+    #: a model given as a config.json rather than a catalogue name: that config, so that the
+    #: GPU machine builds the same shapes without the file (``model`` is then its name)
+    model_config: dict | None = None
 
     def __post_init__(self):
         if self.prompts_file and not self.prompts:
@@ -81,11 +91,41 @@ class Setup:
 
     def to_json(self) -> dict:
         """The plan's record of the setup: token ids left in ``prompts_file`` when it names
-        them."""
+        them; ``model_config`` only for a model the catalogue does not name."""
         out = dataclasses.asdict(self)
         if self.prompts_file:
             out["prompts"] = []
+        if self.model_config is None:
+            del out["model_config"]
         return out
+
+    def config(self) -> dict:
+        """The model's config.json: the plan's copy, else the catalogue's."""
+        if self.model_config is not None:
+            return self.model_config
+        from specsim.shipped import catalog_file
+        path = catalog_file(f"{self.model}/config.json")
+        if not path.is_file():
+            from specsim.specs import known_models
+            raise SpecsimError(f"setup {self.name}: unknown model '{self.model}'; known: "
+                               f"{', '.join(known_models())} (or give a path to a config.json)")
+        return json.loads(path.read_text())
+
+    def spec(self):
+        """The model's :class:`~specsim.specs.ModelSpec`."""
+        from specsim.specs import load_model, model_spec_from_config
+        if self.model_config is not None:
+            return model_spec_from_config(self.model_config, name=self.model)
+        return load_model(self.model)
+
+    def cache_length(self) -> int:
+        """Cache positions per slot the GPU run allocates: a forced prompt of ``context`` and
+        the drafts of ``iterations`` (and the warm-up's) at the largest k; a free prompt and
+        its answer (:func:`specsim.engine.decode.cache_positions`)."""
+        if self.mode == "forced":
+            return int(self.context) + max(self.ks) * (self.iterations + 4) + 16
+        longest = max((len(p) for p in self.prompts), default=0)
+        return longest + self.max_new_tokens + 2 * max(self.ks) + 1
 
 
 def repo_file(path: str) -> tuple[str, str]:
@@ -165,7 +205,8 @@ def _predict_forced_plain(costs, batch: int, context: int, tokens: int) -> float
 
 
 def _simulate(trace_path: str, model: str, hardware: str, batch: int, prompt, output,
-              policy: str, s: float | None, k: int, prompt_ids=None) -> dict:
+              policy: str, s: float | None, k: int, prompt_ids=None, costs: str = "auto"
+              ) -> dict:
     """The simulator on the run's own shape: every prompt (lengths ``prompt``) arriving at
     once, ``batch`` slots — a continuous batch when there are more prompts than slots, one
     static batch otherwise, and as ``Engine.generate`` a finished sequence's slot computes
@@ -175,7 +216,7 @@ def _simulate(trace_path: str, model: str, hardware: str, batch: int, prompt, ou
     spec = SweepSpec(trace_path=trace_path, model=model, hardware=hardware, tp=1,
                      arrivals=("all", len(prompt), prompt, output), max_batch=batch,
                      static_batch=len(prompt) <= batch, fixed_slots=True,
-                     prompt_ids=tuple(prompt_ids) if prompt_ids else None)
+                     prompt_ids=tuple(prompt_ids) if prompt_ids else None, costs=costs)
     return run_one(spec, policy, s, k)
 
 
@@ -187,41 +228,123 @@ def _full_batches(setup: "Setup") -> list[np.ndarray]:
     return [ctx[i:i + b] for i in range(0, len(ctx) - b + 1, b)] or [ctx]
 
 
+def check_setups(setups: list[Setup], groups: dict, hardware) -> list[str]:
+    """Refuse, in one line, a grid the GPU run could not hold: a policy the engine lacks, a
+    (policy, s) the trace has no group for, k outside 1..``MAX_Q_LEN`` − 1 (the verify
+    kernel's queries) or, forced, beyond the k the trace recorded (forced acceptance replays
+    its drafts), a model the engine cannot build (where torch is here to ask it), and weights
+    plus every slot's KV cache beyond ``hardware``'s memory. Returns notes on what holds but
+    deserves saying: positions beyond the model's native ones (the rotary tables extend;
+    random weights price the cost only)."""
+    from specsim.kernels.verify_attention import MAX_Q_LEN
+    from specsim.policies import SELECTION_POLICIES
+
+    notes = []
+    for setup in setups:
+        unknown = [p for p in setup.policies if p not in SELECTION_POLICIES]
+        if unknown:
+            raise SpecsimError(f"unknown policy '{unknown[0]}'; known: "
+                               f"{', '.join(SELECTION_POLICIES)}")
+        for policy in setup.policies:
+            recorded = sorted(s for p, s in groups if p == policy)
+            for s in setup.ss:
+                if (policy, s) not in groups:
+                    raise SpecsimError(f"the trace has no {policy} s={s} group (its {policy} "
+                                       f"groups: s {', '.join(map(str, recorded)) or 'none'})")
+        bad = [k for k in setup.ks if not 1 <= k <= MAX_Q_LEN - 1]
+        if bad:
+            raise SpecsimError(f"k {bad[0]} is out of range: the verify kernel takes k + 1 ≤ "
+                               f"{MAX_Q_LEN} queries, so k lies in 1..{MAX_Q_LEN - 1}")
+        if setup.mode == "forced":
+            for policy in setup.policies:
+                for s in setup.ss:
+                    top = max(int(r.k.max()) for r in groups[(policy, s)].requests)
+                    if max(setup.ks) > top:
+                        raise SpecsimError(
+                            f"k {max(setup.ks)} is beyond the k {top} the trace recorded for "
+                            f"{policy} s={s}: forced acceptance replays the recorded drafts, "
+                            f"so k ≤ {top} (free-running setups extrapolate beyond it)")
+        if setup.mode == "free" and setup.model_config is not None:
+            raise SpecsimError(f"setup {setup.name}: free-running setups decode a catalogue "
+                               f"model with its real weights (the simulator finds it by "
+                               f"name); a config.json alone runs forced")
+        spec = setup.spec()
+        try:
+            from specsim.engine.model import ModelArgs
+        except ImportError:       # no torch on this machine: the GPU machine checks it
+            ModelArgs = None
+        if ModelArgs is not None:
+            try:
+                ModelArgs.from_config(setup.config())
+            except SpecsimError as exc:
+                raise SpecsimError(f"the engine cannot run {setup.model}: {exc}") from None
+        length = setup.cache_length()
+        need = spec.memory_bytes([length] * setup.batch)
+        if need > hardware.memory_bytes:
+            what = (f"context {setup.context}" if setup.mode == "forced"
+                    else f"prompts up to {length - setup.max_new_tokens} tokens")
+            raise SpecsimError(
+                f"setup {setup.name}: batch {setup.batch} at {what} does not fit on "
+                f"{hardware.name}: {spec.name}'s weights and KV cache need "
+                f"{need / 1e9:.0f} GB, it has {hardware.memory_bytes / 1e9:.0f} GB (lower the "
+                f"batch or the context)")
+        if spec.max_context and length > spec.max_context:
+            notes.append(f"setup {setup.name}: {length} cache positions are beyond "
+                         f"{spec.name}'s {spec.max_context} native ones; forced acceptance "
+                         f"with random weights measures the cost there, not the model")
+    return notes
+
+
 def build_plan(setups: list[Setup], trace_path: str, hardware: str = "h200",
-               progress: bool = True) -> dict:
-    """Predictions for every configuration, before anything runs on the GPU."""
+               progress: bool = True, costs: str = "auto") -> dict:
+    """Predictions for every configuration, before anything runs on the GPU; ``costs`` as
+    :func:`specsim.costs.source.resolve_cost_source` takes it (``auto``, ``roofline``,
+    ``calibrated``, a calibration file). Each setup records the source that priced it
+    (``cost_source``: kind, note, file and its sha256) and the plan :func:`check_setups`'
+    notes."""
     from specsim.analytical import emitted_tokens_per_iteration
-    from specsim.costs import make_cost_model
-    from specsim.specs import load_hardware, load_model
+    from specsim.costs.source import resolve_cost_source
+    from specsim.specs import load_hardware
     from specsim.traces.acceptance import estimate_acceptance
     from specsim.traces.importers import load_trace
 
     trace = load_trace(trace_path)
     groups = trace.groups()
     hw = load_hardware(hardware)
+    names = [s.name for s in setups]
+    if len(set(names)) < len(names):
+        raise SpecsimError(f"two setups named {next(n for n in names if names.count(n) > 1)}")
+    notes = check_setups(setups, groups, hw)
     out = {FORMAT_KEY: 1, "trace": trace_path, "trace_sha256": _sha(trace_path),
            "hardware": hardware, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
            "setups": []}
+    if notes:
+        out["notes"] = notes
     for setup in setups:
-        spec = load_model(setup.model)
-        costs, note = make_cost_model(spec, hw, 1, "auto")
-        calibration = getattr(getattr(costs, "calibration", None), "path", None)
-        entry = {"setup": setup.to_json(), "costs": note,
-                 # relative to the repository and with its hash: the file the predictions
-                 # were made with can be checked against the commit's
-                 "calibration": repo_file(calibration)[1] if calibration else None,
-                 "calibration_sha256": _sha(calibration) if calibration else None,
+        spec = setup.spec()
+        source = resolve_cost_source(spec, hw, 1, costs)
+        cost_model = source.cost_model
+        # files by their name in the repository and with their hash: the file the
+        # predictions were made with can be checked against the commit's
+        path = repo_file(source.path)[1] if source.path else None
+        sha = _sha(source.path) if source.path else None
+        calibrated = source.kind == "calibration"
+        entry = {"setup": setup.to_json(), "costs": source.note,
+                 "cost_source": {"kind": source.kind, "note": source.note, "path": path,
+                                 "sha256": sha, "fallback": source.fallback},
+                 "calibration": path if calibrated else None,
+                 "calibration_sha256": sha if calibrated else None,
                  "configs": []}
         if setup.mode == "forced":
             plain_tokens = setup.batch * setup.iterations * 4
-            entry["plain"] = {"predict": _predict_forced_plain(costs, setup.batch,
+            entry["plain"] = {"predict": _predict_forced_plain(cost_model, setup.batch,
                                                                setup.context, plain_tokens),
                               "tokens": plain_tokens}
         else:
             prompt = np.array([len(p) for p in setup.prompts])
             sim = _simulate(trace_path, setup.model, hardware, setup.batch, prompt,
-                            setup.max_new_tokens, "plain", None, 1, setup.prompt_ids)
-            step = np.mean([costs.plain_step(c).seconds for c in _full_batches(setup)])
+                            setup.max_new_tokens, "plain", None, 1, setup.prompt_ids, costs)
+            step = np.mean([cost_model.plain_step(c).seconds for c in _full_batches(setup)])
             entry["plain"] = {"predict": setup.batch / step,
                               "simulate": sim["decode_throughput"]}
         grid = [(p, s, k) for p in setup.policies for s in setup.ss for k in setup.ks]
@@ -229,16 +352,14 @@ def build_plan(setups: list[Setup], trace_path: str, hardware: str = "h200",
             if progress:
                 print(f"\r[{setup.name}] predicting {n + 1}/{len(grid)}", end="",
                       file=sys.stderr, flush=True)
-            group = groups.get((policy, s))
-            if group is None:
-                raise SpecsimError(f"the trace has no {policy} s={s} group")
+            group = groups[(policy, s)]
             cfg = {"policy": policy, "s": s, "k": k}
             if setup.mode == "forced":
                 reqs = _pick_requests(group, setup.batch, k, setup.iterations)
                 cfg["forced"] = [{"id": r.id, "k": r.k.tolist(), "m": r.m.tolist()}
                                  for r in reqs]
                 cfg["predict"], cfg["split_predicted_ms"] = _predict_forced(
-                    costs, reqs, setup.context, k, s, policy)
+                    cost_model, reqs, setup.context, k, s, policy)
                 cfg["tokens_per_iteration_predicted"] = float(np.mean(
                     [np.mean(r.m + 1) for r in reqs]))
             else:
@@ -248,7 +369,7 @@ def build_plan(setups: list[Setup], trace_path: str, hardware: str = "h200",
                 # drafts past that are accepted but not emitted
                 emitted = emitted_tokens_per_iteration(est.survival_at(k), k,
                                                        max(1, setup.max_new_tokens - 1))
-                its = [costs.iteration(c, k, s, policy) for c in _full_batches(setup)]
+                its = [cost_model.iteration(c, k, s, policy) for c in _full_batches(setup)]
                 seconds = np.mean([it.seconds for it in its])
                 cfg["predict"] = setup.batch * emitted / seconds
                 cfg["split_predicted_ms"] = _mean_split(its)
@@ -258,7 +379,7 @@ def build_plan(setups: list[Setup], trace_path: str, hardware: str = "h200",
                     else "replay"
                 sim = _simulate(trace_path, setup.model, hardware, setup.batch,
                                 np.array([len(p) for p in setup.prompts]),
-                                setup.max_new_tokens, policy, s, k, setup.prompt_ids)
+                                setup.max_new_tokens, policy, s, k, setup.prompt_ids, costs)
                 cfg["simulate"] = sim["decode_throughput"]
             entry["configs"].append(cfg)
         if progress:
@@ -285,8 +406,6 @@ def measure(plan: dict, repeats: int = 2, progress: bool = True, device: str = "
     import torch
 
     from specsim.engine import Engine, build_model
-    from specsim.engine.decode import cache_positions
-    from specsim.shipped import catalog_file
     from specsim.traces.format import RequestTrace
 
     out = {MEASURED_KEY: 1, "plan_created": plan["created"], "setups": []}
@@ -297,7 +416,7 @@ def measure(plan: dict, repeats: int = 2, progress: bool = True, device: str = "
     out["torch"] = torch.__version__
     for entry in plan["setups"]:
         setup = Setup(**entry["setup"])
-        config = json.loads(catalog_file(f"{setup.model}/config.json").read_text())
+        config = setup.config()
         weights = setup.weights if setup.mode == "free" else "random"
         if setup.mode == "free" and len(setup.prompts) < setup.batch:
             raise SpecsimError(f"setup {setup.name}: {len(setup.prompts)} prompts for "
@@ -306,21 +425,18 @@ def measure(plan: dict, repeats: int = 2, progress: bool = True, device: str = "
             raise SpecsimError(f"setup {setup.name}: free-running validation needs real weights "
                                f"(a folder of safetensors)")
         dtype = torch.bfloat16 if device == "cuda" else torch.float32
+        # the engine prepares the model as its settings say (fused projections, compiled
+        # layers on CUDA)
         model = build_model(config, weights=weights, dtype=dtype, device=device)
-        if device == "cuda":
-            model.fuse_projections()
-            model.compile_layers()
         rows = []
         started = time.perf_counter()
         if setup.mode == "forced":
             prompts = [[1] * setup.context] * setup.batch
-            room = max(setup.ks) * (setup.iterations + 4) + 16
             state = "random"
         else:
             prompts = setup.prompts
-            room = cache_positions(0, setup.max_new_tokens, max(setup.ks))
             state = None
-        max_len = max(len(p) for p in prompts) + room
+        max_len = setup.cache_length()
         with torch.inference_mode():
             plain = Engine(model, batch=setup.batch, max_len=max_len, policy="full", k_max=1,
                            beyond_max_position=True)
@@ -431,6 +547,15 @@ def _regret(pred: np.ndarray, meas: np.ndarray) -> float:
     return float(meas[int(np.argmax(pred))] / np.max(meas))
 
 
+def _worst_cell(rows: list[dict], predictor: str, setups: list[str] | None = None) -> dict:
+    """The configuration ``predictor`` misses most (largest |predicted / measured − 1|) and
+    that signed error; with ``setups`` (each row's setup name), its setup too."""
+    errors = [r[predictor] / r[TARGET[predictor]] - 1.0 for r in rows]
+    i = int(np.argmax(np.abs(errors)))
+    return {**({"setup": setups[i]} if setups else {}),
+            **{k: rows[i][k] for k in ("policy", "s", "k")}, "error": float(errors[i])}
+
+
 #: What each predictor is compared with: ``predict`` prices a full batch in steady state —
 #: measured as the steady window's iteration time (every slot busy) with the tokens per
 #: iteration of every answer start to end (``measured``; the window's own throughput is
@@ -539,16 +664,18 @@ def report(plan: dict, measured: dict, trace=None) -> dict:
                 meas = np.array([r[TARGET[p]] for r in sel])
                 pred = np.array([r[p] for r in sel])
                 best = sel[int(np.argmax(pred))]
-                res[p] = {**_errors(pred, meas), "regret": _regret(pred, meas),
+                res[p] = {**_errors(pred, meas), "worst_cell": _worst_cell(sel, p),
+                          "regret": _regret(pred, meas),
                           "predicted_best": {k: best[k] for k in ("policy", "s", "k")}}
             return res
 
         policies = sorted({r["policy"] for r in rows})
         item = {"name": name, "setup": {**{k: v for k, v in entry["setup"].items()
-                                           if k != "prompts"},
+                                           if k not in ("prompts", "model_config")},
                                         "requests": len(entry["setup"].get("prompts", ()))
                                         or entry["setup"]["batch"]},
-                "costs": entry["costs"], "rows": rows, "excluded": excluded,
+                "costs": entry["costs"], "cost_source": _cost_source(entry),
+                "rows": rows, "excluded": excluded,
                 "plain": {"measured": got["plain_tokens_per_second"],
                           "measured_whole_run": got.get("plain_tokens_per_second_whole_run",
                                                         got["plain_tokens_per_second"]),
@@ -569,7 +696,50 @@ def report(plan: dict, measured: dict, trace=None) -> dict:
             if trace is not None:
                 item["trace_agreement"] = trace_agreement(entry["setup"], got, trace)
         out.append(item)
-    return {"setups": out}
+    return {"setups": out, "across_setups": across_setups(out)}
+
+
+def _cost_source(entry: dict) -> dict:
+    """What priced a plan's setup: its ``cost_source`` record, or for a plan that has only
+    the note, the kind read from it (a calibration file named, else the roofline)."""
+    if entry.get("cost_source"):
+        return entry["cost_source"]
+    path = entry.get("calibration")
+    return {"kind": "calibration" if path else "roofline", "note": entry["costs"],
+            "path": path, "sha256": entry.get("calibration_sha256"), "fallback": None}
+
+
+def across_setups(items: list[dict]) -> dict:
+    """Per policy and over every policy, each predictor's errors over the cells of every
+    setup together (MAPE, the worst cell with its setup) and the regrets of the setups'
+    predicted optima (their mean and the lowest, with its setup: each setup is its own
+    workload, so the optimum is chosen within it). A predictor counts where every setup
+    having rows has it."""
+    items = [item for item in items if item["all"]]
+    predictors = [p for p in TARGET if items and all(p in item["all"] for item in items)]
+
+    def pooled(policy: str | None) -> dict:
+        cells = [(item["name"], r) for item in items for r in item["rows"]
+                 if policy is None or r["policy"] == policy]
+        summaries = [(item["name"], item["all"] if policy is None
+                      else item["per_policy"].get(policy)) for item in items]
+        summaries = [(n, sm) for n, sm in summaries if sm]
+        res = {"configs": len(cells), "setups": len(summaries)}
+        rows = [r for _, r in cells]
+        for p in predictors:
+            errors = np.array([r[p] / r[TARGET[p]] - 1.0 for r in rows])
+            worst = _worst_cell(rows, p, [n for n, _ in cells])
+            regrets = [(sm[p]["regret"], n) for n, sm in summaries]
+            lowest = min(regrets)
+            res[p] = {"mape": float(np.mean(np.abs(errors))), "worst": abs(worst["error"]),
+                      "worst_cell": worst,
+                      "regret_mean": float(np.mean([r for r, _ in regrets])),
+                      "regret_lowest": float(lowest[0]), "regret_lowest_setup": lowest[1]}
+        return res
+
+    policies = sorted({r["policy"] for item in items for r in item["rows"]})
+    return {"setups": len(items), "per_policy": {p: pooled(p) for p in policies},
+            "all": pooled(None) if items else None}
 
 
 #: Phases of an iteration, as the cost model splits it and the engine times it.
@@ -625,7 +795,8 @@ def markdown(rep: dict, measured: dict) -> str:
             cells = [name, str(sm["configs"])]
             for p in preds:
                 e = sm[p]
-                cells += [f"{e['mape'] * 100:.1f}%", f"{e['worst'] * 100:.1f}%",
+                cells += [f"{e['mape'] * 100:.1f}%",
+                          f"{e['worst'] * 100:.1f}% ({_cell_label(e['worst_cell'])})",
                           f"{e['pearson_r']:.3f}", f"{e['regret']:.3f}"]
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("Cost side alone (seconds per iteration in the steady window, predicted vs "
@@ -681,7 +852,33 @@ def markdown(rep: dict, measured: dict) -> str:
                           f"{r['policy']} s={r['s']} k={r['k']} measured {r['measured']:.0f} "
                           f"vs predicted {r['predict']:.0f}" for r in item["excluded"]) + "."]
         lines += ["", "</details>", ""]
+    across = rep.get("across_setups")
+    if across and across["setups"] > 1:
+        preds = [p for p in TARGET if p in across["all"]]
+        lines += [f"### Across the {across['setups']} setups", "",
+                  "Every setup's cells together; regret is each setup's own (its predicted "
+                  "best against its measured best), the mean and the lowest.", "",
+                  "| policy | configs | " + " | ".join(
+                      f"{p} MAPE | {p} worst | {p} regret mean | {p} regret lowest"
+                      for p in preds) + " |", "|" + "---|" * (2 + 4 * len(preds))]
+        for name, sm in [*across["per_policy"].items(), ("all", across["all"])]:
+            cells = [name, str(sm["configs"])]
+            for p in preds:
+                e = sm[p]
+                cells += [f"{e['mape'] * 100:.1f}%",
+                          f"{e['worst'] * 100:.1f}% ({_cell_label(e['worst_cell'])})",
+                          f"{e['regret_mean']:.3f}",
+                          f"{e['regret_lowest']:.3f} ({e['regret_lowest_setup']})"]
+            lines.append("| " + " | ".join(cells) + " |")
+        lines.append("")
     return "\n".join(lines)
+
+
+def _cell_label(cell: dict) -> str:
+    """A worst cell as the table names it: its setup, policy, s and k, and the sign of the
+    miss (+: predicted faster than measured)."""
+    where = f"{cell['setup']} " if cell.get("setup") else ""
+    return f"{where}{cell['policy']} s={cell['s']} k={cell['k']}, {cell['error'] * 100:+.1f}%"
 
 
 def read_json(path: str, key: str) -> dict:
@@ -754,7 +951,8 @@ def main(argv=None) -> None:
         for p, sm in [*item["per_policy"].items(), ("all", item["all"])]:
             e = sm["predict"]
             print(f"{item['name']:>10} {p:>12}: predict MAPE {e['mape'] * 100:5.1f}% worst "
-                  f"{e['worst'] * 100:5.1f}% r {e['pearson_r']:.3f} regret {e['regret']:.3f}")
+                  f"{e['worst'] * 100:5.1f}% ({_cell_label(e['worst_cell'])}) r "
+                  f"{e['pearson_r']:.3f} regret {e['regret']:.3f}")
 
 
 if __name__ == "__main__":
