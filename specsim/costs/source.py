@@ -2,13 +2,15 @@
 
 :func:`resolve_cost_source` takes the user's ``--costs`` choice and returns a
 :class:`CostSource`: the cost model, the kind of source (a calibration of this model on this
-GPU, or the roofline), the file, and the note reports print. Under ``auto`` the sources are
-tried in order of trust (:data:`AUTO_SOURCES`: the shipped calibration, then the roofline);
-each says why it does not apply, and a fallback to the roofline is flagged with that reason.
-Another source (an operator table, say) slots into that order as one more function.
+GPU, this GPU's operator tables, or the roofline), the file, and the note reports print.
+Under ``auto`` the sources are tried in order of trust (:data:`AUTO_SOURCES`: the model's
+shipped calibration, then the shipped operator table of the hardware, composed for the model by
+:class:`~specsim.costs.operators.OperatorCostModel`; the roofline prices what neither covers);
+each says why it does not apply, and a later source's note says why the earlier ones did not.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,14 +26,20 @@ class CostSource:
     """A cost model and where its prices come from."""
 
     cost_model: CostModel
-    kind: str                     # "calibration" | "roofline"
+    kind: str                     # "calibration" | "operators" | "roofline"
     note: str                     # what reports print: which model, from what, and why
-    path: str | None = None       # the calibration file
+    path: str | None = None       # the calibration file or operator table
     fallback: str | None = None   # why a calibration was not used, where one was wanted
 
 
 class _NotHere(Exception):
-    """A source that does not apply: why (the roofline's note names it)."""
+    """A source that does not apply: why (the roofline's note names it). A ``quiet`` reason
+    (no table of this kind exists for the hardware) is named in the note, not in the
+    source's ``fallback``."""
+
+    def __init__(self, why: str, quiet: bool = False):
+        super().__init__(why)
+        self.quiet = quiet
 
 
 def shipped_calibration(model: ModelSpec, hardware: HardwareSpec) -> Path | None:
@@ -65,8 +73,12 @@ def _calibrated(calibration, model, hardware, tp) -> CostSource:
     return CostSource(cm, "calibration", note, str(calibration.path))
 
 
-def _roofline(model, hardware, tp, why: str | None = None) -> CostSource:
-    note = "roofline cost model" + (f" ({why})" if why else "")
+def _roofline(model, hardware, tp, why: str | None = None, said: str | None = None
+              ) -> CostSource:
+    """The roofline; ``why`` more trusted sources were not used, ``said`` what the note
+    says about them (default ``why``)."""
+    said = said or why
+    note = "roofline cost model" + (f" ({said})" if said else "")
     return CostSource(RooflineCostModel(model, hardware, tp), "roofline", note, fallback=why)
 
 
@@ -91,8 +103,68 @@ def shipped_calibration_source(model, hardware, tp, required: bool) -> CostSourc
     return _calibrated(calibration, model, hardware, tp)
 
 
+def shipped_operator_table(hardware: HardwareSpec) -> Path | None:
+    """Path of the operator table shipped for ``hardware``, or None:
+    ``models/operators/<hardware key>.json`` in the catalogue."""
+    from specsim.shipped import catalog_file
+    path = catalog_file(f"operators/{hardware.key}.json")
+    return path if hardware.key and path.is_file() else None
+
+
+def _operators(table, model, hardware, tp) -> CostSource:
+    from specsim.costs.operators import OperatorCostModel
+    from specsim.shipped import display_name
+
+    if tp != 1:
+        raise SpecsimError("operator tables are measured on one GPU; use --costs roofline "
+                           "for tensor parallelism")
+    cm = OperatorCostModel(table, model, hardware, tp)
+    prov = table.provenance
+    note = (f"operator cost model: {model.name} composed from measured operators "
+            f"({display_name(table.path)}; {prov.get('gpu')}, {prov.get('date')}, engine "
+            f"settings {prov['engine'].get('settings_hash')}"
+            + ("" if prov.get("complete") else "; an incomplete table") + ")")
+    if cm.warnings:
+        note += "; WARNING: " + "; ".join(cm.warnings)
+    return CostSource(cm, "operators", note, str(table.path))
+
+
+def shipped_operator_source(model, hardware, tp, required: bool) -> CostSource:
+    """This hardware's shipped operator table composed for ``model``, at tp = 1."""
+    from specsim.costs.operator_file import read_operator_table
+
+    path = shipped_operator_table(hardware)
+    if path is None or tp != 1:
+        if required:
+            raise SpecsimError(f"no shipped operator table for '{hardware.key}'"
+                               + (" at tp=1" if tp != 1 else "")
+                               + "; run `specsim calibrate --gpu --operators` or use "
+                                 "--costs roofline")
+        if path is None:
+            raise _NotHere(f"no operator table shipped for '{hardware.key}'", quiet=True)
+        raise _NotHere("tensor parallelism")
+    return _operators(read_operator_table(str(path)), model, hardware, tp)
+
+
 #: The sources ``auto`` tries, most trusted first; the roofline prices what none covers.
-AUTO_SOURCES = (shipped_calibration_source,)
+AUTO_SOURCES = (shipped_calibration_source, shipped_operator_source)
+
+
+def _joined(reasons, quiet: bool = True) -> str | None:
+    """The reasons, each once, in order (without the quiet ones unless ``quiet``)."""
+    texts = [str(r) for r in reasons if quiet or not getattr(r, "quiet", False)]
+    return "; ".join(dict.fromkeys(texts)) or None
+
+
+def _is_operator_table(path: str) -> bool:
+    """Whether the JSON file at ``path`` is an operator table (by its format key)."""
+    from specsim.costs.operator_file import FORMAT_KEY
+    try:
+        with open(path, encoding="utf-8") as fh:
+            head = fh.read(256)
+    except (OSError, UnicodeDecodeError):
+        return False
+    return f'"{FORMAT_KEY}"' in head
 
 
 def resolve_cost_source(model: ModelSpec, hardware: HardwareSpec, tp: int = 1,
@@ -100,25 +172,40 @@ def resolve_cost_source(model: ModelSpec, hardware: HardwareSpec, tp: int = 1,
     """The cost model a command prices with, and its source.
 
     ``costs``: ``auto`` (the first of :data:`AUTO_SOURCES` that applies — the shipped
-    calibration for this hardware and model, at tp = 1, covering every policy — else the
-    roofline, its note saying why), ``roofline``, ``calibrated`` (the shipped calibration,
-    required), or a path to a calibration file.
+    calibration for this hardware and model, at tp = 1, covering every policy; then this
+    hardware's shipped operator table, at tp = 1 — else the roofline; a later source's note says
+    why the earlier ones did not apply), ``roofline``, ``calibrated`` (the shipped calibration,
+    required), ``operators`` (the shipped operator table, required), or a path to a calibration
+    file or an operator table.
     """
     if costs == "roofline":
         return _roofline(model, hardware, tp)
-    if costs in ("auto", "calibrated"):
-        reasons = []
+    if costs == "calibrated":
+        return shipped_calibration_source(model, hardware, tp, required=True)
+    if costs == "operators":
+        return shipped_operator_source(model, hardware, tp, required=True)
+    if costs == "auto":
+        reasons: list[_NotHere] = []
         for source in AUTO_SOURCES:
             try:
-                return source(model, hardware, tp, required=costs == "calibrated")
+                found = source(model, hardware, tp, required=False)
             except _NotHere as why:
-                reasons.append(str(why))
-        return _roofline(model, hardware, tp, "; ".join(reasons))
+                reasons.append(why)
+                continue
+            if not reasons:
+                return found
+            why = _joined(reasons, quiet=False)
+            return dataclasses.replace(found, note=f"{found.note} (not calibrated: "
+                                                   f"{_joined(reasons)})", fallback=why)
+        return _roofline(model, hardware, tp, _joined(reasons, quiet=False), _joined(reasons))
     if os.path.exists(costs):
+        if _is_operator_table(costs):
+            from specsim.costs.operator_file import read_operator_table
+            return _operators(read_operator_table(str(costs)), model, hardware, tp)
         from specsim.costs.calibration_file import read_calibration
         return _calibrated(read_calibration(str(costs)), model, hardware, tp)
-    raise SpecsimError(f"--costs must be auto, roofline, calibrated or a calibration file; "
-                       f"'{costs}' is none of these")
+    raise SpecsimError(f"--costs must be auto, roofline, calibrated, operators, a calibration "
+                       f"file or an operator table; '{costs}' is none of these")
 
 
 def make_cost_model(model: ModelSpec, hardware: HardwareSpec, tp: int = 1,
