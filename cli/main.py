@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 
 import click
 
@@ -314,15 +314,100 @@ def _s(s) -> str:
 # --------------------------------------------------------------------------------------------
 
 
+class ContextLengths(click.ParamType):
+    """``N`` or ``N1,N2,...``: whole numbers of tokens, each at least 1."""
+
+    name = "N[,N...]"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, list):
+            return value
+        items = [x for x in str(value).replace(" ", "").split(",") if x]
+        try:
+            lengths = [int(x) for x in items]
+        except ValueError:
+            self.fail(f"expected whole numbers of tokens separated by commas, got '{value}'",
+                      param, ctx)
+        if not lengths or min(lengths) < 1:
+            self.fail(f"context lengths must be at least 1 token, got '{value}'", param, ctx)
+        return lengths
+
+
+@dataclass(frozen=True)
+class OperationCost:
+    """One operation of a breakdown. ``ms`` is the chosen cost source's time; the bytes and
+    FLOPs are the roofline's count of what the operation moves and computes (per GPU), and
+    ``floor_ms`` those bytes over the hardware's bandwidth ceiling; ``floor_fraction`` is
+    ``floor_ms / ms`` (1 at the floor). ``overhead_ms`` and ``comm_ms`` (launch and all-reduce
+    terms) are parts of ``ms`` only where the roofline prices it, and are omitted elsewhere."""
+
+    ms: float
+    floor_ms: float
+    floor_fraction: float | None
+    weight_bytes: float
+    kv_bytes: float
+    other_bytes: float
+    bytes: float
+    flops: float
+    roofline_bound: str           # the roofline term that dominates: memory | compute | overhead
+    notes: tuple[str, ...]        # how the source priced it
+    overhead_ms: float | None = field(default=None, metadata={"omit_none": True})
+    comm_ms: float | None = field(default=None, metadata={"omit_none": True})
+
+    @classmethod
+    def of(cls, cost, bandwidth: float, roofline_priced: bool) -> "OperationCost":
+        ms = _ms(cost.seconds)
+        floor_ms = cost.bytes / bandwidth * 1e3
+        fraction = floor_ms / (cost.seconds * 1e3) if cost.seconds > 0 else None
+        return cls(ms=ms, floor_ms=floor_ms, floor_fraction=fraction,
+                   weight_bytes=cost.weight_bytes, kv_bytes=cost.kv_bytes,
+                   other_bytes=cost.other_bytes, bytes=cost.bytes, flops=cost.flops,
+                   roofline_bound=cost.bound, notes=tuple(cost.notes),
+                   overhead_ms=cost.overhead_s * 1e3 if roofline_priced else None,
+                   comm_ms=cost.comm_s * 1e3 if roofline_priced else None)
+
+
+@dataclass(frozen=True)
+class CostsReport:
+    """`specsim costs`: one plain step, one draft step, one verify pass of k + 1 tokens, one
+    selection and the iteration time T(k, s) for one batch, priced by the cost source that
+    predict picks for the same (model, hardware, tp, --costs)."""
+
+    model: ModelSummary
+    hardware: HardwareSummary
+    tp: int
+    batch: int
+    contexts: list[int]
+    k: int
+    s: float
+    policy: str
+    source: dict                  # kind, note, path, fallback: see CostSource
+    plain_step: OperationCost     # T_ar
+    draft_step: OperationCost     # C_d(s)
+    verify: OperationCost         # C_v(k + 1)
+    selection: OperationCost      # C_sel(s), once per iteration
+    iteration_ms: float           # T(k, s) = k·C_d + C_v + C_sel + other
+    iteration_split_ms: dict[str, float]
+    gamma: float                  # C_d / C_v
+    notes: list[str]
+
+
+def _ms(seconds: float) -> float:
+    """Seconds as milliseconds to the nanosecond, as predict reports them."""
+    return round(float(seconds) * 1e3, 6)
+
+
 @cli.command()
 @click.option("--model", default=defaults.FALLBACK_MODEL, show_default=True,
               help="Catalogue name (see `specsim models`) or path to a HuggingFace "
                    "config.json.")
 @click.option("--hardware", default=defaults.HARDWARE, show_default=True,
               help=defaults.HARDWARE_HELP)
-@click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Sequences in the batch (ignored when --context lists several).")
-@click.option("--context", default=str(defaults.CONTEXT), show_default=True,
+@click.option("--batch", type=click.IntRange(min=1), default=None,
+              help="Sequences in the batch, all at --context. Default: 1, or as many as "
+                   "--context lists.")
+@click.option("--context", type=ContextLengths(), default=str(defaults.CONTEXT),
+              show_default=True,
               help="Context length in tokens, or a comma-separated list of one length per "
                    "sequence (a ragged batch).")
 @click.option("--k", type=click.IntRange(min=1), default=8, show_default=True,
@@ -334,74 +419,107 @@ def _s(s) -> str:
               help="Selection policy: vegas, sparsespec, streamingllm, quest, last-token, full.")
 @click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True,
               help="Tensor-parallel GPUs.")
+@click.option("--costs", "costs_choice", default="auto", show_default=True,
+              help=defaults.COSTS_HELP)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def costs(model, hardware, batch, context, k, sparsity, policy, tp, as_json):
-    """Roofline cost breakdown of one plain step, one draft step, one verify pass and one
-    selection, with bytes moved, FLOPs and time (per GPU).
+def costs(model, hardware, batch, context, k, sparsity, policy, tp, costs_choice, as_json):
+    """Cost breakdown of one plain step (T_ar), one draft step (C_d), one verify pass (C_v)
+    and one selection (C_sel), and the iteration time T(k, s), per GPU.
 
-    t_decode_min_ms is the floor of one plain decoding step: (weight + KV bytes) / bandwidth.
-    Bandwidth and matrix rate are the hardware spec's measured ceilings where it has them,
-    else the datasheet's.
+    The times come from the cost source predict uses for the same model, hardware, tp and
+    --costs (the shipped calibration where there is one, else the roofline), so T_ar and
+    T(k, s) equal predict's plain_step_ms and iteration_ms at that k for
+    `predict --batch B --context N`. The bytes and FLOPs are the roofline's count of what each
+    operation moves and computes; the floor is those bytes over the hardware's bandwidth
+    ceiling (measured where the hardware spec has it, else the datasheet's), and floor/ms the
+    share of the time the floor accounts for.
     """
-    from specsim.costs import RooflineCostModel, decode_floor_s
+    from specsim.costs import resolve_cost_source
     from specsim.policies import get_policy
+    from specsim.shipped import display_name
     from specsim.specs import load_hardware, load_model
 
-    contexts = [int(x) for x in _float_list(context)]
-    if any(c < 1 for c in contexts):
-        raise click.BadParameter("context lengths must be ≥ 1", param_hint="--context")
+    contexts = list(context)
     if len(contexts) == 1:
-        contexts = contexts * batch
-    get_policy(policy)
+        contexts = contexts * (batch or 1)
+    elif batch is not None and batch != len(contexts):
+        raise click.BadParameter(f"{batch} disagrees with the {len(contexts)} context "
+                                 f"lengths given", param_hint="--batch")
+    policy = get_policy(policy).name
     spec, hw = load_model(model), load_hardware(hardware)
     try:
-        cm = RooflineCostModel(spec, hw, tp=tp)
+        source = resolve_cost_source(spec, hw, tp=tp, costs=costs_choice)
+        plain = source.cost_model.plain_step(contexts)
+        it = source.cost_model.iteration(contexts, k, sparsity, policy)
     except ValueError as exc:
         raise SpecsimError(str(exc)) from None
-    plain = cm.plain_step(contexts)
-    it = cm.iteration(contexts, k, sparsity, policy)
-    report = {
-        "model": ModelSummary.of(spec), "hardware": HardwareSummary.of(hw), "tp": tp,
-        "batch": len(contexts), "contexts": contexts, "k": k, "s": sparsity, "policy": policy,
-        "weight_bytes": plain.weight_bytes, "kv_bytes": plain.kv_bytes,
-        "t_decode_min_ms": decode_floor_s(spec, hw, contexts, tp) * 1e3,
-        "plain_step": _cost_dict(plain), "draft_step": _cost_dict(it.draft_step),
-        "verify": _cost_dict(it.verify), "selection": _cost_dict(it.selection),
-        "iteration_ms": it.seconds * 1e3, "iteration_split_ms":
-            {x: v * 1e3 for x, v in it.split().items()},
-        "gamma": it.draft_step.seconds / it.verify.seconds,
-    }
-    if as_json:
-        return _emit_json(report)
-    click.echo(f"{spec.name} on {hw.name}, batch {len(contexts)} (contexts "
-               f"{_ctx_summary(contexts)}), tp {tp}; k = {k}, s = {sparsity}, {policy}")
+    roofline_priced = source.kind == "roofline"
+    op = lambda cost: OperationCost.of(cost, hw.bandwidth, roofline_priced)  # noqa: E731
+    notes = []
+    need = spec.memory_bytes(contexts, tp)
+    if need > hw.memory_bytes:
+        notes.append(f"the batch does not fit: weights + KV need {need / 1e9:.0f} GB per GPU, "
+                     f"{hw.name} has {hw.memory_bytes / 1e9:.0f} GB")
+    report = CostsReport(
+        model=ModelSummary.of(spec), hardware=HardwareSummary.of(hw), tp=tp,
+        batch=len(contexts), contexts=contexts, k=k, s=sparsity, policy=policy,
+        source={"kind": source.kind, "note": source.note,
+                "path": display_name(source.path) if source.path else None,
+                "fallback": source.fallback},
+        plain_step=op(plain), draft_step=op(it.draft_step), verify=op(it.verify),
+        selection=op(it.selection), iteration_ms=_ms(it.seconds),
+        iteration_split_ms={x: _ms(v) for x, v in it.split().items()},
+        gamma=it.draft_step.seconds / it.verify.seconds, notes=notes)
+    return _emit_json(report) if as_json else _print_costs(report)
+
+
+def _print_costs(r: CostsReport) -> None:
+    hw = r.hardware
+    click.echo(f"{r.model.name} on {hw.name}, batch {r.batch} (contexts "
+               f"{_ctx_summary(r.contexts)}), tp {r.tp}; k = {r.k}, s = {r.s:g}, {r.policy}")
+    click.echo(f"costs     {r.source['note']}")
+    roofline_priced = r.source["kind"] == "roofline"
     rows = []
-    for label, key in (("plain step (T_ar)", "plain_step"), ("draft step (C_d)", "draft_step"),
-                       (f"verify q={k + 1} (C_v)", "verify"), ("selection (C_sel)", "selection")):
-        c = report[key]
-        rows.append([label, f"{c['ms']:.3f}", _fmt_bytes(c["weight_bytes"]),
-                     _fmt_bytes(c["kv_bytes"]), _fmt_bytes(c["other_bytes"]),
-                     f"{c['flops'] / 1e12:.3f}", f"{c['overhead_ms']:.3f}", c["bound"]])
-    click.echo(_table(["operation", "ms", "weights", "KV", "other", "TFLOP", "overhead ms",
-                       "bound"], rows, "lrrrrrrl"))
-    click.echo(f"floor of one plain step (bytes / bandwidth): {report['t_decode_min_ms']:.3f} ms")
-    split = report["iteration_split_ms"]
-    click.echo(f"T(k={k}, s={sparsity}) = {report['iteration_ms']:.3f} ms  (draft "
+    operations = (("plain step (T_ar)", r.plain_step), ("draft step (C_d)", r.draft_step),
+                  (f"verify q={r.k + 1} (C_v)", r.verify), ("selection (C_sel)", r.selection))
+    for label, c in operations:
+        row = [label, f"{c.ms:.3f}", f"{c.floor_ms:.3f}",
+               "-" if c.floor_fraction is None else f"{c.floor_fraction:.2f}",
+               _fmt_bytes(c.weight_bytes), _fmt_bytes(c.kv_bytes), _fmt_bytes(c.other_bytes),
+               f"{c.flops / 1e12:.3f}"]
+        if roofline_priced:
+            row += [f"{c.overhead_ms:.3f}", c.roofline_bound]
+        rows.append(row)
+    headers = ["operation", "ms", "floor ms", "floor/ms", "weights", "KV", "other", "TFLOP"]
+    if roofline_priced:
+        headers += ["overhead ms", "bound"]
+    click.echo(_table(headers, rows, "lrrrrrrrrl"[:len(headers)]))
+    priced_by = {"roofline": "the roofline's",
+                 "calibration": "the calibration's, measured on the GPU",
+                 "operators": "composed from the operator tables, measured on the GPU"}.get(
+        r.source["kind"], f"the {r.source['kind']} source's")
+    click.echo(f"ms: {priced_by}. Bytes moved (weights, KV, other) and TFLOP: the roofline's "
+               f"count.")
+    click.echo(f"floor: those bytes / {hw.bandwidth_TBps:.2f} TB/s ({hw.ceilings} bandwidth "
+               f"ceiling); floor/ms: the share of the time the floor accounts for.")
+    split = r.iteration_split_ms
+    click.echo(f"T(k={r.k}, s={r.s:g}) = {r.iteration_ms:.3f} ms  (draft "
                f"{split['draft']:.3f}, verify {split['verify']:.3f}, selection "
                f"{split['selection']:.3f}, other {split['other']:.3f}); γ = C_d/C_v = "
-               f"{report['gamma']:.3f}")
+               f"{r.gamma:.3f}")
+    priced = [(label, c.notes) for label, c in operations if c.notes]
+    if priced:
+        click.echo("how each is priced:")
+        width = max(len(label) for label, _ in priced)
+        for label, notes in priced:
+            click.echo(f"  {label.ljust(width)}  {'; '.join(notes)}")
+    for note in r.notes:
+        click.echo(f"note: {note}")
 
 
 def _ctx_summary(contexts) -> str:
     lo, hi = min(contexts), max(contexts)
     return str(lo) if lo == hi else f"{lo}–{hi}"
-
-
-def _cost_dict(c) -> dict:
-    d = c.to_dict()
-    d["ms"] = c.seconds * 1e3
-    d["overhead_ms"] = c.overhead_s * 1e3
-    return d
 
 
 # --------------------------------------------------------------------------------------------

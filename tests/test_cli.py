@@ -73,14 +73,14 @@ def test_what_if_table_output():
 
 def test_costs_json_by_hand():
     r = invoke_json(["costs", "--model", "qwen3-8b", "--hardware", "h200", "--batch", "4",
-                     "--context", "32768", "--k", "7"])
+                     "--context", "32768", "--k", "7", "--costs", "roofline"])
     spec, hw = load_model("qwen3-8b"), load_hardware("h200")
     plain = RooflineCostModel(spec, hw).plain_step([32768] * 4)
-    assert r["weight_bytes"] == pytest.approx(plain.weight_bytes)
+    assert r["plain_step"]["weight_bytes"] == pytest.approx(plain.weight_bytes)
     # KV: 4 · 32768 tokens read (+ 4 written) · 147,456 B
-    assert r["kv_bytes"] == pytest.approx((4 * 32768 + 4) * 147_456)
-    assert r["t_decode_min_ms"] == pytest.approx(
-        (r["weight_bytes"] + r["kv_bytes"]) / 4.3e12 * 1e3)
+    assert r["plain_step"]["kv_bytes"] == pytest.approx((4 * 32768 + 4) * 147_456)
+    assert r["plain_step"]["floor_ms"] == pytest.approx(
+        r["plain_step"]["bytes"] / 4.3e12 * 1e3)
     assert r["batch"] == 4 and r["verify"]["ms"] > r["draft_step"]["ms"]
     assert sum(r["iteration_split_ms"].values()) == pytest.approx(r["iteration_ms"])
 
