@@ -1,0 +1,356 @@
+"""The operator cost model: a model's steps composed from a synthetic operator table of known
+structure; the table's file format; the cost source order; the sweep run on the CPU."""
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from specsim.costs import resolve_cost_source
+from specsim.costs.operator_file import OperatorTable, Point, read_operator_table
+from specsim.costs.operators import OperatorCostModel
+from specsim.errors import SpecsimError
+from specsim.settings import DEFAULT
+from specsim.shipped import shipped_root
+from specsim.specs import ModelSpec, load_hardware, load_model
+
+HW = load_hardware("h200")
+#: A small model whose every operator sits on the synthetic table's grid.
+SMALL = ModelSpec("small", "llama", num_layers=2, hidden_size=1024, num_heads=8,
+                  num_kv_heads=2, head_dim=128, intermediate_size=2048, vocab_size=4096,
+                  layer_types=("full_attention",) * 2)
+
+
+# ---- the synthetic table: affine in each axis, so interpolation between its points is exact --
+def gemm_ms(n, k, m):
+    return 0.004 + 2 * n * k / 3e9 + m * (n + k) * 2 / 3e9
+
+
+def elementwise_ms(moved):
+    return 0.002 + moved / 2e9
+
+
+def graph_ms(kernels):
+    return 0.005 + 0.001 * kernels
+
+
+def append_ms(bkv, paged):
+    return 0.002 + 1e-5 * bkv + (0.001 if paged else 0.0)
+
+
+def verify_ms(q, collect, bkv, context):
+    extra = {"off": 0.0, "sum": 0.02, "all": 0.05}[collect]
+    return 0.003 + extra * q + bkv * context * 1e-7 * (1 + 0.01 * q)
+
+
+def sparse_ms(per, bkv, selected):
+    return 0.004 + bkv * selected * (1.2e-7 if per else 1e-7)
+
+
+def selection_ms(policy, rows, lists, context):
+    scale = {"vegas": 1e-8, "last-token": 1.5e-8, "sparsespec": 3e-8 * (1 + rows / 16),
+             "quest": 2e-8}[policy]
+    return 0.01 + lists * context * scale
+
+
+BKV, CONTEXTS, SELECTED = (2, 8, 32), (1024, 4096, 16384, 65536), (256, 1024, 4096)
+LISTS = (2, 64, 512)
+
+
+def synthetic_table(path=None) -> OperatorTable:
+    points = []
+
+    def add(op, key, at, ms):
+        points.append(Point(op, key, at, [ms * 0.99, ms, ms * 1.01]))
+
+    for n in (1024, 1536, 4096):
+        for k in (1024, 2048):
+            for m in (1, 4, 16, 64):
+                add("gemm", {"n": n, "k": k}, {"m": m}, gemm_ms(n, k, m))
+    for moved in (1024, 2**30):
+        add("elementwise", {}, {"bytes": moved}, elementwise_ms(moved))
+    for kernels in (1, 64):
+        add("graph", {}, {"kernels": kernels}, graph_ms(kernels))
+    for paged in (False, True):
+        for bkv in BKV:
+            add("kv_append", {"head_dim": 128, "paged": paged}, {"batch_kv_heads": bkv},
+                append_ms(bkv, paged))
+    for collect, qs in (("off", (1, 2, 3, 5)), ("sum", (2, 3, 5)), ("all", (2, 3, 5))):
+        for q in qs:
+            for bkv in BKV:
+                for c in CONTEXTS:
+                    add("verify", {"head_dim": 128, "group": 4, "q": q, "collect": collect},
+                        {"batch_kv_heads": bkv, "context": c}, verify_ms(q, collect, bkv, c))
+    for per in (False, True):
+        for bkv in BKV:
+            for n in SELECTED:
+                add("sparse", {"head_dim": 128, "group": 4, "per_kv_head": per},
+                    {"batch_kv_heads": bkv, "selected": n}, sparse_ms(per, bkv, n))
+    for policy, group, rows_list in (("vegas", 0, (0,)), ("last-token", 0, (0,)),
+                                     ("sparsespec", 4, (3, 9, 16)), ("quest", 4, (0,))):
+        for rows in rows_list:
+            for lists in LISTS:
+                for c in CONTEXTS:
+                    add("selection", {"policy": policy, "group": group, "rows": rows},
+                        {"lists": lists, "context": c}, selection_ms(policy, rows, lists, c))
+    prov = {"gpu": "NVIDIA H200", "driver": "580", "cuda": "12.8", "torch": "2.13",
+            "triton": "3.6", "kernel_config_hash": "abc", "date": "2026-12-02T00:00:00Z",
+            "complete": True,
+            "engine": {"settings": DEFAULT.to_json(), "settings_hash": DEFAULT.stable_hash()}}
+    table = OperatorTable(prov, {"copy_bandwidth_Bps": 4.3e12, "bf16_matmul_flops": 7e14},
+                          points)
+    if path is not None:
+        table.write(str(path))
+        table = read_operator_table(str(path))
+    return table
+
+
+@pytest.fixture
+def model():
+    return OperatorCostModel(synthetic_table(), SMALL, HW)
+
+
+def by_hand_layers(tokens, elementwise_bytes_per_token):
+    """The per-layer GEMMs and element-wise kernels of SMALL at ``tokens`` tokens, by hand:
+    q|k|v (8 + 2·2)·128 = 1536 wide, o_proj, gate|up 2·2048, down."""
+    gemms = (gemm_ms(1536, 1024, tokens) + gemm_ms(1024, 1024, tokens)
+             + gemm_ms(4096, 1024, tokens) + gemm_ms(1024, 2048, tokens))
+    # input norm 2h, q/k norm + rotary 2·(H + 2·KVH)·hd, residual + post norm 4h, SwiGLU 3I,
+    # residual 3h, in bf16
+    per_token = [2 * 1024, 2 * 12 * 128, 4 * 1024, 3 * 2048, 3 * 1024]
+    assert elementwise_bytes_per_token is None or per_token == elementwise_bytes_per_token
+    return gemms + sum(elementwise_ms(b * 2 * tokens) for b in per_token)
+
+
+def by_hand_head(tokens):
+    """Embedding, final norm, LM head (4096 × 1024), fp32 cast, greedy sampling, one graph."""
+    return (elementwise_ms(2 * tokens * 1024 * 2) * 2 + gemm_ms(4096, 1024, tokens)
+            + elementwise_ms(tokens * 4096 * 6) + elementwise_ms(tokens * 4096 * 4)
+            + graph_ms(1))
+
+
+def test_a_plain_step_is_the_sum_of_its_operators(model):
+    batch, context = 4, 4096
+    expected = 2 * (by_hand_layers(batch, None) + verify_ms(1, "off", batch * 2, context)
+                    + append_ms(batch * 2, False)) + by_hand_head(batch)
+    got = model.plain_step([context] * batch)
+    assert got.seconds * 1e3 == pytest.approx(expected, rel=1e-9)
+    # on the grid: nothing assumed, the source named
+    assert got.notes[-1].startswith("operators (") and len(
+        [n for n in got.notes if "measured" in n or "modelled" in n]) == 0
+
+
+def test_verify_and_draft_steps_are_the_sums_of_theirs(model):
+    batch, context, q = 4, 4096, 3
+    tokens = batch * q
+    # Vegas' verify collects its summed row; the q rows' K/V are written by 3 element-wise
+    # kernels per layer
+    kv_rows = tokens * 2 * 128 * 2 * 2
+    expected = 2 * (by_hand_layers(tokens, None) + verify_ms(q, "sum", batch * 2, context)
+                    + 3 * elementwise_ms(2 * kv_rows)) + by_hand_head(tokens)
+    assert model.verify([context] * batch, q).seconds * 1e3 == pytest.approx(expected, rel=1e-9)
+    # StreamingLLM's verify collects nothing: cheaper by the collection alone
+    saved = 2 * (verify_ms(q, "sum", 8, context) - verify_ms(q, "off", 8, context))
+    assert (model.verify([context] * 4, q).seconds
+            - model.policy_verify([context] * 4, q, "streamingllm").seconds) * 1e3 == \
+        pytest.approx(saved, rel=1e-9)
+    # a draft step attends to Vegas' selected positions (5% of 4096 → 256 ranked + 32 recent)
+    selected = 288
+    sparse = np.interp(selected, SELECTED, [sparse_ms(False, 8, n) for n in SELECTED])
+    expected = 2 * (by_hand_layers(batch, None) + sparse + append_ms(8, False)) + \
+        by_hand_head(batch)
+    assert model.draft_step([context] * batch, 0.05, "vegas").seconds * 1e3 == \
+        pytest.approx(expected, rel=1e-9)
+
+
+def test_selection_is_the_policys_operator_for_every_list(model):
+    batch, context = 4, 16384
+    # Vegas: one list per layer and sequence
+    got = model.selection([context] * batch, 0.05, "vegas", 4)
+    assert got.seconds * 1e3 == pytest.approx(selection_ms("vegas", 0, 2 * batch, context)
+                                              + graph_ms(1), rel=1e-9)
+    # SparseSpec-L: per layer, sequence and KV head, ranked by min(k + 1, 16) rows; at k = 3,
+    # 4 rows: linear between the measured 3 and 9
+    lists = 2 * batch * 2
+    want = (selection_ms("sparsespec", 3, lists, context) * 5 / 6
+            + selection_ms("sparsespec", 9, lists, context) / 6)
+    got = model.selection([context] * batch, 0.05, "sparsespec", 3)
+    assert got.seconds * 1e3 == pytest.approx(want + graph_ms(1), rel=1e-6)
+    # StreamingLLM and Quest refresh nothing; Quest scores its pages inside each draft step
+    assert model.selection([context] * batch, 0.05, "streamingllm", 4).seconds == 0.0
+    assert model.selection([context] * batch, 0.05, "quest", 4).seconds == 0.0
+    quest = model.draft_step([context] * batch, 0.05, "quest").seconds
+    assert quest - model.draft_step([context] * batch, 0.05, "sparsespec").seconds > \
+        2 * selection_ms("quest", 0, batch * 2, context) / 1e3 * 0.5
+
+
+@pytest.mark.parametrize("policy", ["vegas", "sparsespec", "quest", "streamingllm",
+                                    "last-token"])
+def test_every_cost_grows_with_batch_and_context(model, policy):
+    """Inside and beyond the measured ranges: never cheaper for more sequences or longer
+    ones."""
+    batches, contexts = (1, 2, 4, 8, 16, 64), (512, 2048, 8192, 32768, 131072, 262144)
+
+    def costs(b, c):
+        ctx = [c] * b
+        it = model.iteration(ctx, 4, 0.05, policy)
+        return np.array([model.plain_step(ctx).seconds, it.verify.seconds,
+                         it.draft_step.seconds, it.selection.seconds, it.seconds])
+
+    table = np.array([[costs(b, c) for c in contexts] for b in batches])
+    assert np.all(np.diff(table, axis=0) >= -1e-15)
+    assert np.all(np.diff(table, axis=1) >= -1e-15)
+
+
+def test_what_lies_outside_the_measured_ranges_says_so(model):
+    inside = model.plain_step([4096] * 4)
+    beyond = model.plain_step([262144] * 4)
+    assert not any("beyond" in n for n in inside.notes)
+    assert any("verify head_dim=128 group=4 q=1 collect=off: beyond the measured range" in n
+               for n in beyond.notes)
+    # a model of other widths: the GEMMs' efficiency held from the nearest measured shapes
+    wide = OperatorCostModel(synthetic_table(), ModelSpec(
+        "wide", "llama", 2, 1024, 8, 2, 128, 8192, 4096, layer_types=("full_attention",) * 2),
+        HW)
+    notes = wide.plain_step([4096] * 4).notes
+    assert any("gemm n=16384 k=1024: outside the measured widths" in n for n in notes)
+    # an unmeasured group: between measured ones, else the nearest, said
+    odd = OperatorCostModel(synthetic_table(), ModelSpec(
+        "odd", "llama", 2, 1024, 12, 2, 128, 2048, 4096, layer_types=("full_attention",) * 2),
+        HW)
+    assert any("held at the nearest measured group=4" in n
+               for n in odd.plain_step([4096] * 4).notes)
+
+
+def test_a_gemm_between_measured_widths_lies_between_them(model):
+    lo, _ = model.gemm(16, 1024, 1024)
+    mid, notes = model.gemm(16, 1280, 1024)
+    hi, _ = model.gemm(16, 1536, 1024)
+    assert lo < mid < hi and not any("outside" in n for n in notes)
+
+
+# ---- the file ------------------------------------------------------------------------------
+def test_a_table_reads_back_as_written(tmp_path):
+    table = synthetic_table(tmp_path / "h200.json")
+    assert table.settings == DEFAULT and len(table.points) == len(synthetic_table().points)
+    doc = json.loads((tmp_path / "h200.json").read_text())
+    assert doc["specsim_operators"] == 1 and doc["points"][0]["samples_ms"]
+    assert OperatorCostModel(table, SMALL, HW).plain_step([4096] * 4).seconds == \
+        OperatorCostModel(synthetic_table(), SMALL, HW).plain_step([4096] * 4).seconds
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda d: d.pop("probe"), "missing probe"),
+    (lambda d: d["probe"].update(copy_bandwidth_Bps=0), "probe.copy_bandwidth_Bps"),
+    (lambda d: d["provenance"].pop("gpu"), "provenance lacks gpu"),
+    (lambda d: d["provenance"]["engine"].update(settings_hash="0"), "settings_hash"),
+    (lambda d: d["provenance"]["engine"]["settings"].update(c2q="both"), "c2q"),
+    (lambda d: d["points"][3].update(op="conv"), r"points\[3\]\.op: unknown operator"),
+    (lambda d: d["points"][0]["key"].pop("n"), r"points\[0\]\.key must hold n, k"),
+    (lambda d: d["points"][0]["at"].update(m=-1), r"points\[0\]\.at\.m must be a positive"),
+    (lambda d: d["points"][0].update(samples_ms=[]), r"points\[0\]\.samples_ms"),
+    (lambda d: d.update(specsim_operators=2), "expected \"specsim_operators\": 1"),
+])
+def test_a_bad_table_is_one_line_naming_the_field(tmp_path, change, message):
+    path = tmp_path / "t.json"
+    synthetic_table(path)
+    doc = json.loads(path.read_text())
+    change(doc)
+    path.write_text(json.dumps(doc))
+    with pytest.raises(SpecsimError, match=message) as err:
+        read_operator_table(str(path))
+    assert str(path) in str(err.value) and "\n" not in str(err.value)
+
+
+# ---- the source order ----------------------------------------------------------------------
+@pytest.fixture
+def catalogue(tmp_path, monkeypatch):
+    """A user's catalogue with an H200 operator table and a model nothing calibrates."""
+    root = tmp_path / "models"
+    shutil.copytree(shipped_root("models") / "hardware", root / "hardware")
+    shutil.copytree(shipped_root("models") / "llama-3.2-3b", root / "my-llama")
+    (root / "operators").mkdir()
+    synthetic_table(root / "operators" / "h200.json")
+    monkeypatch.setenv("SPECSIM_MODELS", str(root))
+    return root
+
+
+def test_sources_are_tried_calibration_then_operators_then_roofline(catalogue):
+    calibrated = resolve_cost_source(load_model("qwen3-8b"), load_hardware("h200"))
+    assert calibrated.kind == "calibration" and calibrated.fallback is None
+    operators = resolve_cost_source(load_model("my-llama"), load_hardware("h200"))
+    assert operators.kind == "operators" and operators.cost_model.name == "operators"
+    assert operators.path.endswith("operators/h200.json")
+    assert "composed from measured operators" in operators.note
+    assert "not calibrated: no calibration shipped" in operators.note
+    assert operators.fallback == "no calibration shipped"
+    roofline = resolve_cost_source(load_model("my-llama"), load_hardware("a100-80gb"))
+    assert roofline.kind == "roofline"
+    assert "no operator table shipped for 'a100-80gb'" in roofline.note
+    # forced, and given as a path
+    forced = resolve_cost_source(load_model("qwen3-8b"), load_hardware("h200"),
+                                 costs="operators")
+    assert forced.kind == "operators" and forced.cost_model.model.name == "qwen3-8b"
+    given = resolve_cost_source(load_model("qwen3-8b"), load_hardware("h200"),
+                                costs=str(catalogue / "operators" / "h200.json"))
+    assert given.kind == "operators"
+    with pytest.raises(SpecsimError, match="no shipped operator table for 'a100-80gb'"):
+        resolve_cost_source(load_model("my-llama"), load_hardware("a100-80gb"),
+                            costs="operators")
+    tp = resolve_cost_source(load_model("my-llama"), load_hardware("h200"), tp=2)
+    assert tp.kind == "roofline" and "tensor parallelism" in tp.note
+
+
+def test_the_shipped_defaults_are_priced_as_before():
+    """With no operator table for the hardware the resolver answers as without the source."""
+    got = resolve_cost_source(load_model("llama-3.2-3b"), load_hardware("a100-80gb"))
+    assert got.kind == "roofline" and got.fallback == "no calibration shipped"
+
+
+# ---- the sweep on the CPU ------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory):
+    import torch
+
+    from specsim.operator_sweep import OperatorGrid, measure_operators
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    path = tmp_path_factory.mktemp("sweep") / "cpu.json"
+    try:
+        table = measure_operators(OperatorGrid.tiny(), str(path), progress=False)
+    finally:
+        torch.set_num_threads(threads)
+    return path, table
+
+
+def test_the_sweep_writes_a_table_that_prices_a_model(swept):
+    path, table = swept
+    back = read_operator_table(str(path))
+    assert back.provenance["complete"] and back.provenance["groups_left"] == 0
+    assert back.provenance["engine"]["settings_hash"] == DEFAULT.stable_hash()
+    assert {p.op for p in back.points} == {"gemm", "elementwise", "graph", "kv_append",
+                                            "verify", "sparse", "selection"}
+    assert all(len(p.samples_ms) == 2 for p in back.points)
+    tiny = ModelSpec("tiny", "llama", 2, 128, 8, 2, 64, 128, 128,
+                     layer_types=("full_attention",) * 2)
+    cm = OperatorCostModel(back, tiny, HW)
+    plain = cm.plain_step([100, 100])
+    assert plain.seconds > 0 and plain.notes[0].startswith("operators (")
+    parts, _ = cm.forward_parts([100, 100], 1)
+    assert set(parts) >= {"gemm qkv", "attention", "kv append", "elementwise", "graph replay"}
+    for policy in ("vegas", "sparsespec", "quest"):
+        it = cm.iteration([100, 100], 2, 0.1, policy)
+        assert it.seconds > 0 and not any("roofline" in n for n in it.draft_step.notes)
+
+
+def test_the_sweep_resumes_its_own_table_and_refuses_another(swept, monkeypatch):
+    import specsim.operator_sweep as S
+
+    path, table = swept
+    monkeypatch.setattr(S, "MEASURES", {})         # a complete table measures nothing more
+    again = S.measure_operators(S.OperatorGrid.tiny(), str(path), progress=False)
+    assert len(again.points) == len(table.points) and again.provenance["resumed"]
+    other = S.OperatorGrid.tiny()
+    other.qs = [1, 2]
+    with pytest.raises(SpecsimError, match=r"measured otherwise \(grid\)"):
+        S.measure_operators(other, str(path), progress=False)
