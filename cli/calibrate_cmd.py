@@ -37,6 +37,14 @@ def _parse_floats(text: str, name: str) -> list[float]:
                    "sparse draft steps, each policy's selection and the decoding loop's own "
                    "overheads, with the engine's kernels, CUDA graphs and random weights of "
                    "the model's real shapes.")
+@click.option("--operators", is_flag=True,
+              help="With --gpu: measure this GPU's operator tables instead of one model: GEMMs "
+                   "at a grid of (m, n, k), the verify and sparse attention kernels through "
+                   "their planners (head dims 64 and 128, GQA groups 3-8), the K/V append, "
+                   "element-wise kernels, each policy's selection and the CUDA-graph replay, "
+                   "with a copy-bandwidth probe; what prices any model without a calibration "
+                   "of its own. Resumable like a model calibration; --time-budget defaults to "
+                   "900 s; --repeats, when given, sets the samples per point.")
 @click.option("--check", "check_path", type=click.Path(dir_okay=False), default=None,
               help="Held-out check of a calibration file: predict every third interior "
                    "context point of each series from the rest; MAPE and worst case per term.")
@@ -93,7 +101,8 @@ def _parse_floats(text: str, name: str) -> list[float]:
                    "file with --merge NEW OLD --replace overhead.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @setting_option
-def calibrate_cmd(gpu, check_path, merge_paths, replace_families, keep_other_shapes, exclude_ops,
+@click.pass_context
+def calibrate_cmd(ctx, gpu, operators, check_path, merge_paths, replace_families, keep_other_shapes, exclude_ops,
                   note, model, hardware, batches, contexts, qs, sparsities, policies, repeats,
                   out, time_budget, only, as_json, engine_settings):
     """Measured cost tables for the calibrated cost model, their held-out check, and the
@@ -101,6 +110,7 @@ def calibrate_cmd(gpu, check_path, merge_paths, replace_families, keep_other_sha
 
     \b
     specsim calibrate --gpu --model qwen3-8b --out qwen3-8b.json [--setting c2q=rows]
+    specsim calibrate --gpu --operators --out h200.json
     specsim calibrate --check models/calibrations/h200/qwen3-8b.json
     specsim calibrate --merge NEW.json OLD.json --out OUT.json --note "why"
     specsim calibrate --merge NEW.json OLD.json --replace overhead --out OUT.json --note "why"
@@ -116,6 +126,8 @@ def calibrate_cmd(gpu, check_path, merge_paths, replace_families, keep_other_sha
     if not merge_paths and (replace_families or keep_other_shapes or exclude_ops or note):
         raise click.UsageError("--replace, --keep-other-shapes, --exclude-ops and --note go "
                                "with --merge")
+    if operators and not gpu:
+        raise click.UsageError("--operators goes with --gpu (a measurement)")
     if engine_settings != engine_settings.__class__() and not gpu:
         raise click.UsageError("--setting goes with --gpu (a measurement's engine)")
     if merge_paths:
@@ -162,12 +174,10 @@ def calibrate_cmd(gpu, check_path, merge_paths, replace_families, keep_other_sha
     families = [f.strip() for f in only.split(",") if f.strip()] if only else None
     if families is not None and (not families or set(families) - set(OP_FAMILIES)):
         raise click.UsageError(f"--only {only!r}: expected some of {', '.join(OP_FAMILIES)}")
-    try:
-        import torch
-    except ImportError:
-        raise SpecsimError("--gpu needs torch with CUDA") from None
-    if not torch.cuda.is_available():
-        raise SpecsimError("--gpu needs a CUDA GPU; none is visible")
+    _require_cuda()
+    if operators:
+        _operators(ctx, out, repeats, time_budget, engine_settings)
+        return
     from specsim.calibrate import CalibrationGrid, measure
     spec = load_model(model)
     grid = CalibrationGrid(batches=_parse_ints(batches, "--batch"),
@@ -180,6 +190,33 @@ def calibrate_cmd(gpu, check_path, merge_paths, replace_families, keep_other_sha
     left = cal.provenance.get("shapes_left", 0)
     click.echo(f"wrote {len(cal.measurements)} measurements to {out}"
                + (f" ({left} shapes not measured: run the same command to resume)"
+                  if left else ""))
+
+
+def _require_cuda() -> None:
+    try:
+        import torch
+    except ImportError:
+        raise SpecsimError("--gpu needs torch with CUDA") from None
+    if not torch.cuda.is_available():
+        raise SpecsimError("--gpu needs a CUDA GPU; none is visible")
+
+
+def _operators(ctx, out, repeats, time_budget, engine_settings) -> None:
+    """``--gpu --operators``: the operator grid measured into ``out`` (resumed when there)."""
+    from click.core import ParameterSource
+
+    from specsim.operator_sweep import OperatorGrid, measure_operators
+
+    grid = OperatorGrid()
+    if ctx.get_parameter_source("repeats") != ParameterSource.DEFAULT:
+        grid.repeats = repeats
+    if time_budget:
+        grid.time_budget_s = time_budget
+    table = measure_operators(grid, out, settings=engine_settings)
+    left = table.provenance.get("groups_left", 0)
+    click.echo(f"wrote {len(table.points)} operator points to {out}"
+               + (f" ({left} groups not measured: run the same command to resume)"
                   if left else ""))
 
 

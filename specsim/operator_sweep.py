@@ -249,11 +249,12 @@ def resumable(path: str, prov: dict) -> OperatorTable | None:
 
 
 def measure_operators(grid: OperatorGrid, out: str, *, settings: EngineSettings = DEFAULT,
-                      progress: bool = True) -> OperatorTable:
-    """Measure ``grid`` on this machine's GPU (else its CPU) into ``out`` (module doc)."""
+                      progress: bool = True, device: str | None = None) -> OperatorTable:
+    """Measure ``grid`` on ``device`` (default: this machine's GPU, else its CPU) into
+    ``out`` (module doc)."""
     import torch
 
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     timer = _Timer(torch, device)
     prov = provenance(grid, settings, device)
     prior = resumable(out, prov)

@@ -354,3 +354,35 @@ def test_the_sweep_resumes_its_own_table_and_refuses_another(swept, monkeypatch)
     other.qs = [1, 2]
     with pytest.raises(SpecsimError, match=r"measured otherwise \(grid\)"):
         S.measure_operators(other, str(path), progress=False)
+
+
+def test_calibrate_gpu_operators_measures_into_out(tmp_path, monkeypatch):
+    """The command's wiring, its sweep run on the CPU (the grid tiny): the table written to
+    --out, --repeats given sets the samples per point, --operators alone is refused."""
+    import functools
+
+    import torch
+    from click.testing import CliRunner
+
+    import specsim.operator_sweep as S
+    from specsim.cli import calibrate_cmd
+    from specsim.cli.main import cli
+
+    out = tmp_path / "ops.json"
+    monkeypatch.setattr(S, "OperatorGrid", S.OperatorGrid.tiny)
+    monkeypatch.setattr(S, "measure_operators",
+                        functools.partial(S.measure_operators, device="cpu", progress=False))
+    monkeypatch.setattr(calibrate_cmd, "_require_cuda", lambda: None)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        got = CliRunner().invoke(cli, ["calibrate", "--gpu", "--operators", "--repeats", "3",
+                                       "--out", str(out)])
+    finally:
+        torch.set_num_threads(threads)
+    assert got.exit_code == 0, got.output
+    table = read_operator_table(str(out))
+    assert f"wrote {len(table.points)} operator points to {out}" in got.output
+    assert {len(p.samples_ms) for p in table.points} == {3}
+    refused = CliRunner().invoke(cli, ["calibrate", "--operators", "--out", str(out)])
+    assert refused.exit_code != 0
