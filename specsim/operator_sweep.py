@@ -270,9 +270,11 @@ def measure_operators(grid: OperatorGrid, out: str, *, settings: EngineSettings 
             if (g[0], Point(g[0], g[1], {}).key_tuple) not in done]
     started = time.perf_counter()
 
+    failed: list[dict] = []
+
     def table(left: int) -> OperatorTable:
-        return OperatorTable(dict(prov, complete=left == 0, groups_left=left), ceilings,
-                             list(points))
+        return OperatorTable(dict(prov, complete=left == 0 and not failed, groups_left=left,
+                                  groups_failed=failed), ceilings, list(points))
 
     left = len(todo)
     for i, (op, key, ats) in enumerate(todo):
@@ -287,6 +289,12 @@ def measure_operators(grid: OperatorGrid, out: str, *, settings: EngineSettings 
                 points += _measure_group(torch, device, timer, grid, settings, op, key, ats)
         except torch.OutOfMemoryError:
             print(f"  out of memory: {op} {key} skipped", file=sys.stderr, flush=True)
+            failed.append({"op": op, "key": key, "error": "out of memory"})
+        except Exception as exc:   # one operator's failure leaves the others' measurements
+            print(f"  {op} {key} failed: {type(exc).__name__}: {exc}", file=sys.stderr,
+                  flush=True)
+            failed.append({"op": op, "key": key,
+                           "error": f"{type(exc).__name__}: {str(exc)[:300]}"})
         if device.type == "cuda":
             torch.cuda.empty_cache()
         left -= 1
