@@ -267,7 +267,7 @@ def plan_cmd(ctx, model, batch_text, context_text, ks_text, mode, costs, trace_p
     """Predict every configuration before the GPU runs it.
 
     \b
-    Any catalogue model on this GPU, forced acceptance at its real shapes:
+    Any model the engine runs, forced acceptance at its real shapes, on this GPU:
       specsim validate plan --model llama-3.2-3b --batch 8 --context 32768
       specsim validate --gpu && specsim validate report
     """

@@ -796,7 +796,8 @@ def markdown(rep: dict, measured: dict) -> str:
             for p in preds:
                 e = sm[p]
                 cells += [f"{e['mape'] * 100:.1f}%",
-                          f"{e['worst'] * 100:.1f}% ({_cell_label(e['worst_cell'])})",
+                          f"{e['worst'] * 100:.1f}% "
+                          f"({_cell_label(e['worst_cell'], name == 'all')})",
                           f"{e['pearson_r']:.3f}", f"{e['regret']:.3f}"]
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("Cost side alone (seconds per iteration in the steady window, predicted vs "
@@ -866,7 +867,8 @@ def markdown(rep: dict, measured: dict) -> str:
             for p in preds:
                 e = sm[p]
                 cells += [f"{e['mape'] * 100:.1f}%",
-                          f"{e['worst'] * 100:.1f}% ({_cell_label(e['worst_cell'])})",
+                          f"{e['worst'] * 100:.1f}% "
+                          f"({_cell_label(e['worst_cell'], name == 'all')})",
                           f"{e['regret_mean']:.3f}",
                           f"{e['regret_lowest']:.3f} ({e['regret_lowest_setup']})"]
             lines.append("| " + " | ".join(cells) + " |")
@@ -874,11 +876,12 @@ def markdown(rep: dict, measured: dict) -> str:
     return "\n".join(lines)
 
 
-def _cell_label(cell: dict) -> str:
-    """A worst cell as the table names it: its setup, policy, s and k, and the sign of the
-    miss (+: predicted faster than measured)."""
+def _cell_label(cell: dict, policy: bool = True) -> str:
+    """A worst cell as the tables name it: its setup, its policy (where the row is not that
+    policy's), s and k, and the signed miss (+: predicted faster than measured)."""
     where = f"{cell['setup']} " if cell.get("setup") else ""
-    return f"{where}{cell['policy']} s={cell['s']} k={cell['k']}, {cell['error'] * 100:+.1f}%"
+    what = f"{cell['policy']} " if policy else ""
+    return f"{where}{what}s={cell['s']} k={cell['k']}, {cell['error'] * 100:+.1f}%"
 
 
 def read_json(path: str, key: str) -> dict:
@@ -951,7 +954,7 @@ def main(argv=None) -> None:
         for p, sm in [*item["per_policy"].items(), ("all", item["all"])]:
             e = sm["predict"]
             print(f"{item['name']:>10} {p:>12}: predict MAPE {e['mape'] * 100:5.1f}% worst "
-                  f"{e['worst'] * 100:5.1f}% ({_cell_label(e['worst_cell'])}) r "
+                  f"{e['worst'] * 100:5.1f}% ({_cell_label(e['worst_cell'], p == 'all')}) r "
                   f"{e['pearson_r']:.3f} regret {e['regret']:.3f}")
 
 

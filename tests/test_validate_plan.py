@@ -149,6 +149,26 @@ def test_a_config_json_model_without_calibration_plans_and_runs_on_the_cpu(tmp_p
     assert "model_config" not in rep["setups"][0]["setup"]
 
 
+def test_free_running_setups_of_the_traces_model_use_the_same_costs(tmp_path):
+    """--mode free: the trace's own model (SmolLM2-135M for the default trace), one setup per
+    batch with --requests-free prompts; the simulator's prediction is priced by the same
+    --costs as the analytical one."""
+    plan, _ = _plan(tmp_path, "--mode", "free", "--batch", "8", "--policies", "vegas", "--s",
+                    "0.05", "--ks", "2", "--requests-free", "16", "--costs", "roofline")
+    (entry,) = plan["setups"]
+    setup = entry["setup"]
+    assert (setup["name"], setup["model"], setup["mode"], setup["batch"]) == \
+        ("smollm2-135m-b8-free", "smollm2-135m", "free", 8)
+    assert len(setup["prompt_ids"]) == 16 and entry["cost_source"]["kind"] == "roofline"
+    (cfg,) = entry["configs"]
+    prompts = [len(p) for p in V.Setup(**setup).prompts]
+    trace = V.repo_file(C.defaults.TRACE)[0]
+    args = (trace, "smollm2-135m", "h200", 8, prompts, setup["max_new_tokens"], "vegas", 0.05,
+            2, setup["prompt_ids"])
+    assert cfg["simulate"] == V._simulate(*args, costs="roofline")["decode_throughput"]
+    assert cfg["simulate"] != V._simulate(*args, costs="auto")["decode_throughput"]
+
+
 def test_without_setup_options_the_plan_holds_the_shipped_setups(tmp_path):
     """No --model, --batch, --context, --ks or --mode: the shipped forced setup (Qwen3-8B,
     batch 4, 32768) and, unless --no-free, the shipped free-running one."""
@@ -364,9 +384,13 @@ def test_report_prints_and_carries_the_worst_cells(tmp_path):
     text = CliRunner().invoke(cli, args)
     assert text.exit_code == 0, text.output
     rows = [line for line in text.output.splitlines() if line.startswith("| vegas |")]
-    assert "25.0% (vegas s=0.05 k=4, +25.0%)" in rows[0]
+    # MAPE (0.10 + 0.25 + 0.20) / 3, the worst cell, r, regret 1
+    assert rows[0].startswith("| vegas | 3 | 18.3% | 25.0% (s=0.05 k=4, +25.0%) | ")
+    assert rows[0].endswith(" | 1.000 |")
+    overall = next(line for line in text.output.splitlines() if line.startswith("| all |"))
+    assert "25.0% (vegas s=0.05 k=4, +25.0%)" in overall
     assert "### Across the 2 setups" in text.output
-    assert "25.0% (a vegas s=0.05 k=4, +25.0%)" in rows[-1]
+    assert "25.0% (a s=0.05 k=4, +25.0%)" in rows[-1]
     assert "0.952 (b)" in rows[-1]
     carried = json.loads(CliRunner().invoke(cli, args + ["--json"]).stdout)
     assert carried["setups"][0]["per_policy"]["vegas"]["predict"]["worst_cell"]["k"] == 4
