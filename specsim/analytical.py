@@ -16,6 +16,24 @@ from typing import Sequence
 
 import numpy as np
 
+#: The longest draft (k) the models take. The verify kernel runs k ≤ 15 (16 query rows); the
+#: analytical model and the simulator are exact at any k, but their per-k tables grow as k²
+#: (``survival_by_k``), so a larger k is refused rather than half-allocated.
+MAX_K = 64
+
+
+def check_k_max(k_max, what: str = "k") -> int:
+    """``k_max`` when it is an integer in 1..:data:`MAX_K`; else a one-line
+    :class:`~specsim.errors.LimitError` naming the limit."""
+    from specsim.errors import LimitError, quote
+    if isinstance(k_max, bool) or not isinstance(k_max, (int, np.integer)):
+        raise LimitError(what, f"expected an integer draft length, got {quote(k_max)}")
+    if not 1 <= int(k_max) <= MAX_K:
+        raise LimitError(what, f"draft length {quote(int(k_max))} is outside 1..{MAX_K} "
+                               f"(the longest draft specsim models is k = {MAX_K})")
+    return int(k_max)
+
+
 # --------------------------------------------------------------------------------------------
 # SparseSpec-L's closed form (acceptance summarised by α = E[m/k])
 # --------------------------------------------------------------------------------------------
@@ -28,6 +46,8 @@ def sparsespec_speedup(alpha, k, gamma):
     cost γ plus one verify pass (cost 1, taken equal to a plain step).
     """
     alpha, k, gamma = np.asarray(alpha, float), np.asarray(k, float), np.asarray(gamma, float)
+    if k.size and float(np.max(k)) > MAX_K:
+        check_k_max(int(np.max(k)))
     return (alpha * k + 1.0) / (k * gamma + 1.0)
 
 

@@ -1,13 +1,34 @@
-"""Errors that the CLI turns into one-line messages (no traceback)."""
+"""Errors that the CLI turns into one-line messages (no traceback).
+
+Every error about an input file (:class:`InputError` and its subclasses) carries the file, the
+line and the field it concerns as attributes (``path``, ``line``, ``field``, ``reason``) and
+reads ``FILE:LINE: field 'FIELD': REASON``; a bad value is quoted through :func:`quote`, which
+keeps at most :data:`QUOTE_CHARS` characters of it.
+"""
 from __future__ import annotations
+
+#: the most characters of a bad value an error message quotes
+QUOTE_CHARS = 40
+
+
+def quote(value, limit: int = QUOTE_CHARS) -> str:
+    """``repr(value)`` cut to ``limit`` characters (an integer of 400 digits, a 1 MB string),
+    with how long it was when cut."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 10 ** limit:
+        digits = len(str(abs(value))) if abs(value) < 10 ** 4000 else None
+        return f"an integer of {digits} digits" if digits else "an integer of over 4000 digits"
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit - 1]}… ({len(text)} characters)"
 
 
 class SpecsimError(Exception):
     """Any user-facing error: bad input, unknown name, inconsistent data."""
 
 
-class TraceError(SpecsimError):
-    """A malformed or inconsistent trace; names the file, the line and the field."""
+class InputError(SpecsimError):
+    """A malformed or inconsistent input file; names the file, the line and the field."""
 
     def __init__(self, message: str, *, path: str | None = None, line: int | None = None,
                  field: str | None = None):
@@ -16,6 +37,23 @@ class TraceError(SpecsimError):
         prefix = f"{where}: " if where else ""
         field_part = f"field '{field}': " if field else ""
         super().__init__(f"{prefix}{field_part}{message}")
+
+
+class TraceError(InputError):
+    """A malformed or inconsistent trace (any importer's input)."""
+
+
+class SpecFileError(InputError):
+    """A model config or hardware spec whose content is malformed or out of range."""
+
+
+class LimitError(SpecsimError):
+    """A value beyond what specsim models (e.g. a draft length above the limit), named with
+    the limit; ``what`` is the option or quantity it concerns."""
+
+    def __init__(self, what: str, message: str):
+        self.what, self.reason = what, message
+        super().__init__(f"{what}: {message}")
 
 
 class UnknownNameError(SpecsimError):

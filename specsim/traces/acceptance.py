@@ -339,6 +339,10 @@ class AcceptanceEstimate:
 
 def estimate_acceptance(trace: Trace, k_max: int | None = None,
                         min_support: int = MIN_SUPPORT) -> AcceptanceEstimate:
+    """The acceptance of one (policy, s) group for k = 1..``k_max`` (default: the largest k
+    recorded); a ``k_max`` beyond :data:`~specsim.analytical.MAX_K` is refused at once."""
+    if k_max is not None:
+        k_max = analytical.check_k_max(k_max, "k_max")
     counts = count_acceptance(trace)
     reached, accepted = counts.pooled()
     reached, accepted = reached[0], accepted[0]

@@ -19,24 +19,41 @@ how many iterations accepted m = 0..k drafts (what aggregate counters such as vL
 ``s`` is the sparsity ratio (selected KV / context), null when the drafter is not sparse.
 Reading validates everything and raises :class:`~specsim.errors.TraceError` naming the file,
 line and field; writing goes to a temporary file renamed into place (never half-written).
+
+Reading takes a UTF-8 byte-order mark and CRLF line ends, and a gzip-compressed file
+(``.jsonl.gz``, told by its magic bytes), decompressed as it is read and refused once it
+expands beyond :func:`decompressed_limit`. JSON is parsed strictly (:func:`loads_strict`):
+NaN and Infinity literals, duplicate keys, integers of more than 4300 digits and nesting
+deeper than Python's recursion limit are refused with the line. A draft length above
+:data:`~specsim.analytical.MAX_K` is refused.
 """
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import os
+import re
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator
 
 import numpy as np
 
+from specsim.analytical import MAX_K
 from specsim.atomic import atomic_writer
-from specsim.errors import TraceError
+from specsim.errors import TraceError, quote
 
 VERSION = 1
 HEADER_KEY = "specsim_trace"
 MAX_INT = 2**53  # counts and lengths beyond this are corrupt input
+#: a gzip file may expand to this many times its compressed size (JSON Lines of numbers
+#: compress about 3-10 times; a gzip bomb of zeros about 1000 times) ...
+GZIP_MAX_RATIO = 100
+#: ... but always to this many bytes, and never beyond GZIP_MAX_BYTES
+GZIP_MIN_BYTES = 64 * 2**20
+GZIP_MAX_BYTES = 8 * 2**30
 
 #: Selection policies specsim models; other strings are kept but treated as opaque drafters.
 KNOWN_POLICIES = ("vegas", "sparsespec", "streamingllm", "quest", "last-token", "full")
@@ -153,26 +170,30 @@ class _Checker:
         if isinstance(value, bool) and bool not in allowed:
             self.fail(key, f"expected {_kind_name(kinds)}, got a boolean")
         if not isinstance(value, kinds):
-            self.fail(key, f"expected {_kind_name(kinds)}, got {type(value).__name__}")
+            self.fail(key, f"expected {_kind_name(kinds)}, got {type(value).__name__} "
+                           f"{quote(value, 24)}")
         return value
 
-    def int_array(self, obj: dict, key: str, *, minimum: int, length: int | None = None):
+    def int_array(self, obj: dict, key: str, *, minimum: int, length: int | None = None,
+                  maximum: int = MAX_INT):
         values = self.get(obj, key, list)
         if length is not None and len(values) != length:
             self.fail(key, f"has {len(values)} entries, expected {length} (one per iteration)")
         for i, v in enumerate(values):
             if isinstance(v, bool) or not isinstance(v, int):
-                self.fail(f"{key}[{i}]", f"expected an integer, got {v!r}")
+                self.fail(f"{key}[{i}]", f"expected an integer, got {quote(v)}")
             if v < minimum:
-                self.fail(f"{key}[{i}]", f"must be ≥ {minimum}, got {v}")
-            if v > MAX_INT:
-                self.fail(f"{key}[{i}]", f"implausibly large ({v} > {MAX_INT})")
+                self.fail(f"{key}[{i}]", f"must be ≥ {minimum}, got {quote(v)}")
+            if v > maximum:
+                self.fail(f"{key}[{i}]", f"must be ≤ {maximum}, got {quote(v)}"
+                          + (f" (the longest draft specsim models is k = {MAX_K})"
+                             if maximum == MAX_K else ""))
         return np.asarray(values, dtype=np.int64)
 
     def sparsity(self, obj: dict):
         s = self.get(obj, "s", (int, float), nullable=True)
         if s is not None and not (0.0 < s <= 1.0 and math.isfinite(s)):
-            self.fail("s", f"sparsity ratio must lie in (0, 1], got {s}")
+            self.fail("s", f"sparsity ratio must lie in (0, 1], got {quote(s)}")
         return None if s is None else float(s)
 
     def policy(self, obj: dict):
@@ -193,7 +214,7 @@ class _Checker:
                 self.fail(f"{key}[{i}]", f"expected a list of k={k[i]} numbers")
             for j, v in enumerate(row):
                 if isinstance(v, bool) or not isinstance(v, (int, float)):
-                    self.fail(f"{key}[{i}][{j}]", f"expected a number, got {v!r}")
+                    self.fail(f"{key}[{i}][{j}]", f"expected a number, got {quote(v)}")
             arr = np.asarray(row, dtype=float)
             if not np.all(np.isfinite(arr)) or np.any(arr < lo) or np.any(arr > hi):
                 self.fail(f"{key}[{i}]", f"values must lie in [{lo}, {hi}]")
@@ -215,7 +236,7 @@ def check_header(obj, path: str | None, line: int = 1) -> dict:
                            f"\"{HEADER_KEY}\": {VERSION}")
     version = obj[HEADER_KEY]
     if version != VERSION:
-        c.fail(HEADER_KEY, f"unknown trace version {version!r}; this specsim reads version "
+        c.fail(HEADER_KEY, f"unknown trace version {quote(version)}; this specsim reads version "
                            f"{VERSION}")
     c.get(obj, "source", str)
     c.get(obj, "synthetic", bool, optional=True)
@@ -230,7 +251,7 @@ def parse_record(obj, path: str | None, line: int) -> RequestTrace | HistogramTr
     rid = str(c.get(obj, "id", (str, int)))
     policy, s = c.policy(obj), c.sparsity(obj)
     if kind == "request":
-        k = c.int_array(obj, "k", minimum=1)
+        k = c.int_array(obj, "k", minimum=1, maximum=MAX_K)
         if k.size == 0:
             c.fail("k", "a request needs at least one iteration")
         context = c.int_array(obj, "context", minimum=1, length=k.size)
@@ -247,24 +268,56 @@ def parse_record(obj, path: str | None, line: int) -> RequestTrace | HistogramTr
     if kind == "histogram":
         k = c.get(obj, "k", int)
         if k < 1:
-            c.fail("k", f"must be ≥ 1, got {k}")
+            c.fail("k", f"must be ≥ 1, got {quote(k)}")
+        if k > MAX_K:
+            c.fail("k", f"must be ≤ {MAX_K}, got {quote(k)} (the longest draft specsim models "
+                        f"is k = {MAX_K})")
         counts = c.int_array(obj, "counts", minimum=0, length=k + 1)
         if counts.sum() == 0:
             c.fail("counts", "histogram is empty (all counts 0)")
         context = c.get(obj, "context", (int, float), optional=True)
         if context is not None and not (math.isfinite(context) and context >= 1):
-            c.fail("context", f"must be ≥ 1, got {context}")
+            c.fail("context", f"must be ≥ 1, got {quote(context)}")
         return HistogramTrace(rid, policy, s, int(k), counts,
                               None if context is None else float(context))
-    c.fail("type", f"unknown record type {kind!r}; expected 'request' or 'histogram'")
+    c.fail("type", f"unknown record type {quote(kind)}; expected 'request' or 'histogram'")
     raise AssertionError  # unreachable
+
+
+def decompressed_limit(compressed_bytes: int) -> int:
+    """The most bytes a gzip file of ``compressed_bytes`` may expand to before it is refused:
+    :data:`GZIP_MAX_RATIO` times its size, at least :data:`GZIP_MIN_BYTES`, at most
+    :data:`GZIP_MAX_BYTES`."""
+    return min(GZIP_MAX_BYTES, max(GZIP_MIN_BYTES, GZIP_MAX_RATIO * compressed_bytes))
+
+
+def _gzip_lines(fh, path: str, limit: int) -> Iterator[bytes]:
+    """The decompressed lines of a gzip stream, refused once they pass ``limit`` bytes."""
+    stream = gzip.GzipFile(fileobj=fh, mode="rb")
+    total, n = 0, 0
+    while True:
+        try:
+            raw = stream.readline(limit - total + 1)
+        except (OSError, EOFError, zlib.error) as exc:
+            reason = "truncated" if isinstance(exc, EOFError) else "corrupt"
+            raise TraceError(f"{reason} gzip data ({exc})", path=path, line=n + 1) from None
+        if not raw:
+            return
+        total += len(raw)
+        if total > limit:
+            raise TraceError(f"gzip data expands beyond {limit} bytes ({GZIP_MAX_RATIO} times "
+                             f"the file, at least {GZIP_MIN_BYTES}): refused as a "
+                             f"decompression bomb", path=path, line=n + 1)
+        n += 1
+        yield raw
 
 
 def text_lines(path: str) -> Iterator[tuple[int, str]]:
     """The lines of a text file as (1-based number, text without the line end).
 
-    Raises :class:`TraceError` naming the file (and the line, for bytes that are not UTF-8)
-    when it is missing, a directory, unreadable or not text.
+    A UTF-8 byte-order mark is dropped, ``\\r\\n`` ends like ``\\n``; a gzip file is decompressed
+    as it is read. Raises :class:`TraceError` naming the file (and the line, for bytes that
+    are not UTF-8) when it is missing, a directory, unreadable or not text.
     """
     if not os.path.exists(path):
         raise TraceError("no such file", path=path)
@@ -272,27 +325,95 @@ def text_lines(path: str) -> Iterator[tuple[int, str]]:
         raise TraceError("is a directory, not a trace file", path=path)
     try:
         fh = open(path, "rb")
+        magic = fh.read(2)
+        fh.seek(0)
     except OSError as exc:
         raise TraceError(f"cannot read: {exc.strerror}", path=path) from None
     with fh:
-        for n, raw_bytes in enumerate(fh, start=1):
+        if magic == b"\x1f\x8b":
+            size = os.fstat(fh.fileno()).st_size
+            raws = _gzip_lines(fh, path, decompressed_limit(size))
+        else:
+            raws = iter(fh)
+        for n, raw_bytes in enumerate(raws, start=1):
+            if n == 1 and raw_bytes.startswith(b"\xef\xbb\xbf"):
+                raw_bytes = raw_bytes[3:]
             try:
                 raw = raw_bytes.decode("utf-8")
             except UnicodeDecodeError as exc:
-                raise TraceError(f"not UTF-8 text (byte {exc.start + 1})", path=path,
-                                 line=n) from None
+                bad = raw_bytes[exc.start:exc.start + 1].hex()
+                raise TraceError(f"not UTF-8 text (byte {exc.start + 1} of the line: 0x{bad})",
+                                 path=path, line=n) from None
             yield n, raw.rstrip("\r\n")
 
 
+class JSONRefusal(ValueError):
+    """Valid-looking JSON that specsim refuses (a NaN literal, a duplicate key)."""
+
+    def __init__(self, message: str, field: str | None = None):
+        self.field = field
+        super().__init__(message)
+
+
+def _refuse_constant(name: str):
+    raise JSONRefusal(f"{name} is not a number (JSON has no NaN or Infinity)")
+
+
+def _unique_keys(pairs) -> dict:
+    out = {}
+    for key, value in pairs:
+        if key in out:
+            raise JSONRefusal(f"duplicate key {quote(key)}", field=key)
+        out[key] = value
+    return out
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise JSONRefusal(f"number {quote(text)} overflows a float")
+    return value
+
+
+def loads_strict(text: str, *, check_floats: bool = False):
+    """``json.loads`` refusing NaN/Infinity literals and duplicate keys (and, with
+    ``check_floats``, numbers that overflow a float) with :class:`JSONRefusal`; other
+    problems raise what ``json.loads`` raises (``JSONDecodeError``, ``ValueError`` for an
+    integer of more than 4300 digits, ``RecursionError``)."""
+    return json.loads(text, parse_constant=_refuse_constant, object_pairs_hook=_unique_keys,
+                      **({"parse_float": _finite_float} if check_floats else {}))
+
+
+def json_error_reason(exc: BaseException) -> str:
+    """One line saying why :func:`loads_strict` refused a text."""
+    if isinstance(exc, json.JSONDecodeError):
+        return f"bad JSON: {exc.msg} (column {exc.colno})"
+    if isinstance(exc, JSONRefusal):
+        return f"bad JSON: {exc}"
+    if isinstance(exc, RecursionError):
+        return "bad JSON: nested too deeply"
+    if "integer string conversion" in str(exc):
+        return "bad JSON: an integer of more than 4300 digits"
+    return f"bad JSON: {quote(str(exc), 60)}"
+
+
 def parse_json_line(text: str, path: str, line: int) -> object:
-    """One line of JSON; malformed, too deeply nested or oversized input is a TraceError."""
+    """One line of JSON; malformed, duplicate-keyed, too deeply nested or oversized input is a
+    TraceError."""
     try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise TraceError(f"bad JSON: {exc.msg} (column {exc.colno})", path=path,
-                         line=line) from None
-    except (ValueError, RecursionError) as exc:   # e.g. an integer of more than 4300 digits
-        raise TraceError(f"bad JSON: {exc}", path=path, line=line) from None
+        return loads_strict(text)
+    except (ValueError, RecursionError) as exc:   # JSONDecodeError and JSONRefusal included
+        raise TraceError(json_error_reason(exc), path=path, line=line,
+                         field=getattr(exc, "field", None) or constant_key(text)) from None
+
+
+_CONSTANT_KEY = re.compile(r'"([^"\\]{1,60})"\s*:\s*\[?\s*-?(?:NaN|Infinity)\b')
+
+
+def constant_key(text: str) -> str | None:
+    """The key whose value (or first list entry) is a NaN or Infinity literal, if any."""
+    m = _CONSTANT_KEY.search(text[:1_000_000])
+    return m.group(1) if m else None
 
 
 def json_lines(path: str) -> Iterator[tuple[int, object]]:
@@ -315,7 +436,7 @@ def read_trace(path: str | os.PathLike) -> Trace:
     for n, obj in lines:
         rec = parse_record(obj, path, n)
         if rec.id in seen:
-            raise TraceError(f"duplicate id {rec.id!r} (first on line {seen[rec.id]})",
+            raise TraceError(f"duplicate id {quote(rec.id)} (first on line {seen[rec.id]})",
                              path=path, line=n, field="id")
         seen[rec.id] = n
         (trace.requests if isinstance(rec, RequestTrace) else trace.histograms).append(rec)
