@@ -35,7 +35,9 @@ class InputError(SpecsimError):
         self.path, self.line, self.field, self.reason = path, line, field, message
         where = ":".join(str(x) for x in (path, line) if x is not None)
         prefix = f"{where}: " if where else ""
-        field_part = f"field '{field}': " if field else ""
+        shown = field if field is None or len(field) <= 5 * QUOTE_CHARS else (
+            f"{field[:5 * QUOTE_CHARS - 1]}…")
+        field_part = f"field '{shown}': " if field else ""
         super().__init__(f"{prefix}{field_part}{message}")
 
 

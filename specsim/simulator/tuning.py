@@ -14,6 +14,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from specsim import analytical
+from specsim.errors import SpecsimError
+
+
+class TuningError(SpecsimError):
+    """A trace or a request that gives the sweep nothing to tune."""
+
+
+def _groups_text(groups) -> str:
+    return ", ".join(f"{p} (s={'null' if s is None else s})" for p, s in groups) or "none"
 
 
 @dataclass(frozen=True)
@@ -120,12 +129,21 @@ def _star(args):
 def sweep(spec: SweepSpec, policies, ks, workers: int | None = None, progress=None) -> dict:
     """Simulate plain decoding and every (policy, s, k) with s from the trace's groups."""
     _, _, _, groups, _ = _setup(spec)
+    if not any(s is not None for _, s in groups):
+        raise TuningError(f"{spec.trace_path}: the trace has no sparse groups (every record has "
+                          f"s = null, a drafter that is not sparse, as in a Spec-Bench file); "
+                          f"tune needs (policy, s) groups with s recorded; it has: "
+                          f"{_groups_text(groups)}")
+    if not policies:
+        raise TuningError("no policies to tune")
+    for k in ks:
+        analytical.check_k_max(k, "k")
     configs = [(spec, "plain", None, 1)]
     for policy in policies:
         ss = sorted(s for (p, s) in groups if p == policy and s is not None)
         if not ss:
-            known = sorted({p for p, _ in groups})
-            raise ValueError(f"the trace has no '{policy}' groups; it has: {', '.join(known)}")
+            raise TuningError(f"{spec.trace_path}: the trace has no sparse '{policy}' groups; it "
+                              f"has: {_groups_text(groups)}")
         configs += [(spec, policy, s, k) for s in ss for k in ks]
     workers = workers or min(len(configs), os.cpu_count() or 1)
     results = []
@@ -152,6 +170,8 @@ def summarise(swept: dict, analytical_by_group: dict | None = None) -> dict:
     """Optimum, runner-up, sensitivity, Vegas 3-step per policy, and the analytical
     prediction beside the simulated one with the gap decomposed."""
     rows = sorted(swept["rows"], key=lambda r: -r["throughput"])
+    if not rows:
+        raise TuningError("the sweep simulated no (policy, s, k) configuration: nothing to tune")
     best, runner = rows[0], (rows[1] if len(rows) > 1 else None)
     out = {"plain": swept["plain"], "best": best, "runner_up": runner, "policies": []}
     for policy in sorted({r["policy"] for r in rows}):

@@ -18,6 +18,10 @@ A_{k+1} = 0, the histogram of accepted drafts is ``counts[m] = A_m - A_{m+1}``.
 structured output, and some proposers draft fewer than k); that is reported as a warning,
 never silently ignored. One histogram record per label set other than ``position``.
 
+Accepted tokens above drafted tokens (Σ per_pos or num_accepted_tokens > num_draft_tokens)
+cannot happen and are refused. OpenMetrics text is read too: exemplars (``... 5 # {trace_id=
+"x"} 1``) and timestamps after the value are ignored, and ``# EOF`` ends the exposition.
+
 Capture: ``curl -s http://<server>:8000/metrics > metrics.prom`` after the workload has run.
 """
 from __future__ import annotations
@@ -27,7 +31,8 @@ import os
 import re
 from dataclasses import dataclass, field
 
-from specsim.errors import TraceError
+from specsim.analytical import MAX_K
+from specsim.errors import TraceError, quote
 from specsim.traces.format import MAX_INT, HistogramTrace, Trace, text_lines
 from specsim.traces.importers.common import (check_policy, check_sparsity,
                                              histogram_from_survival, import_header,
@@ -130,7 +135,7 @@ def _parse_sample(text: str, path: str, n: int):
         return None
     m = _NAME_RE.match(stripped)
     if not m:
-        raise TraceError(f"not a Prometheus sample line: {stripped[:60]!r}", path=path, line=n)
+        raise TraceError(f"not a Prometheus sample line: {quote(stripped)}", path=path, line=n)
     name, i = m.group(0), m.end()
     labels: list[tuple[str, str]] = []
     if i < len(stripped) and stripped[i] == "{":
@@ -142,7 +147,7 @@ def _parse_sample(text: str, path: str, n: int):
     try:
         value = float(literal)
     except ValueError:
-        raise TraceError(f"value {literal!r} is not a number", path=path, line=n,
+        raise TraceError(f"value {quote(literal)} is not a number", path=path, line=n,
                          field=name) from None
     return name, labels, value, literal
 
@@ -200,6 +205,8 @@ def _read_counters(path: str) -> tuple[list[_LabelSet], bool]:
     seen: dict[tuple, int] = {}
     saw_v0 = False
     for n, text in text_lines(path):
+        if text.strip() == "# EOF":
+            break
         sample = _parse_sample(text, path, n)
         if sample is None:
             continue
@@ -217,21 +224,21 @@ def _read_counters(path: str) -> tuple[list[_LabelSet], bool]:
                              field=fieldname)
         seen[key] = n
         if not math.isfinite(value) or value < 0:
-            raise TraceError(f"counter value must be finite and ≥ 0, got {literal}", path=path,
+            raise TraceError(f"counter value must be finite and ≥ 0, got {quote(literal)}", path=path,
                              line=n, field=fieldname)
         if value > MAX_INT:
-            raise TraceError(f"counter value {literal} is implausibly large (> {MAX_INT})",
+            raise TraceError(f"counter value {quote(literal)} is implausibly large (> {MAX_INT})",
                              path=path, line=n, field=fieldname)
         if abs(value - round(value)) > 1e-9 * max(1.0, abs(value)):
-            raise TraceError(f"counter value {literal} is not a whole number (a rate or an "
+            raise TraceError(f"counter value {quote(literal)} is not a whole number (a rate or an "
                              f"average, not a raw counter?)", path=path, line=n, field=fieldname)
         counter = _Counter(int(round(value)), _slack(literal), n, fieldname)
         rest = tuple(sorted((k, v) for k, v in labels if k != "position"))
         group = groups.setdefault(rest, _LabelSet(rest, n))
         if kind == "per_pos":
             position = dict(labels).get("position")
-            if position is None or not position.isdigit():
-                raise TraceError(f"needs a label position=\"<0..k-1>\", got {position!r}",
+            if position is None or not re.fullmatch(r"[0-9]{1,9}", position):
+                raise TraceError(f"needs a label position=\"<0..k-1>\", got {quote(position)}",
                                  path=path, line=n, field=fieldname)
             slot, slot_key = group.per_pos, int(position)
         else:
@@ -258,6 +265,11 @@ def _histogram(group: _LabelSet, path: str, notes: list[str], policy: str,
                          field=f"vllm:spec_decode_num_drafts_total{{{lab}}}")
     positions = sorted(group.per_pos)
     k = positions[-1] + 1
+    if k > MAX_K:
+        last = group.per_pos[positions[-1]]
+        raise TraceError(f"position {positions[-1]} means k = {k} drafts, above {MAX_K} (the "
+                         f"longest draft specsim models)", path=path, line=last.line,
+                         field=last.field)
     if len(positions) != k:
         gap = next(i for i, p in enumerate(positions) if p != i)
         more = k - len(positions) - 1
@@ -294,6 +306,14 @@ def _histogram(group: _LabelSet, path: str, notes: list[str], policy: str,
         warn(notes, f"label set {{{lab}}}: no num_accepted_tokens counter; sum check skipped")
     draft_tokens = group.counters.get("draft_tokens")
     if draft_tokens is not None:
+        total = sum(v.value for v in per_pos)
+        tol = draft_tokens.slack + sum(v.slack for v in per_pos) + 1e-9
+        if total > draft_tokens.value + tol:
+            where = accepted if accepted is not None else per_pos[0]
+            raise TraceError(f"accepted tokens ({total}) exceed drafted tokens "
+                             f"(num_draft_tokens {draft_tokens.value}, line "
+                             f"{draft_tokens.line}): a draft cannot accept more than it "
+                             f"proposed", path=path, line=where.line, field=where.field)
         expect = k * drafts.value
         tol = draft_tokens.slack + k * drafts.slack + 1e-9
         if draft_tokens.value > expect + tol:
