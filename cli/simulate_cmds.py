@@ -8,6 +8,8 @@ import sys
 import click
 
 from specsim.cli import defaults
+from specsim.cli.files import check_outputs, load_trace_arg, trace_input
+from specsim.cli.terminal import echo
 from specsim.errors import SpecsimError
 
 ARRIVALS_HELP = ("Request arrivals: 'all:N' (N requests at t=0), 'poisson:RATE:N' (RATE "
@@ -112,9 +114,10 @@ def simulate_cmd(trace_path, fmt, arrivals, prompt_tokens, output_tokens, model,
     from specsim.simulator.engine import SimConfig, Simulation
     from specsim.simulator.tuning import make_arrivals
     from specsim.specs import load_hardware, load_model
-    from specsim.traces.importers import load_trace
 
-    trace = load_trace(_trace_path(trace_path), None if fmt == "auto" else fmt)
+    check_outputs({"--chrome-trace": chrome_trace},
+                  [trace_path, model, hardware, costs_choice, arrivals])
+    trace = load_trace_arg(trace_path, fmt)
     groups = trace.groups()
     spec = load_model(defaults.model_for(model, trace.header)[0])
     hw = load_hardware(hardware)
@@ -164,17 +167,17 @@ def simulate_cmd(trace_path, fmt, arrivals, prompt_tokens, output_tokens, model,
     if as_json:
         click.echo(json.dumps(report, indent=2))
         return
-    click.echo(f"{spec.name} on {hw.name}, tp {tp}; {cfg_policy} s={cfg_s:g}, k={k} "
+    echo(f"{spec.name} on {hw.name}, tp {tp}; {cfg_policy} s={cfg_s:g}, k={k} "
                f"({k_policy}), max batch {max_batch}, {acceptance} acceptance"
                + ("   [SYNTHETIC trace]" if trace.synthetic else ""))
-    click.echo(f"costs: {costs_note}")
-    click.echo(result.table())
+    echo(f"costs: {costs_note}")
+    echo(result.table())
     if "speedup" in report:
-        click.echo(f"plain decoding on the same arrivals: "
+        echo(f"plain decoding on the same arrivals: "
                    f"{report['plain']['throughput_tokens_per_s']:.0f} tokens/s → speedup "
                    f"{report['speedup']:.3f}×")
     if chrome_trace:
-        click.echo(f"chrome trace written to {chrome_trace}")
+        echo(f"chrome trace written to {chrome_trace}")
 
 
 @click.command("tune")
@@ -203,7 +206,7 @@ def tune_cmd(trace_path, fmt, arrivals, prompt_tokens, output_tokens, model, har
     from specsim.simulator.tuning import SweepSpec, summarise, sweep
     from specsim.traces.importers import load_trace
 
-    path = _trace_path(trace_path)
+    path = trace_input(trace_path) or _trace_path(None)
     trace = load_trace(path, None if fmt == "auto" else fmt)
     groups = trace.groups()
     model = defaults.model_for(model, trace.header)[0]
@@ -287,19 +290,19 @@ def _print_tune(report: dict, synthetic: bool) -> None:
     _print_tune_grid(report, synthetic, _table)
     if "holdout" in report:
         h = report["holdout"]
-        click.echo(f"held-out tuning (fraction {h['holdout_fraction']:g}, seed {h['seed']}):")
+        echo(f"held-out tuning (fraction {h['holdout_fraction']:g}, seed {h['seed']}):")
         rows = [[p["policy"], f"k={p['tuned']['k']} s={p['tuned']['s']:g}",
                  f"{p['speedup_on_tuning_part']:.3f}×", f"{p['speedup_on_evaluation_part']:.3f}×",
                  f"k={p['tuned_on_evaluation']['k']} s={p['tuned_on_evaluation']['s']:g} "
                  f"{p['tuned_on_evaluation']['speedup']:.3f}×", f"{p['optimism']:+.3f}"]
                 for p in h["policies"]]
-        click.echo(_table(["policy", "tuned on tuning part", "there", "on evaluation part",
+        echo(_table(["policy", "tuned on tuning part", "there", "on evaluation part",
                            "tuned on evaluation", "optimism"], rows, "llrrlr"))
 
 
 def _print_tune_grid(report: dict, synthetic: bool, _table) -> None:
     plain = report["plain"]
-    click.echo(f"plain decoding: {plain['throughput']:.0f} tokens/s"
+    echo(f"plain decoding: {plain['throughput']:.0f} tokens/s"
                + ("   [SYNTHETIC trace]" if synthetic else ""))
     rows = []
     for p in report["policies"]:
@@ -309,20 +312,20 @@ def _print_tune_grid(report: dict, synthetic: bool, _table) -> None:
                      f"k={step['k']} s={step['s']:g} {step['speedup']:.3f}×" if step else "-",
                      f"{ana.get('analytical_speedup', float('nan')):.3f}×",
                      f"{ana.get('simulated_decode_speedup', float('nan')):.3f}×"])
-    click.echo(_table(["policy", "k*", "s*", "simulated", "Vegas 3-step", "analytical",
+    echo(_table(["policy", "k*", "s*", "simulated", "Vegas 3-step", "analytical",
                        "sim decode-only"], rows, "lrrrlrr"))
     best, runner = report["best"], report["runner_up"]
-    click.echo(f"optimum: {best['policy']} s={best['s']:g} k={best['k']}: "
+    echo(f"optimum: {best['policy']} s={best['s']:g} k={best['k']}: "
                f"{best['throughput']:.0f} tokens/s ({best['speedup']:.3f}×)")
     if runner:
-        click.echo(f"runner-up: {runner['policy']} s={runner['s']:g} k={runner['k']}: "
+        echo(f"runner-up: {runner['policy']} s={runner['s']:g} k={runner['k']}: "
                    f"{runner['throughput']:.0f} tokens/s ({runner['speedup']:.3f}×)")
     for p in report["policies"]:
         sens = ", ".join(f"{label} ({v['k']}, {v['s']:g}) {v['change'] * 100:+.1f}%"
                          for label, v in p["sensitivity"].items())
-        click.echo(f"sensitivity {p['policy']}: {sens}")
+        echo(f"sensitivity {p['policy']}: {sens}")
         ana = p.get("analytical")
         if ana:
             f = ana["factors"]
-            click.echo("  simulated/analytical = " + " × ".join(
+            echo("  simulated/analytical = " + " × ".join(
                 f"{v:.3f} ({name})" for name, v in f.items()))

@@ -4,6 +4,9 @@ from __future__ import annotations
 import click
 
 from specsim.cli import defaults
+from specsim.cli.files import check_outputs
+from specsim.cli.gpu import require_gpu_packages
+from specsim.cli.terminal import echo
 from specsim.errors import SpecsimError
 
 #: Where `validate plan` writes its plan, `validate --gpu` its measurements, and the other
@@ -20,6 +23,10 @@ def _found(path: str, what: str) -> str:
     try:
         return repo_file(path)[0]
     except SpecsimError:
+        if path == DEFAULT_PLAN:
+            raise SpecsimError(f"no {DEFAULT_PLAN} in this folder: write one with `specsim "
+                               f"validate plan`, or pass --plan with a shipped run's plan "
+                               f"({', '.join(SHIPPED_PLANS)})") from None
         raise SpecsimError(f"{path}: no such {what} here or in specsim's shipped data (shipped "
                            f"plans: {', '.join(SHIPPED_PLANS)})") from None
 
@@ -196,8 +203,10 @@ def validate_cmd(ctx, gpu, plan_path, out, repeats, setups, policies):
     if ctx.invoked_subcommand is not None:
         return
     if not gpu:
-        click.echo(ctx.get_help())
+        echo(ctx.get_help())
         return
+    check_outputs({"--out": out}, [plan_path])
+    require_gpu_packages("specsim validate --gpu")
     import torch
     if not torch.cuda.is_available():
         raise SpecsimError("--gpu needs a CUDA GPU; none is visible")
@@ -205,7 +214,7 @@ def validate_cmd(ctx, gpu, plan_path, out, repeats, setups, policies):
     got = measure(select(read_json(_found(plan_path, "plan"), FORMAT_KEY), setups, policies),
                   repeats=repeats)
     write_json(out, got)
-    click.echo(f"wrote {out}")
+    echo(f"wrote {out}")
 
 
 @validate_cmd.command("plan")
@@ -273,6 +282,7 @@ def plan_cmd(ctx, model, batch_text, context_text, ks_text, mode, costs, trace_p
     """
     import os
 
+    check_outputs({"--out": out}, [trace_path, prompts_file, model, hardware, costs])
     if os.path.exists(out) and not force:
         raise click.UsageError(
             f"{out} exists: a plan records what was predicted before its runs, and results may "
@@ -321,12 +331,12 @@ def plan_cmd(ctx, model, batch_text, context_text, ks_text, mode, costs, trace_p
     plan["trace"] = trace_named          # relative to the repository when inside it
     write_json(out, plan)
     n = sum(len(s["configs"]) for s in plan["setups"])
-    click.echo(f"wrote {out}: {n} configurations in {len(plan['setups'])} setups")
+    echo(f"wrote {out}: {n} configurations in {len(plan['setups'])} setups")
     for entry in plan["setups"]:
-        click.echo(f"  {entry['setup']['name']}: {len(entry['configs'])} configurations; "
+        echo(f"  {entry['setup']['name']}: {len(entry['configs'])} configurations; "
                    f"costs ({entry['cost_source']['kind']}): {entry['cost_source']['note']}")
     for note in plan.get("notes", ()):
-        click.echo(f"note: {note}", err=True)
+        echo(f"note: {note}", err=True)
 
 
 @validate_cmd.command("report")
@@ -355,8 +365,11 @@ def report_cmd(plan_path, measured, md_out, as_json):
     from specsim.errors import SpecsimError
     from specsim.validate import (FORMAT_KEY, MEASURED_KEY, _sha, markdown, read_json,
                                   repo_file, report)
-    plan = read_json(_found(plan_path, "plan"), FORMAT_KEY)
-    got = read_json(_found(_measured_for(plan_path, measured), "measurements"), MEASURED_KEY)
+    plan_file = _found(plan_path, "plan")
+    measured_file = _found(_measured_for(plan_path, measured), "measurements")
+    check_outputs({"--markdown": md_out}, [plan_file, measured_file])
+    plan = read_json(plan_file, FORMAT_KEY)
+    got = read_json(measured_file, MEASURED_KEY)
     trace = None   # the plan's trace, when it is here as it was: answers vs its records
     try:           # as named (plans name it relative to the repository), or in the repository
         trace_file = repo_file(plan["trace"])[0] if plan.get("trace") else None
@@ -366,7 +379,7 @@ def report_cmd(plan_path, measured, md_out, as_json):
         if _sha(trace_file) == plan.get("trace_sha256"):
             trace = read_trace(trace_file)
         else:
-            click.echo(f"note: {plan['trace']} is not the trace the plan was made with; "
+            echo(f"note: {plan['trace']} is not the trace the plan was made with; "
                        f"answers are not compared with its records", err=True)
     rep = report(plan, got, trace)
     if md_out:
@@ -374,7 +387,7 @@ def report_cmd(plan_path, measured, md_out, as_json):
     if as_json:
         click.echo(json.dumps(rep, indent=1))
     else:
-        click.echo(markdown(rep, got))
+        echo(markdown(rep, got))
 
 
 @validate_cmd.command("merge")
@@ -383,7 +396,8 @@ def report_cmd(plan_path, measured, md_out, as_json):
 def merge_cmd(parts, out):
     """Join measurements of parts of one plan (--setups/--policies runs) into one file."""
     from specsim.validate import MEASURED_KEY, merge_measured, read_json, write_json
+    check_outputs({"--out": out}, parts)
     merged = merge_measured([read_json(p, MEASURED_KEY) for p in parts])
     write_json(out, merged)
     n = sum(len(s["configs"]) for s in merged["setups"])
-    click.echo(f"wrote {out}: {n} configurations in {len(merged['setups'])} setups")
+    echo(f"wrote {out}: {n} configurations in {len(merged['setups'])} setups")
