@@ -5,14 +5,22 @@ Qwen3-MoE, gpt-oss families); it counts parameters and KV bytes per token. A
 :class:`HardwareSpec` holds datasheet ceilings plus optional *measured* ceilings that override
 them. Both can be given by catalogue name (``models/<name>/config.json``,
 ``models/hardware/<name>.json``) or by path.
+
+Both files are read strictly (:func:`read_json_file`: UTF-8, a byte-order mark allowed, no
+NaN/Infinity, no duplicate keys, no number that overflows a float) and range-checked: every
+size is a whole number in 1..its bound (:data:`MODEL_BOUNDS`), query heads divide into KV
+heads, every ceiling is a positive finite number below :data:`HARDWARE_BOUNDS`. A bad file
+ends in one :class:`~specsim.errors.SpecFileError` naming the file, the line and the field.
 """
 from __future__ import annotations
 
 import json
+import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from specsim.errors import SpecsimError, UnknownNameError
+from specsim.errors import SpecFileError, UnknownNameError, quote
 
 from specsim.shipped import (catalog_dir, catalog_dirs, catalog_file,  # noqa: F401
                              catalog_names)
@@ -166,51 +174,111 @@ class ModelSpec:
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
-def model_spec_from_config(config: dict, name: str = "custom", dtype_bytes: int = 2) -> ModelSpec:
-    """Build a :class:`ModelSpec` from a HuggingFace ``config.json`` dictionary."""
-    cfg = dict(config)
-    if "text_config" in cfg:  # multimodal wrappers keep the decoder in text_config
-        cfg = {**cfg, **cfg["text_config"]}
+#: The largest value each model size may take (a size above it is a corrupt file).
+MODEL_BOUNDS = {"hidden_size": 2**20, "num_attention_heads": 2**12, "num_key_value_heads": 2**12,
+                "head_dim": 2**12, "num_hidden_layers": 2**12, "intermediate_size": 2**22,
+                "vocab_size": 2**24, "num_experts": 2**14, "num_experts_per_tok": 2**14,
+                "moe_intermediate_size": 2**22, "sliding_window": 2**31,
+                "max_position_embeddings": 2**31}
+_ALIASES = {"n_embd": "hidden_size", "n_head": "num_attention_heads",
+            "n_layer": "num_hidden_layers", "num_local_experts": "num_experts",
+            "experts_per_token": "num_experts_per_tok"}
 
-    def need(*keys):
+
+def key_line(text: str | None, key: str, nth: int = 1) -> int | None:
+    """The line of ``text`` (a JSON file) where ``"key":`` appears the ``nth`` time, if it
+    does."""
+    if not text:
+        return None
+    found = list(re.finditer(r'"' + re.escape(key) + r'"\s*:', text))
+    if not found:
+        return None
+    m = found[min(nth, len(found)) - 1]
+    return text.count("\n", 0, m.start()) + 1
+
+
+def model_spec_from_config(config: dict, name: str = "custom", dtype_bytes: int = 2, *,
+                           path: str | None = None, text: str | None = None) -> ModelSpec:
+    """Build a :class:`ModelSpec` from a HuggingFace ``config.json`` dictionary; ``path`` and
+    ``text`` (the file it was read from) let errors name the file and line."""
+    if not isinstance(config, dict):
+        raise SpecFileError(f"a model config must be a JSON object, got "
+                            f"{type(config).__name__}", path=path or f"model '{name}'", line=1)
+    cfg = dict(config)
+    if isinstance(cfg.get("text_config"), dict):  # multimodal wrappers keep the decoder here
+        cfg = {**cfg, **cfg["text_config"]}
+    where = path or f"model '{name}'"
+
+    def fail(key: str | None, message: str):
+        raise SpecFileError(message, path=where, line=key_line(text, key) if key else None,
+                            field=key)
+
+    def size(key: str, value, minimum: int = 1) -> int:
+        bound, given = MODEL_BOUNDS[_ALIASES.get(key, key)], value
+        if isinstance(value, float) and math.isfinite(value) and value == int(value):
+            value = int(value)
+        if isinstance(value, bool) or not isinstance(value, int):
+            fail(key, f"expected a whole number, got {quote(given)}")
+        if not minimum <= value <= bound:
+            fail(key, f"must lie in {minimum}..{bound}, got {quote(given)}")
+        return value
+
+    def need(*keys, minimum: int = 1) -> int:
         for key in keys:
             if cfg.get(key) is not None:
-                return cfg[key]
-        raise SpecsimError(f"model '{name}': config.json lacks '{keys[0]}'")
+                return size(key, cfg[key], minimum)
+        fail(None, f"config.json lacks '{keys[0]}'")
+
+    def optional(*keys, minimum: int = 1) -> int | None:
+        for key in keys:
+            if cfg.get(key) is not None and cfg.get(key) != 0:
+                return size(key, cfg[key], minimum)
+        return None
 
     model_type = str(cfg.get("model_type", "llama"))
-    hidden = int(need("hidden_size", "n_embd"))
-    heads = int(need("num_attention_heads", "n_head"))
-    kv_heads = int(cfg.get("num_key_value_heads") or heads)
-    head_dim = int(cfg.get("head_dim") or hidden // heads)
-    layers = int(need("num_hidden_layers", "n_layer"))
-    experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0)
-    active = int(cfg.get("num_experts_per_tok") or cfg.get("experts_per_token") or 0)
-    window = cfg.get("sliding_window")
+    hidden = need("hidden_size", "n_embd")
+    heads = need("num_attention_heads", "n_head")
+    kv_heads = optional("num_key_value_heads") or heads
+    if heads % kv_heads:
+        fail("num_key_value_heads", f"{heads} attention heads do not divide into {kv_heads} "
+                                    f"KV heads")
+    head_dim = optional("head_dim")
+    if head_dim is None:
+        if hidden < heads:
+            fail("hidden_size", f"{hidden} is smaller than {heads} heads (no head_dim given)")
+        head_dim = hidden // heads
+    layers = need("num_hidden_layers", "n_layer")
+    experts = optional("num_experts", "num_local_experts") or 0
+    active = optional("num_experts_per_tok", "experts_per_token") or 0
+    if experts and not 1 <= active <= experts:
+        fail("num_experts_per_tok", f"{experts} experts need 1..{experts} experts per token, "
+                                    f"got {active}")
+    window = optional("sliding_window")
     layer_types = cfg.get("layer_types")
     if layer_types is None:
         uses_window = bool(cfg.get("use_sliding_window", False)) and window
         layer_types = [SLIDING_ATTENTION if uses_window else FULL_ATTENTION] * layers
+    if not isinstance(layer_types, list):
+        fail("layer_types", f"expected a list, got {quote(layer_types)}")
     if len(layer_types) != layers:
-        raise SpecsimError(f"model '{name}': layer_types has {len(layer_types)} entries for "
-                           f"{layers} layers")
+        fail("layer_types", f"has {len(layer_types)} entries for {layers} layers")
     for t in layer_types:
         if t not in (FULL_ATTENTION, SLIDING_ATTENTION):
-            raise SpecsimError(f"model '{name}': unknown layer type '{t}'")
+            fail("layer_types", f"unknown layer type {quote(t)}")
     is_gpt_oss = model_type == "gpt_oss"
     bias = bool(cfg.get("attention_bias", False))
     qkv_bias = bias or model_type == "qwen2"  # Qwen2 always has q/k/v bias, no o bias
     return ModelSpec(
         name=name, architecture=model_type, num_layers=layers, hidden_size=hidden,
         num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
-        intermediate_size=int(need("intermediate_size")), vocab_size=int(need("vocab_size")),
+        intermediate_size=need("intermediate_size"), vocab_size=need("vocab_size"),
         tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         qk_norm=model_type in ("qwen3", "qwen3_moe"), qkv_bias=qkv_bias, o_bias=bias,
         num_experts=experts, experts_per_token=active,
-        moe_intermediate_size=int(cfg.get("moe_intermediate_size") or 0),
+        moe_intermediate_size=optional("moe_intermediate_size") or 0,
         expert_bias=is_gpt_oss, attention_sinks=is_gpt_oss,
-        layer_types=tuple(layer_types), sliding_window=int(window) if window else None,
-        max_context=cfg.get("max_position_embeddings"), dtype_bytes=dtype_bytes,
+        layer_types=tuple(layer_types), sliding_window=window,
+        max_context=optional("max_position_embeddings"), dtype_bytes=dtype_bytes,
         source=str(cfg.get("_specsim_source", "")),
     )
 
@@ -241,11 +309,48 @@ def load_model(name_or_path: str, dtype_bytes: int = 2) -> ModelSpec:
         name = name_or_path.lower()
     else:
         name = path.parent.name if path.name == "config.json" else path.stem
+    config, text = read_json_file(path, "model config")
+    return model_spec_from_config(config, name=name, dtype_bytes=dtype_bytes, path=str(path),
+                                  text=text)
+
+
+#: model configs and hardware specs larger than this are not what they claim to be
+MAX_SPEC_BYTES = 16 * 2**20
+
+
+def read_json_file(path: str | Path, what: str) -> tuple[object, str]:
+    """The parsed content and the text of a small JSON file (a model config, a hardware
+    spec), read strictly; any problem is one :class:`SpecFileError` with the file and line."""
+    from specsim.traces.format import JSONRefusal, json_error_reason, loads_strict
+    path = str(path)
     try:
-        config = json.loads(path.read_text())
+        with open(path, "rb") as fh:
+            data = fh.read(MAX_SPEC_BYTES + 1)
+    except OSError as exc:
+        raise SpecFileError(f"cannot read {what}: {exc.strerror}", path=path) from None
+    if len(data) > MAX_SPEC_BYTES:
+        raise SpecFileError(f"{what} is larger than {MAX_SPEC_BYTES} bytes", path=path)
+    if data.startswith(b"\xef\xbb\xbf"):
+        data = data[3:]
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise SpecFileError(f"{what} is not UTF-8 text (byte 0x"
+                            f"{data[exc.start:exc.start + 1].hex()})", path=path,
+                            line=line) from None
+    try:
+        return loads_strict(text, check_floats=True), text
     except json.JSONDecodeError as exc:
-        raise SpecsimError(f"{path}:{exc.lineno}: bad JSON in model config: {exc.msg}") from None
-    return model_spec_from_config(config, name=name, dtype_bytes=dtype_bytes)
+        raise SpecFileError(f"bad JSON in {what}: {exc.msg} (column {exc.colno})", path=path,
+                            line=exc.lineno) from None
+    except (ValueError, RecursionError) as exc:
+        from specsim.traces.format import constant_key
+        field = (exc.field if isinstance(exc, JSONRefusal) else None) or constant_key(text)
+        nth = 2 if isinstance(exc, JSONRefusal) and exc.field else 1   # a duplicate's 2nd
+        raise SpecFileError(json_error_reason(exc).replace("bad JSON", f"bad JSON in {what}"),
+                            path=path, line=key_line(text, field, nth) if field else None,
+                            field=field) from None
 
 
 # --------------------------------------------------------------------------------------------
@@ -290,26 +395,68 @@ class HardwareSpec:
         return self.measured_bandwidth is not None
 
 
-def hardware_from_dict(d: dict, name: str) -> HardwareSpec:
-    try:
-        measured = d.get("measured") or {}
-        return HardwareSpec(
-            name=d.get("name", name),
-            memory_bandwidth=float(d["memory_bandwidth_TBps"]) * 1e12,
-            bf16_flops=float(d["bf16_dense_TFLOPs"]) * 1e12,
-            memory_bytes=float(d["memory_GB"]) * 1e9,
-            interconnect_bandwidth=float(d["interconnect_GBps"]) * 1e9,
-            measured_bandwidth=(float(measured["memory_bandwidth_TBps"]) * 1e12
-                                if measured.get("memory_bandwidth_TBps") else None),
-            measured_bf16_flops=(float(measured["bf16_TFLOPs"]) * 1e12
-                                 if measured.get("bf16_TFLOPs") else None),
-            overheads=Overheads(**{k: float(v) for k, v in d.get("overheads_s", {}).items()}),
-            source=str(d.get("_source", "")), key=name,
-        )
-    except KeyError as exc:
-        raise SpecsimError(f"hardware '{name}': missing field {exc}") from None
-    except TypeError as exc:
-        raise SpecsimError(f"hardware '{name}': {exc}") from None
+#: Each hardware number's unit factor and the largest plausible value (in that unit).
+HARDWARE_FIELDS = {"memory_bandwidth_TBps": (1e12, 1e3), "bf16_dense_TFLOPs": (1e12, 1e6),
+                   "memory_GB": (1e9, 1e6), "interconnect_GBps": (1e9, 1e6),
+                   "bf16_TFLOPs": (1e12, 1e6)}
+#: a per-step overhead above this many seconds is a unit mistake
+MAX_OVERHEAD_S = 1.0
+HARDWARE_BOUNDS = {key: bound for key, (_, bound) in HARDWARE_FIELDS.items()}
+
+
+def hardware_from_dict(d: dict, name: str, *, path: str | None = None,
+                       text: str | None = None) -> HardwareSpec:
+    """A :class:`HardwareSpec` from a hardware JSON object (``models/hardware/*.json``);
+    every number is range-checked, errors name ``path`` (and the line, given ``text``)."""
+    where = path or f"hardware '{name}'"
+
+    def fail(key: str | None, message: str):
+        raise SpecFileError(message, path=where, line=key_line(text, key) if key else 1,
+                            field=key)
+
+    def number(obj: dict, key: str, prefix: str = "", required: bool = True):
+        value = obj.get(key)
+        if value is None:
+            if required:
+                fail(None, f"missing field '{prefix}{key}'")
+            return None
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            fail(prefix + key, f"expected a number, got {quote(value)}")
+        unit, bound = HARDWARE_FIELDS[key]
+        if not (math.isfinite(value) and 0 < value <= bound):
+            fail(prefix + key, f"must lie in (0, {bound:g}], got {quote(value)}")
+        return float(value) * unit
+
+    if not isinstance(d, dict):
+        fail(None, f"a hardware spec must be a JSON object, got {type(d).__name__}")
+    measured = d.get("measured") or {}
+    if not isinstance(measured, dict):
+        fail("measured", f"expected an object, got {quote(measured)}")
+    overheads = d.get("overheads_s") or {}
+    if not isinstance(overheads, dict):
+        fail("overheads_s", f"expected an object, got {quote(overheads)}")
+    known = Overheads.__dataclass_fields__
+    times = {}
+    for key, value in overheads.items():
+        if key not in known:
+            fail(f"overheads_s.{key}", f"unknown overhead; known: {', '.join(known)}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+                math.isfinite(value) and 0 <= value <= MAX_OVERHEAD_S):
+            fail(f"overheads_s.{key}", f"must be a number of seconds in [0, {MAX_OVERHEAD_S:g}]"
+                                       f", got {quote(value)}")
+        times[key] = float(value)
+    measured_bandwidth = (number(measured, "memory_bandwidth_TBps", "measured.", False)
+                          if measured.get("memory_bandwidth_TBps") else None)
+    measured_flops = (number(measured, "bf16_TFLOPs", "measured.", False)
+                      if measured.get("bf16_TFLOPs") else None)
+    return HardwareSpec(
+        name=str(d.get("name", name)),
+        memory_bandwidth=number(d, "memory_bandwidth_TBps"),
+        bf16_flops=number(d, "bf16_dense_TFLOPs"),
+        memory_bytes=number(d, "memory_GB"),
+        interconnect_bandwidth=number(d, "interconnect_GBps"),
+        measured_bandwidth=measured_bandwidth, measured_bf16_flops=measured_flops,
+        overheads=Overheads(**times), source=str(d.get("_source", "")), key=name)
 
 
 def known_hardware() -> list[str]:
@@ -322,9 +469,6 @@ def load_hardware(name_or_path: str) -> HardwareSpec:
         path = catalog_file(f"hardware/{name_or_path.lower()}.json")
         if not path.is_file():
             raise UnknownNameError("hardware", name_or_path, known_hardware())
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise SpecsimError(f"{path}:{exc.lineno}: bad JSON in hardware spec: {exc.msg}") from None
-    return hardware_from_dict(data, path.stem)
+    data, text = read_json_file(path, "hardware spec")
+    return hardware_from_dict(data, path.stem, path=str(path), text=text)
 
