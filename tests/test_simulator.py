@@ -467,7 +467,7 @@ def test_sweep_parallel_equals_serial_and_summary(tmp_path):
     assert report["runner_up"]["throughput"] <= best["throughput"]
     for p in report["policies"]:
         assert "three_step" in p and p["three_step"]["speedup"] <= p["speedup"] + 1e-12
-    with pytest.raises(ValueError, match="no 'streamingllm'"):
+    with pytest.raises(SpecsimError, match="no 'streamingllm'"):
         sweep(spec, ["streamingllm"], [2], workers=1)
 
 

@@ -3,7 +3,9 @@
 A file is CSV with the Azure LLM inference trace columns ``TIMESTAMP, ContextTokens,
 GeneratedTokens`` (TIMESTAMP as seconds or as an ISO date-time; times are made relative to the
 first request), or JSON Lines with ``time``/``prompt_tokens``/``output_tokens`` keys. Bad rows
-raise :class:`~specsim.errors.TraceError` naming the file, line and column.
+raise :class:`~specsim.errors.TraceError` naming the file, line and column. A run of more
+than :data:`MAX_REQUESTS` requests, or a request of more than :data:`MAX_REQUEST_TOKENS`
+prompt or output tokens, is refused (it would run for hours, not fail).
 """
 from __future__ import annotations
 
@@ -14,8 +16,24 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from specsim.errors import SpecsimError, TraceError
-from specsim.traces.format import MAX_INT, json_lines, text_lines
+from specsim.errors import LimitError, SpecsimError, TraceError, quote
+from specsim.traces.format import json_lines, text_lines
+
+#: the most requests one simulation takes
+MAX_REQUESTS = 1_000_000
+#: the most prompt or output tokens one simulated request may have
+MAX_REQUEST_TOKENS = 2**22
+
+
+def _check_requests(n, prompt_tokens, output_tokens) -> int:
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or not 1 <= n <= MAX_REQUESTS:
+        raise LimitError("requests", f"expected 1..{MAX_REQUESTS} requests, got {quote(n)}")
+    for what, value in (("prompt tokens", prompt_tokens), ("output tokens", output_tokens)):
+        arr = np.asarray(value)
+        if arr.size and (arr.min() < 1 or arr.max() > MAX_REQUEST_TOKENS):
+            raise LimitError(what, f"expected 1..{MAX_REQUEST_TOKENS} per request, got "
+                                   f"{quote(int(arr.min() if arr.min() < 1 else arr.max()))}")
+    return int(n)
 
 
 @dataclass(frozen=True)
@@ -30,6 +48,7 @@ class Arrival:
 def all_at_once(n: int, prompt_tokens, output_tokens, prompt_ids=None) -> list[Arrival]:
     """n requests at t = 0; prompt/output lengths are ints or arrays of n; ``prompt_ids``
     (n names, optional) says which recorded prompt each request is."""
+    n = _check_requests(n, prompt_tokens, output_tokens)
     prompts = np.broadcast_to(np.asarray(prompt_tokens), (n,))
     outputs = np.broadcast_to(np.asarray(output_tokens), (n,))
     if prompt_ids is not None and len(prompt_ids) != n:
@@ -40,8 +59,10 @@ def all_at_once(n: int, prompt_tokens, output_tokens, prompt_ids=None) -> list[A
 
 def poisson(n: int, rate: float, prompt_tokens, output_tokens, seed: int = 0) -> list[Arrival]:
     """n requests with exponential inter-arrival times of mean 1/rate seconds."""
-    if rate <= 0:
-        raise SpecsimError(f"arrival rate must be > 0 requests/s, got {rate}")
+    n = _check_requests(n, prompt_tokens, output_tokens)
+    if not (rate > 0 and math.isfinite(rate)):
+        raise SpecsimError(f"arrival rate must be a finite number > 0 requests/s, got "
+                           f"{quote(rate)}")
     rng = np.random.default_rng(seed)
     times = np.cumsum(rng.exponential(1.0 / rate, size=n))
     prompts = np.broadcast_to(np.asarray(prompt_tokens), (n,))
@@ -57,7 +78,7 @@ _OUTPUT_KEYS = ("GeneratedTokens", "output_tokens", "output_len", "generated_tok
 def _parse_time(value, path: str, line: int, column: str) -> float:
     """Seconds, or an ISO date-time (as seconds since the epoch)."""
     if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-        raise TraceError(f"expected seconds or a date-time, got {value!r}", path=path,
+        raise TraceError(f"expected seconds or a date-time, got {quote(value)}", path=path,
                          line=line, field=column)
     text = str(value).strip()
     try:
@@ -66,7 +87,7 @@ def _parse_time(value, path: str, line: int, column: str) -> float:
         seconds = None
     if seconds is not None:
         if not math.isfinite(seconds):
-            raise TraceError(f"expected a finite number of seconds, got '{text}'", path=path,
+            raise TraceError(f"expected a finite number of seconds, got {quote(text)}", path=path,
                              line=line, field=column)
         return seconds
     try:
@@ -81,7 +102,7 @@ def _parse_time(value, path: str, line: int, column: str) -> float:
             stamp = stamp.replace(tzinfo=dt.timezone.utc)
         return stamp.timestamp()
     except (ValueError, OverflowError):
-        raise TraceError(f"not seconds nor a date-time: '{value}'", path=path, line=line,
+        raise TraceError(f"not seconds nor a date-time: {quote(value)}", path=path, line=line,
                          field=column) from None
 
 
@@ -103,9 +124,9 @@ def _count(value, path: str, line: int, column: str) -> int:
         except (TypeError, ValueError, OverflowError):
             pass
     if number is None or not math.isfinite(number) or number != int(number) or number < 1 \
-            or number > MAX_INT:
-        raise TraceError(f"expected a whole number of tokens ≥ 1, got {value!r}", path=path,
-                         line=line, field=column)
+            or number > MAX_REQUEST_TOKENS:
+        raise TraceError(f"expected a whole number of tokens in 1..{MAX_REQUEST_TOKENS}, got "
+                         f"{quote(value)}", path=path, line=line, field=column)
     return int(number)
 
 
@@ -142,6 +163,9 @@ def from_file(path: str, limit: int | None = None, time_scale: float = 1.0) -> l
         raise TraceError("no requests in the file", path=path)
     if limit is not None:
         rows = rows[:limit]
+    if len(rows) > MAX_REQUESTS:
+        raise TraceError(f"{len(rows)} requests: more than {MAX_REQUESTS} per simulation",
+                         path=path, line=rows[MAX_REQUESTS][0])
     arrivals, times = [], []
     for i, (n, row) in enumerate(rows):
         time_column, time_value = _pick(row, _TIME_KEYS, path, n, "arrival time")

@@ -38,6 +38,10 @@ from specsim.specs import ModelSpec
 K_POLICIES = ("fixed", "adaptive", "oracle", "plain")
 
 
+#: the most sequences one simulated batch holds
+MAX_BATCH = 65_536
+
+
 @dataclass
 class SimConfig:
     policy: str
@@ -61,13 +65,13 @@ class SimConfig:
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self):
-        if self.k < 1:
-            raise SpecsimError("draft length k must be ≥ 1")
+        from specsim.analytical import check_k_max
+        check_k_max(self.k, "k")
         if self.k_policy not in K_POLICIES:
             raise SpecsimError(f"unknown k policy '{self.k_policy}'; use one of "
                                f"{', '.join(K_POLICIES)}")
-        if self.max_batch < 1:
-            raise SpecsimError("max batch must be ≥ 1")
+        if not 1 <= self.max_batch <= MAX_BATCH:
+            raise SpecsimError(f"max batch must lie in 1..{MAX_BATCH}, got {self.max_batch}")
 
 
 def default_memory_budget(model: ModelSpec, memory_bytes: float, tp: int = 1,

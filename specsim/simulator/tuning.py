@@ -142,8 +142,8 @@ def sweep(spec: SweepSpec, policies, ks, workers: int | None = None, progress=No
     for policy in policies:
         ss = sorted(s for (p, s) in groups if p == policy and s is not None)
         if not ss:
-            raise TuningError(f"{spec.trace_path}: the trace has no sparse '{policy}' groups; it "
-                              f"has: {_groups_text(groups)}")
+            raise TuningError(f"{spec.trace_path}: the trace has no '{policy}' groups with s "
+                              f"recorded; it has: {_groups_text(groups)}")
         configs += [(spec, policy, s, k) for s in ss for k in ks]
     workers = workers or min(len(configs), os.cpu_count() or 1)
     results = []
