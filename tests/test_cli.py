@@ -164,19 +164,21 @@ def test_bad_trace_one_line_error(tmp_path):
     assert f"{path}:2" in err and "m[1]" in err and "accepted 3 > drafted k=2" in err
 
 
-def test_unknown_names_and_usage_errors(tmp_path):
+def test_unknown_names_are_bad_data_and_bad_options_bad_usage(tmp_path):
     code, _, err = run(["costs", "--model", "nope"])
-    assert code == 2 and "known:" in err and "qwen3-8b" in err
+    assert code == 1 and "known:" in err and "qwen3-8b" in err
     code, _, err = run(["costs", "--hardware", "tpu"])
-    assert code == 2 and "h200" in err
+    assert code == 1 and "h200" in err
+    code, _, err = run(["costs", "--policy", "magic"])
+    assert code == 1 and "known: vegas" in err
+    code, _, err = run(["predict", "--trace", str(tmp_path / "missing.jsonl")])
+    assert code == 1 and "missing.jsonl" in err and "Traceback" not in err
     code, _, err = run(["predict", "--alpha", "0.5"])
     assert code == 2 and "--gamma" in err
-    code, _, err = run(["costs", "--policy", "magic"])
-    assert code == 2 and "known: vegas" in err
     code, _, err = run(["predict", "--accept-rates", "0.5,x", "--gamma", "0.1"])
     assert code == 2 and "comma-separated" in err
-    code, _, err = run(["predict", "--trace", str(tmp_path / "missing.jsonl")])
-    assert code == 2 and "missing.jsonl" in err and "Traceback" not in err
+    for text in (err,):
+        assert text.startswith("specsim: error: ") and text.count("\n") == 1
 
 
 def test_catalogue_commands():

@@ -183,7 +183,7 @@ def test_without_setup_options_the_plan_holds_the_shipped_setups(tmp_path):
 def _one_line_error(capsys, *args):
     code = main(["validate", "plan", *args, "--out", "/nonexistent-dir/plan.json"])
     err = capsys.readouterr().err.strip()
-    assert code == 2 and "\n" not in err and err.startswith("specsim: error: "), err
+    assert code == 1 and "\n" not in err and err.startswith("specsim: error: "), err
     return err
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 from specsim import __version__
-from specsim.costs import make_cost_model
+from specsim.costs import make_cost_model, resolve_cost_source
 from specsim.dashboards import data as D
 from specsim.dashboards import figures as F
 from specsim.atomic import write_text_atomic
@@ -82,8 +82,19 @@ def _context_value(context: int | None) -> str:
     return TRACE_CONTEXT if context is None else str(int(context))
 
 
-def _subtitle(model: ModelSpec, hw: HardwareSpec, batch: int, context_label: str) -> str:
-    return f"{model.name} on {_short_name(hw)} · batch {batch} · context {context_label}"
+#: What each cost source's numbers are, as figure subtitles name them.
+PRICED_BY = {"roofline": "roofline costs", "calibration": "calibrated costs (GPU measurements)",
+             "operators": "operator-table costs (GPU measurements)"}
+
+
+def _priced_by(kind: str) -> str:
+    return PRICED_BY.get(kind, f"{kind} costs")
+
+
+def _subtitle(model: ModelSpec, hw: HardwareSpec, batch: int, context_label: str,
+              priced_by: str = "") -> str:
+    return (f"{model.name} on {_short_name(hw)} · batch {batch} · context {context_label}"
+            + (f" · {priced_by}" if priced_by else ""))
 
 
 def _ms(x: float) -> str:
@@ -129,7 +140,7 @@ def build_dashboard(trace: Trace, model: ModelSpec, hardware: Mapping[str, Hardw
             seed=opts.seed, policy=opts.policy, sparsity=opts.sparsity), acceptance)
 
     # the default setting first: it fixes the policy list and the trace's context range
-    default_costs, costs_note = make_cost_model(model, hardware[opts.hardware], opts.tp,
+    default_costs, _ = make_cost_model(model, hardware[opts.hardware], opts.tp,
                                                 opts.costs)
     default_report = predict(default_costs, opts.batch, opts.context)
     policies = default_report.policy_names
@@ -148,10 +159,20 @@ def build_dashboard(trace: Trace, model: ModelSpec, hardware: Mapping[str, Hardw
         lo, hi = F.tokens_label(min(ctx)), F.tokens_label(max(ctx))
         return f"as recorded, {lo}" if lo == hi else f"as recorded, {lo}–{hi}"
 
+    def setting_label(hw, batch, context):
+        return f"{_short_name(hw)}, batch {batch}, context {ctx_label(context)}"
+
+    # notes every setting carries go in the page header; the others under their setting's
+    # headline, named with it
+    shared_notes = [n for n in default_report.notes
+                    if "SYNTHETIC" not in n and "does not fit" not in n]
     heat, curves, breakdown, regime, headlines = {}, {}, {}, {}, {}
     reports: dict[str, PredictReport] = {}
+    sources = {}
     for hw_key, hw in hardware.items():
-        costs = make_cost_model(model, hw, opts.tp, opts.costs)[0]
+        source = resolve_cost_source(model, hw, tp=opts.tp, costs=opts.costs)
+        sources[hw_key] = source
+        costs = source.cost_model
         say(f"predicting on {hw.name}: {len(batches)} batch sizes × {len(contexts)} contexts")
         for batch in batches:
             for context in contexts:
@@ -160,19 +181,26 @@ def build_dashboard(trace: Trace, model: ModelSpec, hardware: Mapping[str, Hardw
                           (opts.hardware, opts.batch, opts.context) else
                           predict(costs, batch, context))
                 reports[key] = report
-                sub = _subtitle(model, hw, batch, ctx_subtitle(context, report))
+                sub = _subtitle(model, hw, batch, ctx_subtitle(context, report),
+                                _priced_by(source.kind))
                 for policy in policies:
                     heat[f"{key}|{policy}"] = F.heatmap_figure(D.heatmap_data(report, policy), sub)
                 curves[key] = F.speedup_curves_figure(D.speedup_curves_data(report), sub)
                 breakdown[key] = F.breakdown_figure(D.breakdown_data(report), sub)
                 headlines[key] = _headline(D.headline_data(report, model, hw, opts.tp))
+                own = [n for n in report.notes if n not in shared_notes]
+                if own:
+                    headlines[key] += ('<ul class="notes">' + "".join(
+                        f"<li>{html.escape(n)} <i>({html.escape(setting_label(hw, batch, context))})"
+                        f"</i></li>" for n in own[:MAX_NOTES]) + "</ul>")
         say(f"regime map on {hw.name}: {len(opts.regime_batches)} batch sizes × "
             f"{len(opts.regime_contexts)} contexts")
         rd = D.regime_data(trace, default_report, costs, model, hw, opts.regime_batches,
                            opts.regime_contexts, k_max=opts.k_max, tp=opts.tp,
                            reference_k=default_report.best.k)
         regime[hw_key] = F.regime_figure(rd, f"{model.name} on {_short_name(hw)} · tp {opts.tp} "
-                                             f"· every sequence at the same context")
+                                             f"· every sequence at the same context · "
+                                             f"{_priced_by(source.kind)}")
     positions = {p: F.position_acceptance_figure(D.position_acceptance_data(default_report, p),
                                                  "from the trace; independent of hardware")
                  for p in policies}
@@ -233,7 +261,6 @@ def build_dashboard(trace: Trace, model: ModelSpec, hardware: Mapping[str, Hardw
                 "The same points by their error, worst over- and under-predictions at the "
                 "ends."))]))
 
-    hw0 = hardware[opts.hardware]
     controls = [
         Control("hardware", "Hardware", [(k, _short_name(h)) for k, h in hardware.items()],
                 opts.hardware, "GPU whose cost model prices each step (its shipped "
@@ -256,8 +283,9 @@ def build_dashboard(trace: Trace, model: ModelSpec, hardware: Mapping[str, Hardw
                                   f"{len(groups)} (policy, s) groups"),
         ("costed for", f"{model.name} ({model.param_count() / 1e9:.2f} B params, "
                        f"KV {model.kv_bytes_per_token / 1024:.0f} KiB/token), tp {opts.tp}"),
-        ("costs", f"on {_short_name(hw0)}: {costs_note} "
-                  f"({'measured' if hw0.ceilings_measured else 'datasheet'} ceilings)"),
+        *[("costs", f"on {_short_name(hardware[k])}: {sources[k].note} "
+                    f"({'measured' if hardware[k].ceilings_measured else 'datasheet'} ceilings)")
+          for k in [opts.hardware] + [k for k in hardware if k != opts.hardware]],
     ]
     warning = ""
     if trace.synthetic:
@@ -266,8 +294,7 @@ def build_dashboard(trace: Trace, model: ModelSpec, hardware: Mapping[str, Hardw
                    "its acceptance numbers illustrate the tool and describe no model."
                    + (f" <i>Trace header: “{html.escape(description)}”</i>" if description
                       else ""))
-    other_notes = sorted({n for r in reports.values() for n in r.notes
-                          if "SYNTHETIC" not in n and "does not fit" not in n})
+    other_notes = [n for n in shared_notes if all(n in r.notes for r in reports.values())]
     if len(other_notes) > MAX_NOTES:
         other_notes = other_notes[:MAX_NOTES] + [
             f"… and {len(other_notes) - MAX_NOTES} more notes (see `specsim predict`)"]

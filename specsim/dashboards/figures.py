@@ -104,6 +104,29 @@ def empty_figure(title: str, message: str) -> go.Figure:
 # --------------------------------------------------------------------------------------------
 
 
+def speedup_colours(values) -> dict:
+    """Heatmap colour settings fitted to the speedups shown: the bar runs from the smallest to
+    the largest value (always including 1×), white at 1×, red below and blue above, each side
+    spread over its own range."""
+    flat = [float(v) for row in values for v in (row if isinstance(row, (list, tuple)) else [row])
+            if v is not None and math.isfinite(float(v))]
+    lo, hi = min(flat + [1.0]), max(flat + [1.0])
+    if hi - lo < 1e-9:
+        lo, hi = lo - 0.05, hi + 0.05
+    middle = (1.0 - lo) / (hi - lo)
+    stops = []
+    for position, colour in SPEEDUP_SCALE:
+        at = position * 2 * middle if position <= 0.5 else \
+            middle + (position - 0.5) * 2 * (1 - middle)
+        if stops and at <= stops[-1][0] + 1e-12:    # a side of zero width
+            if position <= 0.5:                      # below 1×: white (the last) stays
+                stops[-1] = [stops[-1][0], colour]
+            continue                                 # above 1×: white (the first) stays
+        stops.append([at, colour])
+    stops[0][0], stops[-1][0] = 0.0, 1.0
+    return dict(zmin=lo, zmax=hi, colorscale=stops)
+
+
 def heatmap_figure(d: dict, subtitle: str = "") -> go.Figure:
     """Rows are s values (y = row index, labelled), columns k. The 3-step path runs through
     the upper-left corners of its cells so that it never covers a cell's number."""
@@ -117,8 +140,8 @@ def heatmap_figure(d: dict, subtitle: str = "") -> go.Figure:
                                                   d["extrapolated"]))]
     fig = go.Figure(layout=dict(template=TEMPLATE))
     fig.add_trace(go.Heatmap(
-        x=d["ks"], y=rows, z=d["speedup"], customdata=custom, zmid=1.0,
-        colorscale=SPEEDUP_SCALE, texttemplate="%{z:.2f}", textfont=dict(size=11),
+        x=d["ks"], y=rows, z=d["speedup"], customdata=custom, **speedup_colours(d["speedup"]),
+        texttemplate="%{z:.2f}", textfont=dict(size=11),
         xgap=1, ygap=1, name="speedup",
         colorbar=dict(title=dict(text="speedup (×)", side="right"), thickness=12, len=0.9),
         hovertemplate=("k = %{x}, %{customdata[5]}<br>speedup <b>%{z:.3f}×</b> "
@@ -369,7 +392,7 @@ def regime_figure(d: dict, subtitle: str = "") -> go.Figure:
         custom.append(row)
     fig = go.Figure(layout=dict(template=TEMPLATE))
     fig.add_trace(go.Heatmap(
-        x=xs, y=ys, z=speed, customdata=custom, zmid=1.0, colorscale=SPEEDUP_SCALE,
+        x=xs, y=ys, z=speed, customdata=custom, **speedup_colours(speed),
         texttemplate="%{z:.2f}", textfont=dict(size=10), xgap=1, ygap=1, name="speedup",
         colorbar=dict(title=dict(text="speedup (×)", side="right"), thickness=12, len=0.9),
         hovertemplate=("batch %{customdata[0]} × %{customdata[1]} context<br>"
@@ -452,6 +475,9 @@ def validation_figure(d: dict) -> go.Figure:
                            "%{y:.3f} ms<br>error %{customdata[1]:+.1f}%<extra></extra>")))
     sub = (f"mean |error| {d['mean_abs_relative_error'] * 100:.1f}%, largest "
            f"{d['max_abs_relative_error'] * 100:.1f}%, over {len(pts)} points")
+    priced = d.get("priced_by") or []
+    if priced:
+        sub += "; predicted by " + "; ".join(priced)
     axis = dict(type="log", range=[math.log10(span[0]), math.log10(span[1])], dtick="D2") \
         if log else dict(type="linear", range=[0, span[1]])
     fig.update_layout(

@@ -38,6 +38,7 @@ class ValidationPoint:
     measured_ms: float
     predicted_ms: float
     group: str = ""
+    priced_by: str = ""       # the cost source of the prediction (e.g. "roofline model")
 
     @property
     def relative_error(self) -> float:
@@ -129,7 +130,8 @@ def _read_points(doc, path: str, context: ReadContext) -> list[ValidationPoint]:
                 raise SpecsimError(f"{where}: field '{key}' must be a positive number, got {x!r}")
             values[key] = float(x)
         out.append(ValidationPoint(str(item["label"]), values["measured_ms"],
-                                   values["predicted_ms"], str(item.get("group", ""))))
+                                   values["predicted_ms"], str(item.get("group", "")),
+                                   str(item.get("priced_by", ""))))
     return out
 
 
@@ -175,7 +177,8 @@ def _read_calibration(doc, path: str, context: ReadContext) -> list[ValidationPo
         else:
             cost, what = roofline.selection(contexts, m.s, policy, 1), f" s={m.s:g}"
         label = f"{m.op} b={m.batch} ctx={tokens_label(m.context)}{what}"
-        out.append(ValidationPoint(label, m.median_ms, cost.seconds * 1e3, m.op))
+        out.append(ValidationPoint(label, m.median_ms, cost.seconds * 1e3, m.op,
+                                   "roofline model"))
     return out
 
 
@@ -217,7 +220,7 @@ def _read_validate_report(doc, path: str, context: ReadContext) -> list[Validati
                                    f"`specsim validate report --json`)") from None
             if measured > 0 and predicted > 0:
                 out.append(ValidationPoint(label, measured, predicted,
-                                           f"{name} {row['policy']}"))
+                                           f"{name} {row['policy']}", str(st.get("costs") or "")))
     return out
 
 
@@ -236,6 +239,7 @@ def validation_data(points: list[ValidationPoint], source: str = "") -> dict:
     errors = np.array([p.relative_error for p in points])
     return {
         "source": source,
+        "priced_by": sorted({p.priced_by for p in points if p.priced_by}),
         "points": [{"label": p.label, "group": p.group, "measured_ms": p.measured_ms,
                     "predicted_ms": p.predicted_ms, "relative_error": p.relative_error}
                    for p in points],
