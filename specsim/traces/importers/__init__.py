@@ -24,7 +24,7 @@ from __future__ import annotations
 import inspect
 import os
 
-from specsim.errors import TraceError
+from specsim.errors import TraceError, quote
 from specsim.traces.format import Trace
 from specsim.traces.importers import native, specbench, vllm_metrics, vllm_requests
 from specsim.traces.importers.common import TraceImportWarning
@@ -49,7 +49,7 @@ def load_trace(path: str | os.PathLike, format: str | None = None, **options) ->
     path = str(path)
     name = detect_format(path) if format is None else format
     if name not in _IMPORTERS:
-        raise TraceError(f"unknown trace format {name!r}; " + FORMAT_HELP, path=path)
+        raise TraceError(f"unknown trace format {quote(name)}; " + FORMAT_HELP, path=path)
     importer = _IMPORTERS[name]
     if name != native.NAME:
         known = [p for p in inspect.signature(importer).parameters if p != "path"]

@@ -9,7 +9,8 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
-from specsim.errors import TraceError
+from specsim.analytical import MAX_K
+from specsim.errors import TraceError, quote
 from specsim.traces.format import (MAX_INT, HistogramTrace, RequestTrace, json_lines,
                                    make_header, parse_record)
 
@@ -32,7 +33,7 @@ def check_sparsity(s, path: str, line: int | None = None) -> float | None:
     if s is None:
         return None
     if isinstance(s, bool) or not isinstance(s, (int, float)) or not (0.0 < s <= 1.0):
-        raise TraceError(f"sparsity ratio must lie in (0, 1], got {s!r}", path=path, line=line,
+        raise TraceError(f"sparsity ratio must lie in (0, 1], got {quote(s)}", path=path, line=line,
                          field="s")
     return float(s)
 
@@ -40,15 +41,16 @@ def check_sparsity(s, path: str, line: int | None = None) -> float | None:
 def check_policy(policy, path: str, line: int | None = None) -> str:
     """A selection policy's name: any non-empty string."""
     if not isinstance(policy, str) or not policy.strip():
-        raise TraceError(f"policy must be a non-empty string, got {policy!r}", path=path,
+        raise TraceError(f"policy must be a non-empty string, got {quote(policy)}", path=path,
                          line=line, field="policy")
     return policy
 
 
 def check_k(k, path: str) -> int | None:
-    """The importer's ``k`` option (drafts per step): an integer ≥ 1, or None."""
-    if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
-        raise TraceError(f"k must be an integer ≥ 1, got {k!r}", path=path, field="k")
+    """The importer's ``k`` option (drafts per step): an integer in 1..MAX_K, or None."""
+    if k is not None and (isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_K):
+        raise TraceError(f"k must be an integer in 1..{MAX_K} (the longest draft specsim "
+                         f"models), got {quote(k)}", path=path, field="k")
     return k
 
 
@@ -107,11 +109,11 @@ class FieldReader:
 
     def int_value(self, value, field: str, minimum: int = 0) -> int:
         if isinstance(value, bool) or not isinstance(value, int):
-            self.fail(field, f"expected an integer, got {value!r}")
+            self.fail(field, f"expected an integer, got {quote(value)}")
         if value < minimum:
-            self.fail(field, f"must be ≥ {minimum}, got {value}")
+            self.fail(field, f"must be ≥ {minimum}, got {quote(value)}")
         if value > MAX_INT:
-            self.fail(field, f"implausibly large ({value} > {MAX_INT})")
+            self.fail(field, f"implausibly large ({quote(value)} > {MAX_INT})")
         return value
 
     def int_list(self, value, field: str, minimum: int = 0) -> list[int]:

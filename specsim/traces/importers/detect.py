@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-from specsim.errors import TraceError
+from specsim.errors import TraceError, quote
 from specsim.traces.format import parse_json_line, text_lines
 from specsim.traces.importers import native, specbench, vllm_metrics, vllm_requests
 
@@ -55,7 +55,7 @@ def detect_format(path: str | os.PathLike) -> str:
         if vllm_metrics.recognises_line(text):
             prometheus += 1
         elif not text.startswith("#"):
-            raise TraceError(f"unrecognised content {text[:60]!r}; " + FORMAT_HELP, path=path,
+            raise TraceError(f"unrecognised content {quote(text)}; " + FORMAT_HELP, path=path,
                              line=n)
     if prometheus:
         return vllm_metrics.NAME

@@ -20,7 +20,7 @@ import os
 
 import numpy as np
 
-from specsim.errors import TraceError
+from specsim.errors import TraceError, quote
 from specsim.traces.format import RequestTrace, Trace
 from specsim.traces.importers.common import (FieldReader, check_k, check_policy, check_sparsity,
                                              import_header, json_objects, single_model,
@@ -51,7 +51,7 @@ def _answers(path: str, notes: list[str]) -> tuple[list[tuple[int, str, list[int
             reader.fail("question_id", "missing")
         qid = obj["question_id"]
         if isinstance(qid, bool) or not isinstance(qid, (str, int)):
-            reader.fail("question_id", f"expected a string or integer, got {qid!r}")
+            reader.fail("question_id", f"expected a string or integer, got {quote(qid)}")
         models.append(obj.get("model_id"))
         choices = obj.get("choices")
         if not isinstance(choices, list) or not choices:
@@ -65,11 +65,11 @@ def _answers(path: str, notes: list[str]) -> tuple[list[tuple[int, str, list[int
             lengths = reader.int_list(choice["accept_lengths"], af, minimum=1)
             index = choice.get("index", ci)
             if isinstance(index, bool) or not isinstance(index, int):
-                reader.fail(f"choices[{ci}].index", f"expected an integer, got {index!r}")
+                reader.fail(f"choices[{ci}].index", f"expected an integer, got {quote(index)}")
             rid = f"{qid}:{index}"
             if rid in seen:
                 reader.fail(f"choices[{ci}].index" if "index" in choice else "question_id",
-                            f"duplicate question/choice {rid!r} (first on line {seen[rid]})")
+                            f"duplicate question/choice {quote(rid)} (first on line {seen[rid]})")
             seen[rid] = n
             if not lengths:
                 warn(notes, f"line {n} ({rid}): no decoding steps recorded; skipped")

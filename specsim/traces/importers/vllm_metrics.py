@@ -87,7 +87,7 @@ def _label_value(text: str, i: int, name: str, path: str, n: int) -> tuple[str, 
     value = []
     while True:
         if i >= len(text):
-            raise TraceError(f"label {name!r}: unterminated value", path=path, line=n)
+            raise TraceError(f"label {quote(name)}: unterminated value", path=path, line=n)
         ch = text[i]
         if ch == "\\" and i + 1 < len(text):
             nxt = text[i + 1]
@@ -114,11 +114,11 @@ def _parse_labels(text: str, start: int, path: str, n: int) -> tuple[list[tuple[
         name = m.group(0)
         i = m.end()
         if text[i:i + 2] != '="':
-            raise TraceError(f"label {name!r}: expected =\"value\" at column {i + 1}", path=path,
+            raise TraceError(f"label {quote(name)}: expected =\"value\" at column {i + 1}", path=path,
                              line=n)
         value, i = _label_value(text, i + 2, name, path, n)
         if name in dict(labels):
-            raise TraceError(f"label {name!r} given twice", path=path, line=n)
+            raise TraceError(f"label {quote(name)} given twice", path=path, line=n)
         labels.append((name, value))
         i = _skip_blanks(text, i)
         if i < len(text) and text[i] == ",":

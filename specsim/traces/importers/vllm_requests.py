@@ -46,7 +46,7 @@ from typing import Any
 
 import numpy as np
 
-from specsim.errors import TraceError
+from specsim.errors import TraceError, quote
 from specsim.traces.format import HistogramTrace, RequestTrace, Trace
 from specsim.traces.importers.common import (FieldReader, check_k, check_policy, check_sparsity,
                                              histogram_from_survival, import_header,
@@ -278,10 +278,10 @@ def import_vllm_requests(path: str | os.PathLike, *, policy: str = "unknown",
         if rid is None:
             rid = f"line{n}"
         elif isinstance(rid, bool) or not isinstance(rid, (str, int)):
-            reader.fail(rid_field, f"expected a string or integer id, got {rid!r}")
+            reader.fail(rid_field, f"expected a string or integer id, got {quote(rid)}")
         rid = str(rid)
         if rid in seen:
-            reader.fail(rid_field or "id", f"duplicate id {rid!r} (first on line {seen[rid]})")
+            reader.fail(rid_field or "id", f"duplicate id {quote(rid)} (first on line {seen[rid]})")
         seen[rid] = n
         if stats is None:
             warn(notes, f"line {n} ({rid}): {prefix.rstrip('.')} is null (speculative decoding "
