@@ -23,6 +23,14 @@ def quote(value, limit: int = QUOTE_CHARS) -> str:
     return f"{text[:limit - 1]}… ({len(text)} characters)"
 
 
+def one_line(text: str) -> str:
+    """``text`` with line breaks, terminal escapes and other unprintable characters written
+    as Python escapes, so that it prints as one line and changes nothing on a terminal."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 class SpecsimError(Exception):
     """Any user-facing error: bad input, unknown name, inconsistent data."""
 
@@ -38,7 +46,7 @@ class InputError(SpecsimError):
         shown = field if field is None or len(field) <= 5 * QUOTE_CHARS else (
             f"{field[:5 * QUOTE_CHARS - 1]}…")
         field_part = f"field '{shown}': " if field else ""
-        super().__init__(f"{prefix}{field_part}{message}")
+        super().__init__(one_line(f"{prefix}{field_part}{message}"))
 
 
 class TraceError(InputError):
@@ -55,7 +63,7 @@ class LimitError(SpecsimError):
 
     def __init__(self, what: str, message: str):
         self.what, self.reason = what, message
-        super().__init__(f"{what}: {message}")
+        super().__init__(one_line(f"{what}: {message}"))
 
 
 class UnknownNameError(SpecsimError):
