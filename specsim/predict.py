@@ -367,9 +367,10 @@ def _by_policy(groups: list[GroupResult]) -> list[PolicyOptimum]:
 
 
 def split_trace(trace: Trace, fraction: float, seed: int = 0) -> tuple[Trace, Trace]:
-    """(tuning part, evaluation part): each prompt (``prompt_id``, else the request id) goes
-    to the evaluation part with probability ``fraction``, decided by a seeded hash so that the
-    same prompt lands on the same side under every policy and s."""
+    """(tuning part, evaluation part): ``round(fraction × prompts)`` of the trace's prompts
+    (``prompt_id``, else the request id; at least one on each side) go to the evaluation
+    part, the first in the order of a seeded hash, so that the same prompt lands on the same
+    side under every policy and s."""
     import hashlib
 
     if not 0.0 < fraction < 1.0:
@@ -378,13 +379,15 @@ def split_trace(trace: Trace, fraction: float, seed: int = 0) -> tuple[Trace, Tr
         raise ValueError("a holdout split needs per-request records; this trace has "
                          "aggregate histograms")
 
-    def held_out(key: str) -> bool:
-        digest = hashlib.sha256(f"{seed}:{key}".encode()).digest()
-        return int.from_bytes(digest[:8], "big") / 2**64 < fraction
+    def rank(key: str) -> bytes:
+        return hashlib.sha256(f"{seed}:{key}".encode()).digest()
 
+    keys = sorted({r.prompt_id or r.id for r in trace.requests}, key=rank)
+    count = min(max(round(fraction * len(keys)), 1), max(len(keys) - 1, 1))
+    held = set(keys[:count])
     tune, evaluate = Trace(trace.header, path=trace.path), Trace(trace.header, path=trace.path)
     for r in trace.requests:
-        (evaluate if held_out(r.prompt_id or r.id) else tune).requests.append(r)
+        (evaluate if (r.prompt_id or r.id) in held else tune).requests.append(r)
     for part, name in ((tune, "tuning"), (evaluate, "evaluation")):
         missing = set(trace.groups()) - set(part.groups())
         if missing:
