@@ -423,7 +423,7 @@ def hardware_from_dict(d: dict, name: str, *, path: str | None = None,
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             fail(prefix + key, f"expected a number, got {quote(value)}")
         unit, bound = HARDWARE_FIELDS[key]
-        if not (math.isfinite(value) and 0 < value <= bound):
+        if not (0 < value <= bound and math.isfinite(value)):
             fail(prefix + key, f"must lie in (0, {bound:g}], got {quote(value)}")
         return float(value) * unit
 
@@ -441,7 +441,7 @@ def hardware_from_dict(d: dict, name: str, *, path: str | None = None,
         if key not in known:
             fail(f"overheads_s.{key}", f"unknown overhead; known: {', '.join(known)}")
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
-                math.isfinite(value) and 0 <= value <= MAX_OVERHEAD_S):
+                0 <= value <= MAX_OVERHEAD_S and math.isfinite(value)):
             fail(f"overheads_s.{key}", f"must be a number of seconds in [0, {MAX_OVERHEAD_S:g}]"
                                        f", got {quote(value)}")
         times[key] = float(value)
