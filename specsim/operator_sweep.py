@@ -19,9 +19,12 @@ GPU side (torch, triton and the engine's kernels; no simpy/plotly). Each operato
   ranking, Quest's page scoring and ranking of one layer's draft query), at s = ``selection_s``;
 - ``graph``: the replay of a CUDA graph of ``kernels`` minimal kernels with the host's wait.
 
-A point's samples are ``repeats`` timings, each of ``inner`` back-to-back calls between two
-CUDA events divided by ``inner`` (the engine replays its steps as CUDA graphs, so a step's
-kernels run back to back); the graph point is timed on the host clock. The run writes the
+A point's samples are ``repeats`` replays of a CUDA graph of ``graph_inner`` calls between two
+CUDA events, divided by ``graph_inner`` (the engine replays its steps as CUDA graphs: no host
+launch time between a step's kernels), the calls cycling through copies of their inputs that
+together exceed the L2 cache (``ROTATE_BYTES``: a model's layers each read their own weights and
+KV); a call that cannot be captured is timed eagerly and named in ``provenance.timed_eagerly``.
+The graph point is timed on the host clock. The run writes the
 table after every group (an operator and key), and the same command resumes a table it finds
 (same GPU, software, kernels, settings and grid), measuring only the groups it lacks; after
 ``time_budget_s`` no new group starts. Off CUDA the same code runs on the CPU (fp32, the
@@ -74,6 +77,7 @@ class OperatorGrid:
     repeats: int = 5
     warmup: int = 2
     inner: int = 3
+    graph_inner: int = 16
     time_budget_s: float | None = 900.0
 
     @classmethod
@@ -84,7 +88,7 @@ class OperatorGrid:
                    contexts=[64, 128], selected=[16, 64], elementwise_bytes=[4096, 65536],
                    selection_policies=["vegas", "sparsespec", "quest"], selection_lists=[2, 4],
                    selection_contexts=[64, 128], selection_rows=[3], graph_kernels=[1, 8],
-                   repeats=2, warmup=1, inner=1, time_budget_s=None)
+                   repeats=2, warmup=1, inner=1, graph_inner=2, time_budget_s=None)
 
     def grid_json(self) -> dict:
         out = dataclasses.asdict(self)
@@ -92,30 +96,85 @@ class OperatorGrid:
         return out
 
 
-class _Timer:
-    def __init__(self, torch, device):
-        self.torch, self.cuda = torch, device.type == "cuda"
+#: Bytes of distinct inputs a timed sequence of calls cycles through (several times the H200's
+#: 60 MB L2), so that back-to-back calls read memory, as a model's layers do, not the cache.
+ROTATE_BYTES = 256 * 2**20
 
-    def __call__(self, fn, grid: OperatorGrid, inner: int | None = None) -> list[float]:
-        """Milliseconds per call: ``grid.repeats`` samples of ``inner`` back-to-back calls."""
-        torch, inner = self.torch, inner or grid.inner
+
+def copies(footprint: float, grid: "OperatorGrid") -> int:
+    """How many copies of inputs of ``footprint`` bytes a timed sequence cycles through."""
+    return max(1, min(grid.graph_inner, math.ceil(ROTATE_BYTES / max(footprint, 1.0))))
+
+
+class _Timer:
+    """Milliseconds per call of an operator, as the engine runs it.
+
+    On CUDA with ``cuda_graphs`` (the engine's default) ``graph_inner`` calls are captured
+    into one CUDA graph, cycling through the given calls (each on its own copy of the inputs),
+    and each sample is one replay between two CUDA events over ``graph_inner``: no host launch
+    time, as in the engine's graphed steps. A call that cannot be captured is timed eagerly
+    (``inner`` back-to-back calls between two events) and counted in ``eager``. Off CUDA:
+    the wall clock."""
+
+    def __init__(self, torch, device, settings: EngineSettings = DEFAULT):
+        self.torch, self.cuda = torch, device.type == "cuda"
+        self.graphs = self.cuda and settings.cuda_graphs
+        self.eager: list[str] = []
+        self.label = ""
+
+    def __call__(self, fns, grid: OperatorGrid, inner: int | None = None) -> list[float]:
+        fns = list(fns) if isinstance(fns, (list, tuple)) else [fns]
+        if self.graphs:
+            try:
+                return self._graphed(fns, grid)
+            except Exception as exc:     # not capturable: timed eagerly, and said
+                self.eager.append(f"{self.label}: {type(exc).__name__}")
+                self.torch.cuda.synchronize()
+        return self._eager(fns, grid, inner or grid.inner)
+
+    def _graphed(self, fns, grid) -> list[float]:
+        torch, n = self.torch, grid.graph_inner
         for _ in range(grid.warmup):
-            fn()
+            for fn in fns:
+                fn()
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for i in range(n):
+                fns[i % len(fns)]()
+        graph.replay()
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        out = []
+        for _ in range(grid.repeats):
+            start.record()
+            graph.replay()
+            end.record()
+            end.synchronize()
+            out.append(start.elapsed_time(end) / n)
+        del graph
+        return out
+
+    def _eager(self, fns, grid, inner) -> list[float]:
+        torch = self.torch
+        for _ in range(grid.warmup):
+            for fn in fns:
+                fn()
         out = []
         if self.cuda:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             for _ in range(grid.repeats):
                 start.record()
-                for _ in range(inner):
-                    fn()
+                for i in range(inner):
+                    fns[i % len(fns)]()
                 end.record()
                 end.synchronize()
                 out.append(start.elapsed_time(end) / inner)
         else:
             for _ in range(grid.repeats):
                 started = time.perf_counter()
-                for _ in range(inner):
-                    fn()
+                for i in range(inner):
+                    fns[i % len(fns)]()
                 out.append((time.perf_counter() - started) * 1e3 / inner)
         return out
 
@@ -191,6 +250,8 @@ def provenance(grid: OperatorGrid, settings: EngineSettings, device) -> dict:
         prov["clock_mhz"] = _clocks()
     prov["engine"] = engine_provenance(settings)
     prov["grid"] = grid.grid_json()
+    prov["timing"] = (("cuda graph replay" if settings.cuda_graphs else "eager launches")
+                      if device.type == "cuda" else "wall clock")
     return prov
 
 
@@ -218,10 +279,10 @@ def probe(torch, device, timer: _Timer, grid: OperatorGrid) -> dict:
     n = 2**29 if cuda else 2**20
     a = torch.empty(n, dtype=dtype, device=device)
     b = torch.empty_like(a)
-    copy = timer(lambda: b.copy_(a), grid)
+    copy = timer._eager([lambda: b.copy_(a)], grid, 10)
     size = 8192 if cuda else 256
     x = torch.randn(size, size, dtype=dtype, device=device)
-    mm = timer(lambda: x @ x, grid)
+    mm = timer._eager([lambda: x @ x], grid, 10)
     del a, b, x
     median = sorted(copy)[len(copy) // 2] / 1e3
     return {"copy_bandwidth_Bps": 2 * n * a_element(dtype) / median,
@@ -255,7 +316,7 @@ def measure_operators(grid: OperatorGrid, out: str, *, settings: EngineSettings 
     import torch
 
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    timer = _Timer(torch, device)
+    timer = _Timer(torch, device, settings)
     prov = provenance(grid, settings, device)
     prior = resumable(out, prov)
     if prior is not None:
@@ -263,6 +324,7 @@ def measure_operators(grid: OperatorGrid, out: str, *, settings: EngineSettings 
         prov["resumed"] = list(prior.provenance.get("resumed", [])) + [
             prior.provenance.get("date")]
         done = {(p.op, p.key_tuple) for p in points}
+        timer.eager = list(prior.provenance.get("timed_eagerly", []))
     else:
         points, ceilings, done = [], probe(torch, device, timer, grid), set()
     groups = _groups(grid)
@@ -274,7 +336,8 @@ def measure_operators(grid: OperatorGrid, out: str, *, settings: EngineSettings 
 
     def table(left: int) -> OperatorTable:
         return OperatorTable(dict(prov, complete=left == 0 and not failed, groups_left=left,
-                                  groups_failed=failed), ceilings, list(points))
+                                  groups_failed=failed, timed_eagerly=list(timer.eager)),
+                             ceilings, list(points))
 
     left = len(todo)
     for i, (op, key, ats) in enumerate(todo):
@@ -284,6 +347,7 @@ def measure_operators(grid: OperatorGrid, out: str, *, settings: EngineSettings 
         if progress:
             print(f"[{len(groups) - left + 1}/{len(groups)}] {op} {key} "
                   f"({time.perf_counter() - started:.0f} s)", file=sys.stderr, flush=True)
+        timer.label = f"{op} {key}"
         try:
             with torch.inference_mode():
                 points += _measure_group(torch, device, timer, grid, settings, op, key, ats)
@@ -316,10 +380,11 @@ def _dtype(torch, device):
 
 def _gemm(torch, device, timer, grid, settings, key, ats):
     dtype = _dtype(torch, device)
-    layer = torch.nn.Linear(key["k"], key["n"], bias=False, device=device, dtype=dtype)
+    layers = [torch.nn.Linear(key["k"], key["n"], bias=False, device=device, dtype=dtype)
+              for _ in range(copies(key["n"] * key["k"] * a_element(dtype), grid))]
     for at in ats:
         x = torch.randn(at["m"], key["k"], device=device, dtype=dtype)
-        yield at, timer(lambda: layer(x), grid)
+        yield at, timer([lambda layer=layer: layer(x) for layer in layers], grid)
 
 
 def _elementwise(torch, device, timer, grid, settings, key, ats):
@@ -335,8 +400,10 @@ def _elementwise(torch, device, timer, grid, settings, key, ats):
     element = a_element(dtype)
     for at in ats:
         rows = max(1, int(at["bytes"] // (2 * width * element)))
-        x = torch.randn(rows, width, device=device, dtype=dtype)
-        yield {"bytes": 2 * rows * width * element}, timer(lambda: fn(x), grid)
+        moved = 2 * rows * width * element
+        xs = [torch.randn(rows, width, device=device, dtype=dtype)
+              for _ in range(copies(moved, grid))]
+        yield {"bytes": moved}, timer([lambda x=x: fn(x) for x in xs], grid)
 
 
 def _graph(torch, device, timer, grid, settings, key, ats):
@@ -405,6 +472,8 @@ def _verify(torch, device, timer, grid, settings, key, ats):
     for at in ats:
         context = int(at["context"])
         batch, kv_heads, k, v = _cache(torch, device, int(at["batch_kv_heads"]), context, hd)
+        caches = [(k, v)] + [(torch.randn_like(k), torch.randn_like(v)) for _ in
+                             range(copies(2 * k.numel() * k.element_size(), grid) - 1)]
         heads = kv_heads * group
         rows = () if collect == "off" else tuple(range(q)) if collect == "all" else \
             default_collect_rows(q)
@@ -416,8 +485,9 @@ def _verify(torch, device, timer, grid, settings, key, ats):
         logits = new_logits_buffer(plan, context, device=device) if rows else None
         lse = torch.empty(batch, heads, q, device=device) if collect == "all" else None
         yield {"batch_kv_heads": batch * kv_heads, "context": context}, timer(
-            lambda: verify_attention(query, k, v, lengths, plan, logits=logits, lse=lse), grid)
-        del k, v, logits
+            [lambda k=k, v=v: verify_attention(query, k, v, lengths, plan, logits=logits,
+                                               lse=lse) for k, v in caches], grid)
+        del k, v, logits, caches
 
 
 def _sparse(torch, device, timer, grid, settings, key, ats):
@@ -428,6 +498,9 @@ def _sparse(torch, device, timer, grid, settings, key, ats):
         selected = int(at["selected"])
         length = max(4 * selected, 1024) if device.type == "cuda" else 2 * selected
         batch, kv_heads, k, v = _cache(torch, device, int(at["batch_kv_heads"]), length, hd)
+        gathered = 2 * batch * kv_heads * selected * hd * k.element_size()
+        caches = [(k, v)] + [(torch.randn_like(k), torch.randn_like(v)) for _ in
+                             range(copies(gathered, grid) - 1)]
         heads = kv_heads * group
         shape = (batch, kv_heads, selected) if per else (batch, selected)
         indices = torch.sort(torch.randint(0, length, shape, device=device), dim=-1)[0] \
@@ -437,8 +510,9 @@ def _sparse(torch, device, timer, grid, settings, key, ats):
                            element_size=k.element_size())
         query = torch.randn(batch, heads, hd, device=device, dtype=k.dtype)
         yield {"batch_kv_heads": batch * kv_heads, "selected": selected}, timer(
-            lambda: sparse_attention(query, k, v, indices, counts, plan), grid)
-        del k, v
+            [lambda k=k, v=v: sparse_attention(query, k, v, indices, counts, plan)
+             for k, v in caches], grid)
+        del k, v, caches
 
 
 def _selection(torch, device, timer, grid, settings, key, ats):
@@ -458,9 +532,9 @@ def _selection(torch, device, timer, grid, settings, key, ats):
                 logits = torch.randn(lists, heads, rows, context, device=device,
                                      dtype=_dtype(torch, device))
             lengths = torch.full((lists,), context, dtype=torch.int32, device=device)
-            fn = (lambda: S.vegas_select(logits, lengths, s, max_context=context, policy=policy,
-                                         ranking=settings.ranking))
-            yield at, timer(fn, grid)
+            yield at, timer([lambda x=x: S.vegas_select(x, lengths, s, max_context=context,
+                                                        policy=policy, ranking=settings.ranking)
+                             for x in _copies(torch, logits, grid)], grid)
         elif policy.name == "sparsespec":
             group, rows = key["group"], key["rows"]
             kv_heads = min(8, lists)
@@ -470,10 +544,11 @@ def _selection(torch, device, timer, grid, settings, key, ats):
                                  dtype=_dtype(torch, device))
             lse = torch.randn(sequences, heads, rows, device=device).abs() + 10
             lengths = torch.full((sequences,), context, dtype=torch.int32, device=device)
-            fn = (lambda: S.sparsespec_select(logits, lengths, s, kv_heads, lse=lse,
-                                              max_context=context, policy=policy,
-                                              ranking=settings.ranking))
-            yield {"lists": sequences * kv_heads, "context": context}, timer(fn, grid)
+            yield {"lists": sequences * kv_heads, "context": context}, timer(
+                [lambda x=x: S.sparsespec_select(x, lengths, s, kv_heads, lse=lse,
+                                                 max_context=context, policy=policy,
+                                                 ranking=settings.ranking)
+                 for x in _copies(torch, logits, grid)], grid)
         elif policy.name == "quest":
             group = key["group"]
             kv_heads = min(8, lists)
@@ -483,13 +558,18 @@ def _selection(torch, device, timer, grid, settings, key, ats):
             pages = math.ceil(context / policy.page_size)
             dtype = _dtype(torch, device)
             page_min = torch.randn(batch, kv_heads, pages, hd, device=device, dtype=dtype)
-            page_max = page_min + 1
             query = torch.randn(batch, heads, hd, device=device, dtype=dtype)
             lengths = torch.full((batch,), context, dtype=torch.int32, device=device)
-            fn = (lambda: S.quest_select(query, page_min, page_max, lengths, s,
-                                         max_context=context, policy=policy,
-                                         ranking=settings.ranking))
-            yield {"lists": batch * kv_heads, "context": context}, timer(fn, grid)
+            yield {"lists": batch * kv_heads, "context": context}, timer(
+                [lambda lo=lo, hi=hi: S.quest_select(query, lo, hi, lengths, s,
+                                                     max_context=context, policy=policy,
+                                                     ranking=settings.ranking)
+                 for lo, hi in [(x, x + 1) for x in _copies(torch, page_min, grid)]], grid)
+
+
+def _copies(torch, x, grid) -> list:
+    """``x`` and enough copies of it to cycle through (``copies``)."""
+    return [x] + [x.clone() for _ in range(copies(x.numel() * x.element_size(), grid) - 1)]
 
 
 MEASURES = {"gemm": _gemm, "elementwise": _elementwise, "graph": _graph,

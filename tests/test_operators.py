@@ -95,7 +95,7 @@ def synthetic_table(path=None) -> OperatorTable:
                         {"lists": lists, "context": c}, selection_ms(policy, rows, lists, c))
     prov = {"gpu": "NVIDIA H200", "driver": "580", "cuda": "12.8", "torch": "2.13",
             "triton": "3.6", "kernel_config_hash": "abc", "date": "2026-12-02T00:00:00Z",
-            "complete": True,
+            "complete": True, "timing": "cuda graph replay",
             "engine": {"settings": DEFAULT.to_json(), "settings_hash": DEFAULT.stable_hash()}}
     table = OperatorTable(prov, {"copy_bandwidth_Bps": 4.3e12, "bf16_matmul_flops": 7e14},
                           points)
@@ -386,3 +386,31 @@ def test_calibrate_gpu_operators_measures_into_out(tmp_path, monkeypatch):
     assert {len(p.samples_ms) for p in table.points} == {3}
     refused = CliRunner().invoke(cli, ["calibrate", "--operators", "--out", str(out)])
     assert refused.exit_code != 0
+
+
+def test_the_timer_cycles_through_copies_of_the_inputs():
+    """Back-to-back calls read distinct copies of their inputs (a model's layers each read
+    their own), enough of them to exceed the L2 cache, at most one per timed call."""
+    import torch
+
+    from specsim.operator_sweep import ROTATE_BYTES, OperatorGrid, _Timer, copies
+
+    grid = OperatorGrid(repeats=2, warmup=0, inner=6)
+    for footprint in (1, 2**20, 2**26, 2**30):
+        n = copies(footprint, grid)
+        assert 1 <= n <= grid.graph_inner
+        assert n == grid.graph_inner or n * footprint >= ROTATE_BYTES
+    called = []
+    got = _Timer(torch, torch.device("cpu"))([lambda: called.append(0),
+                                               lambda: called.append(1)], grid)
+    assert len(got) == 2 and called == [0, 1] * 6
+
+
+def test_a_table_not_timed_as_the_engine_runs_says_so():
+    table = synthetic_table()
+    table.provenance["timing"] = "wall clock"
+    table.provenance["timed_eagerly"] = ["gemm {'n': 1024, 'k': 1024}: RuntimeError"]
+    warnings = OperatorCostModel(table, SMALL, HW).warnings
+    assert any("timed by wall clock" in w for w in warnings)
+    assert any("1 operator(s) timed eagerly" in w for w in warnings)
+    assert OperatorCostModel(synthetic_table(), SMALL, HW).warnings == []

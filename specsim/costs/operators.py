@@ -150,6 +150,14 @@ class OperatorCostModel:
         if m.head_dim not in {k[0] for k in self.keys.get("verify", [])}:
             out.append(f"head_dim {m.head_dim} not measured: attention from the nearest "
                        f"head_dim scaled by its bytes")
+        timing = self.table.provenance.get("timing")
+        if timing != "cuda graph replay":
+            out.append(f"operators timed by {timing or 'an unrecorded clock'}, not as the "
+                       f"engine's graphed steps run")
+        eager = self.table.provenance.get("timed_eagerly") or []
+        if eager:
+            out.append(f"{len(eager)} operator(s) timed eagerly, host launches included "
+                       f"(e.g. {eager[0]})")
         if m.is_moe:
             out.append("MoE experts modelled as a loop over the touched experts' GEMMs "
                        "(uniform routing)")
