@@ -211,6 +211,10 @@ def tune_cmd(trace_path, fmt, arrivals, prompt_tokens, output_tokens, model, har
     groups = trace.groups()
     model = defaults.model_for(model, trace.header)[0]
     available = sorted({p for p, s in groups if s is not None})
+    if not available:
+        raise SpecsimError(f"{trace.path or path}: the trace has no sparse groups (every "
+                           f"record has s = null, a drafter that is not sparse, as in a "
+                           f"Spec-Bench file); tune sweeps (policy, s) groups with s recorded")
     chosen = available if policies == "all" else [p.strip() for p in policies.split(",")]
     missing = [p for p in chosen if p not in available]
     if missing:

@@ -250,3 +250,75 @@ def test_model_for_a_trace():
     for header in ({"model": "no-such-model"}, {}):
         name, why = defaults.model_for(None, header)
         assert name == defaults.FALLBACK_MODEL and why.startswith("default")
+
+
+def _fixed_k_trace(path, k, prompts, seed=0):
+    rng = np.random.default_rng(seed)
+    records = []
+    for j in range(prompts):
+        m = rng.integers(0, k + 1, 20)
+        records.append(RequestTrace(f"vegas-{j}", "vegas", 0.05,
+                                    2000 + np.concatenate([[0], np.cumsum(m + 1)[:-1]]),
+                                    np.full(20, k), m, prompt_id=f"p{j}"))
+    write_trace(path, make_header(source="test", model="smollm2-135m"), records)
+    return path
+
+
+@pytest.mark.parametrize("k", [1, 3, 12])
+def test_acceptance_table_shows_the_positions_the_trace_recorded(tmp_path, k):
+    trace = _fixed_k_trace(tmp_path / "t.jsonl", k, 6)
+    code, out, err = run(["predict", "--trace", str(trace), "--bootstrap", "50"])
+    assert code == 0, err
+    header = next(line for line in out.splitlines() if line.startswith("policy") and "k_rec" in line)
+    shown = min(k, 8)
+    assert header.split()[-1] == f"P_{shown}"
+    assert ("p_1 … p_%d" % shown if shown > 1 else "p_1") in header
+    assert f"p_{shown + 1}" not in header
+    row = next(line for line in out.splitlines() if line.startswith("vegas"))
+    rates = row.split()[7:7 + shown]
+    assert len(rates) == shown and all(0 <= float(x) <= 1 for x in rates)
+
+
+def test_header_states_the_context_lengths_assumed(tmp_path):
+    trace = _fixed_k_trace(tmp_path / "t.jsonl", 3, 6)
+    code, out, _ = run(["predict", "--trace", str(trace), "--bootstrap", "50"])
+    line = next(x for x in out.splitlines() if x.startswith("context"))
+    report = invoke_json(["predict", "--trace", str(trace), "--bootstrap", "50"])
+    contexts = report["groups"][0]["contexts"]
+    assert f"{min(contexts)}–{max(contexts)} tokens per sequence" in line
+    assert "trace quantiles" in line
+    code, out, _ = run(["predict", "--trace", str(trace), "--bootstrap", "50",
+                        "--context", "8192"])
+    assert "context   8192 tokens per sequence (--context)" in out
+
+
+@pytest.mark.parametrize("fraction, prompts", [(0.3, 10), (0.5, 6), (0.25, 8), (0.1, 4)])
+def test_holdout_holds_out_the_fraction_of_the_prompts(tmp_path, fraction, prompts):
+    trace = _fixed_k_trace(tmp_path / "t.jsonl", 3, prompts)
+    report = invoke_json(["predict", "--trace", str(trace), "--bootstrap", "50",
+                          "--holdout", str(fraction)])
+    held = report["holdout"]["evaluation_requests"]
+    assert held == min(max(round(fraction * prompts), 1), prompts - 1)
+    assert held + report["holdout"]["tuning_requests"] == prompts
+
+
+def test_no_negative_zero_is_printed():
+    from specsim.cli.main import _percent
+    from specsim.cli.terminal import without_negative_zero
+    for value in (-0.0, -1e-9, -0.0004, 0.0, 1e-9):
+        assert _percent(value) == "0.0%" and _percent(value, signed=True) == "0.0%"
+    assert _percent(-0.012, signed=True) == "-1.2%" and _percent(0.012, signed=True) == "+1.2%"
+    assert without_negative_zero("gap (−0.0%), s=-0.00, [-0.0, -0.05] run-0 x-0.0") == \
+        "gap (0.0%), s=0.00, [0.0, -0.05] run-0 x-0.0"
+
+
+def test_table_cells_and_lines_escape_control_characters():
+    from specsim.cli.main import _table
+    from specsim.cli.terminal import error_line, printable
+    evil = "a\x1b[31mb\u202ec\rd"
+    table = _table(["name", "n"], [[evil, 1]])
+    assert "\x1b" not in table and "\u202e" not in table and "\r" not in table
+    assert "a\\x1b[31mb\\u202ec\\rd" in table
+    assert printable("one\ntwo\tthree") == "one\ntwo\tthree"
+    assert error_line("bad\nvalue\x07") == "specsim: error: bad\\nvalue\\x07"
+    assert len(error_line("x" * 5000)) < 1100
