@@ -17,6 +17,7 @@ from specsim.costs import RooflineCostModel
 from specsim.costs.calibration_file import Calibration, Measurement
 from specsim.dashboards import DashboardOptions, Validation, build_dashboard
 from specsim.dashboards import data as D
+from specsim.dashboards import figures as F
 from specsim.dashboards import validation
 from specsim.dashboards.page import (Control, Page, Section, Slot, compact, page_data,
                                      unpack_page_data)
@@ -542,3 +543,79 @@ def test_dashboard_command_bad_input(tmp_path, args, message):
     assert result.exit_code != 0
     assert message in (result.output + str(result.exception))
     assert not (tmp_path / "r.html").exists()
+
+
+# --------------------------------------------------------------------------------------------
+# labels, notes and colours
+# --------------------------------------------------------------------------------------------
+
+
+def test_figures_name_the_cost_source_of_their_hardware(small_dashboard, model):
+    from specsim.costs import resolve_cost_source
+    from specsim.dashboards.build import PRICED_BY
+    data = page_data(small_dashboard.page)
+    slots = {s["id"]: s for s in data["slots"]}
+    for hw_name in ("h200", "a100-80gb"):
+        kind = resolve_cost_source(model, load_hardware(hw_name)).kind
+        others = [label for k, label in PRICED_BY.items() if k != kind]
+        for slot_id in ("fig-heatmap", "fig-curves", "fig-breakdown", "fig-regime"):
+            for key, index in slots[slot_id]["variants"].items():
+                if key.split("|")[0] != hw_name:
+                    continue
+                subtitle = data["figures"][index]["layout"]["title"]["subtitle"]["text"]
+                assert PRICED_BY[kind] in subtitle, (slot_id, key, subtitle)
+                assert not any(label in subtitle for label in others), (slot_id, key)
+    kinds = {resolve_cost_source(model, load_hardware(n)).kind for n in ("h200", "a100-80gb")}
+    assert len(kinds) == 2     # one calibrated, one roofline: the labels must differ
+
+
+def test_validation_figure_names_what_priced_the_predictions(tmp_path):
+    doc = {"setups": [{"name": "smollm2", "costs": "calibrated cost model (x.json)", "rows": [
+        {"policy": "vegas", "s": 0.03, "k": 2, "iteration_ms_measured": 8.0,
+         "iteration_ms_predicted": 8.5}], "excluded": []}]}
+    path = tmp_path / "report.json"
+    path.write_text(json.dumps(doc))
+    _, points = load_validation(path)
+    assert [p.priced_by for p in points] == ["calibrated cost model (x.json)"]
+    fig = F.validation_figure(validation.validation_data(points))
+    assert "predicted by calibrated cost model (x.json)" in fig.layout.title.subtitle.text
+    assert "roofline" not in fig.layout.title.subtitle.text
+
+
+def test_each_settings_notes_are_shown_with_that_setting(small_dashboard):
+    page = small_dashboard.page
+    shared = set(page.notes)
+    for key, report in small_dashboard.reports.items():
+        for note in report.notes:
+            if "SYNTHETIC" in note or "does not fit" in note:
+                continue
+            if note in shared:
+                assert all(note in r.notes for r in small_dashboard.reports.values())
+            else:
+                assert html_escape(note) in page.headlines[key], (key, note)
+
+
+def html_escape(text):
+    import html
+    return html.escape(text)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_speedup_colour_bar_spans_the_data_with_white_at_one(seed):
+    rng = np.random.default_rng(seed)
+    low, high = sorted(rng.uniform(0.2, 4.0, 2))
+    values = rng.uniform(low, high, (4, 5)).tolist()
+    values[0][0] = None                                  # a cell that does not fit
+    got = F.speedup_colours(values)
+    flat = [v for row in values for v in row if v is not None]
+    assert got["zmin"] == pytest.approx(min(min(flat), 1.0))
+    assert got["zmax"] == pytest.approx(max(max(flat), 1.0))
+    stops = got["colorscale"]
+    positions = [p for p, _ in stops]
+    assert positions[0] == 0.0 and positions[-1] == 1.0
+    assert all(a < b for a, b in zip(positions, positions[1:]))
+    white = [p for p, c in stops if c == "#f7f7f7"]
+    assert white == [pytest.approx((1.0 - got["zmin"]) / (got["zmax"] - got["zmin"]))]
+    reds = [p for p, c in stops if c == F.SPEEDUP_SCALE[0][1]]
+    blues = [p for p, c in stops if c == F.SPEEDUP_SCALE[-1][1]]
+    assert bool(reds) == (got["zmin"] < 1.0) and bool(blues) == (got["zmax"] > 1.0)
