@@ -1,13 +1,18 @@
 """Acceptance from traces: per-position counts, counterfactual replay, extrapolation, bootstrap."""
+import time
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from seeding import seed
 from specsim import analytical as A
 from specsim.traces.acceptance import (count_acceptance, estimate_acceptance, extrapolation_error,
-                                       predicted_runs, replay_expected_tokens, replay_tokens,
-                                       token_acceptance, token_replay_expected_tokens)
+                                       predicted_runs, replay_expected_tokens, replay_histogram,
+                                       replay_tokens, token_acceptance,
+                                       token_replay_expected_tokens)
+from specsim.analytical import MAX_K
 from specsim.traces.format import HistogramTrace, RequestTrace, Trace, make_header
 
 
@@ -289,3 +294,25 @@ def test_estimated_curve_is_the_token_replay(recording):
     est = estimate_acceptance(t, min_support=1)
     for k in range(1, k_rec + 1):
         assert est.expected_tokens[k - 1] == pytest.approx(token_replay_expected_tokens(t, k))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 12), st.lists(st.integers(0, 12), min_size=1, max_size=60),
+       st.integers(1, 14))
+def test_replay_histogram_counts_the_iterations_of_the_token_replay(k_rec, ms, k):
+    m = np.minimum(np.asarray(ms), k_rec)
+    r = RequestTrace("x", "p", 0.1, np.arange(1, m.size + 1), np.full(m.size, k_rec), m)
+    predicted = token_acceptance(r)
+    assert np.array_equal(replay_histogram(predicted, k),
+                          np.bincount(replay_tokens(predicted, k), minlength=k + 1))
+
+
+def test_a_long_request_at_max_k_is_counted_in_linear_time():
+    n = 200_000
+    rng = np.random.default_rng(seed(7))
+    k = np.full(n, MAX_K)
+    r = RequestTrace("x", "p", 0.1, np.arange(1, n + 1), k, rng.integers(0, 3, n))
+    start = time.perf_counter()
+    est = estimate_acceptance(Trace({}, [r]))
+    assert time.perf_counter() - start < 10
+    assert est.k_max == MAX_K and est.expected_tokens[0] <= 2.0

@@ -124,6 +124,37 @@ def replay_tokens(predicted: np.ndarray, k: int, runs: np.ndarray | None = None
     return np.asarray(ms, np.int64)
 
 
+def replay_histogram(predicted: np.ndarray, k: int) -> np.ndarray:
+    """``counts[m]``, m = 0..k: how many iterations of :func:`replay_tokens` accept m drafts,
+    in time linear in the rejections. Between two rejected tokens lie L predicted ones; the
+    run there accepts k drafts ``L // (k+1)`` times and then ``L % (k+1)`` (its last
+    iteration emits the rejected token); after the last rejection the remainder counts only
+    when it is not 0."""
+    n = predicted.size
+    zeros = np.flatnonzero(predicted == 0)
+    starts = np.concatenate(([0], zeros + 1))
+    ends = np.concatenate((zeros, [n]))              # the rejected token, or the end
+    lengths = ends - starts
+    q, rem = np.divmod(lengths, k + 1)
+    counts = np.bincount(rem[:-1], minlength=k + 1)[:k + 1].astype(np.int64)
+    counts[k] += int(q.sum())
+    if rem[-1]:
+        counts[rem[-1]] += 1
+    return counts
+
+
+def _histogram_position_counts(counts: np.ndarray, positions: int):
+    """Per position i = 1..positions: iterations that reached and accepted it, from
+    ``counts[m]`` of iterations that drafted k = ``counts.size − 1`` and accepted m."""
+    k = counts.size - 1
+    at_least = np.cumsum(counts[::-1])[::-1].astype(float)   # at_least[j]: iterations m ≥ j
+    reached, accepted = np.zeros(positions), np.zeros(positions)
+    upto = min(k, positions)
+    reached[:upto] = at_least[:upto]                          # i ≤ k and m ≥ i − 1
+    accepted[:upto] = at_least[1:upto + 1]                    # m ≥ i
+    return reached, accepted
+
+
 def _replay_counts(r: RequestTrace | None, positions: int, reached: np.ndarray,
                    accepted: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``[k − 1, position − 1]`` counts of the counterfactual runs at k = 1..positions of one
@@ -137,11 +168,9 @@ def _replay_counts(r: RequestTrace | None, positions: int, reached: np.ndarray,
     if predicted is None:
         return rr, ra
     rr, ra = rr.astype(float), ra.astype(float)
-    runs = predicted_runs(predicted)
     for k in range(1, fixed_k(r) + 1):
-        ms = replay_tokens(predicted, k, runs)
-        reach, acc = _position_counts(np.full(ms.size, k), ms, positions)
-        rr[k - 1], ra[k - 1] = reach.sum(0), acc.sum(0)
+        rr[k - 1], ra[k - 1] = _histogram_position_counts(replay_histogram(predicted, k),
+                                                          positions)
     return rr, ra
 
 
