@@ -43,8 +43,9 @@ MODEL_HELP = ("Catalogue name (see `specsim models`) or path to a HuggingFace co
               "Default: the model the trace was recorded on, when the catalogue has it "
               f"(smollm2-135m for the default trace), else {FALLBACK_MODEL}.")
 HARDWARE_HELP = "Catalogue name (see `specsim hardware`) or path to a hardware JSON."
-COSTS_HELP = ("Cost model: auto (the calibration shipped for this hardware and model, else the "
-              "roofline), roofline, calibrated, or a calibration file.")
+COSTS_HELP = ("Cost model: auto (the calibration shipped for this hardware and model, else this "
+              "hardware's shipped operator table, else the roofline; each at tp 1), roofline, "
+              "calibrated, operators, or a calibration file or operator table.")
 
 
 def validation_file(run: str, kind: str) -> str:

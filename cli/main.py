@@ -141,8 +141,9 @@ def predict(trace_path, fmt, model, hardware, batch, context, tp, k_max, policy,
     E[m+1]·T_ar / T(k, s) over k and the recorded s values, k*, s*, 95% confidence
     intervals (bootstrap over requests), the iteration-time split (draft / verify / selection
     / other, ms) and which numbers are extrapolated. Costs come from the calibration shipped
-    for MODEL on HARDWARE where there is one (GPU measurements), else from the roofline model
-    (measured ceilings where the hardware spec has them); --costs chooses.
+    for MODEL on HARDWARE where there is one (GPU measurements), else from the operator table
+    shipped for HARDWARE, else from the roofline model (measured ceilings where the hardware
+    spec has them); the `costs` line says which priced it, --costs chooses.
 
     Without arguments: the shipped SmolLM2-135M trace, costed for SmolLM2-135M on an H200.
 
@@ -456,7 +457,7 @@ def costs(model, hardware, batch, context, k, sparsity, policy, tp, costs_choice
     and one selection (C_sel), and the iteration time T(k, s), per GPU.
 
     The times come from the cost source predict uses for the same model, hardware, tp and
-    --costs (the shipped calibration where there is one, else the roofline), so T_ar and
+    --costs (the shipped calibration, else the operator table, else the roofline), so T_ar and
     T(k, s) equal predict's plain_step_ms and iteration_ms at that k for
     `predict --batch B --context N`. The bytes and FLOPs are the roofline's count of what each
     operation moves and computes; the floor is those bytes over the hardware's bandwidth
@@ -648,6 +649,9 @@ def main(argv=None) -> int:
             click.echo("specsim: aborted", err=True)
             return EXIT_INTERRUPTED
         except click.UsageError as exc:
+            if isinstance(exc, getattr(click.exceptions, "NoArgsIsHelpError", ())):
+                click.echo(exc.format_message())       # a bare group: its help
+                return 0
             if debug:
                 raise
             where = f" (see '{exc.ctx.command_path} --help')" if exc.ctx is not None else ""

@@ -198,7 +198,7 @@ def validate_cmd(ctx, gpu, plan_path, out, repeats, setups, policies):
     3. specsim validate report          per policy: MAPE, worst cell, regret of the
                                         predicted best (k, s); overall (policy, k, s)
 
-    The GPU step needs only torch (no simpy); without the CLI installed run it as
+    The GPU step needs torch and triton (the gpu extra; no simpy); without the CLI run it as
     `python -m specsim.validate PLAN OUT`.
     """
     if ctx.invoked_subcommand is not None:

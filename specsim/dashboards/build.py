@@ -263,9 +263,8 @@ def build_dashboard(trace: Trace, model: ModelSpec, hardware: Mapping[str, Hardw
 
     controls = [
         Control("hardware", "Hardware", [(k, _short_name(h)) for k, h in hardware.items()],
-                opts.hardware, "GPU whose cost model prices each step (its shipped "
-                               "calibration for the model where there is one, else the "
-                               "roofline)"),
+                opts.hardware, "GPU whose cost model prices each step (as --costs picks "
+                               "it; each figure's subtitle names the source)"),
         Control("batch", "Batch", [(str(b), str(b)) for b in batches], str(opts.batch),
                 "sequences decoded together"),
         Control("context", "Context", [(_context_value(c), ctx_label(c)) for c in contexts],
