@@ -48,6 +48,11 @@ def _parse_floats(text: str, name: str) -> list[float]:
 @click.option("--check", "check_path", type=click.Path(dir_okay=False), default=None,
               help="Held-out check of a calibration file: predict every third interior "
                    "context point of each series from the rest; MAPE and worst case per term.")
+@click.option("--compose", "compose_path", type=click.Path(exists=True, dir_okay=False),
+              default=None, metavar="TABLE",
+              help="With --check: instead of the held-out check, the composition error of "
+                   "operator table TABLE against the calibration: every measured step priced "
+                   "from the GPU's operators (MAPE, worst and bias per term).")
 @click.option("--merge", "merge_paths", nargs=2, type=click.Path(exists=True, dir_okay=False),
               default=None, metavar="NEW OLD",
               help="Combine two calibration runs of the same model and GPU into --out: NEW's "
@@ -102,7 +107,7 @@ def _parse_floats(text: str, name: str) -> list[float]:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @setting_option
 @click.pass_context
-def calibrate_cmd(ctx, gpu, operators, check_path, merge_paths, replace_families, keep_other_shapes, exclude_ops,
+def calibrate_cmd(ctx, gpu, operators, check_path, compose_path, merge_paths, replace_families, keep_other_shapes, exclude_ops,
                   note, model, hardware, batches, contexts, qs, sparsities, policies, repeats,
                   out, time_budget, only, as_json, engine_settings):
     """Measured cost tables for the calibrated cost model, their held-out check, and the
@@ -126,6 +131,8 @@ def calibrate_cmd(ctx, gpu, operators, check_path, merge_paths, replace_families
     if not merge_paths and (replace_families or keep_other_shapes or exclude_ops or note):
         raise click.UsageError("--replace, --keep-other-shapes, --exclude-ops and --note go "
                                "with --merge")
+    if compose_path and not check_path:
+        raise click.UsageError("--compose goes with --check CALIBRATION")
     if operators and not gpu:
         raise click.UsageError("--operators goes with --gpu (a measurement)")
     if engine_settings != engine_settings.__class__() and not gpu:
@@ -139,6 +146,9 @@ def calibrate_cmd(ctx, gpu, operators, check_path, merge_paths, replace_families
         from specsim.costs.held_out import held_out_check
         cal = read_calibration(check_path)
         spec = load_model(cal.provenance.get("model") or model)
+        if compose_path:
+            _compose(cal, spec, load_hardware(hardware), check_path, compose_path, as_json)
+            return
         report = held_out_check(cal, spec, load_hardware(hardware))
         if as_json:
             click.echo(json.dumps(report, indent=2))
@@ -191,6 +201,28 @@ def calibrate_cmd(ctx, gpu, operators, check_path, merge_paths, replace_families
     click.echo(f"wrote {len(cal.measurements)} measurements to {out}"
                + (f" ({left} shapes not measured: run the same command to resume)"
                   if left else ""))
+
+
+def _compose(cal, spec, hardware, check_path, compose_path, as_json) -> None:
+    """``--check CAL --compose TABLE``: the composition error table."""
+    from specsim.cli.main import _table
+    from specsim.costs.composition import composition_error
+    from specsim.costs.operator_file import read_operator_table
+    from specsim.costs.operators import OperatorCostModel
+
+    table = read_operator_table(compose_path)
+    report = composition_error(cal, OperatorCostModel(table, spec, hardware))
+    if as_json:
+        click.echo(json.dumps(report, indent=2))
+        return
+    prov = table.provenance
+    click.echo(f"{spec.name} composed from {compose_path} ({prov.get('gpu')}, "
+               f"{prov.get('date')}) against its calibration {check_path}:")
+    rows = [[op, v["points"], f"{v['mape'] * 100:.1f}%", f"{v['worst'] * 100:+.1f}%",
+             f"{v['bias'] * 100:+.1f}%"] for op, v in report["per_op"].items()]
+    click.echo(_table(["term", "points", "MAPE", "worst", "bias"], rows))
+    total = report["all"]
+    click.echo(f"all: MAPE {total['mape'] * 100:.1f}%, worst {total['worst'] * 100:+.1f}%")
 
 
 def _require_cuda() -> None:

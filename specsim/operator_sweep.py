@@ -53,7 +53,8 @@ RESUME_FIELDS = ("gpu", "driver", "cuda", "torch", "triton", "kernel_config_hash
 class OperatorGrid:
     """What ``--operators`` measures (defaults: the H200 grid, about 15 minutes)."""
 
-    gemm_m: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64, 128, 256, 512])
+    gemm_m: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64, 128, 256, 512,
+                                                       1024, 2048])
     gemm_n: list[int] = field(default_factory=lambda: [512, 1024, 2048, 4096, 8192, 16384,
                                                        32768, 131072])
     gemm_k: list[int] = field(default_factory=lambda: [512, 1024, 2048, 4096, 8192, 16384])

@@ -414,3 +414,36 @@ def test_a_table_not_timed_as_the_engine_runs_says_so():
     assert any("timed by wall clock" in w for w in warnings)
     assert any("1 operator(s) timed eagerly" in w for w in warnings)
     assert OperatorCostModel(synthetic_table(), SMALL, HW).warnings == []
+
+
+def test_composition_error_scores_each_measured_step_against_its_composed_price(tmp_path):
+    """``calibrate --check CAL --compose TABLE``: every plain, verify, draft and selection row
+    of the calibration priced from the operators, error = composed / measured − 1; loop
+    overheads are not composed."""
+    from click.testing import CliRunner
+
+    from calibration_tables import MODEL, synthetic
+    from specsim.cli.main import cli
+    from specsim.costs.composition import composed_step, composition_error
+
+    cal = synthetic(batches=(1, 4), contexts=(4096, 16384), qs=(1, 3))
+    om = OperatorCostModel(synthetic_table(), MODEL, HW)
+    report = composition_error(cal, om)
+    assert set(report["per_op"]) == {"plain", "verify", "draft:vegas", "selection:vegas"}
+    assert len(report["points"]) == len(cal.measurements)
+    row = next(m for m in cal.measurements if m.op == "verify" and m.q == 3 and m.batch == 4)
+    want = om.verify([row.context] * 4, 3).seconds / (row.median_ms / 1e3) - 1
+    assert composed_step(om, "verify", 4, row.context, 3) == om.verify([row.context] * 4,
+                                                                       3).seconds
+    assert any(p["error"] == pytest.approx(want) for p in report["points"])
+    errors = [p["error"] for p in report["points"] if p["op"] == "plain"]
+    assert report["per_op"]["plain"]["mape"] == pytest.approx(np.mean(np.abs(errors)))
+    cal_path, table_path = tmp_path / "cal.json", tmp_path / "ops.json"
+    cal.write(str(cal_path))
+    synthetic_table(table_path)
+    got = CliRunner().invoke(cli, ["calibrate", "--check", str(cal_path), "--compose",
+                                   str(table_path), "--json"])
+    assert got.exit_code == 0, got.output
+    assert json.loads(got.output)["all"]["points"] == len(cal.measurements)
+    assert CliRunner().invoke(cli, ["calibrate", "--gpu", "--compose", str(table_path),
+                                    "--out", "x"]).exit_code != 0
