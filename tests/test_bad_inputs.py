@@ -44,7 +44,7 @@ def refused(fn, kind=SpecsimError, *, path=None, line=None, field=None, seconds=
         fn()
     assert time.perf_counter() - start < seconds
     e = info.value
-    assert "\n" not in str(e) and len(str(e)) < 400
+    assert "\n" not in str(e) and len(str(e)) < 700
     if path is not None:
         assert e.path == str(path)
     if line is not None:
@@ -308,3 +308,34 @@ def test_hardware_overheads_and_measured_ceilings_are_range_checked(tmp_path):
         refused(lambda: load_hardware(str(p)), SpecFileError, path=p, field=field)
     p.write_text(json.dumps(HARDWARE))
     assert load_hardware(str(p)).bandwidth == load_hardware("h200").bandwidth
+
+
+# ---- standard input and pipes ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fixture", ["vllm_metrics.prom", "specbench.jsonl"])
+def test_standard_input_is_detected_and_read_like_the_file(monkeypatch, fixture):
+    import io
+    import sys
+    raw = (FIXTURES / fixture).read_bytes()
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(raw)))
+    assert outcome("-") == outcome(FIXTURES / fixture)
+
+
+def test_a_pipe_is_read_once_and_errors_name_it(tmp_path):
+    import os
+    import threading
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+
+    def feed(data):
+        with open(fifo, "wb") as fh:
+            fh.write(data)
+    for data, good in ((FIXTURES / "vllm_metrics.prom").read_bytes(), True), (b"{]\n", False):
+        writer = threading.Thread(target=feed, args=(data,))
+        writer.start()
+        if good:
+            assert outcome(fifo) == outcome(FIXTURES / "vllm_metrics.prom")
+        else:
+            refused(lambda: load_trace(fifo), TraceError, path=fifo, line=1)
+        writer.join(5)

@@ -18,14 +18,23 @@ naming the file, the line and the field; every record it builds is re-validated 
 :func:`~specsim.traces.format.parse_record`. Data problems that do not make the input wrong
 (e.g. fewer drafted tokens than ``k * num_drafts``) are issued as :class:`TraceImportWarning`
 and listed in the header under ``"import_warnings"``.
+
+A path that is not a regular file (``-`` for standard input, a pipe, ``/dev/stdin``) is read
+once into a temporary file, so that detecting the format and importing see the same bytes;
+errors still name the path given.
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
+import shutil
+import stat
+import sys
+import tempfile
 
 from specsim.errors import TraceError, quote
-from specsim.traces.format import Trace
+from specsim.traces.format import GZIP_MAX_BYTES, Trace
 from specsim.traces.importers import native, specbench, vllm_metrics, vllm_requests
 from specsim.traces.importers.common import TraceImportWarning
 from specsim.traces.importers.detect import FORMAT_HELP, FORMATS, detect_format
@@ -47,6 +56,63 @@ def load_trace(path: str | os.PathLike, format: str | None = None, **options) ->
     a native trace takes none.
     """
     path = str(path)
+    with _regular_file(path) as readable:
+        try:
+            trace = _load(readable, format, options)
+            if readable != path:
+                shown = "standard input" if path == "-" else os.path.basename(path)
+                source = str(trace.header.get("source", ""))
+                if "import_format" in trace.header and source.endswith(": input"):
+                    trace.header["source"] = source[:-len("input")] + shown
+                trace.path = path
+            return trace
+        except TraceError as exc:
+            if readable == path:
+                raise
+            raise TraceError(exc.reason, path=path, line=exc.line, field=exc.field) from None
+
+
+@contextlib.contextmanager
+def _regular_file(path: str):
+    """``path`` itself when it is a regular file (or missing: the importer says so), else a
+    temporary copy of what it holds (at most GZIP_MAX_BYTES)."""
+    if path != "-":
+        try:
+            mode = os.stat(path).st_mode
+        except OSError:
+            yield path
+            return
+        if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+            yield path
+            return
+    with tempfile.TemporaryDirectory(prefix="specsim-input-") as folder:
+        copy = os.path.join(folder, "input")
+        try:
+            source = sys.stdin.buffer if path == "-" else open(path, "rb")
+        except OSError as exc:
+            raise TraceError(f"cannot read: {exc.strerror}", path=path) from None
+        with open(copy, "wb") as out:
+            shutil.copyfileobj(_capped(source, path), out)
+        if path != "-":
+            source.close()
+        yield copy
+
+
+def _capped(source, path: str):
+    """A reader of ``source`` that refuses more than GZIP_MAX_BYTES."""
+    class Reader:
+        total = 0
+
+        def read(self, size=-1):
+            chunk = source.read(1 << 20 if size is None or size < 0 else size)
+            Reader.total += len(chunk)
+            if Reader.total > GZIP_MAX_BYTES:
+                raise TraceError(f"input larger than {GZIP_MAX_BYTES} bytes", path=path)
+            return chunk
+    return Reader()
+
+
+def _load(path: str, format: str | None, options: dict) -> Trace:
     name = detect_format(path) if format is None else format
     if name not in _IMPORTERS:
         raise TraceError(f"unknown trace format {quote(name)}; " + FORMAT_HELP, path=path)
