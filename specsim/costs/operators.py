@@ -60,6 +60,8 @@ ELEMENTWISE_PER_LAYER = {
 #: What each policy's verify pass collects (the ``verify`` operator's ``collect`` key).
 COLLECT = {"vegas": "sum", "vegas-all": "all", "last-token": "all", "sparsespec": "all",
            "streamingllm": "off", "quest": "off", "full": "off"}
+#: Head dim of the keys Quest's page scoring is measured with (``operator_sweep``).
+QUEST_HEAD_DIM = 128
 #: Policies whose selection cost depends on the model's group and the ranked rows.
 PER_HEAD_SELECTION = ("sparsespec",)
 
@@ -148,8 +150,8 @@ class OperatorCostModel:
         m = self.model
         out = []
         if m.head_dim not in {k[0] for k in self.keys.get("verify", [])}:
-            out.append(f"head_dim {m.head_dim} not measured: attention from the nearest "
-                       f"head_dim scaled by its bytes")
+            out.append(f"head_dim {m.head_dim} not measured: attention priced as its KV "
+                       f"bytes over the probe's copy bandwidth")
         timing = self.table.provenance.get("timing")
         if timing != "cuda graph replay":
             out.append(f"operators timed by {timing or 'an unrecorded clock'}, not as the "
@@ -327,6 +329,9 @@ class OperatorCostModel:
                 if pol.rescore_every_draft:
                     add("selection", self._selection_op("quest", batch * m.num_kv_heads,
                                                         float(ctx.max()), 0), self.n_full)
+                    if hd != QUEST_HEAD_DIM:
+                        notes.append(f"quest page scoring measured at head_dim "
+                                     f"{QUEST_HEAD_DIM}, used at {hd}")
         if self.n_sliding:
             capped = float(np.minimum(ctx, window or ctx.max()).mean())
             add("attention", self._attention(q, "off" if draft else collect, batch, capped),
