@@ -341,6 +341,11 @@ def test_the_sweep_writes_a_table_that_prices_a_model(swept):
     for policy in ("vegas", "sparsespec", "quest"):
         it = cm.iteration([100, 100], 2, 0.1, policy)
         assert it.seconds > 0 and not any("roofline" in n for n in it.draft_step.notes)
+    # a policy whose selection the table lacks is the roofline's, and says so
+    missing = cm.selection([100, 100], 0.1, "last-token", 2)
+    assert missing.seconds == cm.roofline.selection([100, 100], 0.1, "last-token", 2).seconds
+    assert "selection policy=last-token group=0 rows=0 not measured: roofline model" in \
+        missing.notes
 
 
 def test_the_sweep_resumes_its_own_table_and_refuses_another(swept, monkeypatch):
