@@ -5,7 +5,7 @@ Two kinds: hypothesis strategies that build valid and broken traces, model confi
 specs and vLLM metric dumps; and mutations (truncation, byte flips, JSON type swaps and field
 deletions, Prometheus value swaps) of every file in tests/fixtures/, the first lines of every
 shipped trace, and the shipped model and hardware files, each read by every importer and by
-the model and hardware readers. The default run is capped to a few seconds;
+the model, hardware and arrivals readers. The default run is capped to a few seconds;
 ``pytest -m slow tests/test_fuzz_inputs.py`` runs the long one.
 """
 import gzip
@@ -24,6 +24,7 @@ from seeding import seed
 from specsim.analytical import MAX_K
 from specsim.errors import SpecsimError
 from specsim.shipped import shipped_root
+from specsim.simulator.arrivals import from_file
 from specsim.specs import load_hardware, load_model
 from specsim.traces.acceptance import estimate_acceptance
 from specsim.traces.importers import FORMATS, load_trace
@@ -49,15 +50,16 @@ def read_or_refused(fn):
 
 
 def every_reader(path: Path):
-    """Read ``path`` with format detection, with each importer, and as model and hardware
-    files; each read or refused in one line."""
+    """Read ``path`` with format detection, with each importer, as model and hardware files
+    and as an arrivals file; each read or refused in one line."""
     results = {"auto": read_or_refused(lambda: load_trace(path))}
     for name in FORMATS:
         results[name] = read_or_refused(lambda: load_trace(path, format=name))
     results["model"] = read_or_refused(lambda: load_model(str(path)))
     results["hardware"] = read_or_refused(lambda: load_hardware(str(path)))
+    results["arrivals"] = read_or_refused(lambda: from_file(str(path)))
     for name, trace in results.items():
-        if name not in ("model", "hardware") and trace is not None:
+        if name in FORMATS + ("auto",) and trace is not None:
             for group in trace.groups().values():
                 est = read_or_refused(lambda: estimate_acceptance(group))
                 if est is not None:
