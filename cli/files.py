@@ -96,6 +96,10 @@ def trace_input(path: str | None) -> str | None:
         return None
     if path == "-":
         stream, name = click.get_binary_stream("stdin"), "<stdin>"
+        if stream.isatty():
+            raise click.BadParameter("'-' reads the trace from standard input, which is a "
+                                     "terminal here: pipe a trace in (specsim predict --trace "
+                                     "- < trace.jsonl)", param_hint="--trace")
     else:
         try:
             mode = os.stat(path).st_mode
