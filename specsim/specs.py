@@ -229,10 +229,12 @@ def model_spec_from_config(config: dict, name: str = "custom", dtype_bytes: int 
                 return size(key, cfg[key], minimum)
         fail(None, f"config.json lacks '{keys[0]}'")
 
-    def optional(*keys, minimum: int = 1) -> int | None:
+    def optional(*keys, zero_is_absent: bool = False) -> int | None:
         for key in keys:
-            if cfg.get(key) is not None and cfg.get(key) != 0:
-                return size(key, cfg[key], minimum)
+            value = cfg.get(key)
+            if value is None or (zero_is_absent and value == 0 and not isinstance(value, bool)):
+                continue
+            return size(key, value)
         return None
 
     model_type = str(cfg.get("model_type", "llama"))
@@ -248,12 +250,12 @@ def model_spec_from_config(config: dict, name: str = "custom", dtype_bytes: int 
             fail("hidden_size", f"{hidden} is smaller than {heads} heads (no head_dim given)")
         head_dim = hidden // heads
     layers = need("num_hidden_layers", "n_layer")
-    experts = optional("num_experts", "num_local_experts") or 0
-    active = optional("num_experts_per_tok", "experts_per_token") or 0
+    experts = optional("num_experts", "num_local_experts", zero_is_absent=True) or 0
+    active = optional("num_experts_per_tok", "experts_per_token", zero_is_absent=True) or 0
     if experts and not 1 <= active <= experts:
         fail("num_experts_per_tok", f"{experts} experts need 1..{experts} experts per token, "
                                     f"got {active}")
-    window = optional("sliding_window")
+    window = optional("sliding_window", zero_is_absent=True)
     layer_types = cfg.get("layer_types")
     if layer_types is None:
         uses_window = bool(cfg.get("use_sliding_window", False)) and window
@@ -275,7 +277,7 @@ def model_spec_from_config(config: dict, name: str = "custom", dtype_bytes: int 
         tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         qk_norm=model_type in ("qwen3", "qwen3_moe"), qkv_bias=qkv_bias, o_bias=bias,
         num_experts=experts, experts_per_token=active,
-        moe_intermediate_size=optional("moe_intermediate_size") or 0,
+        moe_intermediate_size=optional("moe_intermediate_size", zero_is_absent=True) or 0,
         expert_bias=is_gpt_oss, attention_sinks=is_gpt_oss,
         layer_types=tuple(layer_types), sliding_window=window,
         max_context=optional("max_position_embeddings"), dtype_bytes=dtype_bytes,

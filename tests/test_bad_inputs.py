@@ -257,6 +257,9 @@ def test_zero_sizes_and_indivisible_heads_are_refused(tmp_path):
     p = tmp_path / "config.json"
     for over, field in (({"num_attention_heads": 0}, "num_attention_heads"),
                         ({"hidden_size": 0}, "hidden_size"),
+                        ({"num_key_value_heads": 0}, "num_key_value_heads"),
+                        ({"vocab_size": 0}, "vocab_size"),
+                        ({"num_experts": 8, "num_experts_per_tok": 9}, "num_experts_per_tok"),
                         ({"num_attention_heads": 9, "num_key_value_heads": 2},
                          "num_key_value_heads")):
         p.write_text(json.dumps({**CONFIG, **over}, indent=2))
