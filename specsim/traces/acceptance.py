@@ -124,35 +124,47 @@ def replay_tokens(predicted: np.ndarray, k: int, runs: np.ndarray | None = None
     return np.asarray(ms, np.int64)
 
 
-def replay_histogram(predicted: np.ndarray, k: int) -> np.ndarray:
-    """``counts[m]``, m = 0..k: how many iterations of :func:`replay_tokens` accept m drafts,
-    in time linear in the rejections. Between two rejected tokens lie L predicted ones; the
-    run there accepts k drafts ``L // (k+1)`` times and then ``L % (k+1)`` (its last
-    iteration emits the rejected token); after the last rejection the remainder counts only
-    when it is not 0."""
+def replay_histograms(predicted: np.ndarray, k_max: int) -> np.ndarray:
+    """``counts[k − 1, m]``, k = 1..k_max, m = 0..k_max: how many iterations of
+    :func:`replay_tokens` at draft length k accept m drafts, in time linear in the rejections.
+    Between two rejected tokens lie L predicted ones; the run there accepts k drafts
+    ``L // (k+1)`` times and then ``L % (k+1)`` (its last iteration emits the rejected
+    token); after the last rejection the remainder counts only when it is not 0."""
     n = predicted.size
     zeros = np.flatnonzero(predicted == 0)
-    starts = np.concatenate(([0], zeros + 1))
-    ends = np.concatenate((zeros, [n]))              # the rejected token, or the end
-    lengths = ends - starts
-    q, rem = np.divmod(lengths, k + 1)
-    counts = np.bincount(rem[:-1], minlength=k + 1)[:k + 1].astype(np.int64)
-    counts[k] += int(q.sum())
-    if rem[-1]:
-        counts[rem[-1]] += 1
-    return counts
+    lengths = np.concatenate((zeros, [n])) - np.concatenate(([0], zeros + 1))
+    ks = np.arange(1, k_max + 1)
+    q, rem = np.divmod(lengths[:, None], ks[None, :] + 1)        # [segments, k]
+    width = k_max + 1
+    cells = rem[:-1] + (ks - 1)[None, :] * width                 # terminated segments
+    counts = np.bincount(cells.ravel(), minlength=k_max * width).reshape(k_max, width)
+    counts[ks - 1, ks] += q.sum(0)
+    last = rem[-1]
+    hit = last > 0
+    counts[ks[hit] - 1, last[hit]] += 1
+    return counts.astype(np.int64)
+
+
+def replay_histogram(predicted: np.ndarray, k: int) -> np.ndarray:
+    """``counts[m]``, m = 0..k, of the run at draft length k (:func:`replay_histograms`)."""
+    return replay_histograms(predicted, k)[k - 1]
 
 
 def _histogram_position_counts(counts: np.ndarray, positions: int):
-    """Per position i = 1..positions: iterations that reached and accepted it, from
-    ``counts[m]`` of iterations that drafted k = ``counts.size − 1`` and accepted m."""
-    k = counts.size - 1
-    at_least = np.cumsum(counts[::-1])[::-1].astype(float)   # at_least[j]: iterations m ≥ j
-    reached, accepted = np.zeros(positions), np.zeros(positions)
-    upto = min(k, positions)
-    reached[:upto] = at_least[:upto]                          # i ≤ k and m ≥ i − 1
-    accepted[:upto] = at_least[1:upto + 1]                    # m ≥ i
-    return reached, accepted
+    """Per row (one k each) and position i = 1..positions: iterations that reached and
+    accepted it, from ``counts[row, m]`` of iterations that drafted k = row + 1 and accepted m
+    (``counts`` has k_max + 1 columns)."""
+    rows, width = counts.shape
+    at_least = np.cumsum(counts[:, ::-1], axis=1)[:, ::-1].astype(float)   # m ≥ j
+    i = np.arange(1, positions + 1)[None, :]
+    k = np.arange(1, rows + 1)[:, None]
+    upto = i <= k
+    reached = np.zeros((rows, positions))
+    accepted = np.zeros((rows, positions))
+    cols = min(positions, width - 1)
+    reached[:, :cols] = at_least[:, :cols]                       # m ≥ i − 1
+    accepted[:, :cols] = at_least[:, 1:cols + 1]                 # m ≥ i
+    return reached * upto, accepted * upto
 
 
 def _replay_counts(r: RequestTrace | None, positions: int, reached: np.ndarray,
@@ -168,9 +180,9 @@ def _replay_counts(r: RequestTrace | None, positions: int, reached: np.ndarray,
     if predicted is None:
         return rr, ra
     rr, ra = rr.astype(float), ra.astype(float)
-    for k in range(1, fixed_k(r) + 1):
-        rr[k - 1], ra[k - 1] = _histogram_position_counts(replay_histogram(predicted, k),
-                                                          positions)
+    k_rec = fixed_k(r)
+    rr[:k_rec], ra[:k_rec] = _histogram_position_counts(replay_histograms(predicted, k_rec),
+                                                        positions)
     return rr, ra
 
 
@@ -188,25 +200,29 @@ def count_acceptance(trace: Trace) -> AcceptanceCounts:
     if not ks:
         raise ValueError("empty trace group")
     positions = max(ks)
+    # a few aggregate histograms (e.g. one per serving engine) are too few units to resample:
+    # resample their iterations instead (narrower CIs: between-request variation is lost)
+    by_iteration = not trace.requests and len(trace.histograms) < MIN_UNITS
+    units = len(trace.requests) + sum(int(np.count_nonzero(h.counts)) if by_iteration else 1
+                                      for h in trace.histograms)
+    # [units, k, position]: filled in place (a list of per-unit arrays would double the peak)
+    replay_reached = np.zeros((units, positions, positions))
+    replay_accepted = np.zeros((units, positions, positions))
     reached_rows, accepted_rows, mult = [], [], []
-    replay_reached, replay_accepted = [], []
     iterations = tokens = drafted = 0
     contexts = []
     for r in trace.requests:
         reached, accepted = _position_counts(r.k, r.m, positions)
         reached_rows.append(reached.sum(0))
         accepted_rows.append(accepted.sum(0))
-        rr, ra = _replay_counts(r, positions, reached_rows[-1], accepted_rows[-1])
-        replay_reached.append(rr)
-        replay_accepted.append(ra)
+        unit = len(reached_rows) - 1
+        replay_reached[unit], replay_accepted[unit] = _replay_counts(
+            r, positions, reached_rows[-1], accepted_rows[-1])
         mult.append(1.0)
         iterations += r.iterations
         tokens += r.tokens
         drafted += int(r.k.sum())
         contexts.append(r.context)
-    # a few aggregate histograms (e.g. one per serving engine) are too few units to resample:
-    # resample their iterations instead (narrower CIs: between-request variation is lost)
-    by_iteration = not trace.requests and len(trace.histograms) < MIN_UNITS
     for h in trace.histograms:
         m_values = np.arange(h.k + 1)
         reached, accepted = _position_counts(np.full(h.k + 1, h.k), m_values, positions)
@@ -220,9 +236,9 @@ def count_acceptance(trace: Trace) -> AcceptanceCounts:
         for reach, acc in rows:   # no token sequence: the per-iteration replay min(m, k)
             reached_rows.append(reach)
             accepted_rows.append(acc)
-            rr, ra = _replay_counts(None, positions, reach, acc)
-            replay_reached.append(rr)
-            replay_accepted.append(ra)
+            unit = len(reached_rows) - 1
+            replay_reached[unit], replay_accepted[unit] = _replay_counts(None, positions, reach,
+                                                                         acc)
         iterations += h.iterations
         tokens += int(h.counts @ (m_values + 1))
         drafted += h.k * h.iterations
@@ -234,8 +250,7 @@ def count_acceptance(trace: Trace) -> AcceptanceCounts:
         iterations=iterations, tokens=tokens, drafted=drafted,
         contexts=np.concatenate(contexts) if contexts else np.zeros(0, np.int64),
         k_recorded=positions,
-        replay_reached=np.asarray(replay_reached, float),
-        replay_accepted=np.asarray(replay_accepted, float))
+        replay_reached=replay_reached, replay_accepted=replay_accepted)
 
 
 @dataclass
