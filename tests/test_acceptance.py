@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from seeding import seed
+from seeding import seed as run_seed
 from specsim import analytical as A
 from specsim.traces.acceptance import (count_acceptance, estimate_acceptance, extrapolation_error,
                                        predicted_runs, replay_expected_tokens, replay_histogram,
@@ -309,7 +309,7 @@ def test_replay_histogram_counts_the_iterations_of_the_token_replay(k_rec, ms, k
 
 def test_a_long_request_at_max_k_is_counted_in_linear_time():
     n = 200_000
-    rng = np.random.default_rng(seed(7))
+    rng = np.random.default_rng(run_seed(7))
     k = np.full(n, MAX_K)
     r = RequestTrace("x", "p", 0.1, np.arange(1, n + 1), k, rng.integers(0, 3, n))
     start = time.perf_counter()
