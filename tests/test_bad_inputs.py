@@ -342,3 +342,24 @@ def test_a_pipe_is_read_once_and_errors_name_it(tmp_path):
         else:
             refused(lambda: load_trace(fifo), TraceError, path=fifo, line=1)
         writer.join(5)
+
+
+@pytest.mark.parametrize("stats, field", [
+    ({"acceptance_histogram": [1] * 1_000_000}, "acceptance_histogram"),
+    ({"num_spec_tokens": 10**6, "acceptance_histogram": [1, 1]}, "num_spec_tokens"),
+    ({"spec_token_acceptance_counts": [5] * 100_000}, "spec_token_acceptance_counts"),
+    ({"per_step_accepted": [1] * 100_000, "acceptance_histogram": [0] * 100_000},
+     "acceptance_histogram"),
+])
+def test_vllm_request_statistics_beyond_max_k_are_refused_fast(tmp_path, stats, field):
+    p = write(tmp_path / "r.jsonl", {"request_id": "a", **stats})
+    e = refused(lambda: load_trace(p, format="vllm-requests"), TraceError, path=p, line=1,
+                field=field, seconds=3.0)
+    assert str(MAX_K) in str(e)
+
+
+def test_specbench_steps_beyond_max_k_are_refused(tmp_path):
+    p = write(tmp_path / "s.jsonl", {"question_id": 1, "choices": [
+        {"index": 0, "accept_lengths": [3, 10**6, 2]}]})
+    e = refused(lambda: load_trace(p, format="specbench"), TraceError, path=p)
+    assert str(MAX_K) in str(e)

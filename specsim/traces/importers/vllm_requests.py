@@ -46,6 +46,7 @@ from typing import Any
 
 import numpy as np
 
+from specsim.analytical import MAX_K
 from specsim.errors import TraceError, quote
 from specsim.traces.format import HistogramTrace, RequestTrace, Trace
 from specsim.traces.importers.common import (FieldReader, check_k, check_policy, check_sparsity,
@@ -100,6 +101,9 @@ class _RequestLine(FieldReader):
         self.obj, self.prefix, self.stats, self.rid = obj, prefix, stats, rid
         places = [(prefix, stats), ("", obj)] if prefix else [("", obj)]
         self.k_field, self.k = self.first_int(places, _K_NAMES, minimum=1)
+        if self.k is not None and self.k > MAX_K:
+            self.fail(self.k_field, f"must be ≤ {MAX_K} (the longest draft specsim models), "
+                                    f"got {quote(self.k)}")
         self.steps_field, self.steps = self.first_int(places, _STEPS_NAMES)
         self.accepted_field, self.accepted = self.first_int(places, _ACCEPTED_NAMES)
         self.drafted_field, self.drafted = self.first_int(places, ("num_draft_tokens",))
@@ -107,12 +111,19 @@ class _RequestLine(FieldReader):
     def note(self, notes: list[str], message: str) -> None:
         warn(notes, f"line {self.line} ({self.rid}): {message}")
 
+    def check_width(self, values: list[int], field: str) -> None:
+        """A list indexed by m = 0..k has at most MAX_K + 1 entries."""
+        if len(values) > MAX_K + 1:
+            self.fail(field, f"has {len(values)} entries: k = {len(values) - 1} is above "
+                             f"{MAX_K}, the longest draft specsim models")
+
     def histogram(self) -> list[int] | None:
         """``acceptance_histogram``, checked against the totals the line states."""
         if self.stats.get("acceptance_histogram") is None:
             return None
         hf = self.prefix + "acceptance_histogram"
         hist = self.int_list(self.stats["acceptance_histogram"], hf)
+        self.check_width(hist, hf)
         if len(hist) < 2:
             self.fail(hf, f"needs k+1 ≥ 2 entries (index m: steps that accepted m drafts), got "
                           f"{len(hist)}")
@@ -131,8 +142,9 @@ class _RequestLine(FieldReader):
         warning) when it records no speculative step."""
         sf = self.prefix + "spec_token_acceptance_counts"
         surv = self.int_list(self.stats["spec_token_acceptance_counts"], sf)
+        self.check_width(surv, sf)
         if len(surv) < 2 or surv[0] == 0:
-            self.note(notes, f"{sf} = {surv} records no speculative step; skipped")
+            self.note(notes, f"{sf} = {quote(surv)} records no speculative step; skipped")
             return None
         if self.k is not None and len(surv) != self.k + 1:
             self.fail(sf, f"has {len(surv)} entries but {self.k_field} = {self.k} (expected k+1)")
@@ -206,7 +218,7 @@ class _RequestLine(FieldReader):
             mine = [accepted.count(m) for m in range(len(hist))]
             if mine != hist or any(a >= len(hist) for a in accepted):
                 self.fail(self.prefix + "acceptance_histogram", f"disagrees with "
-                          f"per_step_accepted (which gives {mine})")
+                          f"per_step_accepted (which gives {quote(mine)})")
         prompt = self.prompt_length()
         ctx, context, kept_k, kept_m = (prompt or 0) + 1, [], [], []
         for a, d in zip(accepted, drafted):
