@@ -361,5 +361,6 @@ def test_vllm_request_statistics_beyond_max_k_are_refused_fast(tmp_path, stats, 
 def test_specbench_steps_beyond_max_k_are_refused(tmp_path):
     p = write(tmp_path / "s.jsonl", {"question_id": 1, "choices": [
         {"index": 0, "accept_lengths": [3, 10**6, 2]}]})
-    e = refused(lambda: load_trace(p, format="specbench"), TraceError, path=p)
+    e = refused(lambda: load_trace(p, format="specbench"), TraceError, path=p, line=1,
+                field="choices[0].accept_lengths[1]")
     assert str(MAX_K) in str(e)

@@ -20,6 +20,7 @@ import os
 
 import numpy as np
 
+from specsim.analytical import MAX_K
 from specsim.errors import TraceError, quote
 from specsim.traces.format import RequestTrace, Trace
 from specsim.traces.importers.common import (FieldReader, check_k, check_policy, check_sparsity,
@@ -99,6 +100,12 @@ def import_specbench(path: str | os.PathLike, *, k: int | None = None, policy: s
     k_inferred = k is None
     if k_inferred:
         k = max(1, max(max(lengths) for _, _, lengths, _ in rows) - 1)
+        if k > MAX_K:
+            n, _, lengths, af = next(row for row in rows if max(row[2]) - 1 == k)
+            j = lengths.index(k + 1)
+            raise TraceError(f"step emitted {lengths[j]} tokens = {k} accepted drafts + 1, more "
+                             f"than k = {MAX_K} (the longest draft specsim models) allows",
+                             path=path, line=n, field=f"{af}[{j}]")
         warn(notes, f"k not given: using k = max(accept_lengths) - 1 = {k}, a lower bound on the "
                     f"drafts per step")
     requests = []
