@@ -53,3 +53,23 @@ def test_a_users_catalogue_comes_first(tmp_path, monkeypatch):
     assert catalog_file("hardware/h200.json") == shipped / "hardware" / "h200.json"
     names = catalog_names("hardware", "*.json")
     assert names[0] == "my-gpu.json" and "h200.json" in names and len(set(names)) == len(names)
+
+
+def test_a_checkout_run_without_installing_finds_the_data(tmp_path):
+    """``PYTHONPATH=<checkout> python ...`` (how a GPU machine runs a copy of the tree): no
+    installed package maps the data folders, and the locator still finds them in the
+    checkout (``python -S``: no site-packages, so no editable install either)."""
+    import subprocess
+    import sys
+
+    from repo import REPO_ROOT
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); "
+            "from specsim.shipped import shipped_path, catalog_file; "
+            "print(shipped_path('traces/synthetic-sparse-selfspec.jsonl')); "
+            "print(catalog_file('hardware/h200.json'))")
+    done = subprocess.run([sys.executable, "-S", "-c", code, str(REPO_ROOT)],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    trace, hardware = done.stdout.split()
+    assert Path(trace) == REPO_ROOT / "traces" / "synthetic-sparse-selfspec.jsonl"
+    assert Path(hardware) == REPO_ROOT / "models" / "hardware" / "h200.json"
