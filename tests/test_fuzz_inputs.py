@@ -2,7 +2,7 @@
 SpecsimError line; no other exception escapes.
 
 Two kinds: hypothesis strategies that build valid and broken traces, model configs, hardware
-specs and vLLM metric dumps; and mutations (truncation, byte flips, JSON type swaps and field
+specs, vLLM metric dumps and vLLM per-request statistics; and mutations (truncation, byte flips, JSON type swaps and field
 deletions, Prometheus value swaps) of every file in tests/fixtures/, the first lines of every
 shipped trace, and the shipped model and hardware files, each read by every importer and by
 the model, hardware and arrivals readers. The default run is capped to a few seconds;
@@ -366,7 +366,48 @@ def check_metric_dump(dump):
         assert int(h.counts @ np.arange(h.k + 1)) == sum(survival)
 
 
+# ---- hypothesis: vLLM per-request statistics -------------------------------------------------
+
+SMALL = st.lists(st.integers(0, 12), max_size=10)
+STAT_VALUES = {"acceptance_histogram": SMALL, "per_step_accepted": SMALL,
+               "per_step_drafted": SMALL, "spec_token_acceptance_counts": SMALL,
+               "num_spec_steps": st.integers(0, 50), "num_spec_tokens": st.integers(0, 70),
+               "num_accepted_draft_tokens": st.integers(0, 200),
+               "num_draft_tokens": st.integers(0, 500), "prompt_len": st.integers(0, 10**6)}
+
+
+@st.composite
+def request_statistics(draw):
+    """Lines of per-request statistics: plausible fields, sometimes of the wrong type, at one
+    of the places the importer looks."""
+    lines = []
+    for i in range(draw(st.integers(1, 3))):
+        stats = {key: draw(strategy | ANY_JSON if draw(st.integers(0, 6)) == 0 else strategy)
+                 for key, strategy in STAT_VALUES.items() if draw(st.booleans())}
+        place = draw(st.sampled_from([(), ("metrics",), ("metrics", "speculative_decoding"),
+                                      ("spec_decode_metrics",)]))
+        line = stats
+        for key in reversed(place):
+            line = {key: line}
+        lines.append({"request_id": f"q{i}", **line})
+    return lines, draw(st.none() | st.integers(-1, 70))
+
+
+def check_request_statistics(case):
+    lines, k = case
+    path = write_lines(lines)
+    for options in ({}, {"k": k}):
+        trace = read_or_refused(lambda: load_trace(path, format="vllm-requests", **options))
+        if trace is not None:
+            for r in trace.requests:
+                assert np.all(r.m <= r.k) and np.all(r.k <= MAX_K)
+            for h in trace.histograms:
+                assert h.counts.size == h.k + 1 <= MAX_K + 1
+    read_or_refused(lambda: load_trace(path))
+
+
 CASES = [(valid_traces(), check_valid_trace), (broken_traces(), check_broken_trace),
+         (request_statistics(), check_request_statistics),
          (configs(), check_config), (hardware_specs(), check_hardware),
          (metric_dumps(), check_metric_dump)]
 
