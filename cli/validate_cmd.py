@@ -107,10 +107,9 @@ def free_setup(name, model, batch, policies, ks, ss, weights, prompts_file, requ
     machine), ``batch`` slots, ``requests`` prompts as a continuous batch — the prompt-id
     file's prompts the trace recorded (``prompt_ids``; the default set's 12 when None),
     cycled. The plan names the file and its sha256 instead of copying the token ids."""
-    from specsim.validate import Setup, _sha, engine_part, repo_file
-
-    DEFAULT_SET = engine_part("prompts").DEFAULT_SET
-    read_prompt_ids = engine_part("record").read_prompt_ids
+    from specsim.engine.prompts import DEFAULT_SET
+    from specsim.engine.record import read_prompt_ids
+    from specsim.validate import Setup, _sha, repo_file
 
     found, named = repo_file(prompts_file)
     wanted = prompt_ids or {p[0] for p in DEFAULT_SET}

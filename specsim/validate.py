@@ -128,29 +128,6 @@ class Setup:
         return longest + self.max_new_tokens + 2 * max(self.ks) + 1
 
 
-def engine_part(module: str):
-    """``specsim.engine.<module>`` for a pure-Python part of the engine (its prompt sets, its
-    prompt-id files): imported as usual where torch is here, else loaded from its file alone
-    (the package's own ``__init__`` imports torch), so that plans are written and reports
-    read on a CPU-only install."""
-    import importlib
-    import importlib.util
-    from pathlib import Path
-
-    try:
-        return importlib.import_module(f"specsim.engine.{module}")
-    except ImportError:
-        pass
-    name = f"specsim._engine_part_{module}"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(
-            name, Path(__file__).parent / "engine" / f"{module}.py")
-        loaded = importlib.util.module_from_spec(spec)
-        sys.modules[name] = loaded
-        spec.loader.exec_module(loaded)
-    return sys.modules[name]
-
-
 def max_q_len() -> int:
     """The verify kernel's most query tokens, ``specsim.kernels.verify_attention.MAX_Q_LEN``:
     imported where triton and torch are here, else read from that module's source."""
@@ -204,7 +181,7 @@ def repo_file(path: str) -> tuple[str, str]:
 def prompts_from_file(path: str, sha256: str | None, names: list[str]) -> list[list[int]]:
     """Token ids of the prompts ``names`` (repeats allowed) in a prompt-id file (``repo_file``);
     refused when the file is not the one the plan was made with."""
-    read_prompt_ids = engine_part("record").read_prompt_ids
+    from specsim.engine.record import read_prompt_ids
 
     found, _ = repo_file(path)
     if sha256 and _sha(found) != sha256:

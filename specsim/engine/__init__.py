@@ -15,11 +15,21 @@ recording traces in specsim's format.
 - ``fetch``: SmolLM2-135M-Instruct from PyPI, converted once to safetensors.
 - ``prompts``: the long-prompt set used to record real traces.
 """
-from specsim.engine.decode import (AdaptiveK, Engine, Generation, PrefillState, forced_prompts,
-                                   plain_decode, speculative_decode, truncate_trace)
-from specsim.engine.model import ModelArgs, Transformer, build_model
-from specsim.engine.sampling import GREEDY, PRESETS, SamplingParams
+import importlib
 
-__all__ = ["AdaptiveK", "Engine", "GREEDY", "Generation", "ModelArgs", "PRESETS",
-           "PrefillState", "SamplingParams", "Transformer", "build_model", "forced_prompts",
-           "plain_decode", "speculative_decode", "truncate_trace"]
+#: Each public name and the module that defines it. They are imported on first use, so that the
+#: engine's pure-Python parts (``prompts``, ``record``) import without torch.
+_EXPORTS = {
+    **dict.fromkeys(["AdaptiveK", "Engine", "Generation", "PrefillState", "forced_prompts",
+                     "plain_decode", "speculative_decode", "truncate_trace"], "decode"),
+    **dict.fromkeys(["ModelArgs", "Transformer", "build_model"], "model"),
+    **dict.fromkeys(["GREEDY", "PRESETS", "SamplingParams"], "sampling"),
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f"specsim.engine.{_EXPORTS[name]}"), name)
+    raise AttributeError(f"module 'specsim.engine' has no attribute {name!r}")
