@@ -8,6 +8,7 @@ import click
 
 from specsim.cli import defaults
 from specsim.cli.engine_cmds import setting_option
+from specsim.cli.files import check_outputs
 from specsim.errors import SpecsimError
 
 
@@ -180,6 +181,7 @@ def calibrate_cmd(ctx, gpu, operators, check_path, compose_path, merge_paths, re
         return
     if not out:
         raise click.UsageError("--gpu needs --out FILE")
+    check_outputs({"--out": out})      # an existing file is the run's checkpoint: resumed
     from specsim.calibrate import OP_FAMILIES
     families = [f.strip() for f in only.split(",") if f.strip()] if only else None
     if families is not None and (not families or set(families) - set(OP_FAMILIES)):
@@ -226,10 +228,9 @@ def _compose(cal, spec, hardware, check_path, compose_path, as_json) -> None:
 
 
 def _require_cuda() -> None:
-    try:
-        import torch
-    except ImportError:
-        raise SpecsimError("--gpu needs torch with CUDA") from None
+    from specsim.cli.gpu import require_gpu_packages
+    require_gpu_packages("specsim calibrate --gpu")
+    import torch
     if not torch.cuda.is_available():
         raise SpecsimError("--gpu needs a CUDA GPU; none is visible")
 
@@ -264,6 +265,7 @@ def _merge(paths, families, keep_other_shapes, exclude_ops, note, out, as_json) 
         raise click.UsageError("--keep-other-shapes goes with --replace")
     if exclude_ops and families:
         raise click.UsageError("--exclude-ops goes with --merge without --replace")
+    check_outputs({"--out": out}, paths)
     new_path, old_path = paths
     new, old = read_calibration(new_path), read_calibration(old_path)
     if families:

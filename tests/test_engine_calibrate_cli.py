@@ -52,6 +52,22 @@ def test_merge_fills_the_shapes_the_newer_run_lacks(tmp_path):
     assert record["note"] == "budget cut" and record["date"] == "2026-11-01T00:00:00Z"
 
 
+def test_merge_never_writes_onto_one_of_its_inputs(tmp_path):
+    """--out naming NEW or OLD (by path or through a link) is refused before any work, and
+    both files stay as they were."""
+    import os
+
+    new = write(calibration("2026-12-01T00:00:00Z", [(1, 1024)], scale=2.0), tmp_path / "n.json")
+    old = write(calibration("2026-11-01T00:00:00Z", [(1, 1024), (2, 2048)]), tmp_path / "o.json")
+    link = tmp_path / "link.json"
+    os.symlink(old, link)
+    before = {p: open(p, "rb").read() for p in (new, old)}
+    for out in (new, old, str(link)):
+        done = invoke(["--merge", new, old, "--out", out, "--note", "n"])
+        assert done.exit_code == 2 and "is an input of this command" in done.output
+    assert {p: open(p, "rb").read() for p in (new, old)} == before
+
+
 def test_replace_takes_the_newer_runs_families(tmp_path):
     base = write(calibration("2026-11-01T00:00:00Z", [(1, 1024), (2, 2048)]),
                  tmp_path / "base.json")
