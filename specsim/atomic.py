@@ -51,3 +51,25 @@ def read_json(path: str | os.PathLike, what: str) -> object:
     except json.JSONDecodeError as exc:
         raise SpecsimError(f"{path}: bad {what}: not JSON (truncated?) at line {exc.lineno}: "
                            f"{exc.msg}") from None
+
+
+def read_versioned_json(path: str | os.PathLike, what: str, format_key: str,
+                        version: int) -> tuple[dict, dict]:
+    """(document, its ``provenance`` object) of a specsim data file that declares
+    ``{format_key: version}``: any file that cannot be read as such (missing, not UTF-8, not
+    JSON, another format or version, no provenance) raises a one-line ``SpecsimError`` naming
+    the file and ``what`` it should be."""
+    from specsim.errors import SpecsimError
+
+    def bad(message):
+        return SpecsimError(f"{path}: bad {what}: {message}")
+    try:
+        doc = read_json(path, what)
+    except (OSError, ValueError, RecursionError) as exc:   # e.g. not UTF-8, a folder
+        raise bad(f"cannot be read as JSON text ({type(exc).__name__})") from None
+    if not isinstance(doc, dict) or doc.get(format_key) != version:
+        raise bad(f"expected \"{format_key}\": {version}")
+    provenance = doc.get("provenance")
+    if not isinstance(provenance, dict):
+        raise bad("missing provenance")
+    return doc, provenance

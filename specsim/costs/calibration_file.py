@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from specsim.atomic import atomic_writer, read_json
+from specsim.atomic import atomic_writer, read_versioned_json
 from specsim.errors import SpecsimError
 from specsim.policies import get_policy
 from specsim.settings import EngineSettings
@@ -107,15 +107,7 @@ def _bad(path, message) -> SpecsimError:
 def read_calibration(path: str) -> Calibration:
     """The calibration in ``path``, validated: a missing, truncated or malformed file, or one
     with a field out of range, raises a one-line :class:`SpecsimError` that names it."""
-    try:
-        doc = read_json(path, "calibration file")
-    except (OSError, ValueError, RecursionError) as exc:   # e.g. not UTF-8, a folder
-        raise _bad(path, f"cannot be read as JSON text ({type(exc).__name__})") from None
-    if not isinstance(doc, dict) or doc.get(FORMAT_KEY) != VERSION:
-        raise _bad(path, f"expected \"{FORMAT_KEY}\": {VERSION}")
-    prov = doc.get("provenance")
-    if not isinstance(prov, dict):
-        raise _bad(path, "missing provenance")
+    doc, prov = read_versioned_json(path, "calibration file", FORMAT_KEY, VERSION)
     _check_provenance(path, prov)
     ceilings = doc.get("ceilings", {})
     if not isinstance(ceilings, dict):
@@ -262,9 +254,11 @@ def collect_provenance(model: ModelSpec, kernel_config_hash: str) -> dict:
                 prov["driver"] = None
     except ImportError:
         pass
+    # the installed version, read without importing triton: an import here, before the kernels
+    # choose Triton's interpreter on a machine without a GPU, would fix its mode too early
+    from importlib import metadata
     try:
-        import triton
-        prov["triton"] = triton.__version__
-    except ImportError:
+        prov["triton"] = metadata.version("triton")
+    except metadata.PackageNotFoundError:
         pass
     return prov

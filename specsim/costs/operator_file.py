@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from specsim.atomic import atomic_writer, read_json
+from specsim.atomic import atomic_writer, read_versioned_json
 from specsim.errors import SpecsimError
 from specsim.settings import EngineSettings
 
@@ -121,15 +121,7 @@ def _bad(path, message) -> SpecsimError:
 def read_operator_table(path: str) -> OperatorTable:
     """The operator table in ``path``, validated; any problem is a one-line error naming the
     file and the field."""
-    try:
-        doc = read_json(path, "operator table")
-    except (OSError, ValueError, RecursionError) as exc:
-        raise _bad(path, f"cannot be read as JSON text ({type(exc).__name__})") from None
-    if not isinstance(doc, dict) or doc.get(FORMAT_KEY) != VERSION:
-        raise _bad(path, f"expected \"{FORMAT_KEY}\": {VERSION}")
-    prov = doc.get("provenance")
-    if not isinstance(prov, dict):
-        raise _bad(path, "missing provenance")
+    doc, prov = read_versioned_json(path, "operator table", FORMAT_KEY, VERSION)
     missing = [f for f in PROVENANCE_FIELDS if f not in prov]
     if missing:
         raise _bad(path, f"provenance lacks {', '.join(missing)}")
