@@ -235,3 +235,8 @@ def engine_provenance(settings: "EngineSettings", **facts) -> dict:
 
 
 DEFAULT = EngineSettings()
+
+
+#: The most query tokens one verify pass takes per sequence (k + 1): the verify kernel's tiles
+#: are sized for it, so the engine drafts at most k = MAX_Q_LEN - 1 tokens.
+MAX_Q_LEN = 16

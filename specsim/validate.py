@@ -128,45 +128,6 @@ class Setup:
         return longest + self.max_new_tokens + 2 * max(self.ks) + 1
 
 
-def max_q_len() -> int:
-    """The verify kernel's most query tokens, ``specsim.kernels.verify_attention.MAX_Q_LEN``:
-    imported where triton and torch are here, else read from that module's source."""
-    try:
-        from specsim.kernels.verify_attention import MAX_Q_LEN
-        return MAX_Q_LEN
-    except ImportError:
-        import ast
-        from pathlib import Path
-        source = (Path(__file__).parent / "kernels" / "verify_attention.py").read_text()
-        for node in ast.parse(source).body:
-            if isinstance(node, ast.Assign) and any(
-                    isinstance(t, ast.Name) and t.id == "MAX_Q_LEN" for t in node.targets):
-                return int(ast.literal_eval(node.value))
-        raise
-
-
-def truncate_trace(trace, k: int):
-    """:func:`specsim.engine.decode.truncate_trace` (the counterfactual replay at k that
-    predict uses), built on :mod:`specsim.traces.acceptance` alone where torch is missing."""
-    try:
-        from specsim.engine.decode import truncate_trace as engine_truncate
-    except ImportError:
-        engine_truncate = None
-    if engine_truncate is not None:
-        return engine_truncate(trace, k)
-    from specsim.traces.acceptance import fixed_k, replay_tokens, token_acceptance
-    from specsim.traces.format import RequestTrace
-    predicted = token_acceptance(trace)
-    if predicted is None or k >= fixed_k(trace):
-        return RequestTrace(trace.id, trace.policy, trace.s, trace.context,
-                            np.minimum(trace.k, k), np.minimum(trace.m, k),
-                            prompt_id=trace.prompt_id)
-    m = replay_tokens(predicted, k)
-    context = int(trace.context[0]) + np.concatenate([[0], np.cumsum(m + 1)[:-1]])
-    return RequestTrace(trace.id, trace.policy, trace.s, context.astype(np.int64),
-                        np.full(m.size, k, dtype=np.int64), m, prompt_id=trace.prompt_id)
-
-
 def repo_file(path: str) -> tuple[str, str]:
     """(where ``path`` is: as given, else specsim's shipped file of that name; how a plan names
     it: its shipped name when it is shipped data, so that any install finds it)."""
@@ -204,6 +165,7 @@ def _pick_requests(group, batch: int, k: int, iterations: int):
     """``batch`` requests of a (policy, s) group, ordered by prompt, truncated to k (the
     counterfactual replay the prediction uses too) and to ``iterations`` iterations each, so
     that every sequence runs to the end of the run."""
+    from specsim.traces.acceptance import truncate_trace
     requests = sorted(group.requests, key=lambda r: (r.prompt_id or r.id))
     if not requests:
         raise SpecsimError("forced validation needs per-request trace records")
@@ -276,7 +238,7 @@ def check_setups(setups: list[Setup], groups: dict, hardware) -> list[str]:
     random weights price the cost only)."""
     from specsim.policies import SELECTION_POLICIES
 
-    MAX_Q_LEN = max_q_len()
+    from specsim.settings import MAX_Q_LEN
 
     notes = []
     for setup in setups:
@@ -677,7 +639,7 @@ def report(plan: dict, measured: dict, trace=None) -> dict:
                          "split_measured_ms": _measured_split(m)})
         # q = k + 1 beyond the Triton verify kernel runs the engine's torch fallback (eager,
         # no CUDA graph): listed, but not a configuration a user would run or calibrate
-        MAX_Q_LEN = max_q_len()
+        from specsim.settings import MAX_Q_LEN
         excluded = [r for r in rows if r["k"] + 1 > MAX_Q_LEN]
         rows = [r for r in rows if r["k"] + 1 <= MAX_Q_LEN]
         predictors = ["predict"] + (["simulate"] if rows and rows[0]["simulate"] is not None

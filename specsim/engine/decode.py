@@ -60,6 +60,7 @@ from specsim.engine.timing import PhaseTimer
 from specsim.errors import SpecsimError
 from specsim.policies import Policy, get_policy
 from specsim.settings import DEFAULT, EngineSettings
+from specsim.traces.acceptance import truncate_trace  # noqa: F401  (exported)
 from specsim.traces.format import RequestTrace
 
 PAGE = 16  # cache lengths are padded to whole Quest pages
@@ -389,25 +390,6 @@ def forced_prompts(traces: list[RequestTrace], vocab_size: int, seed: int = 0,
     ``length`` tokens each."""
     rng = np.random.default_rng(seed)
     return [rng.integers(0, vocab_size, length or int(t.context[0])).tolist() for t in traces]
-
-
-def truncate_trace(trace: RequestTrace, k: int) -> RequestTrace:
-    """Counterfactual replay at k ≤ the recorded k, as ``specsim predict`` replays it: a
-    request recorded at one fixed k is followed token by token (a run at k accepts the run of
-    tokens the recorded drafts predicted from where the previous iteration ended, up to k;
-    ``specsim.traces.acceptance.replay_tokens``), with the contexts those iterations start at;
-    a variable-k request per recorded iteration, ``m' = min(m, k)``. Exact under greedy
-    decoding up to where the selection refreshes and the drafts' own KV move with k."""
-    from specsim.traces.acceptance import fixed_k, replay_tokens, token_acceptance
-    predicted = token_acceptance(trace)
-    if predicted is None or k >= fixed_k(trace):
-        return RequestTrace(trace.id, trace.policy, trace.s, trace.context,
-                            np.minimum(trace.k, k), np.minimum(trace.m, k),
-                            prompt_id=trace.prompt_id)
-    m = replay_tokens(predicted, k)
-    context = int(trace.context[0]) + np.concatenate([[0], np.cumsum(m + 1)[:-1]])
-    return RequestTrace(trace.id, trace.policy, trace.s, context.astype(np.int64),
-                        np.full(m.size, k, dtype=np.int64), m, prompt_id=trace.prompt_id)
 
 
 __all__ = ["AdaptiveK", "Engine", "Generation", "PrefillState", "forced_prompts", "plain_decode",

@@ -52,8 +52,7 @@ import torch
 from specsim.kernels._runtime import INTERPRETED, default_device, next_power_of_2, tl, triton
 from specsim.kernels.split_kv import (SplitPlan, combine, fit_shared_memory, plan_splits,
                                       softmax_update, store_partial, workspace)
-
-MAX_Q_LEN = 16
+from specsim.settings import MAX_Q_LEN
 
 
 def default_collect_rows(q_len: int) -> tuple[int, ...]:

@@ -451,3 +451,21 @@ def extrapolation_error(trace: Trace, fit_positions_upto: int) -> dict:
     return {"fit_positions": fit_positions_upto, "k": ks.tolist(),
             "predicted": predicted[ks - 1].tolist(), "replayed": measured[ks - 1].tolist(),
             "relative_error": rel.tolist(), "max_abs_relative_error": float(np.abs(rel).max())}
+
+
+def truncate_trace(trace: RequestTrace, k: int) -> RequestTrace:
+    """Counterfactual replay at k ≤ the recorded k, as ``specsim predict`` replays it: a
+    request recorded at one fixed k is followed token by token (a run at k accepts the run of
+    tokens the recorded drafts predicted from where the previous iteration ended, up to k;
+    ``specsim.traces.acceptance.replay_tokens``), with the contexts those iterations start at;
+    a variable-k request per recorded iteration, ``m' = min(m, k)``. Exact under greedy
+    decoding up to where the selection refreshes and the drafts' own KV move with k."""
+    predicted = token_acceptance(trace)
+    if predicted is None or k >= fixed_k(trace):
+        return RequestTrace(trace.id, trace.policy, trace.s, trace.context,
+                            np.minimum(trace.k, k), np.minimum(trace.m, k),
+                            prompt_id=trace.prompt_id)
+    m = replay_tokens(predicted, k)
+    context = int(trace.context[0]) + np.concatenate([[0], np.cumsum(m + 1)[:-1]])
+    return RequestTrace(trace.id, trace.policy, trace.s, context.astype(np.int64),
+                        np.full(m.size, k, dtype=np.int64), m, prompt_id=trace.prompt_id)
