@@ -796,10 +796,7 @@ def markdown(rep: dict, measured: dict) -> str:
             cells = [name, str(sm["configs"])]
             for p in preds:
                 e = sm[p]
-                cells += [f"{e['mape'] * 100:.1f}%",
-                          f"{e['worst'] * 100:.1f}% "
-                          f"({_cell_label(e['worst_cell'], name == 'all')})",
-                          f"{e['pearson_r']:.3f}", f"{e['regret']:.3f}"]
+                cells += _error_cells(e, name) + [f"{e['pearson_r']:.3f}", f"{e['regret']:.3f}"]
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("Cost side alone (seconds per iteration in the steady window, predicted vs "
                      "measured): " + "; ".join(
@@ -867,14 +864,19 @@ def markdown(rep: dict, measured: dict) -> str:
             cells = [name, str(sm["configs"])]
             for p in preds:
                 e = sm[p]
-                cells += [f"{e['mape'] * 100:.1f}%",
-                          f"{e['worst'] * 100:.1f}% "
-                          f"({_cell_label(e['worst_cell'], name == 'all')})",
-                          f"{e['regret_mean']:.3f}",
-                          f"{e['regret_lowest']:.3f} ({e['regret_lowest_setup']})"]
+                cells += _error_cells(e, name) + [
+                    f"{e['regret_mean']:.3f}",
+                    f"{e['regret_lowest']:.3f} ({e['regret_lowest_setup']})"]
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
     return "\n".join(lines)
+
+
+def _error_cells(summary: dict, name: str) -> list[str]:
+    """A summary's MAPE and worst-cell columns (the worst cell named, with its setup in the
+    ``all`` row)."""
+    return [f"{summary['mape'] * 100:.1f}%",
+            f"{summary['worst'] * 100:.1f}% ({_cell_label(summary['worst_cell'], name == 'all')})"]
 
 
 def _cell_label(cell: dict, policy: bool = True) -> str:
