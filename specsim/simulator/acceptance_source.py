@@ -27,7 +27,7 @@ from specsim import analytical
 from specsim.traces.acceptance import (MIN_SUPPORT, AcceptanceCounts,
                                        estimate_acceptance, fixed_k, predicted_runs,
                                        survival_curve, token_acceptance)
-from specsim.traces.format import Trace
+from specsim.traces.format import RaggedRows, Trace
 
 MIN_BIN_ITERATIONS = 2000
 MAX_BINS = 4
@@ -117,12 +117,8 @@ class ReplaySource:
         self.entropy_available = all(r.entropy is not None for r in reqs)
         if self.entropy_available:
             width = self.k_recorded
-            self.entropy = np.full((self.m.size, width), np.nan)
-            row = 0
-            for r in reqs:
-                for e in r.entropy:
-                    self.entropy[row, : e.size] = e
-                    row += 1
+            self.entropy = np.concatenate([RaggedRows.of(r.entropy).padded(width)
+                                           for r in reqs])
         est = estimate_acceptance(trace, k_max=max(k_max, self.k_recorded))
         self.conditional = analytical.conditional_from_survival(est.survival)
         sequences = [token_acceptance(r) for r in reqs]

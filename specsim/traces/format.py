@@ -30,6 +30,7 @@ deeper than Python's recursion limit are refused with the line. A draft length a
 from __future__ import annotations
 
 import gzip
+import itertools
 import json
 import math
 import os
@@ -59,6 +60,60 @@ GZIP_MAX_BYTES = 8 * 2**30
 KNOWN_POLICIES = ("vegas", "sparsespec", "streamingllm", "quest", "last-token", "full")
 
 
+class RaggedRows:
+    """Rows of different lengths (one per iteration, k_i numbers each) kept as one flat float
+    array and the offsets where each row starts: 8 bytes a number and 8 a row, where a list of
+    arrays costs about 100 more a row. Reads like a list of 1-D arrays: ``len``, iteration,
+    ``rows[i]`` (a view)."""
+
+    __slots__ = ("values", "offsets")
+
+    def __init__(self, values: np.ndarray, offsets: np.ndarray):
+        self.values, self.offsets = values, offsets
+
+    @classmethod
+    def of(cls, rows) -> "RaggedRows":
+        """From any sequence of 1-D number sequences."""
+        if isinstance(rows, RaggedRows):
+            return rows
+        arrays = [np.asarray(r, dtype=float).ravel() for r in rows]
+        offsets = np.zeros(len(arrays) + 1, dtype=np.int64)
+        np.cumsum([a.size for a in arrays], out=offsets[1:])
+        values = np.concatenate(arrays) if arrays else np.zeros(0)
+        return cls(values.astype(float, copy=False), offsets)
+
+    def __len__(self) -> int:
+        return self.offsets.size - 1
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        n = len(self)
+        if not -n <= i < n:
+            raise IndexError(f"row {i} of {n}")
+        i %= n
+        return self.values[self.offsets[i]:self.offsets[i + 1]]
+
+    def __iter__(self):
+        values, offsets = self.values, self.offsets.tolist()
+        for a, b in zip(offsets[:-1], offsets[1:]):
+            yield values[a:b]
+
+    def lengths(self) -> np.ndarray:
+        return np.diff(self.offsets)
+
+    def padded(self, width: int, fill: float = np.nan) -> np.ndarray:
+        """``[rows, width]``: row i in its first k_i columns, ``fill`` after."""
+        lengths = self.lengths()
+        out = np.full((len(self), width), fill)
+        columns = np.arange(self.values.size) - np.repeat(self.offsets[:-1], lengths)
+        out[np.repeat(np.arange(len(self)), lengths), columns] = self.values
+        return out
+
+    def rounded_lists(self, decimals: int) -> list[list[float]]:
+        flat = np.round(self.values, decimals).tolist()
+        offsets = self.offsets.tolist()
+        return [flat[a:b] for a, b in zip(offsets[:-1], offsets[1:])]
+
+
 @dataclass
 class RequestTrace:
     """All iterations of one request, as parallel arrays."""
@@ -69,8 +124,10 @@ class RequestTrace:
     context: np.ndarray
     k: np.ndarray
     m: np.ndarray
-    entropy: list[np.ndarray] | None = None
-    accept_prob: list[np.ndarray] | None = None
+    #: per iteration, one number per draft: a :class:`RaggedRows` as read (a list of arrays
+    #: also serves)
+    entropy: RaggedRows | list[np.ndarray] | None = None
+    accept_prob: RaggedRows | list[np.ndarray] | None = None
     prompt_id: str | None = None   # the same prompt under other policies/s shares this id
 
     @property
@@ -86,9 +143,9 @@ class RequestTrace:
         out = {"type": "request", "id": self.id, "policy": self.policy, "s": self.s,
                "context": self.context.tolist(), "k": self.k.tolist(), "m": self.m.tolist()}
         if self.entropy is not None:
-            out["entropy"] = [np.round(e, 5).tolist() for e in self.entropy]
+            out["entropy"] = RaggedRows.of(self.entropy).rounded_lists(5)
         if self.accept_prob is not None:
-            out["accept_prob"] = [np.round(a, 5).tolist() for a in self.accept_prob]
+            out["accept_prob"] = RaggedRows.of(self.accept_prob).rounded_lists(5)
         if self.prompt_id is not None:
             out["prompt_id"] = self.prompt_id
         return out
@@ -179,6 +236,18 @@ class _Checker:
         values = self.get(obj, key, list)
         if length is not None and len(values) != length:
             self.fail(key, f"has {len(values)} entries, expected {length} (one per iteration)")
+        if set(map(type, values)) <= {int}:      # the common case, checked in bulk
+            try:
+                arr = np.array(values, dtype=np.int64)
+            except OverflowError:
+                arr = None
+            if arr is not None and (arr.size == 0 or (arr.min() >= minimum
+                                                      and arr.max() <= maximum)):
+                return arr
+        self._int_values(key, values, minimum, maximum)   # raises, naming the entry
+        return np.asarray(values, dtype=np.int64)
+
+    def _int_values(self, key: str, values: list, minimum: int, maximum: int):
         for i, v in enumerate(values):
             if isinstance(v, bool) or not isinstance(v, int):
                 self.fail(f"{key}[{i}]", f"expected an integer, got {quote(v)}")
@@ -188,7 +257,6 @@ class _Checker:
                 self.fail(f"{key}[{i}]", f"must be ≤ {maximum}, got {quote(v)}"
                           + (f" (the longest draft specsim models is k = {MAX_K})"
                              if maximum == MAX_K else ""))
-        return np.asarray(values, dtype=np.int64)
 
     def sparsity(self, obj: dict):
         s = self.get(obj, "s", (int, float), nullable=True)
@@ -208,7 +276,25 @@ class _Checker:
             return None
         if len(rows) != k.size:
             self.fail(key, f"has {len(rows)} rows, expected {k.size} (one per iteration)")
-        out = []
+        if set(map(type, rows)) <= {list}:          # the common case, checked in bulk
+            lengths = np.fromiter(map(len, rows), np.int64, count=len(rows))
+            if np.array_equal(lengths, k):
+                flat = list(itertools.chain.from_iterable(rows))
+                if set(map(type, flat)) <= {float, int}:
+                    try:
+                        values = np.array(flat, dtype=float)
+                    except OverflowError:
+                        values = None
+                    if values is not None and np.all(np.isfinite(values)) \
+                            and (values.size == 0 or (values.min() >= lo
+                                                      and values.max() <= hi)):
+                        offsets = np.zeros(len(rows) + 1, dtype=np.int64)
+                        np.cumsum(lengths, out=offsets[1:])
+                        return RaggedRows(values, offsets)
+        self._per_draft_rows(key, rows, k, lo, hi)   # raises, naming the row
+        return RaggedRows.of(rows)
+
+    def _per_draft_rows(self, key: str, rows: list, k: np.ndarray, lo: float, hi: float):
         for i, row in enumerate(rows):
             if not isinstance(row, list) or len(row) != k[i]:
                 self.fail(f"{key}[{i}]", f"expected a list of k={k[i]} numbers")
@@ -218,8 +304,6 @@ class _Checker:
             arr = np.asarray(row, dtype=float)
             if not np.all(np.isfinite(arr)) or np.any(arr < lo) or np.any(arr > hi):
                 self.fail(f"{key}[{i}]", f"values must lie in [{lo}, {hi}]")
-            out.append(arr)
-        return out
 
 
 def _kind_name(kinds) -> str:
