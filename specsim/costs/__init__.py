@@ -9,6 +9,9 @@ resolver that picks which a command prices with.
 - :mod:`~specsim.costs.fitting`: monotone fits and measured grids;
 - :mod:`~specsim.costs.calibrated`: the calibrated cost model;
 - :mod:`~specsim.costs.held_out`: a calibration's held-out check;
+- :mod:`~specsim.costs.operator_file`: a GPU's operator tables (the file format);
+- :mod:`~specsim.costs.operators`: any model's steps composed from those operators;
+- :mod:`~specsim.costs.composition`: the composed steps against a model's own calibration;
 - :mod:`~specsim.costs.source`: the cost source resolver.
 
 The names below are the package's public API, importable from ``specsim.costs``.
