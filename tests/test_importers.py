@@ -780,3 +780,17 @@ def test_corrupted_input_is_a_trace_or_one_line_naming_the_problem(data):
         back = read_trace(out)
     assert [r.to_json() for r in back.requests] == [r.to_json() for r in trace.requests]
     assert [h.to_json() for h in back.histograms] == [h.to_json() for h in trace.histograms]
+
+
+def test_load_trace_without_per_draft_fields_keeps_the_rest(tmp_path):
+    path = tmp_path / "t.jsonl"
+    rec = RequestTrace("r0", "vegas", 0.05, np.array([10, 14]), np.array([3, 3]),
+                       np.array([3, 1]), entropy=[np.array([0.5, 1.0, 2.0])] * 2,
+                       accept_prob=[np.array([0.9, 0.8, 0.1])] * 2, prompt_id="p0")
+    write_trace(path, make_header(source="unit test"), [rec])
+    full, lean = load_trace(path), load_trace(path, per_draft=False)
+    assert [e.tolist() for e in full.requests[0].entropy] == [[0.5, 1.0, 2.0]] * 2
+    r = lean.requests[0]
+    assert r.entropy is None and r.accept_prob is None
+    assert (r.context.tolist(), r.k.tolist(), r.m.tolist(), r.prompt_id) == \
+        ([10, 14], [3, 3], [3, 1], "p0")

@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specsim.errors import TraceError
-from specsim.traces.format import (HistogramTrace, RequestTrace, Trace, make_header, read_trace,
-                                   write_trace)
+from specsim.traces.format import (HistogramTrace, RaggedRows, RequestTrace, Trace, make_header,
+                                   read_trace, write_trace)
 
 HEADER = {"specsim_trace": 1, "model": "smollm2-135m", "source": "unit test", "synthetic": False,
           "description": "", "created": "2026-11-29T12:00:00Z"}
@@ -387,3 +387,39 @@ def test_non_utf8_is_a_trace_error(tmp_path):
 def test_huge_integers_are_a_trace_error(tmp_path):
     p = write_lines(tmp_path, HEADER, request(context=[2 ** 70, 4104, 4112]))
     fails(p, 2, "context[0]")
+
+
+def test_per_draft_rows_read_as_a_list_of_arrays_kept_flat(tmp_path):
+    p = write_lines(tmp_path, HEADER, request(entropy=[[0.5, 1, 2.0, 0.0], [1.0] * 8,
+                                                       [0.25] * 8]))
+    rows = read_trace(p).requests[0].entropy
+    assert isinstance(rows, RaggedRows) and len(rows) == 3
+    assert rows.values.shape == (20,) and rows.offsets.tolist() == [0, 4, 12, 20]
+    assert rows[0].tolist() == [0.5, 1.0, 2.0, 0.0] and rows[-1].tolist() == [0.25] * 8
+    assert [r.size for r in rows] == [4, 8, 8]
+    padded = rows.padded(8)
+    assert padded[0, :4].tolist() == [0.5, 1.0, 2.0, 0.0] and np.all(np.isnan(padded[0, 4:]))
+    assert np.array_equal(padded[1:], [[1.0] * 8, [0.25] * 8])
+    with pytest.raises(IndexError):
+        rows[3]
+
+
+def test_reading_without_per_draft_fields_still_validates_them(tmp_path):
+    good = write_lines(tmp_path, HEADER, request(accept_prob=[[0.5] * 4, [0.5] * 8, [0.5] * 8]),
+                       name="good.jsonl")
+    r = read_trace(good, per_draft=False).requests[0]
+    assert r.accept_prob is None and r.entropy is None and r.m.tolist() == [3, 7, 0]
+    bad = write_lines(tmp_path, HEADER, request(accept_prob=[[0.5] * 4, [1.5] * 8, [0.5] * 8]),
+                      name="bad.jsonl")
+    with pytest.raises(TraceError) as exc:
+        read_trace(bad, per_draft=False)
+    assert (exc.value.line, exc.value.field) == (2, "accept_prob[1]")
+
+
+@pytest.mark.parametrize("key,values,field", [
+    ("m", [3, True, 0], "m[1]"), ("m", [3, 7.0, 0], "m[1]"), ("m", [3, 9, 0], "m[1]"),
+    ("context", [4100, 0, 1], "context[1]"), ("context", [4100, 2**64, 1], "context[1]"),
+])
+def test_integer_arrays_checked_in_bulk_name_the_first_bad_entry(tmp_path, key, values,
+                                                                   field):
+    fails(write_lines(tmp_path, HEADER, request(**{key: values})), 2, field)

@@ -327,7 +327,11 @@ def check_header(obj, path: str | None, line: int = 1) -> dict:
     return obj
 
 
-def parse_record(obj, path: str | None, line: int) -> RequestTrace | HistogramTrace:
+def parse_record(obj, path: str | None, line: int, *, per_draft: bool = True
+                 ) -> RequestTrace | HistogramTrace:
+    """One validated record; with ``per_draft`` False a request's ``entropy`` and
+    ``accept_prob`` are checked but not kept (None), for readers that use only (context, k,
+    m)."""
     c = _Checker(path, line)
     if not isinstance(obj, dict):
         c.fail(None, "a record must be a JSON object")
@@ -347,6 +351,8 @@ def parse_record(obj, path: str | None, line: int) -> RequestTrace | HistogramTr
         entropy = c.per_draft(obj, "entropy", k, 0.0, 1e3)
         accept_prob = c.per_draft(obj, "accept_prob", k, 0.0, 1.0)
         prompt_id = c.get(obj, "prompt_id", (str, int), optional=True)
+        if not per_draft:
+            entropy = accept_prob = None
         return RequestTrace(rid, policy, s, context, k, m, entropy, accept_prob,
                             None if prompt_id is None else str(prompt_id))
     if kind == "histogram":
@@ -507,8 +513,11 @@ def json_lines(path: str) -> Iterator[tuple[int, object]]:
             yield n, parse_json_line(text, path, n)
 
 
-def read_trace(path: str | os.PathLike) -> Trace:
-    """Read and validate a specsim v1 trace."""
+def read_trace(path: str | os.PathLike, *, per_draft: bool = True) -> Trace:
+    """Read and validate a specsim v1 trace, one line at a time: what is kept per request is
+    its numpy arrays. ``per_draft`` False checks the per-draft fields (``entropy``,
+    ``accept_prob``) but keeps none of them: what ``predict``, which reads only (context, k,
+    m), needs."""
     path = str(path)
     lines = json_lines(path)
     first = next(lines, None)
@@ -518,7 +527,8 @@ def read_trace(path: str | os.PathLike) -> Trace:
     trace = Trace(header, path=path)
     seen: dict[str, int] = {}
     for n, obj in lines:
-        rec = parse_record(obj, path, n)
+        rec = parse_record(obj, path, n, per_draft=per_draft)
+        del obj
         if rec.id in seen:
             raise TraceError(f"duplicate id {quote(rec.id)} (first on line {seen[rec.id]})",
                              path=path, line=n, field="id")

@@ -49,16 +49,19 @@ _IMPORTERS = {native.NAME: native.import_native, vllm_metrics.NAME: import_vllm_
               vllm_requests.NAME: import_vllm_requests, specbench.NAME: import_specbench}
 
 
-def load_trace(path: str | os.PathLike, format: str | None = None, **options) -> Trace:
+def load_trace(path: str | os.PathLike, format: str | None = None, *, per_draft: bool = True,
+               **options) -> Trace:
     """Read any supported trace: ``format`` is one of :data:`FORMATS` or None to detect it.
 
     ``options`` go to the importer (``policy``, ``s``, and ``k`` for vllm-requests/specbench);
-    a native trace takes none.
+    a native trace takes none. ``per_draft`` False keeps no per-draft fields (``entropy``,
+    ``accept_prob``; they are still validated): a reader of (context, k, m) alone, such as
+    ``predict``, then holds a few numpy arrays per request and nothing per draft.
     """
     path = str(path)
     with _regular_file(path) as readable:
         try:
-            trace = _load(readable, format, options)
+            trace = _load(readable, format, options, per_draft)
             if readable != path:
                 shown = "standard input" if path == "-" else os.path.basename(path)
                 source = str(trace.header.get("source", ""))
@@ -112,7 +115,7 @@ def _capped(source, path: str):
     return Reader()
 
 
-def _load(path: str, format: str | None, options: dict) -> Trace:
+def _load(path: str, format: str | None, options: dict, per_draft: bool = True) -> Trace:
     name = detect_format(path) if format is None else format
     if name not in _IMPORTERS:
         raise TraceError(f"unknown trace format {quote(name)}; " + FORMAT_HELP, path=path)
@@ -123,4 +126,10 @@ def _load(path: str, format: str | None, options: dict) -> Trace:
         if unknown:
             raise TraceError(f"options {unknown} do not apply to {name} traces (it takes "
                              f"{', '.join(known)})", path=path)
-    return importer(path, **options)
+    if name == native.NAME:
+        return importer(path, per_draft=per_draft, **options)
+    trace = importer(path, **options)
+    if not per_draft:
+        for r in trace.requests:
+            r.entropy = r.accept_prob = None
+    return trace

@@ -16,10 +16,11 @@ def recognises(first: dict) -> bool:
     return HEADER_KEY in first
 
 
-def import_native(path: str | os.PathLike, **options) -> Trace:
-    """Read a native trace; it records policy, s and k itself, so it takes no options."""
+def import_native(path: str | os.PathLike, *, per_draft: bool = True, **options) -> Trace:
+    """Read a native trace; it records policy, s and k itself, so it takes no options.
+    ``per_draft``: as :func:`~specsim.traces.format.read_trace` takes it."""
     path = str(path)
     if options:
         raise TraceError(f"options {sorted(options)} only apply to imported formats, not to "
                          f"native specsim traces", path=path)
-    return read_trace(path)
+    return read_trace(path, per_draft=per_draft)
