@@ -307,6 +307,22 @@ def test_replay_histogram_counts_the_iterations_of_the_token_replay(k_rec, ms, k
                           np.bincount(replay_tokens(predicted, k), minlength=k + 1))
 
 
+@pytest.mark.parametrize("block", [1, 5, 64])
+def test_replay_histograms_taken_a_block_at_a_time_count_the_same(monkeypatch, block):
+    """However few segments a block holds, the counts are the token replay's."""
+    import specsim.traces.acceptance as acceptance
+    rng = np.random.default_rng(run_seed(11))
+    m = np.minimum(rng.geometric(0.3, 300) - 1, 6)
+    r = RequestTrace("x", "p", 0.1, np.arange(1, m.size + 1), np.full(m.size, 6), m)
+    predicted = token_acceptance(r)
+    monkeypatch.setattr(acceptance, "REPLAY_BLOCK", block)
+    counts = acceptance.replay_histograms(predicted, 9)
+    for k in range(1, 10):
+        assert np.array_equal(counts[k - 1, :k + 1],
+                              np.bincount(replay_tokens(predicted, k), minlength=k + 1))
+        assert not counts[k - 1, k + 1:].any()
+
+
 def test_a_long_request_at_max_k_is_counted_in_linear_time():
     n = 200_000
     rng = np.random.default_rng(run_seed(7))

@@ -39,6 +39,8 @@ from specsim.traces.format import RequestTrace, Trace
 MIN_SUPPORT = 20
 #: fewer resampling units than this (aggregate histograms only): bootstrap over iterations
 MIN_UNITS = 10
+#: numbers of one block of :func:`replay_histograms`' ``[segment, k]`` arithmetic (8 MiB)
+REPLAY_BLOCK = 1 << 20
 
 
 @dataclass
@@ -129,20 +131,29 @@ def replay_histograms(predicted: np.ndarray, k_max: int) -> np.ndarray:
     :func:`replay_tokens` at draft length k accept m drafts, in time linear in the rejections.
     Between two rejected tokens lie L predicted ones; the run there accepts k drafts
     ``L // (k+1)`` times and then ``L % (k+1)`` (its last iteration emits the rejected
-    token); after the last rejection the remainder counts only when it is not 0."""
+    token); after the last rejection the remainder counts only when it is not 0. The
+    segments are taken a block at a time (:data:`REPLAY_BLOCK` numbers of ``[segment, k]``
+    at most), so memory stays flat however long the request."""
     n = predicted.size
     zeros = np.flatnonzero(predicted == 0)
     lengths = np.concatenate((zeros, [n])) - np.concatenate(([0], zeros + 1))
     ks = np.arange(1, k_max + 1)
-    q, rem = np.divmod(lengths[:, None], ks[None, :] + 1)        # [segments, k]
     width = k_max + 1
-    cells = rem[:-1] + (ks - 1)[None, :] * width                 # terminated segments
-    counts = np.bincount(cells.ravel(), minlength=k_max * width).reshape(k_max, width)
-    counts[ks - 1, ks] += q.sum(0)
-    last = rem[-1]
+    offset = (ks - 1)[None, :] * width
+    counts = np.zeros(k_max * width, np.int64)
+    full = np.zeros(k_max, np.int64)             # iterations that accept all k drafts
+    terminated = lengths[:-1]                    # segments that end in a rejected token
+    rows = max(1, REPLAY_BLOCK // k_max)
+    for start in range(0, terminated.size, rows):
+        q, rem = np.divmod(terminated[start:start + rows, None], ks[None, :] + 1)
+        full += q.sum(0)
+        counts += np.bincount((rem + offset).ravel(), minlength=k_max * width)
+    counts = counts.reshape(k_max, width)
+    q_last, last = np.divmod(lengths[-1], ks + 1)
+    counts[ks - 1, ks] += full + q_last
     hit = last > 0
     counts[ks[hit] - 1, last[hit]] += 1
-    return counts.astype(np.int64)
+    return counts
 
 
 def replay_histogram(predicted: np.ndarray, k: int) -> np.ndarray:
