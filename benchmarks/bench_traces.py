@@ -1,6 +1,7 @@
 """Time and peak memory of `specsim predict` on two large generated traces.
 
-``plain``: 1,000,000 iterations of (context, k, m) in one (policy, s) group;
+``plain``: 1,000,000 iterations of (context, k, m) in one (policy, s) group, 1000 requests;
+``one-request``: the same in a single request (one line of 3,000,000 numbers);
 ``every-field``: about 197 MB, 1,000,000 iterations that also carry ``entropy`` and
 ``accept_prob`` per draft. Both are seeded, written into a temporary folder, and predicted by
 ``specsim predict --json`` in a child process, whose peak resident memory
@@ -30,6 +31,7 @@ import numpy as np
 #:  target seconds, target peak MiB) on a 2-core machine
 TRACES = (
     ("plain", 1_000_000, 1000, 8, False, 5.0, 300.0),
+    ("one-request", 1_000_000, 1, 8, False, 5.0, 300.0),
     ("every-field", 1_000_000, 1000, 12, True, 30.0, 600.0),
 )
 SEED = 2026

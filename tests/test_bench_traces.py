@@ -52,9 +52,10 @@ def test_program_prints_a_row_per_trace_against_its_targets():
     assert lines[0].split() == ["trace", "size", "MB", "iterations", "seconds", "peak", "MiB",
                                 "target", "s", "target", "MiB", "ok"]
     rows = {line.split()[0]: line.split() for line in lines[1:]}
-    assert list(rows) == ["startup", "plain", "every-field"]
+    assert list(rows) == ["startup", "plain", "one-request", "every-field"]
     assert len(rows["startup"]) == 5                          # no targets for the start
-    for name, seconds, mib in (("plain", 5, 300), ("every-field", 30, 600)):
+    for name, seconds, mib in (("plain", 5, 300), ("one-request", 5, 300),
+                               ("every-field", 30, 600)):
         row = rows[name]
         assert int(row[2]) == 10                              # 1e-5 of 1M iterations
         assert float(row[3]) > 0 and float(row[4]) > 0
