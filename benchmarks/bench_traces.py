@@ -1,13 +1,13 @@
-"""Time and peak memory of `specsim predict` on two large generated traces.
+"""Time and peak memory of `specsim predict` on large generated traces.
 
 ``plain``: 1,000,000 iterations of (context, k, m) in one (policy, s) group, 1000 requests;
 ``one-request``: the same in a single request (one line of 3,000,000 numbers);
-``every-field``: about 197 MB, 1,000,000 iterations that also carry ``entropy`` and
-``accept_prob`` per draft. Both are seeded, written into a temporary folder, and predicted by
+``every-field``: about 200 MB, 1,000,000 iterations that also carry ``entropy`` and
+``accept_prob`` per draft (k = 12). All are seeded, written into a temporary folder, and predicted by
 ``specsim predict --json`` in a child process, whose peak resident memory
 (``resource.getrusage(RUSAGE_CHILDREN).ru_maxrss``) is read once it ends, one child per trace.
 
-    python benchmarks/bench_traces.py              # both traces, the table against targets
+    python benchmarks/bench_traces.py              # every trace, the table against targets
     python benchmarks/bench_traces.py --scale 0.01 # 1% of the iterations (a quick look)
     python benchmarks/bench_traces.py --costs roofline  # predict without importing torch
 
