@@ -55,6 +55,16 @@ def engine_summary(calibration: Calibration) -> str:
     return ", ".join(words)
 
 
+def _may_have_a_gpu() -> bool:
+    """Whether this machine may have a CUDA GPU (torch already loaded, or an NVIDIA driver
+    present), without importing torch to find out."""
+    import os
+    import shutil
+    import sys
+    return ("torch" in sys.modules or os.path.exists("/proc/driver/nvidia")
+            or shutil.which("nvidia-smi") is not None)
+
+
 def provenance_warnings(calibration: Calibration, model: ModelSpec) -> list[str]:
     """Flags for a calibration used away from where it was measured: by an engine without
     padded caches, on another model's shapes, on another GPU or torch."""
@@ -75,6 +85,8 @@ def provenance_warnings(calibration: Calibration, model: ModelSpec) -> list[str]
         out.append(f"calibration measured on model '{prov.get('model')}' shapes "
                    f"(spec {prov.get('model_spec_hash')}), used for '{model.name}' "
                    f"(spec {model.spec_hash()})")
+    if not _may_have_a_gpu():
+        return out      # no local GPU to compare with: torch (a quarter GiB) stays unloaded
     try:
         import torch
         here = torch.cuda.get_device_properties(0).name if torch.cuda.is_available() else None
