@@ -58,6 +58,7 @@ def what_if_alpha(alpha: float, gamma: float, k_max: int = 16) -> WhatIfReport:
     """SparseSpec-L Eq. 1 over k = 1..k_max, with Eq. 2's slope."""
     _check_unit("alpha", alpha)
     _check_gamma(gamma)
+    k_max = analytical.check_k_max(k_max, "--k-max")
     ks = np.arange(1, k_max + 1)
     tokens = alpha * ks + 1.0
     speedups = analytical.sparsespec_speedup(alpha, ks, gamma)
