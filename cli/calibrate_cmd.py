@@ -9,27 +9,8 @@ import click
 from specsim.cli import defaults
 from specsim.cli.engine_cmds import setting_option
 from specsim.cli.files import check_outputs
+from specsim.cli.lists import parse_ints, parse_sparsities
 from specsim.errors import SpecsimError
-
-
-def _parse_ints(text: str, name: str) -> list[int]:
-    try:
-        values = sorted({int(x) for x in text.split(",") if x.strip()})
-    except ValueError:
-        raise click.BadParameter("expected comma-separated integers", param_hint=name) from None
-    if not values or values[0] < 1:
-        raise click.BadParameter("values must be ≥ 1", param_hint=name)
-    return values
-
-
-def _parse_floats(text: str, name: str) -> list[float]:
-    try:
-        values = sorted({float(x) for x in text.split(",") if x.strip()})
-    except ValueError:
-        raise click.BadParameter("expected comma-separated numbers", param_hint=name) from None
-    if not values or values[0] <= 0 or values[-1] > 1:
-        raise click.BadParameter("sparsities must lie in (0, 1]", param_hint=name)
-    return values
 
 
 @click.command("calibrate")
@@ -192,10 +173,10 @@ def calibrate_cmd(ctx, gpu, operators, check_path, compose_path, merge_paths, re
         return
     from specsim.calibrate import CalibrationGrid, measure
     spec = load_model(model)
-    grid = CalibrationGrid(batches=_parse_ints(batches, "--batch"),
-                           contexts=_parse_ints(contexts, "--context"),
-                           qs=_parse_ints(qs, "--q"),
-                           sparsities=_parse_floats(sparsities, "--sparsity"),
+    grid = CalibrationGrid(batches=parse_ints(batches, "--batch"),
+                           contexts=parse_ints(contexts, "--context"),
+                           qs=parse_ints(qs, "--q"),
+                           sparsities=parse_sparsities(sparsities, "--sparsity"),
                            policies=[p.strip() for p in policies.split(",") if p.strip()],
                            repeats=repeats, time_budget_s=time_budget, only=families)
     cal = measure(spec, grid, progress=True, settings=engine_settings, checkpoint=out)

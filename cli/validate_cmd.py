@@ -6,6 +6,7 @@ import click
 from specsim.cli import defaults
 from specsim.cli.files import check_outputs
 from specsim.cli.gpu import require_gpu_packages
+from specsim.cli.lists import parse_ints, parse_names, parse_sparsities
 from specsim.cli.terminal import echo
 from specsim.errors import SpecsimError
 
@@ -39,51 +40,6 @@ def _measured_for(plan_path: str, measured: str | None) -> str:
     if plan_path.replace("\\", "/") in SHIPPED_PLANS:
         return plan_path[: -len("plan.json")] + "measured.json"
     return DEFAULT_MEASURED
-
-
-def parse_ints(text: str, option: str, low: int = 1) -> list[int]:
-    """Comma-separated integers of at least ``low``, sorted, each once; anything else is one
-    line naming ``option`` and the value."""
-    out = set()
-    for item in (x.strip() for x in text.split(",")):
-        if not item:
-            continue
-        try:
-            value = int(item)
-        except ValueError:
-            raise SpecsimError(f"{option}: '{item}' is not an integer") from None
-        if value < low:
-            raise SpecsimError(f"{option}: {value} is below {low}")
-        out.add(value)
-    if not out:
-        raise SpecsimError(f"{option}: give one or more integers, comma-separated")
-    return sorted(out)
-
-
-def parse_sparsities(text: str, option: str = "--s") -> list[float]:
-    """Comma-separated fractions of the context kept, in (0, 1], sorted, each once."""
-    out = set()
-    for item in (x.strip() for x in text.split(",")):
-        if not item:
-            continue
-        try:
-            value = float(item)
-        except ValueError:
-            raise SpecsimError(f"{option}: '{item}' is not a number") from None
-        if not 0.0 < value <= 1.0:          # NaN fails this too
-            raise SpecsimError(f"{option}: {item} is not a fraction in (0, 1]")
-        out.add(value)
-    if not out:
-        raise SpecsimError(f"{option}: give one or more sparsities, comma-separated")
-    return sorted(out)
-
-
-def parse_names(text: str, option: str) -> list[str]:
-    """Comma-separated names in the order given, each once."""
-    out = list(dict.fromkeys(x.strip() for x in text.split(",") if x.strip()))
-    if not out:
-        raise SpecsimError(f"{option}: give one or more names, comma-separated")
-    return out
 
 
 #: The shipped setups, the plan without --model, --batch, --context, --ks or --mode: a forced
