@@ -13,7 +13,8 @@ TOP_LEVEL = {".ci", ".gitignore", "README.md", "BENCHMARKS.md", "VALIDATION.md",
              "pyproject.toml", "specsim", "cli", "models", "traces", "tests", "benchmarks",
              "scripts", "docs", "LICENSE"}
 
-#: "session 3", "round R", "visit 2", "issue #12": how a lab notebook dates its entries.
+#: A numbered session, a lettered or numbered round, a numbered visit, an issue number: how a
+#: lab notebook dates its entries.
 HISTORY = re.compile(r"\b(?:sessions? \d+|rounds? [A-Z]\b|rounds? \d+\b|visits? \d+\b|"
                      r"issues? #\d+)", re.IGNORECASE)
 
@@ -49,9 +50,10 @@ def test_no_file_name_carries_a_run_tag():
 
 
 def test_history_finds_what_it_should():
-    assert HISTORY.search("measured in " + "session 14")
-    assert HISTORY.search("validation " + "round 9") and HISTORY.search("round" + " R found")
-    assert HISTORY.search("see " + "issue #3")
+    # the examples are put together here, so that this file holds none of them as written
+    for word, tag in (("session", "14"), ("round", "9"), ("round", "R"), ("visit", "2"),
+                      ("issue", "#3")):
+        assert HISTORY.search(f"measured in {word} {tag} found"), (word, tag)
     assert not HISTORY.search("rounds to the nearest") and not HISTORY.search("a round trip")
 
 
