@@ -21,9 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from specsim.errors import SpecFileError, UnknownNameError, quote
-
-from specsim.shipped import (catalog_dir, catalog_dirs, catalog_file,  # noqa: F401
-                             catalog_names)
+from specsim.shipped import catalog_dirs, catalog_file, catalog_names
 
 
 # --------------------------------------------------------------------------------------------

@@ -196,7 +196,7 @@ def test_free_setup_runs_its_prompts_as_a_continuous_batch(tmp_path, tiny):
     from safetensors.torch import save_file
 
     from specsim.engine import build_model
-    from specsim.specs import catalog_dir
+    from specsim.shipped import catalog_dir
     config = json.loads((catalog_dir() / tiny / "config.json").read_text())
     model = build_model(config, weights="random", seed=3)
     state = model.state_dict()
