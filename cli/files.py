@@ -6,19 +6,19 @@ file can be created beside it), no two outputs may be the same file, and no outp
 of the command's inputs (the same path, or the same file through a symlink or a hard link).
 The files themselves are written atomically (:mod:`specsim.atomic`).
 
-:func:`trace_input` reads ``--trace -`` (standard input), a pipe or a device such as
-``/dev/stdin`` once, into a temporary file, so that format detection and the importer read
-the same bytes; errors name it as given.
+:func:`trace_input` copies ``--trace -`` (standard input), a pipe or a device such as
+``/dev/stdin`` once into a temporary file (the importers' own copy,
+``specsim.traces.importers.readable_copy``) that lasts the command, so that its workers can
+read it again; errors name it as given.
 """
 from __future__ import annotations
 
+import atexit
+import contextlib
 import os
-import stat
 import tempfile
 
 import click
-
-from specsim.errors import SpecsimError
 
 #: The most bytes read from standard input or a pipe as a trace.
 MAX_STREAM_BYTES = 4 << 30
@@ -89,55 +89,30 @@ def stream_name(text: str) -> str:
 
 
 def trace_input(path: str | None) -> str | None:
-    """``path`` as it can be read twice: ``-``, a pipe, a socket or a character device is read
-    once (at most :data:`MAX_STREAM_BYTES`) into a temporary file, removed when the command
-    ends; a regular file or None is returned as it is."""
+    """``path`` as it can be read more than once: ``-``, a pipe, a socket or a character device
+    is copied once (at most :data:`MAX_STREAM_BYTES`; ``specsim.traces.importers.
+    readable_copy``) into a temporary file, removed when the command ends; a regular file or
+    None is returned as it is."""
     if path is None:
         return None
-    if path == "-":
-        stream, name = click.get_binary_stream("stdin"), "<stdin>"
-        if stream.isatty():
-            raise click.BadParameter("'-' reads the trace from standard input, which is a "
-                                     "terminal here: pipe a trace in (specsim predict --trace "
-                                     "- < trace.jsonl)", param_hint="--trace")
-    else:
-        try:
-            mode = os.stat(path).st_mode
-        except OSError:
-            return path                      # the reader's own "no such file"
-        if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
-            return path
-        stream, name = open(path, "rb"), path
-    with stream if path != "-" else _no_close(stream):
-        data = stream.read(MAX_STREAM_BYTES + 1)
-    if len(data) > MAX_STREAM_BYTES:
-        raise SpecsimError(f"{name}: more than {MAX_STREAM_BYTES >> 30} GiB on the stream; "
-                           f"write it to a file and pass that")
-    suffix = ".jsonl.gz" if data[:2] == b"\x1f\x8b" else ".jsonl"
-    fd, temporary = tempfile.mkstemp(prefix="specsim-stdin-", suffix=suffix)
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(data)
-    _STREAM_NAMES[temporary] = name
+    if path == "-" and click.get_binary_stream("stdin").isatty():
+        raise click.BadParameter("'-' reads the trace from standard input, which is a "
+                                 "terminal here: pipe a trace in (specsim predict --trace "
+                                 "- < trace.jsonl)", param_hint="--trace")
+    from specsim.traces.importers import readable_copy
+
+    copy = readable_copy(path, MAX_STREAM_BYTES)
     ctx = click.get_current_context(silent=True)
-    if ctx is not None:
-        ctx.call_on_close(lambda: _remove(temporary))
-    return temporary
+    keep = ctx.with_resource if ctx is not None else _outside_commands.enter_context
+    readable = keep(copy)
+    if readable != path:
+        _STREAM_NAMES[readable] = "<stdin>" if path == "-" else path
+    return readable
 
 
-class _no_close:
-    def __init__(self, stream):
-        self.stream = stream
-
-    def __enter__(self):
-        return self.stream
-
-    def __exit__(self, *exc):
-        return False
-
-
-def _remove(temporary: str) -> None:
-    if os.path.exists(temporary):
-        os.unlink(temporary)
+#: Copies made outside a click command (a library caller): removed when the process ends.
+_outside_commands = contextlib.ExitStack()
+atexit.register(_outside_commands.close)
 
 
 def load_trace_arg(path: str | None, fmt: str = "auto"):

@@ -43,7 +43,7 @@ from specsim.traces.importers.vllm_metrics import import_vllm_metrics
 from specsim.traces.importers.vllm_requests import import_vllm_requests
 
 __all__ = ["FORMATS", "TraceImportWarning", "detect_format", "load_trace", "import_vllm_metrics",
-           "import_vllm_requests", "import_specbench"]
+           "import_vllm_requests", "import_specbench", "readable_copy"]
 
 _IMPORTERS = {native.NAME: native.import_native, vllm_metrics.NAME: import_vllm_metrics,
               vllm_requests.NAME: import_vllm_requests, specbench.NAME: import_specbench}
@@ -59,7 +59,7 @@ def load_trace(path: str | os.PathLike, format: str | None = None, *, per_draft:
     ``predict``, then holds a few numpy arrays per request and nothing per draft.
     """
     path = str(path)
-    with _regular_file(path) as readable:
+    with readable_copy(path) as readable:
         try:
             trace = _load(readable, format, options, per_draft)
             if readable != path:
@@ -76,9 +76,10 @@ def load_trace(path: str | os.PathLike, format: str | None = None, *, per_draft:
 
 
 @contextlib.contextmanager
-def _regular_file(path: str):
+def readable_copy(path: str, limit: int = GZIP_MAX_BYTES):
     """``path`` itself when it is a regular file (or missing: the importer says so), else a
-    temporary copy of what it holds (at most GZIP_MAX_BYTES)."""
+    temporary copy of what it holds (``-``: standard input; a pipe, a device), at most
+    ``limit`` bytes, removed on exit: a file that can be read more than once."""
     if path != "-":
         try:
             mode = os.stat(path).st_mode
@@ -95,22 +96,22 @@ def _regular_file(path: str):
         except OSError as exc:
             raise TraceError(f"cannot read: {exc.strerror}", path=path) from None
         with open(copy, "wb") as out:
-            shutil.copyfileobj(_capped(source, path), out)
+            shutil.copyfileobj(_capped(source, path, limit), out)
         if path != "-":
             source.close()
         yield copy
 
 
-def _capped(source, path: str):
-    """A reader of ``source`` that refuses more than GZIP_MAX_BYTES."""
+def _capped(source, path: str, limit: int):
+    """A reader of ``source`` that refuses more than ``limit`` bytes."""
     class Reader:
         total = 0
 
         def read(self, size=-1):
             chunk = source.read(1 << 20 if size is None or size < 0 else size)
             Reader.total += len(chunk)
-            if Reader.total > GZIP_MAX_BYTES:
-                raise TraceError(f"input larger than {GZIP_MAX_BYTES} bytes", path=path)
+            if Reader.total > limit:
+                raise TraceError(f"input larger than {limit} bytes", path=path)
             return chunk
     return Reader()
 
