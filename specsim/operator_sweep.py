@@ -25,9 +25,10 @@ launch time between a step's kernels), the calls cycling through copies of their
 together exceed the L2 cache (``ROTATE_BYTES``: a model's layers each read their own weights and
 KV); a call that cannot be captured is timed eagerly and named in ``provenance.timed_eagerly``.
 The graph point is timed on the host clock. The run writes the
-table after every group (an operator and key), and the same command resumes a table it finds
-(same GPU, software, kernels, settings and grid), measuring only the groups it lacks; after
-``time_budget_s`` no new group starts. Off CUDA the same code runs on the CPU (fp32, the
+table after every group (an operator and key), with the seconds each group took
+(``provenance.group_seconds``), and the same command resumes a table it finds (same GPU,
+software, kernels, settings and timing method: a grid that adds groups resumes), measuring only
+the groups it lacks; after ``time_budget_s`` no new group starts. Off CUDA the same code runs on the CPU (fp32, the
 Triton interpreter, the wall clock): with :meth:`OperatorGrid.tiny` it proves the harness and
 the file, not the CPU's speed.
 """
@@ -46,7 +47,10 @@ from specsim.settings import DEFAULT, EngineSettings, engine_provenance
 
 #: Provenance that must match for a table to be resumed.
 RESUME_FIELDS = ("gpu", "driver", "cuda", "torch", "triton", "kernel_config_hash", "engine",
-                 "grid")
+                 "method")
+#: The grid's fields that say how a point is timed (``method`` in the provenance): a table
+#: resumes under a grid that measures more or other groups, never one that times otherwise.
+METHOD_FIELDS = ("repeats", "warmup", "inner", "graph_inner", "selection_s")
 
 
 @dataclass
@@ -95,6 +99,10 @@ class OperatorGrid:
         out = dataclasses.asdict(self)
         out.pop("time_budget_s")
         return out
+
+    def method_json(self) -> dict:
+        """How each point is timed (what a resumed table must share)."""
+        return {name: getattr(self, name) for name in METHOD_FIELDS}
 
 
 #: Bytes of distinct inputs a timed sequence of calls cycles through (several times the H200's
@@ -251,6 +259,7 @@ def provenance(grid: OperatorGrid, settings: EngineSettings, device) -> dict:
         prov["clock_mhz"] = _clocks()
     prov["engine"] = engine_provenance(settings)
     prov["grid"] = grid.grid_json()
+    prov["method"] = dict(grid.method_json(), rotate_bytes=ROTATE_BYTES)
     prov["timing"] = (("cuda graph replay" if settings.cuda_graphs else "eager launches")
                       if device.type == "cuda" else "wall clock")
     return prov
@@ -326,8 +335,10 @@ def measure_operators(grid: OperatorGrid, out: str, *, settings: EngineSettings 
             prior.provenance.get("date")]
         done = {(p.op, p.key_tuple) for p in points}
         timer.eager = list(prior.provenance.get("timed_eagerly", []))
+        seconds = list(prior.provenance.get("group_seconds", []))
     else:
         points, ceilings, done = [], probe(torch, device, timer, grid), set()
+        seconds = []
     groups = _groups(grid)
     todo = [g for g in groups
             if (g[0], Point(g[0], g[1], {}).key_tuple) not in done]
@@ -337,7 +348,8 @@ def measure_operators(grid: OperatorGrid, out: str, *, settings: EngineSettings 
 
     def table(left: int) -> OperatorTable:
         return OperatorTable(dict(prov, complete=left == 0 and not failed, groups_left=left,
-                                  groups_failed=failed, timed_eagerly=list(timer.eager)),
+                                  groups_failed=failed, timed_eagerly=list(timer.eager),
+                                  group_seconds=list(seconds)),
                              ceilings, list(points))
 
     left = len(todo)
@@ -349,6 +361,7 @@ def measure_operators(grid: OperatorGrid, out: str, *, settings: EngineSettings 
             print(f"[{len(groups) - left + 1}/{len(groups)}] {op} {key} "
                   f"({time.perf_counter() - started:.0f} s)", file=sys.stderr, flush=True)
         timer.label = f"{op} {key}"
+        group_started = time.perf_counter()
         try:
             with torch.inference_mode():
                 points += _measure_group(torch, device, timer, grid, settings, op, key, ats)
@@ -362,6 +375,7 @@ def measure_operators(grid: OperatorGrid, out: str, *, settings: EngineSettings 
                            "error": f"{type(exc).__name__}: {str(exc)[:300]}"})
         if device.type == "cuda":
             torch.cuda.empty_cache()
+        seconds.append([op, key, round(time.perf_counter() - group_started, 3)])
         left -= 1
         table(left).write(out)
     result = table(left)

@@ -355,9 +355,19 @@ def test_the_sweep_resumes_its_own_table_and_refuses_another(swept, monkeypatch)
     monkeypatch.setattr(S, "MEASURES", {})         # a complete table measures nothing more
     again = S.measure_operators(S.OperatorGrid.tiny(), str(path), progress=False)
     assert len(again.points) == len(table.points) and again.provenance["resumed"]
+    assert len(again.provenance["group_seconds"]) == len(S._groups(S.OperatorGrid.tiny()))
+    # a grid that adds groups resumes, measuring only those
+    wider = S.OperatorGrid.tiny()
+    wider.qs = [1, 2, 3]
+    measured = []
+    monkeypatch.setattr(S, "MEASURES", {op: lambda *a, op=op: measured.append(op) or []
+                                        for op in ("verify",)})
+    S.measure_operators(wider, str(path), progress=False)
+    assert measured == ["verify"] * (len(S._groups(wider)) - len(S._groups(S.OperatorGrid.tiny())))
+    # one that times points otherwise is refused
     other = S.OperatorGrid.tiny()
-    other.qs = [1, 2]
-    with pytest.raises(SpecsimError, match=r"measured otherwise \(grid\)"):
+    other.repeats = 3
+    with pytest.raises(SpecsimError, match=r"measured otherwise \(method\)"):
         S.measure_operators(other, str(path), progress=False)
 
 
