@@ -16,7 +16,8 @@ GPU side (torch, triton and the engine's kernels; no simpy/plotly). Each operato
   moving a given number of bytes;
 - ``selection``: each policy's refresh of every list through ``specsim.kernels.selection``
   (Vegas and last-token from the collected logits, SparseSpec-L's attention mass and per-KV-head
-  ranking, Quest's page scoring and ranking of one layer's draft query), at s = ``selection_s``;
+  ranking, Quest's page scoring and ranking of one layer's draft query; last-token's gather of
+  each list's last accepted row out of the collected rows first), at s = ``selection_s``;
 - ``graph``: the replay of a CUDA graph of ``kernels`` minimal kernels with the host's wait.
 
 A point's samples are ``repeats`` replays of a CUDA graph of ``graph_inner`` calls between two
@@ -65,7 +66,7 @@ class OperatorGrid:
     max_weight_bytes: float = 3e9
     head_dims: list[int] = field(default_factory=lambda: [128, 64])
     groups: list[int] = field(default_factory=lambda: [3, 4, 5, 8])
-    qs: list[int] = field(default_factory=lambda: [1, 2, 3, 5, 9, 16])
+    qs: list[int] = field(default_factory=lambda: [1, 3, 5, 9, 16])
     collects: list[str] = field(default_factory=lambda: ["off", "sum", "all"])
     batch_kv_heads: list[int] = field(default_factory=lambda: [4, 16, 64, 256])
     contexts: list[int] = field(default_factory=lambda: [1024, 4096, 16384, 65536, 131072])
@@ -74,7 +75,7 @@ class OperatorGrid:
     selection_policies: list[str] = field(default_factory=lambda: ["vegas", "last-token",
                                                                    "sparsespec", "quest"])
     selection_lists: list[int] = field(default_factory=lambda: [32, 128, 512])
-    selection_contexts: list[int] = field(default_factory=lambda: [4096, 16384, 65536])
+    selection_contexts: list[int] = field(default_factory=lambda: [1024, 4096, 16384, 65536])
     selection_rows: list[int] = field(default_factory=lambda: [3, 9, 16])
     selection_s: float = 0.05
     graph_kernels: list[int] = field(default_factory=lambda: [1, 64, 512])
@@ -539,17 +540,29 @@ def _selection(torch, device, timer, grid, settings, key, ats):
     for at in ats:
         lists, context = int(at["lists"]), int(at["context"])
         if policy.name in ("vegas", "last-token"):
+            lengths = torch.full((lists,), context, dtype=torch.int32, device=device)
             if policy.name == "vegas" and settings.c2q == "sum":
                 logits = torch.randn(lists, 1, 1, context, device=device)
             else:
-                heads = 32
-                rows = 2 if policy.name == "vegas" else 1
+                heads = LAST_TOKEN_HEADS
+                rows = 2 if policy.name == "vegas" else LAST_TOKEN_ROWS
                 logits = torch.randn(lists, heads, rows, context, device=device,
                                      dtype=_dtype(torch, device))
-            lengths = torch.full((lists,), context, dtype=torch.int32, device=device)
-            yield at, timer([lambda x=x: S.vegas_select(x, lengths, s, max_context=context,
-                                                        policy=policy, ranking=settings.ranking)
-                             for x in _copies(torch, logits, grid)], grid)
+            if policy.name == "last-token":
+                # the engine gathers each list's last accepted row out of the collected rows
+                # ([lists, heads, rows, n] → [lists, heads, 1, n]) before ranking it
+                pick = torch.randint(0, LAST_TOKEN_ROWS, (lists, 1, 1, 1), device=device)
+                index = pick.expand(lists, logits.shape[1], 1, context)
+
+                def select(x):
+                    return S.vegas_select(torch.gather(x, 2, index), lengths, s,
+                                          max_context=context, policy=policy,
+                                          ranking=settings.ranking)
+            else:
+                def select(x):
+                    return S.vegas_select(x, lengths, s, max_context=context, policy=policy,
+                                          ranking=settings.ranking)
+            yield at, timer([lambda x=x: select(x) for x in _copies(torch, logits, grid)], grid)
         elif policy.name == "sparsespec":
             group, rows = key["group"], key["rows"]
             kv_heads = min(8, lists)
@@ -580,6 +593,11 @@ def _selection(torch, device, timer, grid, settings, key, ats):
                                                      max_context=context, policy=policy,
                                                      ranking=settings.ranking)
                  for lo, hi in [(x, x + 1) for x in _copies(torch, page_min, grid)]], grid)
+
+
+#: Heads and collected rows of the logits buffer the last-token selection is timed on (a model
+#: of 32 heads collecting every row of a verify pass at k = 8).
+LAST_TOKEN_HEADS, LAST_TOKEN_ROWS = 32, 9
 
 
 def _copies(torch, x, grid) -> list:
