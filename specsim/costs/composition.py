@@ -14,33 +14,32 @@ SKIPPED = ("overhead", "selection:quest", "selection:streamingllm")
 
 
 def composed_step(model: OperatorCostModel, op: str, batch: int, context: int, q: int = 1,
-                  s: float | None = None) -> float:
+                  s: float | None = None, residual: bool = True) -> float:
     """Seconds of one calibration op (``plain``, ``verify``, ``verify:<policy>``,
     ``draft:<policy>``, ``selection:<policy>``) at a uniform batch, as the operators price it.
-    A selection measured at q ranked rows is priced at draft length k = q − 1."""
+    A selection measured at q ranked rows is priced at draft length k = q − 1. Without
+    ``residual``, the operators alone (no fitted composition residual); never the loop's
+    host overhead, which the calibration times apart."""
     ctx = [context] * batch
     kind, _, policy = op.partition(":")
-    if kind == "plain":
-        return model.plain_step(ctx).seconds
-    if kind == "verify":
-        return model.policy_verify(ctx, q, policy or "vegas").seconds
-    if kind == "draft":
-        return model.draft_step(ctx, s, policy).seconds
-    if kind == "selection":
-        return model.selection(ctx, s, policy, max(1, q - 1) if q > 1 else 4).seconds
+    if kind in ("plain", "verify", "draft", "selection"):
+        return model.step(op if kind != "verify" else f"verify:{policy or 'vegas'}", ctx, q,
+                          s, max(1, q - 1) if q > 1 else 4, residual=residual).seconds
     raise ValueError(f"op {op!r} is not composed from operators")
 
 
-def composition_error(calibration: Calibration, model: OperatorCostModel) -> dict:
+def composition_error(calibration: Calibration, model: OperatorCostModel,
+                      residual: bool = True) -> dict:
     """Per op: points, MAPE, worst and mean signed error (bias) of the composed price against
-    each measured median, and over all ops; every point listed."""
+    each measured median, and over all ops; every point listed. ``residual``: as
+    :func:`composed_step`."""
     per_op: dict[str, list[float]] = {}
     rows = []
     for m in calibration.measurements:
         if m.op.startswith(SKIPPED) or m.op.split(":", 1)[0] in SKIPPED:
             continue
         measured = m.median_ms / 1e3
-        composed = composed_step(model, m.op, m.batch, m.context, m.q, m.s)
+        composed = composed_step(model, m.op, m.batch, m.context, m.q, m.s, residual)
         error = composed / measured - 1.0
         per_op.setdefault(m.op, []).append(error)
         rows.append({"op": m.op, "batch": m.batch, "context": m.context, "q": m.q, "s": m.s,

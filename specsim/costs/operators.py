@@ -29,8 +29,12 @@ linearly between measured keys: q, group, rows); outside, a stated model, and th
 the largest measured point grow as the bytes (the achieved rate there held), below the smallest
 point they are held (launch-bound); a GEMM's time is its roofline over the probe's ceilings
 scaled by the efficiency measured at the nearest shapes. What the table does not hold at all is
-bytes over the probe's copy bandwidth (noted), and the per-iteration host overhead is the
-hardware spec's constant (noted).
+bytes over the probe's copy bandwidth (noted).
+
+With :class:`~specsim.costs.fitted.FittedTerms` (fitted on *other* models' calibrations on the
+table's GPU) each step is corrected by its family's composition residual and the decoding
+loop's host overhead is added per plain step and per iteration; without them the loop's
+overhead is the hardware spec's constant (noted).
 """
 from __future__ import annotations
 
@@ -127,7 +131,7 @@ class OperatorCostModel:
     name = "operators"
 
     def __init__(self, table: OperatorTable, model: ModelSpec, hardware: HardwareSpec,
-                 tp: int = 1):
+                 tp: int = 1, fitted=None):
         if tp != 1:
             raise SpecsimError("operator tables are measured on one GPU; use the roofline model "
                                "for tensor parallelism")
@@ -144,6 +148,9 @@ class OperatorCostModel:
         self.n_full = sum(t == FULL_ATTENTION for t in model.layer_types)
         self.n_sliding = model.num_layers - self.n_full
         self.source = getattr(table, "path", None) or "operator table"
+        #: residuals and loop overheads fitted on other models' calibrations
+        #: (:class:`~specsim.costs.fitted.FittedTerms`), or None: composed operators alone
+        self.fitted = fitted
         self.warnings = self._layout_warnings()
 
     def _layout_warnings(self) -> list[str]:
@@ -381,10 +388,44 @@ class OperatorCostModel:
                     (*base.notes, *said))
 
     # ---- the interface -------------------------------------------------------------------
-    def plain_step(self, contexts: Sequence[int]) -> Cost:
+    def step(self, op: str, contexts: Sequence[int], q: int = 1, s: float | None = None,
+             k: int | None = None, residual: bool = True) -> Cost:
+        """One step as the engine's graphed step runs it, without the decoding loop's host
+        overhead: ``plain``, ``verify:<policy>`` (q tokens), ``draft:<policy>`` (at s) or
+        ``selection:<policy>`` (at s, after a verify of k + 1 tokens), composed from the
+        operators and, with ``residual`` and fitted terms, corrected by its family's
+        composition residual."""
         ctx = as_contexts(contexts)
-        parts, notes = self.forward_parts(ctx, 1)
-        return self._cost(self.roofline.plain_step(ctx), parts, notes)
+        family, _, policy = op.partition(":")
+        if family == "plain":
+            parts, notes = self.forward_parts(ctx, 1)
+            cost = self._cost(self.roofline.plain_step(ctx), parts, notes)
+        elif family == "verify":
+            cost = self._policy_verify(ctx, q, policy or "vegas")
+        elif family == "draft":
+            cost = self._draft_step(ctx, s, policy)
+        elif family == "selection":
+            cost = self._selection(ctx, s, policy, k if k is not None else 1)
+        else:
+            raise ValueError(f"op {op!r} is not a step the operators compose")
+        if not residual or self.fitted is None or cost.seconds == 0.0 or \
+                any(n.endswith("roofline model") for n in cost.notes):
+            return cost
+        key = "plain" if family == "plain" else f"{family}:{get_policy(policy or 'vegas').name}"
+        seconds, note = self.fitted.residual(key, cost.seconds, self.model.num_layers)
+        return cost if note is None else _relabel(cost, seconds, note)
+
+    def plain_step(self, contexts: Sequence[int]) -> Cost:
+        """One plain step in a decoding loop: the composed step and, where fitted, the loop's
+        per-step host overhead."""
+        ctx = as_contexts(contexts)
+        cost = self.step("plain", ctx)
+        extra = None if self.fitted is None else self.fitted.loop_overhead("plain", ctx.size)
+        if extra is None:
+            return cost
+        out = _relabel(cost, cost.seconds + extra,
+                       f"loop overhead per step {extra * 1e6:.0f} us ({self.fitted.source})")
+        return dataclasses.replace(out, overhead_s=out.overhead_s + extra)
 
     def verify(self, contexts: Sequence[int], q: int) -> Cost:
         """The shared verify pass: Vegas' engine's (collecting its summed row)."""
@@ -393,9 +434,11 @@ class OperatorCostModel:
     def policy_verify(self, contexts: Sequence[int], q: int, policy: str) -> Cost:
         """A verify pass of ``q`` tokens as ``policy``'s engine runs it (what it collects;
         Quest's page bounds updated on every K write)."""
+        return self.step(f"verify:{get_policy(policy).name}", contexts, q)
+
+    def _policy_verify(self, ctx, q: int, policy: str) -> Cost:
         if q < 1:
             raise ValueError("a verify pass needs q ≥ 1 query tokens")
-        ctx = as_contexts(contexts)
         name = get_policy(policy).name
         collect = COLLECT.get(name, "off")
         notes = []
@@ -412,7 +455,9 @@ class OperatorCostModel:
         return self._cost(self.roofline.verify(ctx, q), parts, notes + more)
 
     def draft_step(self, contexts: Sequence[int], s: float, policy: str) -> Cost:
-        ctx = as_contexts(contexts)
+        return self.step(f"draft:{policy}", contexts, s=s)
+
+    def _draft_step(self, ctx, s: float, policy: str) -> Cost:
         base = self.roofline.draft_step(ctx, s, policy)
         try:
             parts, notes = self.forward_parts(ctx, 1, draft=policy, s=s)
@@ -421,7 +466,9 @@ class OperatorCostModel:
         return self._cost(base, parts, notes)
 
     def selection(self, contexts: Sequence[int], s: float, policy: str, k: int) -> Cost:
-        ctx = as_contexts(contexts)
+        return self.step(f"selection:{policy}", contexts, s=s, k=k)
+
+    def _selection(self, ctx, s: float, policy: str, k: int) -> Cost:
         pol = get_policy(policy)
         base = self.roofline.selection(ctx, s, policy, k)
         if pol.name in ("full", "streamingllm", "quest"):
@@ -443,10 +490,16 @@ class OperatorCostModel:
         return _relabel(cost, cost.seconds, "prefill not in the operator tables: roofline model")
 
     def iteration(self, contexts: Sequence[int], k: int, s: float, policy: str) -> IterationCost:
-        """``compose_iteration`` with the policy's own verify pass; the per-iteration host
-        overhead is the hardware spec's constant (not measured by the operator tables)."""
+        """``compose_iteration`` with the policy's own verify pass; the per-iteration loop
+        overhead is the one fitted on other models' calibrations (the policy's own), else the
+        hardware spec's constant."""
         cost = compose_iteration(self, contexts, k, s, policy)
-        return dataclasses.replace(cost, verify=self.policy_verify(contexts, k + 1, policy))
+        cost = dataclasses.replace(cost, verify=self.policy_verify(contexts, k + 1, policy))
+        if self.fitted is None:
+            return cost
+        extra = self.fitted.loop_overhead(f"speculative:{get_policy(policy).name}",
+                                          as_contexts(contexts).size, k + 1)
+        return cost if extra is None else dataclasses.replace(cost, overhead_s=extra)
 
 
 class _Unmeasured(Exception):

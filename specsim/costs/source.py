@@ -118,12 +118,18 @@ def _operators(table, model, hardware, tp) -> CostSource:
     if tp != 1:
         raise SpecsimError("operator tables are measured on one GPU; use --costs roofline "
                            "for tensor parallelism")
-    cm = OperatorCostModel(table, model, hardware, tp)
+    from specsim.costs.fitted import fitted_for
+
+    fitted = fitted_for(table, model, hardware)
+    cm = OperatorCostModel(table, model, hardware, tp, fitted=fitted)
     prov = table.provenance
     note = (f"operator cost model: {model.name} composed from measured operators "
             f"({display_name(table.path)}; {prov.get('gpu')}, {prov.get('date')}, engine "
             f"settings {prov['engine'].get('settings_hash')}"
-            + ("" if prov.get("complete") else "; an incomplete table") + ")")
+            + ("" if prov.get("complete") else "; an incomplete table") + "; "
+            + ("residuals and loop overheads " + fitted.source if fitted else
+               f"no other model's calibration on '{hardware.key}': residuals and loop "
+               f"overheads not fitted") + ")")
     if cm.warnings:
         note += "; WARNING: " + "; ".join(cm.warnings)
     return CostSource(cm, "operators", note, str(table.path))
