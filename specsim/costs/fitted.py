@@ -24,6 +24,7 @@ cost model says so.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 from dataclasses import dataclass, field
@@ -46,6 +47,7 @@ class FittedTerms:
     per_layer_s: dict[str, float] = field(default_factory=dict)  # family → seconds per layer
     overhead: dict[str, tuple[float, ...]] = field(default_factory=dict)
     # overhead: "plain" → (a, per batch) seconds; "speculative:<policy>" → (a, per batch, per q)
+    skipped: tuple[str, ...] = ()   # calibrations not used, with why
 
     @property
     def source(self) -> str:
@@ -158,16 +160,24 @@ class _Holder:
 
 
 @functools.lru_cache(maxsize=16)
-def _cached_fit(table_stamp, stamp, hardware_key, holder) -> FittedTerms:
+def _cached_fit(table_stamp, stamp, hardware_key, holder) -> FittedTerms | None:
     from specsim.costs.calibration_file import read_calibration
     from specsim.specs import load_model
 
-    others = []
+    from specsim.errors import SpecsimError
+
+    others, skipped = [], []
     for path, _ in stamp:
-        calibration = read_calibration(path)
-        name = calibration.provenance.get("model") or Path(path).stem
-        others.append((load_model(name), calibration))
-    return fit_terms(holder.table, others, holder.hardware)
+        try:
+            calibration = read_calibration(path)
+            name = calibration.provenance.get("model") or Path(path).stem
+            others.append((load_model(name), calibration))
+        except SpecsimError as why:       # a file or model the catalogue cannot read: not used
+            skipped.append(f"{Path(path).name}: {why}")
+    if not others:
+        return None
+    return dataclasses.replace(fit_terms(holder.table, others, holder.hardware),
+                               skipped=tuple(skipped))
 
 
 __all__ = ["FORMS", "FittedTerms", "family_of", "fit_terms", "fitted_for"]

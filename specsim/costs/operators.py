@@ -147,7 +147,11 @@ class OperatorCostModel:
             self.keys.setdefault(op, []).append(key)
         self.n_full = sum(t == FULL_ATTENTION for t in model.layer_types)
         self.n_sliding = model.num_layers - self.n_full
-        self.source = getattr(table, "path", None) or "operator table"
+        path = getattr(table, "path", None)
+        if path:
+            from specsim.shipped import display_name
+            path = display_name(path)
+        self.source = path or "operator table"
         #: residuals and loop overheads fitted on other models' calibrations
         #: (:class:`~specsim.costs.fitted.FittedTerms`), or None: composed operators alone
         self.fitted = fitted

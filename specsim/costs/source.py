@@ -130,8 +130,10 @@ def _operators(table, model, hardware, tp) -> CostSource:
             + ("residuals and loop overheads " + fitted.source if fitted else
                f"no other model's calibration on '{hardware.key}': residuals and loop "
                f"overheads not fitted") + ")")
-    if cm.warnings:
-        note += "; WARNING: " + "; ".join(cm.warnings)
+    warnings = list(cm.warnings) + [f"not fitted on {x}" for x in
+                                     (fitted.skipped if fitted else ())]
+    if warnings:
+        note += "; WARNING: " + "; ".join(warnings)
     return CostSource(cm, "operators", note, str(table.path))
 
 
