@@ -187,25 +187,35 @@ def calibrate_cmd(ctx, gpu, operators, check_path, compose_path, merge_paths, re
 
 
 def _compose(cal, spec, hardware, check_path, compose_path, as_json) -> None:
-    """``--check CAL --compose TABLE``: the composition error table."""
+    """``--check CAL --compose TABLE``: the composition error table, of the operators alone
+    and with the terms fitted on the other models' calibrations on this GPU (as predict
+    prices)."""
     from specsim.cli.main import _table
     from specsim.costs.composition import composition_error
+    from specsim.costs.fitted import fitted_for
     from specsim.costs.operator_file import read_operator_table
     from specsim.costs.operators import OperatorCostModel
 
     table = read_operator_table(compose_path)
-    report = composition_error(cal, OperatorCostModel(table, spec, hardware))
+    fitted = fitted_for(table, spec, hardware)
+    alone = composition_error(cal, OperatorCostModel(table, spec, hardware), residual=False)
+    report = composition_error(cal, OperatorCostModel(table, spec, hardware, fitted=fitted))
     if as_json:
-        click.echo(json.dumps(report, indent=2))
+        click.echo(json.dumps({"fitted_on": list(fitted.models) if fitted else [],
+                               "operators_alone": alone, "fitted": report}, indent=2))
         return
     prov = table.provenance
     click.echo(f"{spec.name} composed from {compose_path} ({prov.get('gpu')}, "
-               f"{prov.get('date')}) against its calibration {check_path}:")
-    rows = [[op, v["points"], f"{v['mape'] * 100:.1f}%", f"{v['worst'] * 100:+.1f}%",
-             f"{v['bias'] * 100:+.1f}%"] for op, v in report["per_op"].items()]
-    click.echo(_table(["term", "points", "MAPE", "worst", "bias"], rows))
+               f"{prov.get('date')}) against its calibration {check_path}; residuals "
+               + (fitted.source if fitted else "not fitted (no other model's calibration on "
+                  f"'{hardware.key}')") + ":")
+    rows = [[op, v["points"], f"{alone['per_op'][op]['mape'] * 100:.1f}%",
+             f"{v['mape'] * 100:.1f}%", f"{v['worst'] * 100:+.1f}%", f"{v['bias'] * 100:+.1f}%"]
+            for op, v in report["per_op"].items()]
+    click.echo(_table(["term", "points", "alone MAPE", "MAPE", "worst", "bias"], rows))
     total = report["all"]
-    click.echo(f"all: MAPE {total['mape'] * 100:.1f}%, worst {total['worst'] * 100:+.1f}%")
+    click.echo(f"all: MAPE {total['mape'] * 100:.1f}% (operators alone "
+               f"{alone['all']['mape'] * 100:.1f}%), worst {total['worst'] * 100:+.1f}%")
 
 
 def _require_cuda() -> None:

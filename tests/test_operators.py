@@ -459,6 +459,10 @@ def test_composition_error_scores_each_measured_step_against_its_composed_price(
     got = CliRunner().invoke(cli, ["calibrate", "--check", str(cal_path), "--compose",
                                    str(table_path), "--json"])
     assert got.exit_code == 0, got.output
-    assert json.loads(got.output)["all"]["points"] == len(cal.measurements)
+    doc = json.loads(got.output)
+    assert doc["fitted"]["all"]["points"] == len(cal.measurements)
+    assert doc["operators_alone"]["all"] == pytest.approx(report["all"], rel=1e-4)
+    # residuals fitted on the other shipped H200 calibrations, never this model's own
+    assert doc["fitted_on"] and MODEL.name not in doc["fitted_on"]
     assert CliRunner().invoke(cli, ["calibrate", "--gpu", "--compose", str(table_path),
                                     "--out", "x"]).exit_code != 0
