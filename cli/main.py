@@ -526,7 +526,9 @@ def _print_costs(r: CostsReport) -> None:
     echo(_table(headers, rows, "lrrrrrrrrl"[:len(headers)]))
     priced_by = {"roofline": "the roofline's",
                  "calibration": "the calibration's, measured on the GPU",
-                 "operators": "composed from the operator tables, measured on the GPU"}.get(
+                 "operators": "composed from the operator tables, measured on the GPU",
+                 "scaled-operators": "composed from another GPU's operator tables, scaled to "
+                                     "this one by the two GPUs' ceilings (not validated)"}.get(
         r.source["kind"], f"the {r.source['kind']} source's")
     echo(f"ms: {priced_by}. Bytes moved (weights, KV, other) and TFLOP: the roofline's "
                f"count.")

@@ -380,6 +380,7 @@ class HardwareSpec:
     overheads: Overheads = field(default_factory=Overheads)
     source: str = ""
     key: str = ""                 # catalogue name (e.g. "h200"); selects shipped calibrations
+    multiprocessors: int | None = None   # streaming multiprocessors (waves of programs)
 
     @property
     def bandwidth(self) -> float:
@@ -399,6 +400,8 @@ class HardwareSpec:
 HARDWARE_FIELDS = {"memory_bandwidth_TBps": (1e12, 1e3), "bf16_dense_TFLOPs": (1e12, 1e6),
                    "memory_GB": (1e9, 1e6), "interconnect_GBps": (1e9, 1e6),
                    "bf16_TFLOPs": (1e12, 1e6)}
+#: the most streaming multiprocessors a hardware file may give
+MAX_MULTIPROCESSORS = 4096
 #: a per-step overhead above this many seconds is a unit mistake
 MAX_OVERHEAD_S = 1.0
 HARDWARE_BOUNDS = {key: bound for key, (_, bound) in HARDWARE_FIELDS.items()}
@@ -445,6 +448,11 @@ def hardware_from_dict(d: dict, name: str, *, path: str | None = None,
             fail(f"overheads_s.{key}", f"must be a number of seconds in [0, {MAX_OVERHEAD_S:g}]"
                                        f", got {quote(value)}")
         times[key] = float(value)
+    sms = d.get("multiprocessors")
+    if sms is not None and (isinstance(sms, bool) or not isinstance(sms, int)
+                            or not 1 <= sms <= MAX_MULTIPROCESSORS):
+        fail("multiprocessors", f"must be an integer in 1..{MAX_MULTIPROCESSORS}, "
+                                f"got {quote(sms)}")
     measured_bandwidth = (number(measured, "memory_bandwidth_TBps", "measured.", False)
                           if measured.get("memory_bandwidth_TBps") else None)
     measured_flops = (number(measured, "bf16_TFLOPs", "measured.", False)
@@ -456,7 +464,8 @@ def hardware_from_dict(d: dict, name: str, *, path: str | None = None,
         memory_bytes=number(d, "memory_GB"),
         interconnect_bandwidth=number(d, "interconnect_GBps"),
         measured_bandwidth=measured_bandwidth, measured_bf16_flops=measured_flops,
-        overheads=Overheads(**times), source=str(d.get("_source", "")), key=name)
+        overheads=Overheads(**times), source=str(d.get("_source", "")), key=name,
+        multiprocessors=sms)
 
 
 def known_hardware() -> list[str]:

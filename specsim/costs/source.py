@@ -5,8 +5,10 @@
 GPU, this GPU's operator tables, or the roofline), the file, and the note reports print.
 Under ``auto`` the sources are tried in order of trust (:data:`AUTO_SOURCES`: the model's
 shipped calibration, then the shipped operator table of the hardware, composed for the model by
-:class:`~specsim.costs.operators.OperatorCostModel`; the roofline prices what neither covers);
-each says why it does not apply, and a later source's note says why the earlier ones did not.
+:class:`~specsim.costs.operators.OperatorCostModel`, then another GPU's shipped operator table
+scaled to this one (:mod:`specsim.costs.scaled`, flagged as unvalidated); the roofline prices
+what none covers); each says why it does not apply, and a later source's note says why the
+earlier ones did not.
 """
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ class CostSource:
     """A cost model and where its prices come from."""
 
     cost_model: CostModel
-    kind: str                     # "calibration" | "operators" | "roofline"
+    kind: str          # "calibration" | "operators" | "scaled-operators" | "roofline"
     note: str                     # what reports print: which model, from what, and why
     path: str | None = None       # the calibration file or operator table
     fallback: str | None = None   # why a calibration was not used, where one was wanted
@@ -154,8 +156,52 @@ def shipped_operator_source(model, hardware, tp, required: bool) -> CostSource:
     return _operators(read_operator_table(str(path)), model, hardware, tp)
 
 
+def other_gpu_table(hardware: HardwareSpec) -> Path | None:
+    """A shipped operator table of another GPU to scale to ``hardware`` (the H200's where it
+    ships, else the first by name), or None."""
+    from specsim.shipped import catalog_file, catalog_names
+
+    stems = [n[:-len(".json")] for n in catalog_names("operators", "*.json")
+             if n.endswith(".json") and n[:-len(".json")] != hardware.key]
+    if not stems:
+        return None
+    stem = "h200" if "h200" in stems else stems[0]
+    return catalog_file(f"operators/{stem}.json")
+
+
+def scaled_operator_source(model, hardware, tp, required: bool) -> CostSource:
+    """Another GPU's shipped operator table scaled to ``hardware`` by the two GPUs' ceilings
+    (:mod:`specsim.costs.scaled`), at tp = 1, where ``hardware`` has no table of its own."""
+    from specsim.costs.fitted import fitted_for
+    from specsim.costs.operator_file import read_operator_table
+    from specsim.costs.operators import OperatorCostModel
+    from specsim.costs.scaled import scaled_table
+    from specsim.shipped import display_name
+    from specsim.specs import load_hardware
+
+    if shipped_operator_table(hardware) is not None:
+        raise _NotHere(f"'{hardware.key}' has its own operator table", quiet=True)
+    path = other_gpu_table(hardware)
+    if path is None or tp != 1:
+        raise _NotHere("no operator table of another GPU to scale" if path is None else
+                       "tensor parallelism", quiet=path is None)
+    table = read_operator_table(str(path))
+    source_hw = load_hardware(path.stem)
+    scaled, notes = scaled_table(table, source_hw, hardware)
+    fitted = fitted_for(table, model, source_hw)
+    cm = OperatorCostModel(scaled, model, hardware, tp, fitted=fitted)
+    cm.warnings = notes + cm.warnings
+    cm.source = f"{display_name(path)} scaled to {hardware.key}"
+    note = (f"SCALED operator cost model: {model.name} composed from {source_hw.name}'s "
+            f"operators ({display_name(path)}, {table.provenance.get('date')}) scaled to "
+            f"{hardware.name}"
+            + (f"; residuals and loop overheads {fitted.source} on {source_hw.key}"
+               if fitted else "") + "; WARNING: " + "; ".join(cm.warnings))
+    return CostSource(cm, "scaled-operators", note, str(path))
+
+
 #: The sources ``auto`` tries, most trusted first; the roofline prices what none covers.
-AUTO_SOURCES = (shipped_calibration_source, shipped_operator_source)
+AUTO_SOURCES = (shipped_calibration_source, shipped_operator_source, scaled_operator_source)
 
 
 def _joined(reasons, quiet: bool = True) -> str | None:
@@ -181,16 +227,20 @@ def resolve_cost_source(model: ModelSpec, hardware: HardwareSpec, tp: int = 1,
 
     ``costs``: ``auto`` (the first of :data:`AUTO_SOURCES` that applies — the shipped
     calibration for this hardware and model, at tp = 1, covering every policy; then this
-    hardware's shipped operator table, at tp = 1 — else the roofline; a later source's note says
-    why the earlier ones did not apply), ``roofline``, ``calibrated`` (the shipped calibration,
-    required), ``operators`` (the shipped operator table, required), or a path to a calibration
-    file or an operator table.
+    hardware's shipped operator table, at tp = 1; then another GPU's table scaled to this one —
+    else the roofline; a later source's note says why the earlier ones did not apply),
+    ``roofline``, ``calibrated`` (the shipped calibration, required), ``operators`` (this
+    hardware's shipped operator table, else another GPU's scaled to it; required), or a path to
+    a calibration file or an operator table.
     """
     if costs == "roofline":
         return _roofline(model, hardware, tp)
     if costs == "calibrated":
         return shipped_calibration_source(model, hardware, tp, required=True)
     if costs == "operators":
+        if shipped_operator_table(hardware) is None and tp == 1 and \
+                other_gpu_table(hardware) is not None:
+            return scaled_operator_source(model, hardware, tp, required=True)
         return shipped_operator_source(model, hardware, tp, required=True)
     if costs == "auto":
         reasons: list[_NotHere] = []

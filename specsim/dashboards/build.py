@@ -84,7 +84,8 @@ def _context_value(context: int | None) -> str:
 
 #: What each cost source's numbers are, as figure subtitles name them.
 PRICED_BY = {"roofline": "roofline costs", "calibration": "calibrated costs (GPU measurements)",
-             "operators": "operator-table costs (GPU measurements)"}
+             "operators": "operator-table costs (GPU measurements)",
+             "scaled-operators": "another GPU's operator tables, scaled (not validated)"}
 
 
 def _priced_by(kind: str) -> str:
