@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from specsim.errors import SpecFileError, UnknownNameError, quote
+from specsim.errors import SpecFileError, SpecsimError, UnknownNameError, quote
 from specsim.shipped import catalog_dirs, catalog_file, catalog_names
 
 
@@ -296,17 +297,62 @@ def model_for_trace(model: str | None, trace_header: dict, fallback: str = "qwen
     return recorded if recorded in known_models() else fallback
 
 
+def hf_cache_dirs() -> list[Path]:
+    """Where a Hugging Face hub cache may lie, as the hub library looks: ``$HF_HUB_CACHE``,
+    ``$HF_HOME/hub``, ``~/.cache/huggingface/hub`` (read when called)."""
+    out = []
+    if os.environ.get("HF_HUB_CACHE"):
+        out.append(Path(os.environ["HF_HUB_CACHE"]))
+    if os.environ.get("HF_HOME"):
+        out.append(Path(os.environ["HF_HOME"]) / "hub")
+    out.append(Path.home() / ".cache" / "huggingface" / "hub")
+    return out
+
+
+def hf_cached_config(repo_id: str) -> Path | None:
+    """``config.json`` of the Hugging Face model ``org/name`` in the local hub cache (the
+    snapshot ``refs/main`` names, else the newest), or None."""
+    org, _, name = repo_id.partition("/")
+    if not org or not name or "/" in name:
+        return None
+    for cache in hf_cache_dirs():
+        repo = cache / f"models--{org}--{name}"
+        snapshots = repo / "snapshots"
+        if not snapshots.is_dir():
+            continue
+        main = repo / "refs" / "main"
+        if main.is_file():
+            config = snapshots / main.read_text().strip() / "config.json"
+            if config.is_file():
+                return config
+        configs = sorted(snapshots.glob("*/config.json"), key=lambda p: p.stat().st_mtime)
+        if configs:
+            return configs[-1]
+    return None
+
+
 def load_model(name_or_path: str, dtype_bytes: int = 2) -> ModelSpec:
-    """A catalogue name (``qwen3-8b``), a folder holding ``config.json``, or a JSON file."""
+    """A catalogue name (``qwen3-8b``), a folder holding ``config.json``, a JSON file, or a
+    Hugging Face id (``org/name``) whose config is in the local hub cache."""
     path = Path(name_or_path)
     if path.is_dir():
         path = path / "config.json"
     if not path.is_file():
         candidate = catalog_file(f"{name_or_path.lower()}/config.json")
-        if not candidate.is_file():
+        name = name_or_path.lower()
+        if not candidate.is_file() and name_or_path.count("/") == 1 and \
+                not name_or_path.startswith((".", "/")):
+            candidate = hf_cached_config(name_or_path)
+            if candidate is None:
+                raise SpecsimError(
+                    f"model '{name_or_path}': not a catalogue name, a file, or a Hugging Face "
+                    f"id in the local hub cache (looked in "
+                    f"{', '.join(str(d) for d in hf_cache_dirs())}); fetch its config with "
+                    f"`huggingface-cli download {name_or_path} config.json` or give a path")
+            name = name_or_path.split("/")[1].lower()
+        if candidate is None or not candidate.is_file():
             raise UnknownNameError("model", name_or_path, known_models())
         path = candidate
-        name = name_or_path.lower()
     else:
         name = path.parent.name if path.name == "config.json" else path.stem
     config, text = read_json_file(path, "model config")

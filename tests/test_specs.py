@@ -1,5 +1,6 @@
 """Model specs read from config.json must reproduce the published model sizes; hardware specs
 and catalogue look-ups must behave."""
+import dataclasses
 import json
 from pathlib import Path
 
@@ -162,3 +163,30 @@ def test_shipped_file_finds_repository_files_from_anywhere(tmp_path, monkeypatch
     found = shipped_file("traces/README.md")
     assert found is not None and found.endswith("traces/README.md") and Path(found).is_file()
     assert shipped_file("traces/no-such-trace.jsonl") is None
+
+
+def test_a_hugging_face_id_is_read_from_the_local_hub_cache(tmp_path, monkeypatch):
+    """``org/name`` finds config.json in the hub cache's snapshot that refs/main names (as the
+    hub library lays it out); an id not cached is one line saying where it looked."""
+    import shutil
+
+    from specsim.errors import SpecsimError
+    from specsim.shipped import shipped_path
+
+    repo = tmp_path / "hub" / "models--meta-llama--Llama-3.2-3B-Instruct"
+    for snapshot in ("old", "abc123"):
+        (repo / "snapshots" / snapshot).mkdir(parents=True)
+    shutil.copy(shipped_path("models/llama-3.2-3b/config.json"),
+                repo / "snapshots" / "abc123" / "config.json")
+    (repo / "snapshots" / "old" / "config.json").write_text("{}")
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("abc123\n")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    spec = load_model("meta-llama/Llama-3.2-3B-Instruct")
+    assert spec.name == "llama-3.2-3b-instruct"
+    assert spec.spec_hash() == dataclasses.replace(load_model("llama-3.2-3b"),
+                                                   name=spec.name).spec_hash()
+    with pytest.raises(SpecsimError, match=r"Hugging Face id in the local hub cache \(looked "
+                                           r"in .*hub") as err:
+        load_model("meta-llama/Llama-3.1-8B")
+    assert "\n" not in str(err.value)
