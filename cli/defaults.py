@@ -39,13 +39,16 @@ K_MAX = 256
 
 TRACE_HELP = (f"Acceptance trace: specsim JSONL, vLLM /metrics dump, vLLM per-request JSONL or "
               f"Spec-Bench JSONL. Default: the shipped {TRACE}.")
-MODEL_HELP = ("Catalogue name (see `specsim models`) or path to a HuggingFace config.json. "
+MODEL_HELP = ("Catalogue name (see `specsim models`), path to a Hugging Face config.json, or a "
+              "Hugging Face id (org/name) whose config is in the local hub cache. "
               "Default: the model the trace was recorded on, when the catalogue has it "
               f"(smollm2-135m for the default trace), else {FALLBACK_MODEL}.")
 HARDWARE_HELP = "Catalogue name (see `specsim hardware`) or path to a hardware JSON."
 COSTS_HELP = ("Cost model: auto (the calibration shipped for this hardware and model, else this "
-              "hardware's shipped operator table, else the roofline; each at tp 1), roofline, "
-              "calibrated, operators, or a calibration file or operator table.")
+              "hardware's shipped operator table, else another GPU's table scaled to this one "
+              "(flagged SCALED), else the roofline; each at tp 1), roofline, calibrated, "
+              "operators (this GPU's table, else another's scaled), or a calibration file or "
+              "operator table.")
 
 
 def validation_file(run: str, kind: str) -> str:

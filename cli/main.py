@@ -429,8 +429,9 @@ def _ms(seconds: float) -> float:
 
 @cli.command()
 @click.option("--model", default=defaults.FALLBACK_MODEL, show_default=True,
-              help="Catalogue name (see `specsim models`) or path to a HuggingFace "
-                   "config.json.")
+              help="Catalogue name (see `specsim models`), path to a Hugging Face "
+                   "config.json, or a Hugging Face id (org/name) whose config is in the local "
+                   "hub cache.")
 @click.option("--hardware", default=defaults.HARDWARE, show_default=True,
               help=defaults.HARDWARE_HELP)
 @click.option("--batch", type=click.IntRange(min=1), default=None,
@@ -457,7 +458,8 @@ def costs(model, hardware, batch, context, k, sparsity, policy, tp, costs_choice
     and one selection (C_sel), and the iteration time T(k, s), per GPU.
 
     The times come from the cost source predict uses for the same model, hardware, tp and
-    --costs (the shipped calibration, else the operator table, else the roofline), so T_ar and
+    --costs (the shipped calibration, else this GPU's operator table, else another GPU's
+    scaled, else the roofline), so T_ar and
     T(k, s) equal predict's plain_step_ms and iteration_ms at that k for
     `predict --batch B --context N`. The bytes and FLOPs are the roofline's count of what each
     operation moves and computes; the floor is those bytes over the hardware's bandwidth

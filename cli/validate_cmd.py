@@ -175,7 +175,8 @@ def validate_cmd(ctx, gpu, plan_path, out, repeats, setups, policies):
 
 @validate_cmd.command("plan")
 @click.option("--model", default=None,
-              help="Catalogue name (see `specsim models`) or path to a config.json: the plan "
+              help="Catalogue name (see `specsim models`), path to a config.json, or a "
+                   "Hugging Face id in the local hub cache: the plan "
                    "holds exactly the setups of --model, --batch, --context and --mode asked "
                    f"for, those not given taken from the shipped forced setup ({FORCED_MODEL}, "
                    f"batch {FORCED_BATCH}, context {FORCED_CONTEXT}, k {K_FORCED}). Without "
