@@ -8,7 +8,9 @@ table's): one forward pass of ``T = batch·q`` tokens is, per layer,
   matmul and gate|up into one ``2·I`` wide (three and two matmuls when the table's engine does
   not fuse projections), ``o_proj`` (``H·head_dim`` → hidden) and ``down`` (``I`` → hidden);
   MoE layers: the router and, per expert the batch's tokens touch (uniform routing), its
-  gate|up and down GEMMs over its share of the tokens (the engine does not run MoE: modelled);
+  gate|up and down GEMMs over its share of the tokens (the engine runs them as one grouped
+  GEMM, which the tables do not hold yet: modelled, with uniform routing as random routers
+  give);
 - attention: full-attention layers by the verify kernel (q query tokens, collecting what the
   policy collects) over each sequence's context, or by the sparse draft kernel over the
   longest selected list; sliding-window layers by the verify kernel over at most the window;
@@ -172,8 +174,8 @@ class OperatorCostModel:
             out.append(f"{len(eager)} operator(s) timed eagerly, host launches included "
                        f"(e.g. {eager[0]})")
         if m.is_moe:
-            out.append("MoE experts modelled as a loop over the touched experts' GEMMs "
-                       "(uniform routing)")
+            out.append("MoE experts priced as the touched experts' GEMMs one by one (uniform "
+                       "routing); the engine's grouped GEMM is not in the operator tables")
         return out
 
     # ---- one operator --------------------------------------------------------------------

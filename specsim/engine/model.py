@@ -12,6 +12,12 @@ safetensors checkpoint loads without renaming. The model knows nothing about cac
 attends — full causal attention for prefill and verify, sparse attention for drafts.
 Family differences are three flags: Qwen2's q/k/v bias, Qwen3's per-head q/k RMSNorm, tied
 embeddings. RoPE is the rotate-half form HF uses, with ``llama3`` and ``linear`` scaling.
+
+Qwen3-MoE layers replace the MLP by routed experts (:class:`MoE`): a router, the top
+``num_experts_per_tok`` experts per token by softmax probability (renormalised with
+``norm_topk_prob``), and each expert's SwiGLU run as one grouped GEMM over the token-expert pairs
+sorted by expert (``torch._grouped_mm``: static shapes, so a step stays capturable in a CUDA
+graph; every expert's weights are read once whatever the routing, no pair is padded).
 """
 from __future__ import annotations
 
@@ -27,7 +33,7 @@ from torch import nn
 
 from specsim.errors import SpecsimError
 
-SUPPORTED = ("llama", "qwen2", "qwen3")
+SUPPORTED = ("llama", "qwen2", "qwen3", "qwen3_moe")
 
 #: attend(layer, q [B, T, H, D], k [B, T, G, D], v [B, T, G, D]) -> out [B, T, H, D]
 Attend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -53,6 +59,14 @@ class ModelArgs:
     initializer_range: float = 0.02
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
+    num_experts: int = 0                  # 0: dense MLPs
+    experts_per_token: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = False
+    dense_layers: tuple[int, ...] = ()    # MoE models: layers that keep a dense MLP
+
+    def is_moe_layer(self, layer: int) -> bool:
+        return self.num_experts > 0 and layer not in self.dense_layers
 
     @classmethod
     def from_config(cls, config: dict) -> "ModelArgs":
@@ -87,9 +101,28 @@ class ModelArgs:
             max_position=int(cfg.get("max_position_embeddings", 8192)),
             tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             qkv_bias=model_type == "qwen2" or bool(cfg.get("attention_bias", False)),
-            qk_norm=model_type == "qwen3",
+            qk_norm=model_type in ("qwen3", "qwen3_moe"),
             initializer_range=float(cfg.get("initializer_range", 0.02)),
-            bos_token_id=cfg.get("bos_token_id"), eos_token_ids=eos)
+            bos_token_id=cfg.get("bos_token_id"), eos_token_ids=eos, **_moe_args(cfg))
+
+
+def _moe_args(cfg: dict) -> dict:
+    """Qwen3-MoE's routing fields (empty for a dense model)."""
+    experts = int(cfg.get("num_experts") or 0)
+    if not experts:
+        return {}
+    layers = int(cfg["num_hidden_layers"])
+    step = int(cfg.get("decoder_sparse_step") or 1)
+    dense = {int(i) for i in cfg.get("mlp_only_layers") or []}
+    dense |= {i for i in range(layers) if (i + 1) % step}
+    top = int(cfg["num_experts_per_tok"])
+    if not 1 <= top <= experts:
+        raise SpecsimError(f"num_experts_per_tok {top} must lie in 1..num_experts ({experts})")
+    return dict(num_experts=experts, experts_per_token=top,
+                moe_intermediate_size=int(cfg.get("moe_intermediate_size")
+                                          or cfg["intermediate_size"]),
+                norm_topk_prob=bool(cfg.get("norm_topk_prob", False)),
+                dense_layers=tuple(sorted(dense)))
 
 
 # --------------------------------------------------------------------------------------------
@@ -225,11 +258,72 @@ class MLP(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))  # SwiGLU
 
 
-class DecoderLayer(nn.Module):
+class Experts(nn.Module):
+    """Every expert's SwiGLU weights stacked: ``gate_up_proj`` [E, H, 2I] (gate then up) and
+    ``down_proj`` [E, I, H], laid out as the grouped GEMM reads them (x @ w)."""
+
+    def __init__(self, experts: int, hidden: int, inter: int):
+        super().__init__()
+        self.gate_up_proj = nn.Parameter(torch.empty(experts, hidden, 2 * inter))
+        self.down_proj = nn.Parameter(torch.empty(experts, inter, hidden))
+
+
+def grouped_mm(x: torch.Tensor, w: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+    """Rows ``x`` [N, K] sorted by group, group g's rows ``ends[g-1]:ends[g]`` times ``w[g]``
+    [K, M]: [N, M]. ``torch._grouped_mm`` where the device and dtype have it, else a loop over
+    the groups (which reads the ends on the host: not capturable)."""
+    try:
+        return torch._grouped_mm(x, w, offs=ends)
+    except (RuntimeError, NotImplementedError, AttributeError):
+        out = x.new_empty(x.shape[0], w.shape[-1])
+        start = 0
+        for g, end in enumerate(ends.tolist()):
+            out[start:end] = x[start:end] @ w[g]
+            start = end
+        return out
+
+
+class MoE(nn.Module):
+    """Routed experts (Qwen3-MoE): ``gate`` [E, H] routes each token to its top
+    ``experts_per_token`` experts; their SwiGLU outputs are summed with the routing weights."""
+
     def __init__(self, args: ModelArgs):
         super().__init__()
+        self.top = args.experts_per_token
+        self.norm_topk = args.norm_topk_prob
+        self.gate = nn.Linear(args.hidden_size, args.num_experts, bias=False)
+        self.experts = Experts(args.num_experts, args.hidden_size, args.moe_intermediate_size)
+
+    def route(self, x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Routing weights and experts [T, top] of the tokens x2 [T, H] (fp32 softmax)."""
+        probs = torch.softmax(self.gate(x2).float(), dim=-1)
+        weights, experts = torch.topk(probs, self.top, dim=-1)
+        if self.norm_topk:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        return weights, experts
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x2 = x.reshape(-1, shape[-1])
+        weights, experts = self.route(x2)
+        flat = experts.flatten()
+        order = torch.argsort(flat, stable=True)          # token-expert pairs by expert
+        token = order // self.top
+        counts = torch.zeros(self.experts.gate_up_proj.shape[0], dtype=torch.int32,
+                             device=x.device)          # a static shape (bincount's is not)
+        counts.scatter_add_(0, flat, torch.ones_like(flat, dtype=torch.int32))
+        ends = torch.cumsum(counts, 0, dtype=torch.int32)
+        gate, up = grouped_mm(x2[token], self.experts.gate_up_proj, ends).chunk(2, dim=-1)
+        out = grouped_mm(F.silu(gate) * up, self.experts.down_proj, ends)   # SwiGLU
+        out = out * weights.flatten()[order, None].to(out.dtype)
+        return torch.zeros_like(x2).index_add_(0, token, out).reshape(shape)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, args: ModelArgs, layer: int = 0):
+        super().__init__()
         self.self_attn = Attention(args)
-        self.mlp = MLP(args)
+        self.mlp = MoE(args) if args.is_moe_layer(layer) else MLP(args)
         self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
 
@@ -249,7 +343,7 @@ class Backbone(nn.Module):
     def __init__(self, args: ModelArgs):
         super().__init__()
         self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(args) for _ in range(args.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(args, i) for i in range(args.num_layers))
         self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
 
 
@@ -280,7 +374,8 @@ class Transformer(nn.Module):
             return
         for layer in self.model.layers:
             layer.self_attn.fuse()
-            layer.mlp.fuse()
+            if isinstance(layer.mlp, MLP):       # experts are stacked already
+                layer.mlp.fuse()
 
     def compile_layers(self) -> None:
         """Fuse the small element-wise kernels around each layer's matmuls (RMSNorm, RoPE,
@@ -377,9 +472,16 @@ def load_weights(model: Transformer, folder: str | Path) -> None:
     params = dict(model.named_parameters())
     missing = set(params)
     device = model.lm_head.weight.device
+    experts_seen: dict[str, int] = {}
     with torch.no_grad():
         for path in safetensors_files(Path(folder)):
             for name, tensor in load_file(str(path), device="cpu").items():
+                stacked = _expert_slice(model, params, name, tensor)
+                if stacked is not None:
+                    stacked.copy_(tensor.to(device).T)
+                    key = name.split(".experts.")[0] + ".experts"
+                    experts_seen[key] = experts_seen.get(key, 0) + 1
+                    continue
                 if name not in params:
                     if name == "lm_head.weight" and model.args.tie_embeddings:
                         continue
@@ -393,9 +495,36 @@ def load_weights(model: Transformer, folder: str | Path) -> None:
                 missing.discard(name)
     if model.args.tie_embeddings:
         missing.discard("lm_head.weight")
+    for key, seen in experts_seen.items():      # every expert's gate, up and down
+        if seen == 3 * model.args.num_experts:
+            missing -= {f"{key}.gate_up_proj", f"{key}.down_proj"}
     if missing:
         raise SpecsimError(f"weights in {folder} lack {len(missing)} tensors, e.g. "
                            f"{sorted(missing)[0]}")
+
+
+def _expert_slice(model: Transformer, params: dict, name: str, tensor: torch.Tensor
+                  ) -> torch.Tensor | None:
+    """Where a checkpoint's per-expert weight (``…mlp.experts.E.gate_proj.weight`` [I, H],
+    ``up_proj``, ``down_proj`` [H, I]) goes in the stacked experts (transposed), or None for
+    any other tensor."""
+    head, sep, tail = name.partition(".experts.")
+    parts = tail.split(".")
+    if not sep or len(parts) != 3 or not parts[0].isdigit() or parts[2] != "weight":
+        return None
+    e, proj = int(parts[0]), parts[1]
+    gate_up, down = params.get(f"{head}.experts.gate_up_proj"), params.get(
+        f"{head}.experts.down_proj")
+    if gate_up is None or e >= gate_up.shape[0] or proj not in ("gate_proj", "up_proj",
+                                                               "down_proj"):
+        raise SpecsimError(f"unexpected tensor {name}")
+    inter = gate_up.shape[-1] // 2
+    target = (gate_up[e, :, :inter] if proj == "gate_proj" else
+              gate_up[e, :, inter:] if proj == "up_proj" else down[e])
+    if tuple(tensor.T.shape) != tuple(target.shape):
+        raise SpecsimError(f"{name} has shape {tuple(tensor.shape)}, the config says "
+                           f"{tuple(target.T.shape)}")
+    return target
 
 
 def build_model(config: dict | str | Path, *, weights: str | Path = "random", seed: int = 0,
@@ -428,7 +557,7 @@ def build_model(config: dict | str | Path, *, weights: str | Path = "random", se
     return model
 
 
-__all__ = ["Attend", "ModelArgs", "SUPPORTED", "Transformer", "apply_rope", "build_model",
+__all__ = ["Attend", "ModelArgs", "MoE", "SUPPORTED", "Transformer", "apply_rope", "build_model",
            "load_weights", "random_weights", "read_config", "rope_frequencies", "rope_table"]
 
 
