@@ -170,7 +170,7 @@ def predict(trace_path, fmt, model, hardware, batch, context, tp, k_max, policy,
     if gamma is not None:
         raise click.UsageError("--gamma belongs to a what-if: add --alpha or --accept-rates")
 
-    from specsim.costs import make_cost_model
+    from specsim.costs import resolve_cost_source
     from specsim.specs import load_hardware, load_model
 
     trace = load_trace_arg(trace_path, fmt)
@@ -180,9 +180,10 @@ def predict(trace_path, fmt, model, hardware, batch, context, tp, k_max, policy,
         from specsim.policies import get_policy
         get_policy(policy)
     try:
-        costs, costs_note = make_cost_model(spec, hw, tp, costs_choice)
+        source = resolve_cost_source(spec, hw, tp, costs_choice)
     except ValueError as exc:
         raise SpecsimError(str(exc)) from None
+    costs = source.cost_model
     opts = P.PredictOptions(batch=batch, context=context, k_max=k_max, n_boot=n_boot, seed=seed,
                             policy=policy, sparsity=sparsity, output_tokens=output_tokens)
     report = P.predict_trace(trace, costs, opts)
@@ -191,7 +192,7 @@ def predict(trace_path, fmt, model, hardware, batch, context, tp, k_max, policy,
             report = replace(report, holdout=P.holdout_report(trace, costs, opts, holdout, seed))
         except ValueError as exc:
             raise SpecsimError(str(exc)) from None
-    report = P.describe_setting(report, spec, hw, tp, costs_note)
+    report = P.describe_setting(report, spec, hw, tp, source.note, source.validated)
     return _emit_json(report) if as_json else _print_predict(report)
 
 
@@ -220,6 +221,8 @@ def _print_predict(r: PredictReport) -> None:
                f"{hw.bf16_TFLOPs:.0f} TFLOP/s bf16 ({hw.ceilings} ceilings); "
                f"batch {r.batch}, tp {r.tp}")
     echo(f"costs     {r.costs}")
+    if r.cost_validation:
+        echo(f"trust     {r.cost_validation}")
     if r.groups:
         echo(f"context   {_ctx_line(r.groups[0].contexts, r.groups[0].context_source)}")
     echo("")
@@ -497,7 +500,7 @@ def costs(model, hardware, batch, context, k, sparsity, policy, tp, costs_choice
         batch=len(contexts), contexts=contexts, k=k, s=sparsity, policy=policy,
         source={"kind": source.kind, "note": source.note,
                 "path": display_name(source.path) if source.path else None,
-                "fallback": source.fallback},
+                "fallback": source.fallback, "validated": source.validated},
         plain_step=op(plain), draft_step=op(it.draft_step), verify=op(it.verify),
         selection=op(it.selection), iteration_ms=_ms(it.seconds),
         iteration_split_ms={x: _ms(v) for x, v in it.split().items()},
@@ -510,6 +513,7 @@ def _print_costs(r: CostsReport) -> None:
     echo(f"{r.model.name} on {hw.name}, batch {r.batch} (contexts "
                f"{_ctx_summary(r.contexts)}), tp {r.tp}; k = {r.k}, s = {r.s:g}, {r.policy}")
     echo(f"costs     {r.source['note']}")
+    echo(f"trust     {r.source['validated']}")
     roofline_priced = r.source["kind"] == "roofline"
     rows = []
     operations = (("plain step (T_ar)", r.plain_step), ("draft step (C_d)", r.draft_step),

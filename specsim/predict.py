@@ -438,8 +438,8 @@ def holdout_row(policy: str, tuned: tuple, on_tuning: float, on_evaluation: floa
     return held_out_row(policy, tuned, on_tuning, on_evaluation, own).to_json()
 
 
-def describe_setting(report: PredictReport, spec, hw, tp: int, costs_note: str
-                     ) -> PredictReport:
+def describe_setting(report: PredictReport, spec, hw, tp: int, costs_note: str,
+                     cost_validation: str | None = None) -> PredictReport:
     """The report with what it was costed for (model, hardware, tp, cost model) and a note
     when the batch does not fit in the GPU's memory."""
     need = max(spec.memory_bytes(g.contexts, tp) for g in report.groups)
@@ -449,4 +449,4 @@ def describe_setting(report: PredictReport, spec, hw, tp: int, costs_note: str
                      f"{hw.name} has {hw.memory_bytes / 1e9:.0f} GB (lower --batch or raise "
                      f"--tp)")
     return replace(report, model=ModelSummary.of(spec), hardware=HardwareSummary.of(hw), tp=tp,
-                   costs=costs_note, notes=notes)
+                   costs=costs_note, cost_validation=cost_validation, notes=notes)

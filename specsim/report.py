@@ -348,8 +348,9 @@ class HardwareSummary(_Json):
 class PredictReport(_Json):
     """`specsim predict` on a trace. ``notes`` are the caveats a reader must see (synthetic
     trace, assumed values, optimum at the edge of the grid, batch not fitting). ``model``,
-    ``hardware``, ``tp`` and ``costs`` (the cost model's description) are set by the caller
-    that knows them (the CLI); ``holdout`` with ``--holdout``."""
+    ``hardware``, ``tp``, ``costs`` (the cost model's description) and ``cost_validation``
+    (what the shipped validation runs say of that source) are set by the caller that knows
+    them (the CLI); ``holdout`` with ``--holdout``."""
 
     trace: str | None
     synthetic: bool
@@ -369,6 +370,7 @@ class PredictReport(_Json):
     hardware: HardwareSummary | None = optional()
     tp: int | None = optional()
     costs: str | None = optional()
+    cost_validation: str | None = optional()
     schema_version: int = SCHEMA_VERSION
 
     def to_json(self) -> dict:

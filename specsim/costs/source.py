@@ -32,6 +32,7 @@ class CostSource:
     note: str                     # what reports print: which model, from what, and why
     path: str | None = None       # the calibration file or operator table
     fallback: str | None = None   # why a calibration was not used, where one was wanted
+    validated: str = ""           # what the shipped validation runs say of this source here
 
 
 class _NotHere(Exception):
@@ -223,6 +224,23 @@ def _is_operator_table(path: str) -> bool:
 
 def resolve_cost_source(model: ModelSpec, hardware: HardwareSpec, tp: int = 1,
                         costs: str = "auto") -> CostSource:
+    """The cost model a command prices with, its source, and what the shipped validation runs
+    say of that source for this model and GPU (:func:`_resolve`)."""
+    from specsim.costs.validated import validation_note
+
+    found = _resolve(model, hardware, tp, costs)
+    if costs not in KEYWORDS:
+        return dataclasses.replace(found, validated=f"{costs} is a file of your own: no "
+                                                    f"shipped validation run priced by it")
+    return dataclasses.replace(found, validated=validation_note(found.kind, model.name,
+                                                                hardware.key))
+
+
+#: The --costs choices that are not files.
+KEYWORDS = ("auto", "roofline", "calibrated", "operators")
+
+
+def _resolve(model: ModelSpec, hardware: HardwareSpec, tp: int, costs: str) -> CostSource:
     """The cost model a command prices with, and its source.
 
     ``costs``: ``auto`` (the first of :data:`AUTO_SOURCES` that applies — the shipped

@@ -1,0 +1,52 @@
+"""What every answer says of its cost source's validation: read from a summary generated from
+the shipped validation reports, which must match them."""
+import json
+
+from click.testing import CliRunner
+
+from specsim.cli.main import cli
+from specsim.costs import resolve_cost_source
+from specsim.costs.validated import build_summary, shipped_summary, validation_note
+from specsim.shipped import shipped_path, shipped_root
+from specsim.specs import load_hardware, load_model
+
+
+def test_the_shipped_summary_is_what_the_shipped_reports_say():
+    """Regenerate with ``python -m specsim.costs.validated`` after adding a report."""
+    assert shipped_summary() == build_summary(shipped_root("models") / "validation")
+
+
+def entry(kind, model, mape, worst, n, hardware="h200", regret=1.0):
+    return {"kind": kind, "model": model, "hardware": hardware, "mode": "forced", "batch": 4,
+            "context": 32768, "configurations": n, "mape": mape, "worst": worst,
+            "regret": regret, "report": "r.json", "date": "2026-01-01T00:00:00Z"}
+
+
+def test_the_note_names_this_models_runs_else_the_sources_else_none():
+    summary = {"entries": [entry("operators", "a", 0.02, 0.05, 10),
+                           entry("operators", "a", 0.04, 0.09, 30, regret=0.97),
+                           entry("operators", "b", 0.01, 0.02, 10),
+                           entry("calibration", "a", 0.005, 0.01, 40)]}
+    own = validation_note("operators", "a", "h200", summary)
+    assert "for a (2 setups)" in own and "MAPE 3.5% (worst 9.0%) over 40 configurations" in own
+    assert "regret >= 0.970" in own
+    other = validation_note("operators", "c", "h200", summary)
+    assert "validated on h200 for a, b, not for c" in other and "over 50 configurations" in other
+    assert "no validation run" in validation_note("operators", "a", "a100-80gb", summary)
+    assert "no validation run" in validation_note("roofline", "a", "h200", summary)
+
+
+def test_predict_and_costs_print_and_carry_the_note(tmp_path):
+    spec, hw = load_model("llama-3.2-3b"), load_hardware("h200")
+    source = resolve_cost_source(spec, hw)
+    assert source.validated.startswith("validated on h200 for llama-3.2-3b")
+    args = ["--model", "llama-3.2-3b", "--batch", "8", "--context", "32768"]
+    r = CliRunner().invoke(cli, ["predict", *args, "--bootstrap", "50", "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["cost_validation"] == source.validated
+    r = CliRunner().invoke(cli, ["costs", *args])
+    assert r.exit_code == 0 and f"trust     {source.validated}" in r.output
+    table = tmp_path / "mine.json"
+    table.write_bytes(shipped_path("models/operators/h200.json").read_bytes())
+    mine = resolve_cost_source(spec, hw, costs=str(table))
+    assert mine.kind == "operators" and "a file of your own" in mine.validated
