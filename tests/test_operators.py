@@ -275,7 +275,7 @@ def catalogue(tmp_path, monkeypatch):
     return root
 
 
-def test_sources_are_tried_calibration_then_operators_then_roofline(catalogue):
+def test_sources_are_tried_calibration_then_operators_then_scaled_then_roofline(catalogue):
     calibrated = resolve_cost_source(load_model("qwen3-8b"), load_hardware("h200"))
     assert calibrated.kind == "calibration" and calibrated.fallback is None
     operators = resolve_cost_source(load_model("my-llama"), load_hardware("h200"))
@@ -284,9 +284,9 @@ def test_sources_are_tried_calibration_then_operators_then_roofline(catalogue):
     assert "composed from measured operators" in operators.note
     assert "not calibrated: no calibration shipped" in operators.note
     assert operators.fallback == "no calibration shipped"
-    roofline = resolve_cost_source(load_model("my-llama"), load_hardware("a100-80gb"))
-    assert roofline.kind == "roofline"
-    assert "no operator table shipped for 'a100-80gb'" in roofline.note
+    scaled = resolve_cost_source(load_model("my-llama"), load_hardware("a100-80gb"))
+    assert scaled.kind == "scaled-operators" and scaled.path.endswith("operators/h200.json")
+    assert "no operator table shipped for 'a100-80gb'" in scaled.note
     # forced, and given as a path
     forced = resolve_cost_source(load_model("qwen3-8b"), load_hardware("h200"),
                                  costs="operators")
@@ -294,15 +294,20 @@ def test_sources_are_tried_calibration_then_operators_then_roofline(catalogue):
     given = resolve_cost_source(load_model("qwen3-8b"), load_hardware("h200"),
                                 costs=str(catalogue / "operators" / "h200.json"))
     assert given.kind == "operators"
-    with pytest.raises(SpecsimError, match="no shipped operator table for 'a100-80gb'"):
-        resolve_cost_source(load_model("my-llama"), load_hardware("a100-80gb"),
-                            costs="operators")
+    assert resolve_cost_source(load_model("my-llama"), load_hardware("a100-80gb"),
+                               costs="operators").kind == "scaled-operators"
     tp = resolve_cost_source(load_model("my-llama"), load_hardware("h200"), tp=2)
     assert tp.kind == "roofline" and "tensor parallelism" in tp.note
+    with pytest.raises(SpecsimError, match="no shipped operator table for 'h200' at tp=1"):
+        resolve_cost_source(load_model("my-llama"), load_hardware("h200"), tp=2,
+                            costs="operators")
 
 
-def test_the_shipped_defaults_are_priced_as_before():
-    """With no operator table for the hardware the resolver answers as without the source."""
+def test_without_any_operator_table_the_roofline_answers(monkeypatch):
+    """No table for the hardware and none to scale: the resolver answers as before tables."""
+    from specsim.costs import source
+    monkeypatch.setattr(source, "shipped_operator_table", lambda hardware: None)
+    monkeypatch.setattr(source, "other_gpu_table", lambda hardware: None)
     got = resolve_cost_source(load_model("llama-3.2-3b"), load_hardware("a100-80gb"))
     assert got.kind == "roofline" and got.fallback == "no calibration shipped"
 

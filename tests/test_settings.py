@@ -15,7 +15,11 @@ from specsim.settings import (DEFAULT, ENGINE_FACTS, LEGACY_DEFAULTS, RETIRED, E
 
 #: The environment variables specsim reads: the user's cache and catalogue folders, the CLI's
 #: traceback switch, and Triton's interpreter switch.
-ALLOWED_ENVIRONMENT = {"SPECSIM_CACHE", "SPECSIM_MODELS", "SPECSIM_DEBUG", "TRITON_INTERPRET"}
+#: Variables that locate files or choose how errors print, never what the engine does; the
+#: Hugging Face ones find a user's hub cache where the hub library puts it (read when a model is
+#: looked up by its id).
+ALLOWED_ENVIRONMENT = {"SPECSIM_CACHE", "SPECSIM_MODELS", "SPECSIM_DEBUG", "TRITON_INTERPRET",
+                       "HF_HUB_CACHE", "HF_HOME"}
 
 
 def environment_reads(source: str) -> list[tuple[int, str]]:

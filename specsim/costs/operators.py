@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import statistics
 from typing import Sequence
 
 import numpy as np
@@ -89,26 +90,32 @@ def _series(xs: np.ndarray, ts: np.ndarray, x: float) -> tuple[float, str | None
 
 class _Grid:
     """One operator key's points: a 1-D series or a 2-D grid (a series along the second axis
-    for each measured value of the first), medians in seconds."""
+    for each measured value of the first), medians in seconds; the series are sorted once."""
 
     def __init__(self, points):
         rows: dict[tuple, list[float]] = {}
         for p in points:
-            rows.setdefault(p.at_tuple, []).append(p.median_ms / 1e3)
-        self.values = {at: float(np.median(ts)) for at, ts in rows.items()}
+            rows.setdefault(p.at_tuple, []).append(statistics.median(p.samples_ms) / 1e3)
+        self.values = {at: float(statistics.median(ts)) for at, ts in rows.items()}
         self.dims = len(next(iter(self.values)))
+        if self.dims == 1:
+            xs = sorted(a[0] for a in self.values)
+            self.series = (np.array(xs), np.array([self.values[(x,)] for x in xs]))
+        else:
+            self.firsts = sorted({a[0] for a in self.values})
+            self.along_first = {}
+            for a0 in self.firsts:
+                xs = sorted(a[1] for a in self.values if a[0] == a0)
+                self.along_first[a0] = (np.array(xs),
+                                        np.array([self.values[(a0, x)] for x in xs]))
 
     def __call__(self, *at: float) -> tuple[float, str | None]:
         if self.dims == 1:
-            xs = np.array(sorted(a[0] for a in self.values))
-            ts = np.array([self.values[(x,)] for x in xs])
-            return _series(xs, ts, at[0])
-        firsts = sorted({a[0] for a in self.values})
+            return _series(*self.series, at[0])
+        firsts = self.firsts
 
         def along(a0):
-            xs = np.array(sorted(a[1] for a in self.values if a[0] == a0))
-            ts = np.array([self.values[(a0, x)] for x in xs])
-            return _series(xs, ts, at[1])
+            return _series(*self.along_first[a0], at[1])
 
         a = at[0]
         if a <= firsts[0] or a >= firsts[-1]:
@@ -124,6 +131,15 @@ class _Grid:
         (t_lo, n_lo), (t_hi, n_hi) = along(lo), along(hi)
         w = 0.0 if hi == lo else (a - lo) / (hi - lo)
         return (1 - w) * t_lo + w * t_hi, n_lo or n_hi
+
+
+def _grids(table: OperatorTable) -> dict:
+    """Every key's :class:`_Grid`, built once per table object (kept on it)."""
+    cached = getattr(table, "_grids_cache", None)
+    if cached is None:
+        cached = {key: _Grid(points) for key, points in table.groups.items()}
+        table._grids_cache = cached
+    return cached
 
 
 class OperatorCostModel:
@@ -143,7 +159,7 @@ class OperatorCostModel:
         self.overheads = self.roofline.overheads
         self.bandwidth = float(table.probe["copy_bandwidth_Bps"])
         self.matmul_rate = float(table.probe["bf16_matmul_flops"])
-        self.grids = {key: _Grid(points) for key, points in table.groups.items()}
+        self.grids = _grids(table)
         self.keys: dict[str, list[tuple]] = {}
         for op, key in self.grids:
             self.keys.setdefault(op, []).append(key)
@@ -229,7 +245,17 @@ class OperatorCostModel:
 
     def gemm(self, m: float, n: int, k: int) -> tuple[float, list[str]]:
         """A bf16 GEMM [m, k] @ [k, n]: measured at (n, k), else its roofline over the probe's
-        ceilings scaled by the efficiency measured at the nearest measured (n, k) shapes."""
+        ceilings scaled by the efficiency measured at the nearest measured (n, k) shapes
+        (each shape priced once per model: :meth:`_gemm`)."""
+        cache = self.__dict__.setdefault("_gemm_cache", {})
+        key = (float(m), int(n), int(k))
+        if key not in cache:
+            seconds, notes = self._gemm(*key)
+            cache[key] = (seconds, tuple(notes))
+        seconds, notes = cache[key]
+        return seconds, list(notes)
+
+    def _gemm(self, m: float, n: int, k: int) -> tuple[float, list[str]]:
         if m <= 0:
             return 0.0, []
         exact = self._at_key("gemm", (n, k), (m,))
