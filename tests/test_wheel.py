@@ -75,7 +75,14 @@ def test_predict_dashboard_and_review_run_from_the_wheel(installed):
     report = json.loads(predicted.stdout)
     assert report["cost_model"] == "calibrated" and report["groups"]
     assert all(g["speedup_at_k_star"] > 0 for g in report["groups"])
-    page = run("dashboard", "--out", "report.html")
+    # a model without a calibration: the shipped operator table and the other models'
+    # calibrations, read from the installed data
+    composed = run("predict", "--json", "--bootstrap", "50", "--model", "llama-3.2-3b")
+    assert composed.returncode == 0, composed.stderr[-2000:]
+    composed = json.loads(composed.stdout)
+    assert composed["cost_model"] == "operators" and "fitted on the calibrations of" in \
+        composed["costs"] and composed["cost_validation"].startswith("validated on h200")
+    page = run("dashboard", "--out", "report.html", "--compare-hardware", "a100-80gb")
     assert page.returncode == 0, page.stderr[-2000:]
     assert (outside / "report.html").stat().st_size > 10_000
     review = run("review")

@@ -107,6 +107,21 @@ def compose_iteration(costs, contexts, k: int, s: float, policy: str) -> Iterati
                          overhead_s=costs.overheads.iteration)
 
 
+#: Steps a cost model remembers (a predict sweep over k and s prices the same draft, verify
+#: and selection steps many times).
+STEP_MEMO = 65536
+
+
+def memoized(model, key: tuple, compute):
+    """``compute()`` once per ``key`` for this cost model instance (its costs are pure)."""
+    memo = model.__dict__.setdefault("_step_memo", {})
+    if key not in memo:
+        if len(memo) >= STEP_MEMO:
+            memo.clear()
+        memo[key] = compute()
+    return memo[key]
+
+
 def as_contexts(contexts) -> np.ndarray:
     arr = np.atleast_1d(np.asarray(contexts, dtype=np.int64))
     if arr.size == 0:

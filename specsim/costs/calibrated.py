@@ -15,7 +15,7 @@ from typing import Sequence
 
 import numpy as np
 
-from specsim.costs.base import Cost, IterationCost, as_contexts, compose_iteration
+from specsim.costs.base import Cost, IterationCost, as_contexts, compose_iteration, memoized
 from specsim.costs.calibration_file import STEP_KINDS, Calibration, Measurement
 from specsim.costs.fitting import (MeasuredGrid, TermFit, bracket, fit_terms, interpolate,
                                    strictly_between)
@@ -316,7 +316,8 @@ class CalibratedCostModel:
 
     def verify(self, contexts: Sequence[int], q: int) -> Cost:
         ctx = as_contexts(contexts)
-        return self._lookup("verify", q, None, ctx, self.roofline.verify(ctx, q))
+        return memoized(self, ("verify", ctx.tobytes(), q), lambda: self._lookup(
+            "verify", q, None, ctx, self.roofline.verify(ctx, q)))
 
     def policy_verify(self, contexts: Sequence[int], q: int, policy: str) -> Cost:
         """A verify pass as ``policy``'s engine runs it, where the calibration timed it there
@@ -328,6 +329,10 @@ class CalibratedCostModel:
         all-row logits of last-token and SparseSpec-L at several q, the difference
         interpolated linearly in q between them and held at the nearest beyond."""
         ctx = as_contexts(contexts)
+        return memoized(self, ("policy_verify", ctx.tobytes(), q, policy),
+                        lambda: self._policy_verify(ctx, q, policy))
+
+    def _policy_verify(self, ctx: np.ndarray, q: int, policy: str) -> Cost:
         base = self.verify(ctx, q)
         op = f"verify:{get_policy(policy).name}"
         qs = sorted(key[1] for key in self.fits if key[0] == op)
@@ -348,11 +353,15 @@ class CalibratedCostModel:
 
     def draft_step(self, contexts: Sequence[int], s: float, policy: str) -> Cost:
         ctx = as_contexts(contexts)
-        return self._lookup(f"draft:{policy}", 1, s, ctx,
-                            self.roofline.draft_step(ctx, s, policy))
+        return memoized(self, ("draft", ctx.tobytes(), s, policy), lambda: self._lookup(
+            f"draft:{policy}", 1, s, ctx, self.roofline.draft_step(ctx, s, policy)))
 
     def selection(self, contexts: Sequence[int], s: float, policy: str, k: int) -> Cost:
         ctx = as_contexts(contexts)
+        return memoized(self, ("selection", ctx.tobytes(), s, policy, k),
+                        lambda: self._selection(ctx, s, policy, k))
+
+    def _selection(self, ctx: np.ndarray, s: float, policy: str, k: int) -> Cost:
         base = self.roofline.selection(ctx, s, policy, k)
         if get_policy(policy).name in ("full", "streamingllm"):
             return base
@@ -382,8 +391,12 @@ class CalibratedCostModel:
         rollback, host bookkeeping, launch gaps) in place of the roofline's constant when the
         calibration has it: the policy's own (``overhead:speculative:<policy>``), else the
         policy-agnostic one (``overhead:speculative``) of files that time no policy's own."""
-        cost = compose_iteration(self, contexts, k, s, policy)
         ctx = as_contexts(contexts)
+        return memoized(self, ("iteration", ctx.tobytes(), k, s, policy),
+                        lambda: self._iteration(ctx, k, s, policy))
+
+    def _iteration(self, ctx: np.ndarray, k: int, s: float, policy: str) -> IterationCost:
+        cost = compose_iteration(self, ctx, k, s, policy)
         if any(key[0] == f"verify:{get_policy(policy).name}" for key in self.fits):
             cost = dataclasses.replace(cost, verify=self.policy_verify(ctx, k + 1, policy))
         extra = self.loop_overhead(f"overhead:speculative:{get_policy(policy).name}", ctx, k) \

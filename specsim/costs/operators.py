@@ -47,7 +47,7 @@ from typing import Sequence
 
 import numpy as np
 
-from specsim.costs.base import Cost, IterationCost, as_contexts, compose_iteration
+from specsim.costs.base import Cost, IterationCost, as_contexts, compose_iteration, memoized
 from specsim.costs.operator_file import OperatorTable
 from specsim.costs.roofline import RooflineCostModel
 from specsim.errors import SpecsimError
@@ -428,6 +428,11 @@ class OperatorCostModel:
         operators and, with ``residual`` and fitted terms, corrected by its family's
         composition residual."""
         ctx = as_contexts(contexts)
+        return memoized(self, (op, ctx.tobytes(), q, s, k, residual),
+                        lambda: self._step(op, ctx, q, s, k, residual))
+
+    def _step(self, op: str, ctx: np.ndarray, q: int, s: float | None, k: int | None,
+              residual: bool) -> Cost:
         family, _, policy = op.partition(":")
         if family == "plain":
             parts, notes = self.forward_parts(ctx, 1)
@@ -525,12 +530,17 @@ class OperatorCostModel:
         """``compose_iteration`` with the policy's own verify pass; the per-iteration loop
         overhead is the one fitted on other models' calibrations (the policy's own), else the
         hardware spec's constant."""
-        cost = compose_iteration(self, contexts, k, s, policy)
-        cost = dataclasses.replace(cost, verify=self.policy_verify(contexts, k + 1, policy))
+        ctx = as_contexts(contexts)
+        return memoized(self, ("iteration", ctx.tobytes(), k, s, policy),
+                        lambda: self._iteration(ctx, k, s, policy))
+
+    def _iteration(self, ctx: np.ndarray, k: int, s: float, policy: str) -> IterationCost:
+        cost = compose_iteration(self, ctx, k, s, policy)
+        cost = dataclasses.replace(cost, verify=self.policy_verify(ctx, k + 1, policy))
         if self.fitted is None:
             return cost
         extra = self.fitted.loop_overhead(f"speculative:{get_policy(policy).name}",
-                                          as_contexts(contexts).size, k + 1)
+                                          ctx.size, k + 1)
         return cost if extra is None else dataclasses.replace(cost, overhead_s=extra)
 
 
