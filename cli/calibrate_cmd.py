@@ -25,8 +25,9 @@ from specsim.errors import SpecsimError
                    "their planners (head dims 64 and 128, GQA groups 3-8), the K/V append, "
                    "element-wise kernels, each policy's selection and the CUDA-graph replay, "
                    "with a copy-bandwidth probe; what prices any model without a calibration "
-                   "of its own. Resumable like a model calibration; --time-budget defaults to "
-                   "900 s; --repeats, when given, sets the samples per point.")
+                   "of its own (an H200 measures it in about 13 minutes). Resumable like a "
+                   "model calibration, also under a grid that adds groups; --time-budget "
+                   "defaults to 900 s; --repeats, when given, sets the samples per point.")
 @click.option("--check", "check_path", type=click.Path(dir_okay=False), default=None,
               help="Held-out check of a calibration file: predict every third interior "
                    "context point of each series from the rest; MAPE and worst case per term.")
@@ -34,7 +35,8 @@ from specsim.errors import SpecsimError
               default=None, metavar="TABLE",
               help="With --check: instead of the held-out check, the composition error of "
                    "operator table TABLE against the calibration: every measured step priced "
-                   "from the GPU's operators (MAPE, worst and bias per term).")
+                   "from the GPU's operators alone and with the terms fitted on the other "
+                   "models' calibrations on that GPU (MAPE, worst and bias per term).")
 @click.option("--merge", "merge_paths", nargs=2, type=click.Path(exists=True, dir_okay=False),
               default=None, metavar="NEW OLD",
               help="Combine two calibration runs of the same model and GPU into --out: NEW's "
