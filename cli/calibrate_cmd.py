@@ -87,7 +87,9 @@ from specsim.errors import SpecsimError
               help="Measure only these op families (comma-separated: plain, verify, draft, "
                    "selection, overhead). E.g. 'overhead' re-measures the decoding loop's "
                    "overheads alone after a change to its host code; put them into a full "
-                   "file with --merge NEW OLD --replace overhead.")
+                   "file with --merge NEW OLD --replace overhead. With --operators: these "
+                   "operators alone, anew, in the table --out holds (gemm, grouped_gemm, "
+                   "elementwise, graph, kv_append, verify, sparse, selection).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @setting_option
 @click.pass_context
@@ -166,12 +168,14 @@ def calibrate_cmd(ctx, gpu, operators, check_path, compose_path, merge_paths, re
         raise click.UsageError("--gpu needs --out FILE")
     check_outputs({"--out": out})      # an existing file is the run's checkpoint: resumed
     from specsim.calibrate import OP_FAMILIES
+    from specsim.operator_sweep import MEASURES
+    kinds = MEASURES if operators else OP_FAMILIES
     families = [f.strip() for f in only.split(",") if f.strip()] if only else None
-    if families is not None and (not families or set(families) - set(OP_FAMILIES)):
-        raise click.UsageError(f"--only {only!r}: expected some of {', '.join(OP_FAMILIES)}")
+    if families is not None and (not families or set(families) - set(kinds)):
+        raise click.UsageError(f"--only {only!r}: expected some of {', '.join(kinds)}")
     _require_cuda()
     if operators:
-        _operators(ctx, out, repeats, time_budget, engine_settings)
+        _operators(ctx, out, repeats, time_budget, engine_settings, tuple(families or ()))
         return
     from specsim.calibrate import CalibrationGrid, measure
     spec = load_model(model)
@@ -228,7 +232,7 @@ def _require_cuda() -> None:
         raise SpecsimError("--gpu needs a CUDA GPU; none is visible")
 
 
-def _operators(ctx, out, repeats, time_budget, engine_settings) -> None:
+def _operators(ctx, out, repeats, time_budget, engine_settings, only=()) -> None:
     """``--gpu --operators``: the operator grid measured into ``out`` (resumed when there)."""
     from click.core import ParameterSource
 
@@ -239,7 +243,7 @@ def _operators(ctx, out, repeats, time_budget, engine_settings) -> None:
         grid.repeats = repeats
     if time_budget:
         grid.time_budget_s = time_budget
-    table = measure_operators(grid, out, settings=engine_settings)
+    table = measure_operators(grid, out, settings=engine_settings, only=only)
     left = table.provenance.get("groups_left", 0)
     click.echo(f"wrote {len(table.points)} operator points to {out}"
                + (f" ({left} groups not measured: run the same command to resume)"

@@ -6,6 +6,8 @@ GPU side (torch, triton and the engine's kernels; no simpy/plotly). Each operato
 
 - ``gemm``: a bf16 ``nn.Linear`` (cuBLAS, the engine's projections) of ``m`` rows at each
   (n, k) of the grid whose weight fits ``max_weight_bytes``;
+- ``grouped_gemm``: the MoE layers' grouped GEMM (``specsim.engine.model.grouped_mm``) of
+  ``rows`` token-expert pairs spread evenly over ``groups`` experts at each (n, k);
 - ``verify``: ``specsim.kernels.verify_attention`` with its planner's launch (``plan_verify``:
   whole waves and splits over this GPU's multiprocessors) for each head_dim, GQA group, q and
   collection (off; Vegas' summed row; every row), at ``batch·KV heads`` rows and contexts;
@@ -74,11 +76,14 @@ class OperatorGrid:
     elementwise_bytes: list[int] = field(default_factory=lambda: [2**k for k in range(12, 31, 3)])
     selection_policies: list[str] = field(default_factory=lambda: ["vegas", "last-token",
                                                                    "sparsespec", "quest"])
-    selection_lists: list[int] = field(default_factory=lambda: [32, 128, 512])
+    selection_lists: list[int] = field(default_factory=lambda: [32, 128, 512, 2048])
     selection_contexts: list[int] = field(default_factory=lambda: [1024, 4096, 16384, 65536])
     selection_rows: list[int] = field(default_factory=lambda: [3, 9, 16])
     selection_s: float = 0.05
     graph_kernels: list[int] = field(default_factory=lambda: [1, 64, 512])
+    grouped_widths: list[int] = field(default_factory=lambda: [1024, 2048, 4096])
+    grouped_rows: list[int] = field(default_factory=lambda: [8, 64, 512, 4096])
+    grouped_groups: list[int] = field(default_factory=lambda: [8, 32, 128])
     max_cache_bytes: float = 24e9
     repeats: int = 5
     warmup: int = 2
@@ -94,6 +99,7 @@ class OperatorGrid:
                    contexts=[64, 128], selected=[16, 64], elementwise_bytes=[4096, 65536],
                    selection_policies=["vegas", "sparsespec", "quest"], selection_lists=[2, 4],
                    selection_contexts=[64, 128], selection_rows=[3], graph_kernels=[1, 8],
+                   grouped_widths=[64, 128], grouped_rows=[4, 16], grouped_groups=[2, 4],
                    repeats=2, warmup=1, inner=1, graph_inner=2, time_budget_s=None)
 
     def grid_json(self) -> dict:
@@ -197,6 +203,12 @@ def _groups(grid: OperatorGrid):
             if n * k * 2 <= grid.max_weight_bytes:
                 out.append(("gemm", {"n": n, "k": k}, [{"m": m} for m in grid.gemm_m]))
     out.append(("elementwise", {}, [{"bytes": b} for b in grid.elementwise_bytes]))
+    for n in grid.grouped_widths:
+        for k in grid.grouped_widths:
+            at = [{"rows": r, "groups": g} for g in grid.grouped_groups
+                  for r in grid.grouped_rows if g * n * k * 2 <= grid.max_weight_bytes]
+            if at:
+                out.append(("grouped_gemm", {"n": n, "k": k}, at))
     out.append(("graph", {}, [{"kernels": n} for n in grid.graph_kernels]))
     for hd in grid.head_dims:
         for paged in (False, True):
@@ -321,9 +333,16 @@ def resumable(path: str, prov: dict) -> OperatorTable | None:
 
 
 def measure_operators(grid: OperatorGrid, out: str, *, settings: EngineSettings = DEFAULT,
-                      progress: bool = True, device: str | None = None) -> OperatorTable:
+                      progress: bool = True, device: str | None = None,
+                      only: tuple[str, ...] = ()) -> OperatorTable:
     """Measure ``grid`` on ``device`` (default: this machine's GPU, else its CPU) into
-    ``out`` (module doc)."""
+    ``out`` (module doc). ``only``: measure these operators alone, anew: a resumed table drops
+    their points first (after a change to how they are timed or to their grid's axes, which a
+    resume does not revisit) and keeps every other operator's as it is."""
+    unknown = [op for op in only if op not in MEASURES]
+    if unknown:
+        raise SpecsimError(f"unknown operator(s) {', '.join(unknown)}: the operators are "
+                           f"{', '.join(MEASURES)}")
     import torch
 
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -331,12 +350,15 @@ def measure_operators(grid: OperatorGrid, out: str, *, settings: EngineSettings 
     prov = provenance(grid, settings, device)
     prior = resumable(out, prov)
     if prior is not None:
-        points, ceilings = list(prior.points), prior.probe
+        points = [p for p in prior.points if p.op not in only]
+        ceilings = prior.probe
         prov["resumed"] = list(prior.provenance.get("resumed", [])) + [
             prior.provenance.get("date")]
         done = {(p.op, p.key_tuple) for p in points}
         timer.eager = list(prior.provenance.get("timed_eagerly", []))
-        seconds = list(prior.provenance.get("group_seconds", []))
+        seconds = [g for g in prior.provenance.get("group_seconds", []) if g[0] not in only]
+        prov["remeasured"] = list(prior.provenance.get("remeasured", [])) + (
+            [{"operators": list(only), "date": prov.get("date")}] if only else [])
     else:
         points, ceilings, done = [], probe(torch, device, timer, grid), set()
         seconds = []
@@ -354,7 +376,7 @@ def measure_operators(grid: OperatorGrid, out: str, *, settings: EngineSettings 
                              ceilings, list(points))
 
     left = len(todo)
-    for i, (op, key, ats) in enumerate(todo):
+    for i, (op, key, ats) in enumerate(g for g in todo if not only or g[0] in only):
         if grid.time_budget_s and time.perf_counter() - started > grid.time_budget_s:
             print(f"time budget reached: {left} groups left unmeasured", file=sys.stderr)
             break
@@ -401,6 +423,23 @@ def _gemm(torch, device, timer, grid, settings, key, ats):
     for at in ats:
         x = torch.randn(at["m"], key["k"], device=device, dtype=dtype)
         yield at, timer([lambda layer=layer: layer(x) for layer in layers], grid)
+
+
+def _grouped_gemm(torch, device, timer, grid, settings, key, ats):
+    """The engine's MoE grouped GEMM (``specsim.engine.model.grouped_mm``) over ``rows``
+    token-expert pairs spread evenly over ``groups`` experts' weights."""
+    from specsim.engine.model import grouped_mm
+
+    dtype = _dtype(torch, device)
+    for at in ats:
+        rows, groups = int(at["rows"]), int(at["groups"])
+        weights = [torch.randn(groups, key["k"], key["n"], device=device, dtype=dtype)
+                   for _ in range(copies(groups * key["n"] * key["k"] * a_element(dtype), grid))]
+        x = torch.randn(rows, key["k"], device=device, dtype=dtype)
+        per = torch.full((groups,), rows // groups, dtype=torch.int32)
+        per[: rows % groups] += 1
+        ends = torch.cumsum(per, 0, dtype=torch.int32).to(device)
+        yield at, timer([lambda w=w: grouped_mm(x, w, ends) for w in weights], grid)
 
 
 def _elementwise(torch, device, timer, grid, settings, key, ats):
@@ -605,7 +644,8 @@ def _copies(torch, x, grid) -> list:
     return [x] + [x.clone() for _ in range(copies(x.numel() * x.element_size(), grid) - 1)]
 
 
-MEASURES = {"gemm": _gemm, "elementwise": _elementwise, "graph": _graph,
+MEASURES = {"gemm": _gemm, "grouped_gemm": _grouped_gemm, "elementwise": _elementwise,
+            "graph": _graph,
             "kv_append": _kv_append, "verify": _verify, "sparse": _sparse,
             "selection": _selection}
 

@@ -333,8 +333,8 @@ def test_the_sweep_writes_a_table_that_prices_a_model(swept):
     back = read_operator_table(str(path))
     assert back.provenance["complete"] and back.provenance["groups_left"] == 0
     assert back.provenance["engine"]["settings_hash"] == DEFAULT.stable_hash()
-    assert {p.op for p in back.points} == {"gemm", "elementwise", "graph", "kv_append",
-                                            "verify", "sparse", "selection"}
+    assert {p.op for p in back.points} == {"gemm", "grouped_gemm", "elementwise", "graph",
+                                            "kv_append", "verify", "sparse", "selection"}
     assert all(len(p.samples_ms) == 2 for p in back.points)
     tiny = ModelSpec("tiny", "llama", 2, 128, 8, 2, 64, 128, 128,
                      layer_types=("full_attention",) * 2)
@@ -374,6 +374,74 @@ def test_the_sweep_resumes_its_own_table_and_refuses_another(swept, monkeypatch)
     other.repeats = 3
     with pytest.raises(SpecsimError, match=r"measured otherwise \(method\)"):
         S.measure_operators(other, str(path), progress=False)
+
+
+def test_only_remeasures_those_operators_and_keeps_the_others(swept, tmp_path, monkeypatch):
+    import specsim.operator_sweep as S
+
+    path, table = swept
+    copy = tmp_path / "ops.json"
+    copy.write_bytes(path.read_bytes())
+    measured = []
+
+    def fake(torch, device, timer, grid, settings, key, ats):
+        measured.append(key["policy"])
+        return [(at, [1.0, 1.0]) for at in ats]
+
+    monkeypatch.setattr(S, "MEASURES", dict(S.MEASURES, selection=fake))
+    again = S.measure_operators(S.OperatorGrid.tiny(), str(copy), progress=False,
+                                only=("selection",))
+    selections = [g for g in S._groups(S.OperatorGrid.tiny()) if g[0] == "selection"]
+    assert len(measured) == len(selections)
+    assert {p.median_ms for p in again.points if p.op == "selection"} == {1.0}
+    kept = [p.to_json() for p in again.points if p.op != "selection"]
+    assert kept == [p.to_json() for p in table.points if p.op != "selection"]
+    assert again.provenance["remeasured"][-1]["operators"] == ["selection"]
+    assert again.provenance["complete"]
+    with pytest.raises(SpecsimError, match="unknown operator"):
+        S.measure_operators(S.OperatorGrid.tiny(), str(copy), progress=False, only=("moe",))
+
+
+def grouped_ms(n, k, rows, groups):
+    return 0.006 + groups * n * k * 2 / 3e9 + rows * (n + k) * 2 / 3e9
+
+
+def test_an_moe_model_is_priced_by_the_grouped_gemm_where_the_table_has_it():
+    """Routed experts: the grouped GEMM of the token-expert pairs over the touched experts
+    (uniform routing), its weight bytes scaled from the nearest measured widths; without the
+    operator, one GEMM per touched expert."""
+    import dataclasses
+
+    from specsim.costs.operator_file import Point
+
+    moe = dataclasses.replace(SMALL, name="small-moe", num_experts=16, experts_per_token=4,
+                              moe_intermediate_size=512)
+    bare = synthetic_table()
+    table = synthetic_table()
+    for n, k in ((1024, 1024), (1024, 512), (512, 1024)):
+        for groups in (4, 16):
+            for rows in (4, 64, 512):
+                ms = grouped_ms(n, k, rows, groups)
+                table.points.append(Point("grouped_gemm", {"n": n, "k": k},
+                                          {"rows": rows, "groups": groups}, [ms, ms, ms]))
+    grouped = OperatorCostModel(table, moe, HW)
+    parts, _ = grouped.forward_parts([4096] * 2, 1)
+    tokens, a, e = 2, 4, 16
+    touched = e * (1 - (1 - a / e) ** tokens)
+    # gate|up is 2·512 = 1024 wide over k = 1024 (measured): bilinear in (rows, groups)
+    assert "grouped gemm gate_up" in parts and "gemm gate_up" not in parts
+    lo, hi = (grouped_ms(1024, 1024, 4, g) for g in (4, 16))
+    lo64, hi64 = (grouped_ms(1024, 1024, 64, g) for g in (4, 16))
+    w_rows = (8 - 4) / (64 - 4)
+    w_groups = (touched - 4) / (16 - 4)
+    at_rows = lambda a4, a64: (1 - w_rows) * a4 + w_rows * a64   # noqa: E731
+    expected = (1 - w_groups) * at_rows(lo, lo64) + w_groups * at_rows(hi, hi64)
+    assert parts["grouped gemm gate_up"] == pytest.approx(expected / 1e3 * moe.num_layers)
+    assert any("as the engine's grouped GEMM" in w for w in grouped.warnings)
+    loop = OperatorCostModel(bare, moe, HW)
+    parts, _ = loop.forward_parts([4096] * 2, 1)
+    assert "gemm gate_up" in parts and "grouped gemm gate_up" not in parts
+    assert any("the table lacks the engine's grouped GEMM" in w for w in loop.warnings)
 
 
 def test_calibrate_gpu_operators_measures_into_out(tmp_path, monkeypatch):

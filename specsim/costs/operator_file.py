@@ -51,6 +51,9 @@ OPERATORS = {
     "selection": (("policy", "group", "rows"), ("lists", "context")),
     # replay of a CUDA graph holding ``kernels`` minimal kernels, with the host's wait
     "graph": ((), ("kernels",)),
+    # the MoE layers' grouped GEMM (``torch._grouped_mm``): ``rows`` token-expert pairs spread
+    # evenly over ``groups`` experts, each [rows/groups, k] @ [k, n]
+    "grouped_gemm": (("n", "k"), ("rows", "groups")),
 }
 #: Provenance every file carries (a string, a number or null each).
 PROVENANCE_FIELDS = ("gpu", "driver", "cuda", "torch", "triton", "kernel_config_hash",

@@ -8,9 +8,9 @@ table's): one forward pass of ``T = batch·q`` tokens is, per layer,
   matmul and gate|up into one ``2·I`` wide (three and two matmuls when the table's engine does
   not fuse projections), ``o_proj`` (``H·head_dim`` → hidden) and ``down`` (``I`` → hidden);
   MoE layers: the router and, per expert the batch's tokens touch (uniform routing), its
-  gate|up and down GEMMs over its share of the tokens (the engine runs them as one grouped
-  GEMM, which the tables do not hold yet: modelled, with uniform routing as random routers
-  give);
+  gate|up and down GEMMs: the engine's grouped GEMM over the token-expert pairs
+  (``grouped_gemm``), else, in a table without it, each touched expert's GEMM over its share of
+  the tokens; uniform routing, as random routers give;
 - attention: full-attention layers by the verify kernel (q query tokens, collecting what the
   policy collects) over each sequence's context, or by the sparse draft kernel over the
   longest selected list; sliding-window layers by the verify kernel over at most the window;
@@ -190,8 +190,10 @@ class OperatorCostModel:
             out.append(f"{len(eager)} operator(s) timed eagerly, host launches included "
                        f"(e.g. {eager[0]})")
         if m.is_moe:
-            out.append("MoE experts priced as the touched experts' GEMMs one by one (uniform "
-                       "routing); the engine's grouped GEMM is not in the operator tables")
+            out.append("MoE experts priced with uniform routing (random routers' case) "
+                       + ("as the engine's grouped GEMM" if "grouped_gemm" in self.keys else
+                          "as the touched experts' GEMMs one by one: the table lacks the "
+                          "engine's grouped GEMM"))
         return out
 
     # ---- one operator --------------------------------------------------------------------
@@ -290,6 +292,26 @@ class OperatorCostModel:
                          f"shapes' efficiency held")
         return roof * ratio / total, notes
 
+    def grouped_gemm(self, rows: float, groups: float, n: int, k: int
+                     ) -> tuple[float, list[str]]:
+        """The grouped GEMM of ``rows`` token-expert pairs over ``groups`` experts [k, n]:
+        measured at the nearest (n, k) widths (linear between them), scaled by the weight
+        bytes ``groups·n·k`` relative to the measured shape's (its time is the experts'
+        weights read once)."""
+        widths = sorted({w for key in self.keys["grouped_gemm"] for w in key})
+        nn = min(widths, key=lambda w: abs(math.log(w / n)))
+        kk = min(widths, key=lambda w: abs(math.log(w / k)))
+        got = self._at_key("grouped_gemm", (nn, kk), (max(rows, 1.0), max(groups, 1.0)))
+        if got is None:
+            return self._gemm(rows, n, k)[0] * groups, [
+                f"grouped_gemm n={nn} k={kk} not measured: one GEMM per expert"]
+        seconds, notes = got
+        scale = (n * k) / (nn * kk)
+        if (nn, kk) != (n, k):
+            notes = notes + [f"grouped_gemm n={n} k={k} scaled by weight bytes from the "
+                             f"measured n={nn} k={kk}"]
+        return seconds * scale, notes
+
     def _gemm_roof(self, m: float, n: int, k: int) -> float:
         d = self.model.dtype_bytes
         moved = d * (n * k + m * k + m * n)
@@ -342,11 +364,21 @@ class OperatorCostModel:
         if m.is_moe:
             e, a = m.num_experts, m.experts_per_token
             touched = e * (1.0 - (1.0 - a / e) ** tokens)
-            rows = tokens * a / touched
             inter = _mlp_width(m)
             add("gemm router", self.gemm(tokens, e, h), layers)
-            add("gemm gate_up", self.gemm(rows, 2 * inter, h), layers * touched)
-            add("gemm down", self.gemm(rows, h, inter), layers * touched)
+            if "grouped_gemm" in self.keys:
+                # the engine's grouped GEMM over the tokens' top experts (uniform routing),
+                # with the routing, gather and weighted scatter around it
+                pairs = tokens * a
+                add("grouped gemm gate_up", self.grouped_gemm(pairs, touched, 2 * inter, h),
+                    layers)
+                add("grouped gemm down", self.grouped_gemm(pairs, touched, h, inter), layers)
+                routing = tokens * e * 4 * 3 + pairs * h * m.dtype_bytes * 4
+                add("elementwise", self._elementwise(routing), 6 * layers)
+            else:
+                rows = tokens * a / touched
+                add("gemm gate_up", self.gemm(rows, 2 * inter, h), layers * touched)
+                add("gemm down", self.gemm(rows, h, inter), layers * touched)
         elif self.settings.fuse_projections:
             add("gemm gate_up", self.gemm(tokens, 2 * m.intermediate_size, h), layers)
             add("gemm down", self.gemm(tokens, h, m.intermediate_size), layers)
@@ -550,7 +582,8 @@ class _Unmeasured(Exception):
 
 #: Key field names by operator (for notes).
 OP_KEY_NAMES = {
-    "gemm": ("n", "k"), "verify": ("head_dim", "group", "q", "collect"),
+    "gemm": ("n", "k"), "grouped_gemm": ("n", "k"),
+    "verify": ("head_dim", "group", "q", "collect"),
     "sparse": ("head_dim", "group", "per_kv_head"), "kv_append": ("head_dim", "paged"),
     "elementwise": (), "selection": ("policy", "group", "rows"), "graph": (),
 }
