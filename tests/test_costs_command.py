@@ -76,7 +76,8 @@ def expected_source(model, hardware="h200", tp=1, costs="auto"):
     """The source JSON for what the resolver picks."""
     src = resolve_cost_source(load_model(model), load_hardware(hardware), tp=tp, costs=costs)
     return {"kind": src.kind, "note": src.note,
-            "path": display_name(src.path) if src.path else None, "fallback": src.fallback}
+            "path": display_name(src.path) if src.path else None, "fallback": src.fallback,
+            "validated": src.validated}
 
 
 @pytest.mark.parametrize("model, hardware, batch, context, tp, choice", [
@@ -124,12 +125,16 @@ def test_the_source_is_named_in_json_and_in_the_table():
     assert split["source"]["kind"] != "calibration" and split["source"]["fallback"]
     forced = costs_cell("qwen3-8b", 4, 32768, 8, "vegas", costs="roofline")
     assert forced["source"] == {"kind": "roofline", "note": "roofline cost model", "path": None,
-                                "fallback": None}
+                                "fallback": None,
+                                "validated": expected_source("qwen3-8b",
+                                                             costs="roofline")["validated"]}
+    assert forced["source"]["validated"].startswith("no validation run")
     assert "overhead_ms" in forced["plain_step"]
 
     table = CliRunner().invoke(cli, ["costs", "--model", "qwen3-8b", "--batch", "4",
                                      "--context", "32768"]).output.splitlines()
     assert f"costs     {calibrated['source']['note']}" in table
+    assert f"trust     {calibrated['source']['validated']}" in table
     plain = next(x for x in table if x.startswith("plain step (T_ar)"))
     assert plain.split()[3] == f"{calibrated['plain_step']['ms']:.3f}"
     assert any(x.startswith("ms: the calibration's, measured on the GPU") for x in table)

@@ -27,7 +27,7 @@ PATH_FIELDS = {"trace", "plan", "measured", "calibration", "source", "path"}
 RENAMED: dict[str, str] = {}
 
 #: Keys a newer report adds that the golden files predate.
-ADDED = {"schema_version", "worst_cell", "across_setups", "cost_source"}
+ADDED = {"schema_version", "worst_cell", "across_setups", "cost_source", "cost_validation"}
 
 
 def _normalise(value):
