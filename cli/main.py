@@ -174,7 +174,8 @@ def predict(trace_path, fmt, model, hardware, batch, context, tp, k_max, policy,
     from specsim.specs import load_hardware, load_model
 
     trace = load_trace_arg(trace_path, fmt)
-    spec = load_model(defaults.model_for(model, trace.header)[0])
+    model_name, model_reason = defaults.model_for(model, trace.header)
+    spec = load_model(model_name)
     hw = load_hardware(hardware)
     if policy is not None:
         from specsim.policies import get_policy
@@ -192,7 +193,9 @@ def predict(trace_path, fmt, model, hardware, batch, context, tp, k_max, policy,
             report = replace(report, holdout=P.holdout_report(trace, costs, opts, holdout, seed))
         except ValueError as exc:
             raise SpecsimError(str(exc)) from None
-    report = P.describe_setting(report, spec, hw, tp, source.note, source.validated)
+    report = P.describe_setting(report, spec, hw, tp, source.note, source.validated,
+                                costs=costs, trace_header=trace.header,
+                                model_reason=model_reason)
     return _emit_json(report) if as_json else _print_predict(report)
 
 

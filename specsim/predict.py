@@ -438,12 +438,40 @@ def holdout_row(policy: str, tuned: tuple, on_tuning: float, on_evaluation: floa
     return held_out_row(policy, tuned, on_tuning, on_evaluation, own).to_json()
 
 
+#: Words by which a cost note says a price left what was measured.
+OUTSIDE_WORDS = ("outside the measured", "beyond the measured", "below the measured",
+                 "not calibrated", "not measured", "extrapolated")
+
+
 def describe_setting(report: PredictReport, spec, hw, tp: int, costs_note: str,
-                     cost_validation: str | None = None) -> PredictReport:
-    """The report with what it was costed for (model, hardware, tp, cost model) and a note
-    when the batch does not fit in the GPU's memory."""
+                     cost_validation: str | None = None, *, costs: CostModel | None = None,
+                     trace_header: dict | None = None, model_reason: str | None = None
+                     ) -> PredictReport:
+    """The report with what it was costed for (model, hardware, tp, cost model) and notes:
+    the batch does not fit in the GPU's memory; the trace was recorded on another model
+    (``model_reason`` says how the costed model was chosen) or imported with assumptions
+    (its header's ``import_warnings``); the best group's prices left what ``costs`` measured."""
     need = max(spec.memory_bytes(g.contexts, tp) for g in report.groups)
     notes = list(report.notes)
+    header = trace_header or {}
+    notes += [f"import: {w}" for w in header.get("import_warnings") or []]
+    recorded = str(header.get("model") or "")
+    if recorded and recorded.lower() != spec.name.lower():
+        why = f" ({model_reason})" if model_reason else ""
+        notes.append(f"the trace was recorded on '{recorded}' and is costed as {spec.name}"
+                     f"{why}: acceptance is the recorded model's, step times {spec.name}'s")
+    if costs is not None and report.groups:
+        best = max(report.groups, key=lambda g: g.speedup_at_k_star)
+        it = costs.iteration(best.contexts, best.k_star, best.costed_as.s,
+                             best.costed_as.policy)
+        outside = [n for part in (costs.plain_step(best.contexts), it.draft_step, it.verify,
+                                  it.selection) for n in part.notes
+                   if any(w in n for w in OUTSIDE_WORDS)]
+        if outside:
+            shown = list(dict.fromkeys(outside))
+            notes.append("prices outside what the cost source measured (at the best "
+                         "setting): " + "; ".join(shown[:3])
+                         + (f"; and {len(shown) - 3} more" if len(shown) > 3 else ""))
     if need > hw.memory_bytes:
         notes.append(f"the batch does not fit: weights + KV need {need / 1e9:.0f} GB per GPU, "
                      f"{hw.name} has {hw.memory_bytes / 1e9:.0f} GB (lower --batch or raise "

@@ -72,6 +72,8 @@ MUTATIONS = {
     "a row not an object": (lambda d: d["measurements"].append(3), "measurements[" ),
     "a negative sample": (lambda d: d["measurements"][0].update(samples_ms=[-1.0]), "positive"),
     "no samples": (lambda d: d["measurements"][0].update(samples_ms=[]), "samples"),
+    "a sample of 1e300 ms": (lambda d: d["measurements"][0].update(samples_ms=[1e300]),
+                             "at most 60000"),
     "samples not a list": (lambda d: d["measurements"][0].update(samples_ms="1"), "samples"),
     "an unknown op": (lambda d: d["measurements"][0].update(op="prefill"), "prefill"),
     "an unknown overhead": (lambda d: d["measurements"][0].update(op="overhead:draft"),

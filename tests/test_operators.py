@@ -249,6 +249,7 @@ def test_a_table_reads_back_as_written(tmp_path):
     (lambda d: d["points"][0]["key"].pop("n"), r"points\[0\]\.key must hold n, k"),
     (lambda d: d["points"][0]["at"].update(m=-1), r"points\[0\]\.at\.m must be a positive"),
     (lambda d: d["points"][0].update(samples_ms=[]), r"points\[0\]\.samples_ms"),
+    (lambda d: d["points"][0].update(samples_ms=[1e300]), r"samples_ms .* \[0, 60000\] ms"),
     (lambda d: d.update(specsim_operators=2), "expected \"specsim_operators\": 1"),
 ])
 def test_a_bad_table_is_one_line_naming_the_field(tmp_path, change, message):

@@ -161,3 +161,32 @@ def test_json_form_carries_the_schema_version_and_every_field():
     assert "three_step" in by_policy["vegas"] and "three_step" not in by_policy["quest"]
     assert "holdout" not in doc and "model" not in doc
     assert doc["best"]["k"] == r.best.k and doc["notes"] == r.notes
+
+
+def test_predict_notes_what_it_assumed_about_the_trace_and_the_costs(tmp_path):
+    """A trace recorded on another model, its import's assumptions and a calibration of
+    another GPU each leave a note (in --json too)."""
+    import json as _json
+
+    from click.testing import CliRunner
+
+    from specsim.cli.main import cli
+    from specsim.shipped import shipped_path
+
+    def notes(*args):
+        got = CliRunner().invoke(cli, ["predict", "--bootstrap", "50", "--json", *args])
+        assert got.exit_code == 0, got.output
+        doc = _json.loads(got.stdout)
+        return doc["notes"] + [doc["costs"]]
+
+    other = notes("--model", "qwen3-8b")
+    assert any("recorded on 'smollm2-135m' and is costed as qwen3-8b" in n for n in other)
+    assert not any("recorded on" in n for n in notes())
+    gpu = notes("--hardware", "a100-80gb", "--costs",
+                str(shipped_path("models/calibrations/h200/smollm2-135m.json")))
+    assert any("measured on NVIDIA H200, used to price NVIDIA A100" in n for n in gpu)
+    specbench = tmp_path / "answers.jsonl"
+    specbench.write_text(_json.dumps({"question_id": 1, "model_id": "m", "choices": [
+        {"index": 0, "accept_lengths": [1, 3, 2, 4]}]}) + "\n")
+    imported = notes("--trace", str(specbench), "--policy", "vegas", "--sparsity", "0.05")
+    assert any(n.startswith("import: ") and "k" in n for n in imported)

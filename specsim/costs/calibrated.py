@@ -39,7 +39,7 @@ class CalibratedCostModel:
         self.calibration, self.model, self.hardware = calibration, model, hardware
         # the roofline beneath the fits prices Vegas' refresh as the calibrated engine ran it
         self.roofline = RooflineCostModel(model, hardware, tp, c2q=calibration.settings.c2q)
-        self.warnings = provenance_warnings(calibration, model)
+        self.warnings = provenance_warnings(calibration, model, hardware)
         self.overheads = self.roofline.overheads
         self._full = [t == FULL_ATTENTION for t in model.layer_types]
         self.fits: dict[tuple[str, int, float | None], TermFit] = {}

@@ -175,10 +175,12 @@ def _measurement(path, where: str, row) -> Measurement:
                              f"{', '.join(OVERHEAD_OPS)}, overhead:speculative:<policy>)")
         if op.startswith("overhead:speculative:"):
             _policy(path, where, op.split(":", 2)[2])
-        if not all(math.isfinite(v) for v in samples):
-            raise _bad(path, f"{where}: samples must be finite milliseconds")
-    elif not all(math.isfinite(v) for v in samples) or min(samples) <= 0:
-        raise _bad(path, f"{where}: samples must be positive finite milliseconds")
+        if not all(math.isfinite(v) and abs(v) <= MAX_SAMPLE_MS for v in samples):
+            raise _bad(path, f"{where}: samples must be finite milliseconds of at most "
+                             f"{MAX_SAMPLE_MS:g}")
+    elif not all(math.isfinite(v) and 0 < v <= MAX_SAMPLE_MS for v in samples):
+        raise _bad(path, f"{where}: samples must be positive milliseconds of at most "
+                         f"{MAX_SAMPLE_MS:g}")
     if family == "plain" and policy:
         raise _bad(path, f"{where}: unknown op {op!r}")
     if family == "verify" and policy:   # a policy's own verify pass (verify:quest)
@@ -193,6 +195,9 @@ def _measurement(path, where: str, row) -> Measurement:
 
 
 _REQUIRED = object()
+#: The longest time one step may have taken, in milliseconds (a minute: a larger sample is a
+#: unit mistake or a broken file, and would price steps beyond any GPU's).
+MAX_SAMPLE_MS = 60_000.0
 #: The largest batch, context or q a file may hold (positions are int32 on the GPU).
 _MAX_COUNT = 2**31 - 1
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from specsim.atomic import atomic_writer, read_versioned_json
+from specsim.costs.calibration_file import MAX_SAMPLE_MS
 from specsim.errors import SpecsimError
 from specsim.settings import EngineSettings
 
@@ -170,8 +171,9 @@ def _point(path, where: str, row) -> Point:
     samples = row.get("samples_ms")
     if not isinstance(samples, list) or not samples or not all(
             isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
-            and x >= 0 for x in samples):
-        raise _bad(path, f"{where}.samples_ms must be a non-empty list of times ≥ 0")
+            and 0 <= x <= MAX_SAMPLE_MS for x in samples):
+        raise _bad(path, f"{where}.samples_ms must be a non-empty list of times in "
+                         f"[0, {MAX_SAMPLE_MS:g}] ms")
     return Point(op, dict(key), dict(at), [float(x) for x in samples])
 
 

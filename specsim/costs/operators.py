@@ -49,6 +49,7 @@ import numpy as np
 
 from specsim.costs.base import Cost, IterationCost, as_contexts, compose_iteration, memoized
 from specsim.costs.operator_file import OperatorTable
+from specsim.costs.provenance import gpu_mismatch
 from specsim.costs.roofline import RooflineCostModel
 from specsim.errors import SpecsimError
 from specsim.policies import SPARSESPEC_WINDOW, get_policy
@@ -181,6 +182,10 @@ class OperatorCostModel:
         if m.head_dim not in {k[0] for k in self.keys.get("verify", [])}:
             out.append(f"head_dim {m.head_dim} not measured: attention priced as its KV "
                        f"bytes over the probe's copy bandwidth")
+        other = None if self.table.provenance.get("scaled_to") else gpu_mismatch(
+            self.table.provenance.get("gpu"), self.hardware)
+        if other:
+            out.append(f"operator table {other}")
         timing = self.table.provenance.get("timing")
         if timing != "cuda graph replay":
             out.append(f"operators timed by {timing or 'an unrecorded clock'}, not as the "

@@ -65,11 +65,33 @@ def _may_have_a_gpu() -> bool:
             or shutil.which("nvidia-smi") is not None)
 
 
-def provenance_warnings(calibration: Calibration, model: ModelSpec) -> list[str]:
+def gpu_mismatch(measured_on: str | None, hardware) -> str | None:
+    """A warning when a file measured on GPU ``measured_on`` (as torch names it, e.g. 'NVIDIA
+    H200') prices ``hardware`` (a :class:`~specsim.specs.HardwareSpec`) of another kind: the
+    GPU's model names (H200, A100, …) are compared; None when they match or one is unknown."""
+    if not measured_on or hardware is None:
+        return None
+    words = str(measured_on).replace("NVIDIA", "").replace("-", " ").split()
+    if not words:
+        return None
+    family = words[0].upper()
+    names = f"{hardware.name} {hardware.key}".upper().replace("-", " ").split()
+    if family in names:
+        return None
+    return (f"measured on {measured_on}, used to price {hardware.name}: another GPU's "
+            f"measurements")
+
+
+def provenance_warnings(calibration: Calibration, model: ModelSpec, hardware=None
+                        ) -> list[str]:
     """Flags for a calibration used away from where it was measured: by an engine without
-    padded caches, on another model's shapes, on another GPU or torch."""
+    padded caches, on another model's shapes, for another GPU than ``hardware``, on another
+    GPU or torch than this machine's."""
     prov = calibration.provenance
     out = []
+    other = gpu_mismatch(prov.get("gpu"), hardware)
+    if other:
+        out.append(f"calibration {other}")
     if "cache_align" not in calibration.engine:
         # a file without padded caches also lacks per-policy verify rows and the loop
         # overheads measured by the loop's own clock: its speculative overheads run 40–60%

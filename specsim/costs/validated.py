@@ -66,6 +66,12 @@ def shipped_summary() -> dict:
     return json.loads(Path(path).read_text())
 
 
+def _shape(e: dict) -> str:
+    context = "the trace's contexts" if e["context"] is None else \
+        f"{e['context'] // 1024}K" if e["context"] % 1024 == 0 else str(e["context"])
+    return f"batch {e['batch']} x {context}"
+
+
 def _pooled(entries: list[dict]) -> str:
     n = sum(e["configurations"] for e in entries)
     mape = sum(e["mape"] * e["configurations"] for e in entries) / n
@@ -84,8 +90,8 @@ def validation_note(kind: str, model: str, hardware: str | None,
     same = [e for e in entries if e["kind"] == kind and e["hardware"] == hardware]
     own = [e for e in same if e["model"] == model]
     if own:
-        return (f"validated on {hardware} for {model} ({len(own)} setup"
-                f"{'s' if len(own) > 1 else ''}): {_pooled(own)}; VALIDATION.md")
+        return (f"validated on {hardware} for {model} at "
+                f"{', '.join(_shape(e) for e in own)}: {_pooled(own)}; VALIDATION.md")
     if same:
         models = sorted({e["model"] for e in same})
         return (f"this source is validated on {hardware} for {', '.join(models)}, not for "
