@@ -31,7 +31,7 @@ from specsim.errors import SpecsimError
 @click.option("--check", "check_path", type=click.Path(dir_okay=False), default=None,
               help="Held-out check of a calibration file: predict every third interior "
                    "context point of each series from the rest; MAPE and worst case per term.")
-@click.option("--compose", "compose_path", type=click.Path(exists=True, dir_okay=False),
+@click.option("--compose", "compose_path", type=click.Path(dir_okay=False),
               default=None, metavar="TABLE",
               help="With --check: instead of the held-out check, the composition error of "
                    "operator table TABLE against the calibration: every measured step priced "
@@ -130,10 +130,13 @@ def calibrate_cmd(ctx, gpu, operators, check_path, compose_path, merge_paths, re
     if check_path:
         from specsim.costs.calibration_file import read_calibration
         from specsim.costs.held_out import held_out_check
+        from specsim.shipped import resolve
+        check_path = resolve(check_path)       # a shipped calibration by its repository name
         cal = read_calibration(check_path)
         spec = load_model(cal.provenance.get("model") or model)
         if compose_path:
-            _compose(cal, spec, load_hardware(hardware), check_path, compose_path, as_json)
+            _compose(cal, spec, load_hardware(hardware), check_path, resolve(compose_path),
+                     as_json)
             return
         report = held_out_check(cal, spec, load_hardware(hardware))
         if as_json:

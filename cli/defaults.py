@@ -23,7 +23,8 @@ REVIEW_PROXY = "traces/review-proxy-smollm2-135m.json"
 #: The shipped validation runs on the GPU (VALIDATION.md), by (model, hardware): each has
 #: ``models/validation/RUN-plan.json``, ``-measured.json`` and ``-report.json``.
 VALIDATION_RUNS = {("smollm2-135m", "h200"): "h200-smollm2-135m",
-                   ("qwen3-8b", "h200"): "h200-qwen3-8b"}
+                   ("qwen3-8b", "h200"): "h200-qwen3-8b",
+                   ("llama-3.2-3b", "h200"): "h200-llama-3.2-3b"}
 #: The model costed when the trace names none the catalogue has, and the model of commands
 #: without a trace (`specsim costs`).
 FALLBACK_MODEL = "qwen3-8b"

@@ -142,8 +142,10 @@ def predict(trace_path, fmt, model, hardware, batch, context, tp, k_max, policy,
     intervals (bootstrap over requests), the iteration-time split (draft / verify / selection
     / other, ms) and which numbers are extrapolated. Costs come from the calibration shipped
     for MODEL on HARDWARE where there is one (GPU measurements), else from the operator table
-    shipped for HARDWARE, else from the roofline model (measured ceilings where the hardware
-    spec has them); the `costs` line says which priced it, --costs chooses.
+    shipped for HARDWARE (the GPU's measured operators composed for MODEL), else from another
+    GPU's operator table scaled to HARDWARE (flagged SCALED: not validated), else from the
+    roofline model; the `costs` line says which priced it and the `trust` line what the
+    validation runs say of it; --costs chooses.
 
     Without arguments: the shipped SmolLM2-135M trace, costed for SmolLM2-135M on an H200.
 

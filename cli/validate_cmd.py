@@ -1,6 +1,8 @@
 """`specsim validate`: predicted vs measured throughput on the GPU (plan → --gpu → report)."""
 from __future__ import annotations
 
+import os
+
 import click
 
 from specsim.cli import defaults
@@ -37,8 +39,10 @@ def _measured_for(plan_path: str, measured: str | None) -> str:
     :data:`DEFAULT_MEASURED`."""
     if measured:
         return measured
-    if plan_path.replace("\\", "/") in SHIPPED_PLANS:
-        return plan_path[: -len("plan.json")] + "measured.json"
+    if plan_path.endswith("-plan.json"):
+        sibling = plan_path[: -len("plan.json")] + "measured.json"
+        if plan_path.replace("\\", "/") in SHIPPED_PLANS or os.path.exists(sibling):
+            return sibling             # the run's own measurements, beside its plan
     return DEFAULT_MEASURED
 
 

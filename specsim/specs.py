@@ -338,6 +338,8 @@ def load_model(name_or_path: str, dtype_bytes: int = 2) -> ModelSpec:
     if path.is_dir():
         path = path / "config.json"
     if not path.is_file():
+        if name_or_path.endswith(".json") or name_or_path.startswith((".", "/", "~")):
+            raise SpecsimError(f"model config {name_or_path}: no such file")
         candidate = catalog_file(f"{name_or_path.lower()}/config.json")
         name = name_or_path.lower()
         if not candidate.is_file() and name_or_path.count("/") == 1 and \

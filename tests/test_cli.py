@@ -322,3 +322,26 @@ def test_table_cells_and_lines_escape_control_characters():
     assert printable("one\ntwo\tthree") == "one\ntwo\tthree"
     assert error_line("bad\nvalue\x07") == "specsim: error: bad\\nvalue\\x07"
     assert len(error_line("x" * 5000)) < 1100
+
+
+def test_shipped_files_are_found_by_their_repository_names_from_any_folder(tmp_path,
+                                                                           monkeypatch):
+    """The help texts' examples work outside the checkout: calibrate --check and --compose
+    take shipped files by their repository names, a shipped plan given by its full path finds
+    its own measurements, and a missing config path is named as a missing file."""
+    from click.testing import CliRunner
+
+    from specsim.cli.main import cli
+    from specsim.shipped import shipped_path
+
+    monkeypatch.chdir(tmp_path)
+    run = CliRunner().invoke
+    got = run(cli, ["calibrate", "--check", "models/calibrations/h200/qwen3-8b.json",
+                    "--compose", "models/operators/h200.json"])
+    assert got.exit_code == 0, got.output
+    assert "fitted on the calibrations of llama-3.1-8b, qwen3-4b, smollm2-135m" in got.output
+    plan = str(shipped_path("models/validation/h200-qwen3-8b-plan.json"))
+    got = run(cli, ["validate", "report", "--plan", plan])
+    assert got.exit_code == 0 and "qwen3-8b, batch 4, context 32768" in got.output
+    got = run(cli, ["predict", "--model", "nope.json"])
+    assert "model config nope.json: no such file" in str(got.exception)
