@@ -419,7 +419,8 @@ class CostsReport:
     k: int
     s: float
     policy: str
-    source: dict                  # kind, note, path, fallback: see CostSource
+    source: dict                  # kind, note, path, fallback, validated: see CostSource
+    cost_validation: str          # what the shipped validation runs say of that source
     plain_step: OperationCost     # T_ar
     draft_step: OperationCost     # C_d(s)
     verify: OperationCost         # C_v(k + 1)
@@ -506,6 +507,7 @@ def costs(model, hardware, batch, context, k, sparsity, policy, tp, costs_choice
         source={"kind": source.kind, "note": source.note,
                 "path": display_name(source.path) if source.path else None,
                 "fallback": source.fallback, "validated": source.validated},
+        cost_validation=source.validated,
         plain_step=op(plain), draft_step=op(it.draft_step), verify=op(it.verify),
         selection=op(it.selection), iteration_ms=_ms(it.seconds),
         iteration_split_ms={x: _ms(v) for x, v in it.split().items()},

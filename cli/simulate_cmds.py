@@ -109,7 +109,7 @@ def simulate_cmd(trace_path, fmt, arrivals, prompt_tokens, output_tokens, model,
     Prints throughput (tokens/s), tokens per iteration, TTFT/TPOT/latency/queueing
     percentiles (seconds; TPOT in ms), the time split and wasted draft work.
     """
-    from specsim.costs import make_cost_model
+    from specsim.costs import resolve_cost_source
     from specsim.simulator.acceptance_source import make_source
     from specsim.simulator.engine import SimConfig, Simulation
     from specsim.simulator.tuning import make_arrivals
@@ -143,7 +143,8 @@ def simulate_cmd(trace_path, fmt, arrivals, prompt_tokens, output_tokens, model,
             raise SpecsimError(f"'{policy}' records carry no sparsity; cost them with "
                                f"`specsim predict --sparsity` instead")
     try:
-        costs, costs_note = make_cost_model(spec, hw, tp, costs_choice)
+        cost_source = resolve_cost_source(spec, hw, tp, costs_choice)
+        costs, costs_note = cost_source.cost_model, cost_source.note
         source = make_source(acceptance, groups[group_key], k)
     except ValueError as exc:
         raise SpecsimError(str(exc)) from None
@@ -153,6 +154,7 @@ def simulate_cmd(trace_path, fmt, arrivals, prompt_tokens, output_tokens, model,
     result = Simulation(arrival_list, costs, spec, source, cfg, hw.memory_bytes, tp).run()
     report = result.to_json()
     report["costs"] = costs_note
+    report["cost_validation"] = cost_source.validated
     if compare_plain and k_policy != "plain":
         base_cfg = SimConfig("full", 1.0, k=1, k_policy="plain", max_batch=max_batch, seed=seed,
                              memory_budget=cfg.memory_budget, static_batch=static_batch,
@@ -171,6 +173,7 @@ def simulate_cmd(trace_path, fmt, arrivals, prompt_tokens, output_tokens, model,
                f"({k_policy}), max batch {max_batch}, {acceptance} acceptance"
                + ("   [SYNTHETIC trace]" if trace.synthetic else ""))
     echo(f"costs: {costs_note}")
+    echo(f"trust: {cost_source.validated}")
     echo(result.table())
     if "speedup" in report:
         echo(f"plain decoding on the same arrivals: "
@@ -237,8 +240,13 @@ def tune_cmd(trace_path, fmt, arrivals, prompt_tokens, output_tokens, model, har
             swept = sweep(spec, chosen, ks, workers, progress=bar.update)
         except ValueError as exc:
             raise SpecsimError(str(exc)) from None
-    analytical = _analytical_beside(trace, model, hardware, tp, max_batch, swept, costs_choice)
+    from specsim.costs import resolve_cost_source
+    from specsim.specs import load_hardware, load_model
+    cost_source = resolve_cost_source(load_model(model), load_hardware(hardware), tp,
+                                      costs_choice)
+    analytical = _analytical_beside(trace, max_batch, swept, cost_source.cost_model)
     report = summarise(swept, analytical)
+    report["costs"], report["cost_validation"] = cost_source.note, cost_source.validated
     report["workers"] = swept["workers"]
     if holdout is not None:
         from dataclasses import replace
@@ -262,14 +270,11 @@ def tune_cmd(trace_path, fmt, arrivals, prompt_tokens, output_tokens, model, har
     _print_tune(report, trace.synthetic)
 
 
-def _analytical_beside(trace, model, hardware, tp, max_batch, swept, costs_choice) -> dict:
+def _analytical_beside(trace, max_batch, swept, costs) -> dict:
     """The analytical speedup at each policy's simulated optimum, at the maximum batch and at
-    the simulation's mean batch."""
+    the simulation's mean batch, priced by ``costs``."""
     from specsim import predict as P
-    from specsim.costs import make_cost_model
-    from specsim.specs import load_hardware, load_model
 
-    costs, _ = make_cost_model(load_model(model), load_hardware(hardware), tp, costs_choice)
     groups = trace.groups()
     out = {}
     best_rows: dict = {}
@@ -291,6 +296,8 @@ def _analytical_beside(trace, model, hardware, tp, max_batch, swept, costs_choic
 
 def _print_tune(report: dict, synthetic: bool) -> None:
     from specsim.cli.main import _table
+    echo(f"costs: {report['costs']}")
+    echo(f"trust: {report['cost_validation']}")
     _print_tune_grid(report, synthetic, _table)
     if "holdout" in report:
         h = report["holdout"]

@@ -51,3 +51,20 @@ def test_predict_and_costs_print_and_carry_the_note(tmp_path):
     table.write_bytes(shipped_path("models/operators/h200.json").read_bytes())
     mine = resolve_cost_source(spec, hw, costs=str(table))
     assert mine.kind == "operators" and "a file of your own" in mine.validated
+
+
+def test_simulate_tune_and_costs_carry_the_note_in_json():
+    spec, hw = load_model("smollm2-135m"), load_hardware("h200")
+    want = resolve_cost_source(spec, hw).validated
+    sim = CliRunner().invoke(cli, ["simulate", "--arrivals", "poisson:5:8", "--json"])
+    assert sim.exit_code == 0, sim.output
+    assert json.loads(sim.stdout)["cost_validation"] == want
+    costs = CliRunner().invoke(cli, ["costs", "--model", "smollm2-135m", "--json"])
+    assert json.loads(costs.stdout)["cost_validation"] == want
+    trace = str(shipped_path("traces/synthetic-sparse-selfspec.jsonl"))
+    tune = CliRunner().invoke(cli, ["tune", "--trace", trace, "--arrivals", "poisson:5:8",
+                                    "--k", "2", "--workers", "1", "--json"])
+    assert tune.exit_code == 0, tune.output
+    doc = json.loads(tune.stdout)
+    qwen = resolve_cost_source(load_model("qwen3-8b"), hw)
+    assert doc["costs"] == qwen.note and doc["cost_validation"] == qwen.validated
