@@ -413,6 +413,14 @@ def test_compact_numbers():
     assert compact(np.array([1.5, 2.25])) == [1.5, 2.25]
 
 
+def test_the_header_says_how_far_each_cost_source_is_trusted(small_dashboard, model):
+    from specsim.costs import resolve_cost_source
+    costs = [value for name, value in small_dashboard.page.facts if name == "costs"]
+    assert len(costs) == 2
+    for value, hw in zip(costs, ("h200", "a100-80gb")):
+        assert value.endswith(f"trust: {resolve_cost_source(model, load_hardware(hw)).validated}")
+
+
 def test_every_control_combination_has_a_figure(small_dashboard):
     page = small_dashboard.page
     data = page_data(page)

@@ -284,7 +284,8 @@ def build_dashboard(trace: Trace, model: ModelSpec, hardware: Mapping[str, Hardw
         ("costed for", f"{model.name} ({model.param_count() / 1e9:.2f} B params, "
                        f"KV {model.kv_bytes_per_token / 1024:.0f} KiB/token), tp {opts.tp}"),
         *[("costs", f"on {_short_name(hardware[k])}: {sources[k].note} "
-                    f"({'measured' if hardware[k].ceilings_measured else 'datasheet'} ceilings)")
+                    f"({'measured' if hardware[k].ceilings_measured else 'datasheet'} ceilings)"
+                    f"; trust: {sources[k].validated}")
           for k in [opts.hardware] + [k for k in hardware if k != opts.hardware]],
     ]
     warning = ""
