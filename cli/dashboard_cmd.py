@@ -123,7 +123,7 @@ def dashboard_cmd(trace_path, fmt, model, hardware, compare_hardware, batch, bat
                   [trace_path, model, hardware, calibration_path, costs_choice,
                    *compare_hardware.split(",")])
     trace_label = "<stdin>" if trace_path == "-" else trace_path or defaults.TRACE
-    trace = load_trace_arg(trace_path, fmt)
+    trace = load_trace_arg(trace_path, fmt, per_draft=False)
     spec = load_model(defaults.model_for(model, trace.header)[0])
     hw = _hardware_set(hardware, compare_hardware)
     if policy is not None:

@@ -115,15 +115,16 @@ _outside_commands = contextlib.ExitStack()
 atexit.register(_outside_commands.close)
 
 
-def load_trace_arg(path: str | None, fmt: str = "auto"):
+def load_trace_arg(path: str | None, fmt: str = "auto", *, per_draft: bool = True):
     """The trace of a command's ``--trace`` (None: the shipped default trace) in format
     ``fmt`` ('auto' detects it), read through :func:`trace_input`; a stream's trace is named
-    as given."""
+    as given. ``per_draft`` False: the per-draft fields (entropy, accept_prob) are checked but
+    not kept (commands that read only (context, k, m): predict, the dashboard)."""
     from specsim.cli import defaults
     from specsim.traces.importers import load_trace
 
     readable = trace_input(path) if path is not None else defaults.default_trace()
-    trace = load_trace(readable, None if fmt == "auto" else fmt)
+    trace = load_trace(readable, None if fmt == "auto" else fmt, per_draft=per_draft)
     if readable in _STREAM_NAMES:
         trace.path = _STREAM_NAMES[readable]
     return trace

@@ -175,7 +175,7 @@ def predict(trace_path, fmt, model, hardware, batch, context, tp, k_max, policy,
     from specsim.costs import resolve_cost_source
     from specsim.specs import load_hardware, load_model
 
-    trace = load_trace_arg(trace_path, fmt)
+    trace = load_trace_arg(trace_path, fmt, per_draft=False)
     model_name, model_reason = defaults.model_for(model, trace.header)
     spec = load_model(model_name)
     hw = load_hardware(hardware)
