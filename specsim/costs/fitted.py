@@ -88,23 +88,38 @@ def _relative_lstsq(x: np.ndarray, y: np.ndarray) -> np.ndarray:
 def fit_terms(table, others, hardware) -> FittedTerms:
     """Fit on ``others``, a list of (ModelSpec, Calibration) measured on the table's GPU: each
     composed from ``table`` without fitted terms and compared with its measured steps."""
+    return fit_rows([_rows(table, spec, calibration, hardware) for spec, calibration in others])
+
+
+def _rows(table, spec, calibration, hardware) -> tuple:
+    """What one calibration contributes to a fit: (model name, {family: [(measured s,
+    composed s, layers)]}, {overhead kind: [(measured s, batch, q)]})."""
     from specsim.costs.composition import composition_error
     from specsim.costs.operators import OperatorCostModel
 
+    report = composition_error(calibration, OperatorCostModel(table, spec, hardware),
+                               residual=False)
     points: dict[str, list[tuple[float, float, int]]] = {}
+    for row in report["points"]:
+        points.setdefault(family_of(row["op"]), []).append(
+            (row["measured_ms"] / 1e3, row["composed_ms"] / 1e3, spec.num_layers))
     overheads: dict[str, list[tuple[float, int, int]]] = {}
-    names = []
-    for spec, calibration in others:
-        names.append(spec.name)
-        report = composition_error(calibration, OperatorCostModel(table, spec, hardware),
-                                   residual=False)
-        for row in report["points"]:
-            points.setdefault(family_of(row["op"]), []).append(
-                (row["measured_ms"] / 1e3, row["composed_ms"] / 1e3, spec.num_layers))
-        for m in calibration.measurements:
-            if m.op.startswith("overhead:"):
-                overheads.setdefault(m.op.split(":", 1)[1], []).append(
-                    (m.median_ms / 1e3, m.batch, m.q))
+    for m in calibration.measurements:
+        if m.op.startswith("overhead:"):
+            overheads.setdefault(m.op.split(":", 1)[1], []).append(
+                (m.median_ms / 1e3, m.batch, m.q))
+    return spec.name, points, overheads
+
+
+def fit_rows(contributions: list[tuple]) -> FittedTerms:
+    """The terms fitted on the calibrations' contributions (:func:`_rows`), pooled."""
+    points: dict[str, list] = {}
+    overheads: dict[str, list] = {}
+    for _, p, o in contributions:
+        for family, rows in p.items():
+            points.setdefault(family, []).extend(rows)
+        for kind, rows in o.items():
+            overheads.setdefault(kind, []).extend(rows)
     scale, per_layer = {}, {}
     for family, rows in points.items():
         if len(rows) < MIN_POINTS:
@@ -121,7 +136,7 @@ def fit_terms(table, others, hardware) -> FittedTerms:
         y, batch, q = (np.array(c, float) for c in zip(*rows))
         x = np.stack([np.ones_like(y), batch] + ([q] if kind != "plain" else []), axis=1)
         fitted_overhead[kind] = tuple(float(b) for b in _relative_lstsq(x, y))
-    return FittedTerms(tuple(names), scale, per_layer, fitted_overhead)
+    return FittedTerms(tuple(c[0] for c in contributions), scale, per_layer, fitted_overhead)
 
 
 def calibrations_on(hardware_key: str) -> list[Path]:
@@ -161,23 +176,29 @@ class _Holder:
 
 @functools.lru_cache(maxsize=16)
 def _cached_fit(table_stamp, stamp, hardware_key, holder) -> FittedTerms | None:
+    from specsim.errors import SpecsimError
+
+    contributions, skipped = [], []
+    for path, mtime in stamp:
+        try:
+            contributions.append(_cached_rows(table_stamp, path, mtime, hardware_key, holder))
+        except SpecsimError as why:       # a file or model the catalogue cannot read: not used
+            skipped.append(f"{Path(path).name}: {why}")
+    if not contributions:
+        return None
+    return dataclasses.replace(fit_rows(contributions), skipped=tuple(skipped))
+
+
+@functools.lru_cache(maxsize=64)
+def _cached_rows(table_stamp, path, mtime, hardware_key, holder) -> tuple:
+    """One calibration's contribution, composed once per table and file (a process that
+    prices several models fits each on the others' cached rows)."""
     from specsim.costs.calibration_file import read_calibration
     from specsim.specs import load_model
 
-    from specsim.errors import SpecsimError
-
-    others, skipped = [], []
-    for path, _ in stamp:
-        try:
-            calibration = read_calibration(path)
-            name = calibration.provenance.get("model") or Path(path).stem
-            others.append((load_model(name), calibration))
-        except SpecsimError as why:       # a file or model the catalogue cannot read: not used
-            skipped.append(f"{Path(path).name}: {why}")
-    if not others:
-        return None
-    return dataclasses.replace(fit_terms(holder.table, others, holder.hardware),
-                               skipped=tuple(skipped))
+    calibration = read_calibration(path)
+    name = calibration.provenance.get("model") or Path(path).stem
+    return _rows(holder.table, load_model(name), calibration, holder.hardware)
 
 
-__all__ = ["FORMS", "FittedTerms", "family_of", "fit_terms", "fitted_for"]
+__all__ = ["FORMS", "FittedTerms", "family_of", "fit_rows", "fit_terms", "fitted_for"]
