@@ -5,8 +5,9 @@ Two kinds: hypothesis strategies that build valid and broken traces, model confi
 specs, vLLM metric dumps and vLLM per-request statistics; and mutations (truncation, byte flips, JSON type swaps and field
 deletions, Prometheus value swaps) of every file in tests/fixtures/, the first lines of every
 shipped trace, and the shipped model and hardware files, each read by every importer and by
-the model, hardware and arrivals readers. The default run is capped to a few seconds;
-``pytest -m slow tests/test_fuzz_inputs.py`` runs the long one.
+the model, hardware and arrivals readers, and a sample of them through the commands that read
+them (predict, costs: exit code, one error line, nothing written). The default run is capped
+to a few seconds; ``pytest -m slow tests/test_fuzz_inputs.py`` runs the long one.
 """
 import gzip
 import json
@@ -417,6 +418,65 @@ def test_generated_inputs_are_read_or_refused_in_one_line(strategy, check):
     settings(max_examples=SHORT, **FAST)(given(strategy)(check))()
 
 
+# ---- the same mutations through the commands ------------------------------------------------
+#: Commands a mutated file goes through: (its role, the arguments around its path).
+COMMANDS = [("trace", ["predict", "--batch", "4", "--k-max", "4", "--bootstrap", "50",
+                       "--policy", "vegas", "--sparsity", "0.05", "--context", "4096",
+                       "--json", "--trace"]),
+            ("model", ["costs", "--batch", "2", "--context", "4096", "--model"]),
+            ("hardware", ["costs", "--batch", "2", "--context", "4096", "--hardware"])]
+
+
+def run_command(args) -> tuple[int, str]:
+    """(exit code, stderr) of ``main(args)`` in this process, its output discarded."""
+    import contextlib
+    import io
+
+    from specsim.cli.main import main
+
+    err = io.StringIO()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err), \
+            warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        code = main([str(a) for a in args])
+    return code, err.getvalue()
+
+
+def mutate_through_commands(n: int, offset: int) -> int:
+    """Each mutated source through every command of its role: exit 0, or 1/2 with one
+    ``specsim: error:`` line and no traceback; nothing written beside it. Returns the cases."""
+    rng = np.random.default_rng(seed(offset))
+    cases = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, raw in sources():
+            role = "model" if name.endswith("-config.json") else \
+                "hardware" if name.endswith(".json") and b"bandwidth" in raw else "trace"
+            mutated = [*byte_mutations(raw, rng, n), *json_mutations(raw, rng, n)]
+            folder = Path(tmp) / f"{name}.d"
+            folder.mkdir()
+            for case in mutated[:: max(1, len(mutated) // (2 * n))]:
+                p = folder / name
+                p.write_bytes(case)
+                for command_role, args in COMMANDS:
+                    if command_role != role:
+                        continue
+                    code, err = run_command(args + [p])
+                    cases += 1
+                    assert code in (0, 1, 2) and "Traceback" not in err, (name, code, err)
+                    if code:
+                        errors = [x for x in err.splitlines()
+                                  if not x.startswith("specsim: note: ")]
+                        assert len(errors) == 1 and errors[0].startswith("specsim: error: "), \
+                            (name, err)
+                    assert sorted(q.name for q in folder.iterdir()) == [name], name
+                    assert p.read_bytes() == case, name
+    return cases
+
+
+def test_mutated_files_through_the_commands_exit_cleanly_and_write_nothing():
+    assert mutate_through_commands(2, 3) >= 20
+
+
 @pytest.mark.slow
 def test_long_fuzzing(request):
     if "slow" not in (request.config.option.markexpr or ""):
@@ -424,3 +484,4 @@ def test_long_fuzzing(request):
     for strategy, check in CASES:
         settings(max_examples=LONG, **FAST)(given(strategy)(check))()
     mutate_and_read(MUTATIONS_LONG, 2)
+    mutate_through_commands(20, 4)
