@@ -117,7 +117,8 @@ def simulate_cmd(trace_path, fmt, arrivals, prompt_tokens, output_tokens, model,
 
     check_outputs({"--chrome-trace": chrome_trace},
                   [trace_path, model, hardware, costs_choice, arrivals])
-    trace = load_trace_arg(trace_path, fmt)
+    # per-draft fields (entropies) only for the entropy-adaptive k policy that reads them
+    trace = load_trace_arg(trace_path, fmt, per_draft=k_policy == "adaptive")
     groups = trace.groups()
     spec = load_model(defaults.model_for(model, trace.header)[0])
     hw = load_hardware(hardware)
@@ -210,7 +211,8 @@ def tune_cmd(trace_path, fmt, arrivals, prompt_tokens, output_tokens, model, har
     from specsim.traces.importers import load_trace
 
     path = trace_input(trace_path) or _trace_path(None)
-    trace = load_trace(path, None if fmt == "auto" else fmt)
+    trace = load_trace(path, None if fmt == "auto" else fmt,
+                       per_draft=k_policy == "adaptive")
     groups = trace.groups()
     model = defaults.model_for(model, trace.header)[0]
     available = sorted({p for p, s in groups if s is not None})

@@ -58,7 +58,8 @@ def _setup(spec: SweepSpec):
         from specsim.specs import load_hardware, load_model
         from specsim.traces.importers import load_trace
         model, hw = load_model(spec.model), load_hardware(spec.hardware)
-        trace = load_trace(spec.trace_path, spec.trace_format)
+        trace = load_trace(spec.trace_path, spec.trace_format,
+                           per_draft=spec.k_policy == "adaptive")
         if spec.part != "all":
             from specsim.predict import split_trace
             tune, evaluate = split_trace(trace, spec.holdout, spec.holdout_seed)
