@@ -13,3 +13,16 @@ def pytest_configure(config):
     except ImportError:
         return
     torch.set_num_threads(1)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``slow`` run only when ``-m`` selects them (``pytest -m slow``); each has a
+    fast test covering the same behaviour in the default run."""
+    import pytest
+
+    if "slow" in (config.option.markexpr or ""):
+        return
+    skip = pytest.mark.skip(reason="a long case: run with -m slow")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)

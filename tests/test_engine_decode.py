@@ -668,12 +668,15 @@ def test_the_collector_is_paused_while_decoding_and_restored(tiny, ragged, monke
 
 
 @INTERPRETED_ONLY
-@pytest.mark.parametrize("policy", sorted(SMALL))
+@pytest.mark.parametrize("policy", [pytest.param(p, marks=pytest.mark.slow) if p == "quest"
+                                    else p for p in sorted(SMALL)])
 def test_radix_ranking_in_the_engine_gives_the_same_run(tiny, ragged, plain_ragged, policy,
                                                         monkeypatch):
     """The radix ranking (the Triton top-K, and Quest's fused selection; "best" resolves to
     it here as on CUDA) drafts from the same lists as torch.topk: the run is lossless and
-    accepts exactly as the topk run does."""
+    accepts exactly as the topk run does. Quest's case takes about 30 s in the interpreter and
+    runs with -m slow: its fused selection is checked against the torch path in
+    test_kernels_topk, and the engine's radix path by the other policies."""
     from specsim.kernels import selection as S
 
     monkeypatch.setattr(S, "ranking_for", lambda policy, ranking="best", device=None:
