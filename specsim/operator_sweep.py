@@ -27,13 +27,13 @@ CUDA events, divided by ``graph_inner`` (the engine replays its steps as CUDA gr
 launch time between a step's kernels), the calls cycling through copies of their inputs that
 together exceed the L2 cache (``ROTATE_BYTES``: a model's layers each read their own weights and
 KV); a call that cannot be captured is timed eagerly and named in ``provenance.timed_eagerly``.
-The graph point is timed on the host clock. The run writes the
-table after every group (an operator and key), with the seconds each group took
-(``provenance.group_seconds``), and the same command resumes a table it finds (same GPU,
-software, kernels, settings and timing method: a grid that adds groups resumes), measuring only
-the groups it lacks; after ``time_budget_s`` no new group starts. Off CUDA the same code runs on the CPU (fp32, the
-Triton interpreter, the wall clock): with :meth:`OperatorGrid.tiny` it proves the harness and
-the file, not the CPU's speed.
+The graph point is timed on the host clock. The run writes the table after every group (an
+operator and key), with the seconds each group took (``provenance.group_seconds``), and the same
+command resumes a table it finds (same GPU, software, kernels, settings and timing method: a
+grid that adds groups resumes), measuring only the groups it lacks; after ``time_budget_s`` no
+new group starts. Off CUDA the same code runs on the CPU (fp32, the Triton interpreter, the
+wall clock): with :meth:`OperatorGrid.tiny` it proves the harness and the file, not the CPU's
+speed.
 """
 from __future__ import annotations
 
