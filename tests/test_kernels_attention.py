@@ -147,15 +147,23 @@ def test_verify_collect_sum(case, rows):
                                                         collect_rows=plan.collect_rows)
     assert relative_error(out, ref_out) < TOLERANCE
     expected = summed_logits(ref_logits)
+    # the sums' error relative to the size of what they add (a short row's sum of many
+    # heads' logits can cancel to far less than its terms; fp32's error scales with the terms)
+    magnitude = summed_logits(ref_logits.abs())
     assert expected.shape == (batch, 1, 1, max_len)
+
+    def sum_error(b, length):
+        return float((scores[b, :, :, :length] - expected[b, :, :, :length]).norm()
+                     / magnitude[b, :, :, :length].norm())
+
     for b, length in enumerate(lengths):
         assert torch.isfinite(scores[b, :, :, :length]).all()
-        assert relative_error(scores[b, :, :, :length], expected[b, :, :, :length]) < TOLERANCE
+        assert sum_error(b, length) < TOLERANCE
         assert (scores[b, :, :, length:] == 0).all(), "wrote past the length"
     # a second call adds nothing to the first's sums (the call zeroes the row first)
     verify_attention(q, k, v, length_tensor, plan, out=out, logits=scores)
     for b, length in enumerate(lengths):
-        assert relative_error(scores[b, :, :, :length], expected[b, :, :, :length]) < TOLERANCE
+        assert sum_error(b, length) < TOLERANCE
     with pytest.raises(ValueError, match="collect_rows"):
         plan_verify(batch, heads, kv_heads, head_dim, q_len, 64, device=DEVICE,
                     collect_sum=True)
