@@ -96,8 +96,8 @@ from specsim.errors import SpecsimError
 def calibrate_cmd(ctx, gpu, operators, check_path, compose_path, merge_paths, replace_families, keep_other_shapes, exclude_ops,
                   note, model, hardware, batches, contexts, qs, sparsities, policies, repeats,
                   out, time_budget, only, as_json, engine_settings):
-    """Measured cost tables for the calibrated cost model, their held-out check, and the
-    combination of two runs.
+    """Measured cost tables (a model's calibration, a GPU's operator tables), their checks,
+    and the combination of two runs.
 
     \b
     specsim calibrate --gpu --model qwen3-8b --out qwen3-8b.json [--setting c2q=rows]
