@@ -207,8 +207,9 @@ def _compose(cal, spec, hardware, check_path, compose_path, as_json) -> None:
 
     table = read_operator_table(compose_path)
     fitted = fitted_for(table, spec, hardware)
-    alone = composition_error(cal, OperatorCostModel(table, spec, hardware), residual=False)
-    report = composition_error(cal, OperatorCostModel(table, spec, hardware, fitted=fitted))
+    composed = OperatorCostModel(table, spec, hardware, fitted=fitted)
+    alone = composition_error(cal, composed, residual=False)
+    report = composition_error(cal, composed)
     if as_json:
         click.echo(json.dumps({"fitted_on": list(fitted.models) if fitted else [],
                                "operators_alone": alone, "fitted": report}, indent=2))

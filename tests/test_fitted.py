@@ -115,6 +115,12 @@ def test_a_shipped_model_is_never_fitted_on_its_own_calibration():
         assert name not in terms.models and len(terms.models) == 3
         note = resolve_cost_source(load_model(name), h200, costs="operators").note
         assert terms.source in note and f"calibrations of {name}" not in note
+    # a table built in memory (no file to key a cache by) is fitted afresh, to the same terms
+    import copy
+    unnamed = copy.copy(table)
+    unnamed.path = None
+    assert fitted_for(unnamed, load_model("qwen3-8b"), h200) == \
+        fitted_for(table, load_model("qwen3-8b"), h200)
     # a GPU with no calibration fits nothing, and the note says so
     a100 = load_hardware("a100-80gb")
     assert fitted_for(table, load_model("qwen3-8b"), a100) is None

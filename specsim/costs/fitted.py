@@ -156,13 +156,15 @@ def fitted_for(table, model, hardware) -> FittedTerms | None:
     if not paths:
         return None
     stamp = tuple((str(p), os.path.getmtime(p)) for p in paths)
-    table_stamp = (str(getattr(table, "path", None)), id(table) if getattr(table, "path", None)
-                   is None else os.path.getmtime(table.path))
+    if getattr(table, "path", None) is None:      # a table built in memory: fitted afresh
+        return _fit(stamp, lambda path: _rows_of(table, path, hardware))
+    table_stamp = (str(table.path), os.path.getmtime(table.path))
     return _cached_fit(table_stamp, stamp, hardware.key, _Holder(table, hardware))
 
 
 class _Holder:
-    """Carries the table and hardware past the cache's key (compared by the stamps only)."""
+    """Carries the table and hardware past the cache's key, which the table file's and the
+    hardware's stamps identify (every holder compares equal)."""
 
     def __init__(self, table, hardware):
         self.table, self.hardware = table, hardware
@@ -174,14 +176,15 @@ class _Holder:
         return isinstance(other, _Holder)
 
 
-@functools.lru_cache(maxsize=16)
-def _cached_fit(table_stamp, stamp, hardware_key, holder) -> FittedTerms | None:
+def _fit(stamp, rows_of) -> FittedTerms | None:
+    """The terms fitted on the calibrations of ``stamp`` ((path, mtime) each), ``rows_of(path)``
+    giving each one's contribution; one that cannot be read is skipped and named."""
     from specsim.errors import SpecsimError
 
     contributions, skipped = [], []
-    for path, mtime in stamp:
+    for path, _ in stamp:
         try:
-            contributions.append(_cached_rows(table_stamp, path, mtime, hardware_key, holder))
+            contributions.append(rows_of(path))
         except SpecsimError as why:       # a file or model the catalogue cannot read: not used
             skipped.append(f"{Path(path).name}: {why}")
     if not contributions:
@@ -189,16 +192,28 @@ def _cached_fit(table_stamp, stamp, hardware_key, holder) -> FittedTerms | None:
     return dataclasses.replace(fit_rows(contributions), skipped=tuple(skipped))
 
 
+@functools.lru_cache(maxsize=16)
+def _cached_fit(table_stamp, stamp, hardware_key, holder) -> FittedTerms | None:
+    mtimes = dict(stamp)
+    return _fit(stamp, lambda path: _cached_rows(table_stamp, path, mtimes[path],
+                                                 hardware_key, holder))
+
+
 @functools.lru_cache(maxsize=64)
 def _cached_rows(table_stamp, path, mtime, hardware_key, holder) -> tuple:
-    """One calibration's contribution, composed once per table and file (a process that
-    prices several models fits each on the others' cached rows)."""
+    """One calibration's contribution, composed once per table file and calibration file (a
+    process that prices several models fits each on the others' cached rows)."""
+    return _rows_of(holder.table, path, holder.hardware)
+
+
+def _rows_of(table, path, hardware) -> tuple:
+    """:func:`_rows` of the calibration in ``path``, for the catalogue model it names."""
     from specsim.costs.calibration_file import read_calibration
     from specsim.specs import load_model
 
     calibration = read_calibration(path)
     name = calibration.provenance.get("model") or Path(path).stem
-    return _rows(holder.table, load_model(name), calibration, holder.hardware)
+    return _rows(table, load_model(name), calibration, hardware)
 
 
 __all__ = ["FORMS", "FittedTerms", "family_of", "fit_rows", "fit_terms", "fitted_for"]

@@ -254,12 +254,8 @@ class OperatorCostModel:
         """A bf16 GEMM [m, k] @ [k, n]: measured at (n, k), else its roofline over the probe's
         ceilings scaled by the efficiency measured at the nearest measured (n, k) shapes
         (each shape priced once per model: :meth:`_gemm`)."""
-        cache = self.__dict__.setdefault("_gemm_cache", {})
-        key = (float(m), int(n), int(k))
-        if key not in cache:
-            seconds, notes = self._gemm(*key)
-            cache[key] = (seconds, tuple(notes))
-        seconds, notes = cache[key]
+        seconds, notes = memoized(self, ("gemm", float(m), int(n), int(k)),
+                                  lambda: self._gemm(float(m), int(n), int(k)))
         return seconds, list(notes)
 
     def _gemm(self, m: float, n: int, k: int) -> tuple[float, list[str]]:
