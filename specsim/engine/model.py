@@ -17,7 +17,7 @@ Qwen3-MoE layers replace the MLP by routed experts (:class:`MoE`): a router, the
 ``num_experts_per_tok`` experts per token by softmax probability (renormalised with
 ``norm_topk_prob``), and each expert's SwiGLU run as one grouped GEMM over the token-expert pairs
 sorted by expert (``torch._grouped_mm``: static shapes, so a step stays capturable in a CUDA
-graph; every expert's weights are read once whatever the routing, no pair is padded).
+graph; each routed expert's weights are read once, no pair is padded).
 """
 from __future__ import annotations
 
