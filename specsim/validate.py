@@ -402,6 +402,15 @@ def _throughput(gen) -> float:
     return (gen.new_tokens - sum(1 for t in gen.tokens if t)) / loop
 
 
+def machine_probe(torch, device: str) -> dict:
+    """This machine's copy bandwidth and matmul rate, measured as the operator tables' probe
+    is: a run on another start of the machine (which drifts 2–3%) is compared through it."""
+    from specsim.operator_sweep import OperatorGrid, _Timer, probe
+
+    dev = torch.device(device)
+    return probe(torch, dev, _Timer(torch, dev), OperatorGrid())
+
+
 def measure(plan: dict, repeats: int = 2, progress: bool = True, device: str = "cuda") -> dict:
     """Run every configuration of ``plan`` on this machine's GPU."""
     import torch
@@ -415,6 +424,7 @@ def measure(plan: dict, repeats: int = 2, progress: bool = True, device: str = "
     except (RuntimeError, AssertionError):
         out["gpu"] = None
     out["torch"] = torch.__version__
+    out["probe"] = machine_probe(torch, device)
     for entry in plan["setups"]:
         setup = Setup(**entry["setup"])
         config = setup.config()
@@ -771,7 +781,10 @@ def phase_summary(rows: list[dict]) -> dict[str, dict[str, float]] | None:
 
 def markdown(rep: dict, measured: dict) -> str:
     """The tables of VALIDATION.md."""
-    lines = [f"GPU: {measured.get('gpu')}, torch {measured.get('torch')}.", ""]
+    probe = measured.get("probe") or {}
+    lines = [f"GPU: {measured.get('gpu')}, torch {measured.get('torch')}"
+             + (f", copy bandwidth {probe['copy_bandwidth_Bps'] / 1e12:.2f} TB/s"
+                if probe.get("copy_bandwidth_Bps") else "") + ".", ""]
     for item in rep["setups"]:
         st = item["setup"]
         requests = st.get("requests", st["batch"])

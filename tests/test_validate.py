@@ -126,6 +126,9 @@ def test_plan_then_cpu_measurement_round_trip(tmp_path, tiny):
     # forced sequences all run the same iterations: the steady window is the whole loop
     assert row["steady_iterations"] == row["iterations"] == len(cfg["forced"][0]["m"])
     assert row["tokens_per_second_whole_run"] > 0
+    # the machine's copy bandwidth, to compare runs on different starts of a machine
+    assert got["probe"]["copy_bandwidth_Bps"] > 0
+    assert "copy bandwidth" in V.markdown(V.report(plan, got), got)
     # the plan's phase split adds up to its prediction; the report sets the measured one
     # beside it, the measured phases adding up to the loop's time per iteration
     split = cfg["split_predicted_ms"]
