@@ -24,6 +24,35 @@ def parse_ints(text: str, option: str, low: int = 1) -> list[int]:
     return sorted(out)
 
 
+def parse_shapes(text: str, option: str = "--shapes", low_context: int = 256
+                 ) -> list[tuple[int, int]]:
+    """Comma-separated BATCHxCONTEXT pairs (``8x32768``; ``k``/``K`` after the context means
+    ×1024: ``4x64k``), each once, in the order given; anything else is one line."""
+    out: list[tuple[int, int]] = []
+    for item in (x.strip() for x in text.split(",")):
+        if not item:
+            continue
+        parts = item.lower().split("x")
+        try:
+            if len(parts) != 2:
+                raise ValueError
+            context = parts[1]
+            scale = 1024 if context.endswith("k") else 1
+            pair = (int(parts[0]), int(context.rstrip("k")) * scale)
+        except ValueError:
+            raise SpecsimError(f"{option}: '{item}' is not BATCHxCONTEXT (e.g. 8x32768 or "
+                               f"4x64k)") from None
+        if pair[0] < 1:
+            raise SpecsimError(f"{option}: '{item}': the batch is below 1")
+        if pair[1] < low_context:
+            raise SpecsimError(f"{option}: '{item}': the context is below {low_context}")
+        if pair not in out:
+            out.append(pair)
+    if not out:
+        raise SpecsimError(f"{option}: give one or more BATCHxCONTEXT pairs, comma-separated")
+    return out
+
+
 def parse_sparsities(text: str, option: str = "--s") -> list[float]:
     """Comma-separated fractions of the context kept, in (0, 1], sorted, each once."""
     out = set()

@@ -8,7 +8,7 @@ import click
 from specsim.cli import defaults
 from specsim.cli.files import check_outputs
 from specsim.cli.gpu import require_gpu_packages
-from specsim.cli.lists import parse_ints, parse_names, parse_sparsities
+from specsim.cli.lists import parse_ints, parse_names, parse_shapes, parse_sparsities
 from specsim.cli.terminal import echo
 from specsim.errors import SpecsimError
 
@@ -46,13 +46,13 @@ def _measured_for(plan_path: str, measured: str | None) -> str:
     return DEFAULT_MEASURED
 
 
-#: The shipped setups, the plan without --model, --batch, --context, --ks or --mode: a forced
-#: setup (random weights at the model's shapes, the trace's accepted lengths replayed) and a
-#: free-running one (real weights, the trace's own model and prompts).
+#: The shipped setups, the plan without --model, --batch, --context, --shapes, --ks or --mode:
+#: a forced setup (random weights at the model's shapes, the trace's accepted lengths replayed)
+#: and a free-running one (real weights, the trace's own model and prompts).
 FORCED_MODEL, FORCED_BATCH, FORCED_CONTEXT = "qwen3-8b", 4, 32768
 K_FORCED, K_FREE = "2,4,8,12", "2,4,8,12,15"
 #: Options that ask for setups of their own; options only the shipped setups take.
-SETUP_OPTIONS = ("model", "batch", "context", "ks", "mode")
+SETUP_OPTIONS = ("model", "batch", "context", "shapes", "ks", "mode")
 SHIPPED_ONLY = {"k_forced": "--k-forced", "k_free": "--k-free", "batch_free": "--batch-free",
                 "no_free": "--no-free"}
 
@@ -103,8 +103,9 @@ def default_setups(policies, ks_forced, ks_free, ss, batch_free, context, weight
 
 
 def requested_setups(model, batches, contexts, mode, policies, ks, ss, weights, prompts_file,
-                     requests, prompt_ids, trace_model):
-    """Exactly the setups asked for: one per (batch, context) of ``model`` (a catalogue name
+                     requests, prompt_ids, trace_model, shapes=None):
+    """Exactly the setups asked for: one per (batch, context) of ``model`` (each pair of
+    ``shapes``, else every batch with every context; a catalogue name
     or a config.json path, whose config the plan then carries), forced, or free-running where
     the model is the trace's own (``trace_model``), one per batch."""
     from pathlib import Path
@@ -123,15 +124,16 @@ def requested_setups(model, batches, contexts, mode, policies, ks, ss, weights, 
             raise SpecsimError(f"free-running setups decode the trace's own model "
                                f"({trace_model}) with its real weights and recorded prompts; "
                                f"{model} runs forced (--mode forced)")
-        if contexts is not None:
-            raise SpecsimError("--context sets forced setups' prompts; free-running setups "
+        if contexts is not None or shapes:
+            raise SpecsimError("--context and --shapes set forced setups' prompts; free-running setups "
                                "decode the prompt-id file's prompts (--prompts) at their own "
                                "lengths")
         return [free_setup(f"{spec.name}-b{b}-free", spec.name, b, policies, ks, ss, weights,
                            prompts_file, requests, prompt_ids) for b in batches]
+    pairs = shapes or [(b, c) for b in batches for c in contexts or [FORCED_CONTEXT]]
     return [Setup(f"{spec.name}-b{b}-{_label(c)}", spec.name, "forced", b, policies, ks, ss,
                   context=c, model_config=config)
-            for b in batches for c in contexts or [FORCED_CONTEXT]]
+            for b, c in pairs]
 
 
 @click.group("validate", invoke_without_command=True)
@@ -181,16 +183,19 @@ def validate_cmd(ctx, gpu, plan_path, out, repeats, setups, policies):
 @click.option("--model", default=None,
               help="Catalogue name (see `specsim models`), path to a config.json, or a "
                    "Hugging Face id in the local hub cache: the plan "
-                   "holds exactly the setups of --model, --batch, --context and --mode asked "
+                   "holds exactly the setups of --model, --batch, --context, --shapes and --mode asked "
                    f"for, those not given taken from the shipped forced setup ({FORCED_MODEL}, "
                    f"batch {FORCED_BATCH}, context {FORCED_CONTEXT}, k {K_FORCED}). Without "
-                   "any of --model, --batch, --context, --ks, --mode: the shipped setups "
+                   "any of --model, --batch, --context, --shapes, --ks, --mode: the shipped setups "
                    f"(that forced one and SmolLM2-135M free-running).")
 @click.option("--batch", "batch_text", default=None,
               help=f"Slots, comma-separated (one setup each). Default: {FORCED_BATCH}.")
 @click.option("--context", "context_text", default=None,
               help="Prompt length of forced setups, comma-separated (one setup each), at "
                    f"least 256. Default: {FORCED_CONTEXT}.")
+@click.option("--shapes", "shapes_text", default=None,
+              help="BATCHxCONTEXT pairs of forced setups, comma-separated (one setup each, "
+                   "e.g. 16x8k,4x64k), instead of every --batch with every --context.")
 @click.option("--ks", "ks_text", default=None,
               help=f"Draft lengths, comma-separated. Default: {K_FORCED} forced, {K_FREE} free.")
 @click.option("--mode", type=click.Choice(["forced", "free"]), default=None,
@@ -231,7 +236,7 @@ def validate_cmd(ctx, gpu, plan_path, out, repeats, setups, policies):
               help="Replace an existing plan file (a plan is the record of what was predicted "
                    "before its runs: by default it is never overwritten).")
 @click.pass_context
-def plan_cmd(ctx, model, batch_text, context_text, ks_text, mode, costs, trace_path, hardware,
+def plan_cmd(ctx, model, batch_text, context_text, shapes_text, ks_text, mode, costs, trace_path, hardware,
              policies, ss, k_forced, k_free, batch_free, requests_free, weights, prompts_file,
              no_free, out, force):
     """Predict every configuration before the GPU runs it.
@@ -255,14 +260,14 @@ def plan_cmd(ctx, model, batch_text, context_text, ks_text, mode, costs, trace_p
     from specsim.validate import build_plan, repo_file, write_json
     given = {name for name in ctx.params
              if ctx.get_parameter_source(name) != ParameterSource.DEFAULT}
-    requested = {"model": model, "batch": batch_text, "context": context_text, "ks": ks_text,
-                 "mode": mode}
+    requested = {"model": model, "batch": batch_text, "context": context_text,
+                 "shapes": shapes_text, "ks": ks_text, "mode": mode}
     custom = any(requested[name] is not None for name in SETUP_OPTIONS)
     if custom:
         clash = [flag for name, flag in SHIPPED_ONLY.items() if name in given]
         if clash:
             raise SpecsimError(f"{clash[0]} describes the shipped setups; with --model, "
-                               f"--batch, --context, --ks or --mode the plan holds only the "
+                               f"--batch, --context, --shapes, --ks or --mode the plan holds only the "
                                f"setups asked for (draft lengths: --ks)")
     names = parse_names(policies, "--policies")
     sparsities = parse_sparsities(ss, "--s")
@@ -273,8 +278,12 @@ def plan_cmd(ctx, model, batch_text, context_text, ks_text, mode, costs, trace_p
     # the acceptance it is predicted from is that of its own workload
     recorded = {r.prompt_id for (p, s), g in groups.items() if p in names and s in sparsities
                 for r in g.requests if r.prompt_id} or None
+    if shapes_text and (batch_text or context_text):
+        raise SpecsimError("--shapes names each setup's batch and context: give it or "
+                           "--batch/--context, not both")
     if custom:
         contexts = parse_ints(context_text, "--context", low=256) if context_text else None
+        shapes = parse_shapes(shapes_text) if shapes_text else None
         free = mode == "free"
         trace_model = str(trace.header.get("model") or "").lower()
         setups = requested_setups(
@@ -282,7 +291,7 @@ def plan_cmd(ctx, model, batch_text, context_text, ks_text, mode, costs, trace_p
             parse_ints(batch_text, "--batch") if batch_text else [FORCED_BATCH], contexts,
             mode or "forced", names, parse_ints(ks_text or (K_FREE if free else K_FORCED),
                                                 "--ks"),
-            sparsities, weights, prompts_file, requests_free, recorded, trace_model)
+            sparsities, weights, prompts_file, requests_free, recorded, trace_model, shapes)
     else:
         setups = default_setups(names, parse_ints(k_forced, "--k-forced"),
                                 parse_ints(k_free, "--k-free"), sparsities, batch_free,

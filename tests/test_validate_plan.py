@@ -103,6 +103,11 @@ def test_plan_holds_exactly_the_setups_asked_for(tmp_path):
         b, c = entry["setup"]["batch"], entry["setup"]["context"]
         for cfg in entry["configs"]:
             assert cfg["predict"] == pytest.approx(_priced(roofline, cfg, b, c), rel=1e-12)
+    # --shapes: one setup per pair, in the order given, not every batch with every context
+    plan, _ = _plan(tmp_path, "--model", "qwen3-4b", "--shapes", "4x8k, 2x4096,4x8192",
+                    "--policies", "vegas", "--s", "0.05", "--ks", "2", "--costs", "roofline")
+    assert [(e["setup"]["batch"], e["setup"]["context"]) for e in plan["setups"]] == [
+        (4, 8192), (2, 4096)]
     # a calibrated model under --costs calibrated: its calibration file, named and hashed
     plan, _ = _plan(tmp_path, "--model", "qwen3-8b", "--context", "8192", "--policies",
                     "vegas", "--s", "0.05", "--ks", "2", "--costs", "calibrated")
@@ -198,10 +203,14 @@ def _one_line_error(capsys, *args):
     (["--model", "llama-3.2-3b", "--s", "2"], "--s: 2 is not a fraction in (0, 1]"),
     (["--model", "llama-3.2-3b", "--policies", "vegas,medusa"], "unknown policy 'medusa'"),
     (["--model", "llama-3.2-3b", "--mode", "free"], "llama-3.2-3b runs forced"),
-    (["--mode", "free", "--context", "1024"], "--context sets forced setups' prompts"),
+    (["--mode", "free", "--context", "1024"], "--context and --shapes set forced setups'"),
     (["--model", "llama-3.2-3b", "--k-forced", "2"], "--k-forced describes the shipped setups"),
     (["--context", "128"], "--context: 128 is below 256"),
     (["--batch", "four"], "--batch: 'four' is not an integer"),
+    (["--shapes", "4x8k", "--batch", "2"], "give it or --batch/--context, not both"),
+    (["--shapes", "4*8k"], "--shapes: '4*8k' is not BATCHxCONTEXT"),
+    (["--shapes", "4x100"], "--shapes: '4x100': the context is below 256"),
+    (["--mode", "free", "--shapes", "4x1024"], "--context and --shapes set forced setups'"),
 ])
 def test_bad_input_is_one_line(capsys, args, says):
     assert says in _one_line_error(capsys, *args)
@@ -250,6 +259,33 @@ def test_parse_ints_refuses_a_bad_item_in_one_line(good, bad):
         C.parse_ints(",".join([*map(str, good), bad]), "--ks")
     message = str(err.value)
     assert message.startswith("--ks: ") and "\n" not in message and bad.strip() in message
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 4096), st.integers(256, 2**22)), min_size=1,
+                max_size=6), st.randoms())
+def test_parse_shapes_reads_pairs_in_order_once_each(pairs, rnd):
+    """BATCHxCONTEXT in either case, a context in k (×1024) where it divides, spaces and
+    repeats: the distinct pairs come back in the order first given."""
+    def spell(b, c):
+        context = f"{c // 1024}{rnd.choice('kK')}" if c % 1024 == 0 and rnd.random() < 0.5 \
+            else str(c)
+        return f"{' ' * rnd.randint(0, 2)}{b}{rnd.choice('xX')}{context} "
+    items = [spell(b, c) for b, c in pairs + rnd.sample(pairs, rnd.randint(0, len(pairs)))]
+    assert C.parse_shapes(",".join(items)) == list(dict.fromkeys(pairs))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.text("0123456789xk,. -", max_size=12))
+def test_parse_shapes_reads_or_refuses_in_one_line(text):
+    """Any text: pairs of a batch of at least 1 and a context of at least 256, or one line
+    naming the option."""
+    try:
+        got = C.parse_shapes(text)
+    except SpecsimError as err:
+        assert str(err).startswith("--shapes: ") and "\n" not in str(err)
+    else:
+        assert got and all(b >= 1 and c >= 256 for b, c in got)
 
 
 @settings(max_examples=60, deadline=None)
