@@ -81,7 +81,7 @@ class OperatorGrid:
     selection_rows: list[int] = field(default_factory=lambda: [3, 9, 16])
     selection_s: float = 0.05
     graph_kernels: list[int] = field(default_factory=lambda: [1, 64, 512])
-    grouped_widths: list[int] = field(default_factory=lambda: [1024, 2048, 4096])
+    grouped_widths: list[int] = field(default_factory=lambda: [512, 1024, 2048, 4096, 8192])
     grouped_rows: list[int] = field(default_factory=lambda: [8, 64, 512, 4096])
     grouped_groups: list[int] = field(default_factory=lambda: [8, 32, 128])
     max_cache_bytes: float = 24e9
