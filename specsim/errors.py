@@ -2,8 +2,8 @@
 
 Every error about an input file (:class:`InputError` and its subclasses) carries the file, the
 line and the field it concerns as attributes (``path``, ``line``, ``field``, ``reason``) and
-reads ``FILE:LINE: field 'FIELD': REASON``; a bad value is quoted through :func:`quote`, which
-keeps at most :data:`QUOTE_CHARS` characters of it.
+reads ``FILE:LINE: FIELD: REASON``, where a bad value's reason reads ``expected …, got …``; the
+value is quoted through :func:`quote`, which keeps at most :data:`QUOTE_CHARS` characters of it.
 """
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ class InputError(SpecsimError):
         prefix = f"{where}: " if where else ""
         shown = field if field is None or len(field) <= 5 * QUOTE_CHARS else (
             f"{field[:5 * QUOTE_CHARS - 1]}…")
-        field_part = f"field '{shown}': " if field else ""
+        field_part = f"{shown}: " if field else ""
         super().__init__(one_line(f"{prefix}{field_part}{message}"))
 
 

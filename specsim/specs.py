@@ -219,7 +219,7 @@ def model_spec_from_config(config: dict, name: str = "custom", dtype_bytes: int 
         if isinstance(value, bool) or not isinstance(value, int):
             fail(key, f"expected a whole number, got {quote(given)}")
         if not minimum <= value <= bound:
-            fail(key, f"must lie in {minimum}..{bound}, got {quote(given)}")
+            fail(key, f"expected {minimum}..{bound}, got {quote(given)}")
         return value
 
     def need(*keys, minimum: int = 1) -> int:
@@ -475,7 +475,7 @@ def hardware_from_dict(d: dict, name: str, *, path: str | None = None,
             fail(prefix + key, f"expected a number, got {quote(value)}")
         unit, bound = HARDWARE_FIELDS[key]
         if not (0 < value <= bound and math.isfinite(value)):
-            fail(prefix + key, f"must lie in (0, {bound:g}], got {quote(value)}")
+            fail(prefix + key, f"expected a value in (0, {bound:g}], got {quote(value)}")
         return float(value) * unit
 
     if not isinstance(d, dict):
@@ -493,13 +493,13 @@ def hardware_from_dict(d: dict, name: str, *, path: str | None = None,
             fail(f"overheads_s.{key}", f"unknown overhead; known: {', '.join(known)}")
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
                 0 <= value <= MAX_OVERHEAD_S and math.isfinite(value)):
-            fail(f"overheads_s.{key}", f"must be a number of seconds in [0, {MAX_OVERHEAD_S:g}]"
+            fail(f"overheads_s.{key}", f"expected a number of seconds in [0, {MAX_OVERHEAD_S:g}]"
                                        f", got {quote(value)}")
         times[key] = float(value)
     sms = d.get("multiprocessors")
     if sms is not None and (isinstance(sms, bool) or not isinstance(sms, int)
                             or not 1 <= sms <= MAX_MULTIPROCESSORS):
-        fail("multiprocessors", f"must be an integer in 1..{MAX_MULTIPROCESSORS}, "
+        fail("multiprocessors", f"expected an integer in 1..{MAX_MULTIPROCESSORS}, "
                                 f"got {quote(sms)}")
     measured_bandwidth = (number(measured, "memory_bandwidth_TBps", "measured.", False)
                           if measured.get("memory_bandwidth_TBps") else None)

@@ -35,7 +35,7 @@ def where(excinfo, path, line, field_part):
     assert e.path == str(path)
     assert e.line == line
     assert e.field is not None and field_part in e.field
-    assert str(e).startswith(f"{path}:{line}: field '")
+    assert str(e).startswith(f"{path}:{line}: {e.field}: ")    # FILE:LINE: FIELD: REASON
     assert field_part in str(e)
 
 
@@ -772,7 +772,7 @@ def test_corrupted_input_is_a_trace_or_one_line_naming_the_problem(data):
             assert "\n" not in text and exc.path == str(path) and text.startswith(f"{path}")
             assert exc.line is None or 1 <= exc.line <= lines
             assert exc.line is None or text.startswith(f"{path}:{exc.line}: ")
-            assert exc.field is None or f"field '{exc.field}'" in text
+            assert exc.field is None or f"{exc.field}: " in text
             return
         # what an importer accepts is a valid native trace: written and read back unchanged
         out = path.with_name("native.jsonl")

@@ -222,7 +222,7 @@ class _Checker:
         if value is None:
             if nullable or optional:
                 return None
-            self.fail(key, "must not be null")
+            self.fail(key, "expected a value, got null")
         allowed = kinds if isinstance(kinds, tuple) else (kinds,)
         if isinstance(value, bool) and bool not in allowed:
             self.fail(key, f"expected {_kind_name(kinds)}, got a boolean")
@@ -252,22 +252,22 @@ class _Checker:
             if isinstance(v, bool) or not isinstance(v, int):
                 self.fail(f"{key}[{i}]", f"expected an integer, got {quote(v)}")
             if v < minimum:
-                self.fail(f"{key}[{i}]", f"must be ≥ {minimum}, got {quote(v)}")
+                self.fail(f"{key}[{i}]", f"expected ≥ {minimum}, got {quote(v)}")
             if v > maximum:
-                self.fail(f"{key}[{i}]", f"must be ≤ {maximum}, got {quote(v)}"
+                self.fail(f"{key}[{i}]", f"expected ≤ {maximum}, got {quote(v)}"
                           + (f" (the longest draft specsim models is k = {MAX_K})"
                              if maximum == MAX_K else ""))
 
     def sparsity(self, obj: dict):
         s = self.get(obj, "s", (int, float), nullable=True)
         if s is not None and not (0.0 < s <= 1.0 and math.isfinite(s)):
-            self.fail("s", f"sparsity ratio must lie in (0, 1], got {quote(s)}")
+            self.fail("s", f"expected a sparsity ratio in (0, 1], got {quote(s)}")
         return None if s is None else float(s)
 
     def policy(self, obj: dict):
         policy = self.get(obj, "policy", str)
         if not policy.strip():
-            self.fail("policy", "must not be empty")
+            self.fail("policy", "expected a policy name, got an empty string")
         return policy
 
     def per_draft(self, obj: dict, key: str, k: np.ndarray, lo: float, hi: float):
@@ -358,16 +358,16 @@ def parse_record(obj, path: str | None, line: int, *, per_draft: bool = True
     if kind == "histogram":
         k = c.get(obj, "k", int)
         if k < 1:
-            c.fail("k", f"must be ≥ 1, got {quote(k)}")
+            c.fail("k", f"expected ≥ 1, got {quote(k)}")
         if k > MAX_K:
-            c.fail("k", f"must be ≤ {MAX_K}, got {quote(k)} (the longest draft specsim models "
+            c.fail("k", f"expected ≤ {MAX_K}, got {quote(k)} (the longest draft specsim models "
                         f"is k = {MAX_K})")
         counts = c.int_array(obj, "counts", minimum=0, length=k + 1)
         if counts.sum() == 0:
             c.fail("counts", "histogram is empty (all counts 0)")
         context = c.get(obj, "context", (int, float), optional=True)
         if context is not None and not (math.isfinite(context) and context >= 1):
-            c.fail("context", f"must be ≥ 1, got {quote(context)}")
+            c.fail("context", f"expected ≥ 1, got {quote(context)}")
         return HistogramTrace(rid, policy, s, int(k), counts,
                               None if context is None else float(context))
     c.fail("type", f"unknown record type {quote(kind)}; expected 'request' or 'histogram'")

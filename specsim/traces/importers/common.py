@@ -111,7 +111,7 @@ class FieldReader:
         if isinstance(value, bool) or not isinstance(value, int):
             self.fail(field, f"expected an integer, got {quote(value)}")
         if value < minimum:
-            self.fail(field, f"must be ≥ {minimum}, got {quote(value)}")
+            self.fail(field, f"expected ≥ {minimum}, got {quote(value)}")
         if value > MAX_INT:
             self.fail(field, f"implausibly large ({quote(value)} > {MAX_INT})")
         return value

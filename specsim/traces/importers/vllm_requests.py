@@ -102,7 +102,7 @@ class _RequestLine(FieldReader):
         places = [(prefix, stats), ("", obj)] if prefix else [("", obj)]
         self.k_field, self.k = self.first_int(places, _K_NAMES, minimum=1)
         if self.k is not None and self.k > MAX_K:
-            self.fail(self.k_field, f"must be ≤ {MAX_K} (the longest draft specsim models), "
+            self.fail(self.k_field, f"expected ≤ {MAX_K} (the longest draft specsim models), "
                                     f"got {quote(self.k)}")
         self.steps_field, self.steps = self.first_int(places, _STEPS_NAMES)
         self.accepted_field, self.accepted = self.first_int(places, _ACCEPTED_NAMES)
