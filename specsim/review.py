@@ -96,18 +96,19 @@ def read_proxy(path: str | os.PathLike) -> dict:
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise SpecsimError(f"{path}: not JSON ({exc})") from None
     if not isinstance(data, dict) or data.get("specsim_proxy") != PROXY_VERSION:
-        raise SpecsimError(f"{path}: not a specsim proxy-check file (field 'specsim_proxy' "
-                           f"must be {PROXY_VERSION})")
+        raise SpecsimError(f"{path}: not a specsim proxy-check file (specsim_proxy: "
+                           f"expected {PROXY_VERSION})")
     for name in ("model", "runs", "num_layers", "distance_bands", "recent", "context_bins"):
         if name not in data:
-            raise SpecsimError(f"{path}: field '{name}' is missing")
+            raise SpecsimError(f"{path}: {name}: expected a value, got none (missing)")
     if not isinstance(data["runs"], list) or not data["runs"]:
-        raise SpecsimError(f"{path}: field 'runs' must be a non-empty list")
+        raise SpecsimError(f"{path}: runs: expected a non-empty list")
     needed = ("rule", "k", "s", "prompt", "iterations", "accepted", "proxy")
     for i, run in enumerate(data["runs"]):
         missing = [n for n in needed if n not in run]
         if missing:
-            raise SpecsimError(f"{path}: runs[{i}] lacks field '{missing[0]}'")
+            raise SpecsimError(f"{path}: runs[{i}].{missing[0]}: expected a value, got "
+                                   f"none (missing)")
         if run["rule"] not in RULES:
             raise SpecsimError(f"{path}: runs[{i}].rule is '{run['rule']}', expected one of "
                                f"{', '.join(RULES)}")

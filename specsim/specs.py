@@ -462,14 +462,14 @@ def hardware_from_dict(d: dict, name: str, *, path: str | None = None,
     where = path or f"hardware '{name}'"
 
     def fail(key: str | None, message: str):
-        raise SpecFileError(message, path=where, line=key_line(text, key) if key else 1,
+        raise SpecFileError(message, path=where, line=(key_line(text, key) if key else 1) or 1,
                             field=key)
 
     def number(obj: dict, key: str, prefix: str = "", required: bool = True):
         value = obj.get(key)
         if value is None:
             if required:
-                fail(None, f"missing field '{prefix}{key}'")
+                fail(prefix + key, "expected a value, got none (missing)")
             return None
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             fail(prefix + key, f"expected a number, got {quote(value)}")

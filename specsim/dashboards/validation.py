@@ -28,7 +28,7 @@ from typing import Callable
 
 import numpy as np
 
-from specsim.errors import SpecsimError
+from specsim.errors import SpecsimError, quote
 from specsim.specs import HardwareSpec, ModelSpec
 
 
@@ -121,13 +121,14 @@ def _read_points(doc, path: str, context: ReadContext) -> list[ValidationPoint]:
         where = f"{path}: point {n}"
         for key in ("label", "measured_ms", "predicted_ms"):
             if key not in item:
-                raise SpecsimError(f"{where}: missing field '{key}'")
+                raise SpecsimError(f"{where}: {key}: expected a value, got none (missing)")
         values = {}
         for key in ("measured_ms", "predicted_ms"):
             x = item[key]
             if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) \
                     or x <= 0:
-                raise SpecsimError(f"{where}: field '{key}' must be a positive number, got {x!r}")
+                raise SpecsimError(f"{where}: {key}: expected a positive number, got "
+                                   f"{quote(x)}")
             values[key] = float(x)
         out.append(ValidationPoint(str(item["label"]), values["measured_ms"],
                                    values["predicted_ms"], str(item.get("group", "")),
