@@ -471,6 +471,31 @@ def test_sweep_parallel_equals_serial_and_summary(tmp_path):
         sweep(spec, ["streamingllm"], [2], workers=1)
 
 
+def test_sweep_workers_read_the_trace_once_in_the_parent(tmp_path, monkeypatch):
+    """Forked workers inherit what the parent read: the trace is read once, by the parent,
+    however many workers simulate it (each read is logged by the process that made it)."""
+    import os
+
+    from specsim.simulator import tuning
+    from specsim.traces import importers
+    if "fork" not in __import__("multiprocessing").get_all_start_methods():
+        pytest.skip("workers are spawned here: each reads the trace once")
+    path, log = _sweep_trace(tmp_path), tmp_path / "reads.log"
+    real = importers.load_trace
+
+    def logged(*args, **kwargs):
+        with open(log, "a") as f:
+            f.write(f"{os.getpid()}\n")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(importers, "load_trace", logged)
+    tuning._CACHE.clear()
+    spec = SweepSpec(path, "qwen3-8b", "h200", 1, ("all", 40, None, 100), 32)
+    swept = tuning.sweep(spec, ["vegas", "quest"], [2, 4, 6], workers=2)
+    assert swept["workers"] == 2 and len(swept["rows"]) == 12
+    assert log.read_text().split() == [str(os.getpid())]
+
+
 def test_simulate_and_tune_commands(tmp_path):
     from specsim.cli.main import cli
     path = _sweep_trace(tmp_path)

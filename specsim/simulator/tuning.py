@@ -123,6 +123,16 @@ def run_one(spec: SweepSpec, policy: str, s: float | None, k: int, k_policy: str
             "extrapolated_iterations": summary["extrapolated_iterations"]}
 
 
+def pool_context():
+    """Forked workers where the platform forks (Linux): they inherit the trace, cost model and
+    arrivals the parent read in ``_setup``, so a large trace is read once, not once per worker;
+    elsewhere (spawn) each worker reads it once."""
+    import multiprocessing
+
+    methods = multiprocessing.get_all_start_methods()
+    return multiprocessing.get_context("fork" if "fork" in methods else None)
+
+
 def _star(args):
     return run_one(*args)
 
@@ -149,7 +159,7 @@ def sweep(spec: SweepSpec, policies, ks, workers: int | None = None, progress=No
     workers = workers or min(len(configs), os.cpu_count() or 1)
     results = []
     if workers > 1:
-        with ProcessPoolExecutor(max_workers=workers) as pool:
+        with ProcessPoolExecutor(max_workers=workers, mp_context=pool_context()) as pool:
             for r in pool.map(_star, configs, chunksize=max(1, len(configs) // (4 * workers))):
                 results.append(r)
                 if progress:
