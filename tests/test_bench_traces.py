@@ -61,3 +61,22 @@ def test_program_prints_a_row_per_trace_against_its_targets():
         assert float(row[3]) > 0 and float(row[4]) > 0
         assert (float(row[5]), float(row[6])) == (seconds, mib)
         assert row[7] in ("yes", "no")
+
+
+def test_a_read_trace_keeps_at_most_64_bytes_an_iteration(tmp_path):
+    """What simulate, tune and --holdout keep of a trace with every optional field, read
+    without its per-draft fields (all but the entropy-adaptive k policy): context, k and m as
+    one int64 each per iteration (24 bytes); with them, each draft's number costs 8 more."""
+    from specsim.traces.importers import load_trace
+    path = tmp_path / "t.jsonl"
+    _bench().write_trace(str(path), 2000, 7, 8, True)
+
+    def kept(trace):
+        arrays = [a for r in trace.requests for a in (r.context, r.k, r.m)]
+        arrays += [part for r in trace.requests for rows in (r.entropy, r.accept_prob)
+                   if rows is not None for part in (rows.values, rows.offsets)]
+        return sum(a.nbytes for a in arrays) / sum(r.iterations for r in trace.requests)
+
+    assert kept(load_trace(str(path), per_draft=False)) <= 64
+    # and one offset more per request
+    assert kept(load_trace(str(path), per_draft=True)) == 24 + 2 * (8 * 8 + 8) + 2 * 8 * 7 / 2000
