@@ -196,6 +196,28 @@ def key_line(text: str | None, key: str, nth: int = 1) -> int | None:
     return text.count("\n", 0, m.start()) + 1
 
 
+#: HF's default ``max_window_layers`` by model type (Qwen2Config, Qwen3Config: 28;
+#: Qwen3MoeConfig: 48), for a config that turns sliding windows on without giving it.
+MAX_WINDOW_LAYERS_DEFAULT = {"qwen3_moe": 48}
+
+
+def attention_layer_types(cfg: dict, layers: int):
+    """Each layer's attention type as HF derives it: the config's ``layer_types`` as given
+    (gpt-oss; checked by the caller), else Qwen2's rule — with ``use_sliding_window`` and a
+    ``sliding_window``, layers ``i ≥ max_window_layers`` are ``sliding_attention`` and the
+    first ``max_window_layers`` full; without, every layer is full. A sliding layer's row at
+    position p attends keys ``p − sliding_window + 1 .. p``."""
+    layer_types = cfg.get("layer_types")
+    if layer_types is not None:
+        return layer_types
+    if not (cfg.get("use_sliding_window") and cfg.get("sliding_window")):
+        return [FULL_ATTENTION] * layers
+    first = cfg.get("max_window_layers")
+    if first is None:
+        first = MAX_WINDOW_LAYERS_DEFAULT.get(str(cfg.get("model_type")), 28)
+    return [SLIDING_ATTENTION if i >= int(first) else FULL_ATTENTION for i in range(layers)]
+
+
 def model_spec_from_config(config: dict, name: str = "custom", dtype_bytes: int = 2, *,
                            path: str | None = None, text: str | None = None) -> ModelSpec:
     """Build a :class:`ModelSpec` from a HuggingFace ``config.json`` dictionary; ``path`` and
@@ -255,10 +277,7 @@ def model_spec_from_config(config: dict, name: str = "custom", dtype_bytes: int 
         fail("num_experts_per_tok", f"{experts} experts need 1..{experts} experts per token, "
                                     f"got {active}")
     window = optional("sliding_window", zero_is_absent=True)
-    layer_types = cfg.get("layer_types")
-    if layer_types is None:
-        uses_window = bool(cfg.get("use_sliding_window", False)) and window
-        layer_types = [SLIDING_ATTENTION if uses_window else FULL_ATTENTION] * layers
+    layer_types = attention_layer_types(cfg, layers)
     if not isinstance(layer_types, list):
         fail("layer_types", f"expected a list, got {quote(layer_types)}")
     if len(layer_types) != layers:
