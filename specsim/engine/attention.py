@@ -205,8 +205,11 @@ def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
         kh = torch.cat([F.pad(kh, (0, width - dim)), sink_key], 1)      # the sink: key T
         vh = torch.cat([F.pad(vh, (0, width - dim)), vh.new_zeros(groups, 1, width)], 1)
     out = torch.empty(heads, length, vh.shape[-1], dtype=q.dtype, device=q.device)
-    span = min(length, window) if window else length
-    rows = max(1, min(length, PREFILL_CHUNK_ELEMENTS // (span + 1)))
+    if window:          # r rows read r + W − 1 keys (+ the sink): r·(r + W) elements
+        rows = int((math.sqrt(window * window + 4 * PREFILL_CHUNK_ELEMENTS) - window) / 2)
+    else:               # every row may read all keys
+        rows = PREFILL_CHUNK_ELEMENTS // (length + 1)
+    rows = max(1, min(length, rows))
     for first in range(0, length, rows):
         last = min(length, first + rows)
         low = max(0, first - window + 1) if window else 0
