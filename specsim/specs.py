@@ -21,6 +21,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from specsim.errors import SpecFileError, SpecsimError, UnknownNameError, quote
 from specsim.shipped import catalog_dirs, catalog_file, catalog_names
 
@@ -150,10 +152,19 @@ class ModelSpec:
         """KV bytes per token over all layers: ``layers · kv_heads · head_dim · 2 · bytes``."""
         return self.num_layers * self.kv_bytes_per_token_layer()
 
-    def kv_tokens_attended(self, context: int, layer_type: str) -> int:
-        if layer_type == SLIDING_ATTENTION and self.sliding_window:
-            return min(context, self.sliding_window)
+    def kv_tokens_attended(self, context: int, layer_type: str, q: int = 1) -> int:
+        """Keys one pass of ``q`` rows per sequence reads in a layer of ``layer_type``."""
+        if layer_type == SLIDING_ATTENTION:
+            return int(self.window_keys(context, q))
         return context
+
+    def window_keys(self, contexts, q: int = 1):
+        """Keys a sliding-window layer's pass of ``q`` rows reads per sequence of ``contexts``
+        keys (a number or an array): its rows see the last ``W + q − 1`` keys (the engine's
+        windowed verify; a draft step, q = 1, its window W); all keys without a window."""
+        if not self.sliding_window:
+            return contexts
+        return np.minimum(contexts, self.sliding_window + q - 1)
 
     def kv_bytes_resident(self, context: int) -> int:
         """KV cache bytes one sequence of ``context`` tokens holds (sliding layers keep a window)."""
