@@ -13,8 +13,9 @@ Three attention shapes feed the decoder (``model.Attend`` callables built here):
   is exactly what it attends.
 
 Every shape takes the layer's sinks (gpt-oss) and, for verify and prefill, its window
-(``ModelArgs.window``, ``Transformer.attention_sinks``). The KV cache keeps every position of every layer, window
-layers too (one layout for all layers; a window layer reads only its last W positions).
+(``ModelArgs.window``, ``Transformer.attention_sinks``). The KV cache keeps every position of
+every layer, window layers too (one layout for all layers, simplest; a window layer reads
+only its last W + q − 1 positions, and its memory is what a full layer's is).
 
 On a CUDA device with supported shapes (head_dim 64/128, q ≤ ``MAX_Q_LEN``) verify and draft
 run the Triton kernels with plans made once per shape; everywhere else they run the engine-local
@@ -307,6 +308,7 @@ class AttentionBackend:
 
 __all__ = ["AttentionBackend", "KVCache", "MAX_Q_LEN", "append_positions",
            "default_collect_rows", "prefill_attention", "prefill_logits", "quest_select",
-           "selected_counts", "softmax_with_sinks", "sparse_attention_torch", "sparsespec_select_torch",
+           "selected_counts", "softmax_with_sinks", "sparse_attention_torch",
+           "sparsespec_select_torch",
            "streamingllm_select", "top_positions", "vegas_select", "verify_attention_torch",
            "write_prefill"]

@@ -8,11 +8,11 @@ head):
     out_{b,h} = Σ_{n∈I} softmax_{n∈I}(scale · q_{b,h} · K_{b,g,n}) V_{b,g,n}
 
 — exactly full attention restricted to ``I``. With ``sinks`` (fp32 [num_heads], gpt-oss) each
-head's sink logit joins the softmax's denominator (``split_kv``'s ``add_sink``). Lists hold int32 positions into the sequence's
-cache, each ``< lengths[b]``, without duplicates, in any order (sorted lists read memory in
-order, which is kinder to DRAM pages). Entries past the count are ignored. An empty list gives a
-zero output. Positions are not bounds-checked in the kernel (that would cost a compare per key);
-``sparse_attention_reference`` checks them.
+head's sink logit joins the softmax's denominator (``split_kv``'s ``add_sink``). Lists hold
+int32 positions into the sequence's cache, each ``< lengths[b]``, without duplicates, in any
+order (sorted lists read memory in order, which is kinder to DRAM pages). Entries past the
+count are ignored. An empty list gives a zero output. Positions are not bounds-checked in the
+kernel (that would cost a compare per key); ``sparse_attention_reference`` checks them.
 
 Draft tokens appended after the selection was made are *not* added automatically: append their
 positions to the lists (``selection.append_positions``).
