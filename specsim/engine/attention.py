@@ -188,7 +188,9 @@ def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     prompt never holds a T × T mask; a window layer's chunk reads only its rows' keys. A sink
     is SDPA's own softmax over one more key: each query gets one more dimension holding
     ``sink_h / scale``, every real key a 0 there, and the sink key (value 0) a 1, so its
-    logit is ``sink_h`` (exact in bf16 where ``1 / scale`` is a power of two, head_dim 64)."""
+    logit is ``sink_h`` (exact in bf16 where ``1 / scale`` is a power of two, head_dim 64).
+    K and V are repeated to every query head (SDPA's memory-efficient kernel, which takes a
+    mask, does not take grouped heads)."""
     if window is None and sinks is None:
         out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
                                              v.transpose(1, 2), is_causal=True, enable_gqa=True)
@@ -205,6 +207,7 @@ def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
         sink_key[..., dim] = 1
         kh = torch.cat([F.pad(kh, (0, width - dim)), sink_key], 1)      # the sink: key T
         vh = torch.cat([F.pad(vh, (0, width - dim)), vh.new_zeros(groups, 1, width)], 1)
+    kh, vh = kh.repeat_interleave(heads // groups, 0), vh.repeat_interleave(heads // groups, 0)
     out = torch.empty(heads, length, vh.shape[-1], dtype=q.dtype, device=q.device)
     if window:          # r rows read r + W − 1 keys (+ the sink): r·(r + W) elements
         rows = int((math.sqrt(window * window + 4 * PREFILL_CHUNK_ELEMENTS) - window) / 2)
@@ -223,7 +226,7 @@ def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
                                                                              vh[:, length:]], 1)
             visible = F.pad(visible, (0, 1), value=True)
         out[:, first:last] = F.scaled_dot_product_attention(
-            qh[:, first:last], keys, values, attn_mask=visible, scale=scale, enable_gqa=True)
+            qh[:, first:last], keys, values, attn_mask=visible, scale=scale)
     return out[..., :dim].transpose(0, 1)[None]
 
 
