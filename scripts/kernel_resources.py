@@ -69,7 +69,7 @@ def launch_args(plan, context: int, logits_fp32: bool):
                     stride_gr=context)
     pointers = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "Lengths": "*i32", "Out": "*bf16",
                 "Lse": "*bf16", "PartOut": "*fp32", "PartLse": "*fp32",
-                "Logits": "*fp32" if logits_fp32 else "*bf16"}
+                "Logits": "*fp32" if logits_fp32 else "*bf16", "Sinks": "*fp32"}
     const = launch_constexprs(plan, write_lse=False)
     return pointers, ints, const
 

@@ -21,6 +21,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from specsim.errors import SpecFileError, SpecsimError, UnknownNameError, quote
 from specsim.shipped import catalog_dirs, catalog_file, catalog_names
 
@@ -150,10 +152,19 @@ class ModelSpec:
         """KV bytes per token over all layers: ``layers · kv_heads · head_dim · 2 · bytes``."""
         return self.num_layers * self.kv_bytes_per_token_layer()
 
-    def kv_tokens_attended(self, context: int, layer_type: str) -> int:
-        if layer_type == SLIDING_ATTENTION and self.sliding_window:
-            return min(context, self.sliding_window)
+    def kv_tokens_attended(self, context: int, layer_type: str, q: int = 1) -> int:
+        """Keys one pass of ``q`` rows per sequence reads in a layer of ``layer_type``."""
+        if layer_type == SLIDING_ATTENTION:
+            return int(self.window_keys(context, q))
         return context
+
+    def window_keys(self, contexts, q: int = 1):
+        """Keys a sliding-window layer's pass of ``q`` rows reads per sequence of ``contexts``
+        keys (a number or an array): its rows see the last ``W + q − 1`` keys (the engine's
+        windowed verify; a draft step, q = 1, its window W); all keys without a window."""
+        if not self.sliding_window:
+            return contexts
+        return np.minimum(contexts, self.sliding_window + q - 1)
 
     def kv_bytes_resident(self, context: int) -> int:
         """KV cache bytes one sequence of ``context`` tokens holds (sliding layers keep a window)."""
@@ -194,6 +205,28 @@ def key_line(text: str | None, key: str, nth: int = 1) -> int | None:
         return None
     m = found[min(nth, len(found)) - 1]
     return text.count("\n", 0, m.start()) + 1
+
+
+#: HF's default ``max_window_layers`` by model type (Qwen2Config, Qwen3Config: 28;
+#: Qwen3MoeConfig: 48), for a config that turns sliding windows on without giving it.
+MAX_WINDOW_LAYERS_DEFAULT = {"qwen3_moe": 48}
+
+
+def attention_layer_types(cfg: dict, layers: int):
+    """Each layer's attention type as HF derives it: the config's ``layer_types`` as given
+    (gpt-oss; checked by the caller), else Qwen2's rule — with ``use_sliding_window`` and a
+    ``sliding_window``, layers ``i ≥ max_window_layers`` are ``sliding_attention`` and the
+    first ``max_window_layers`` full; without, every layer is full. A sliding layer's row at
+    position p attends keys ``p − sliding_window + 1 .. p``."""
+    layer_types = cfg.get("layer_types")
+    if layer_types is not None:
+        return layer_types
+    if not (cfg.get("use_sliding_window") and cfg.get("sliding_window")):
+        return [FULL_ATTENTION] * layers
+    first = cfg.get("max_window_layers")
+    if first is None:
+        first = MAX_WINDOW_LAYERS_DEFAULT.get(str(cfg.get("model_type")), 28)
+    return [SLIDING_ATTENTION if i >= int(first) else FULL_ATTENTION for i in range(layers)]
 
 
 def model_spec_from_config(config: dict, name: str = "custom", dtype_bytes: int = 2, *,
@@ -255,10 +288,7 @@ def model_spec_from_config(config: dict, name: str = "custom", dtype_bytes: int 
         fail("num_experts_per_tok", f"{experts} experts need 1..{experts} experts per token, "
                                     f"got {active}")
     window = optional("sliding_window", zero_is_absent=True)
-    layer_types = cfg.get("layer_types")
-    if layer_types is None:
-        uses_window = bool(cfg.get("use_sliding_window", False)) and window
-        layer_types = [SLIDING_ATTENTION if uses_window else FULL_ATTENTION] * layers
+    layer_types = attention_layer_types(cfg, layers)
     if not isinstance(layer_types, list):
         fail("layer_types", f"expected a list, got {quote(layer_types)}")
     if len(layer_types) != layers:

@@ -83,6 +83,12 @@ def test_sliding_window_layers_are_not_sparsified():
     assert d.kv_bytes == (100 + 64 + 2) * 128
     p = cm.plain_step([1000])
     assert p.kv_bytes == (1000 + 64 + 2) * 128
+    # a verify of q = 5 rows: the sliding layer reads its rows' last 64 + 5 − 1 keys (as the
+    # engine's window verify does), and 5 new rows are written per layer
+    v = cm.verify([1000], 5)
+    assert v.kv_bytes == (1000 + 68 + 10) * 128
+    assert spec.window_keys(50, 5) == 50 and spec.kv_tokens_attended(1000, "sliding_attention",
+                                                                     5) == 68
 
 
 def test_selection_costs_by_policy():

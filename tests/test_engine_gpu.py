@@ -234,3 +234,62 @@ def test_moe_real_scale_shapes_run():
     engine.generate(batch, 8, k=8)
     result = engine.generate(batch, 32, k=8)
     assert result.new_tokens == 128 and result.bandwidth() > 1e11
+
+
+SMALL_GPT_OSS = dict(SMALL_QWEN3, model_type="gpt_oss", num_hidden_layers=4, head_dim=64,
+                     num_attention_heads=8, num_key_value_heads=2, intermediate_size=128,
+                     num_local_experts=8, num_experts_per_tok=2, experts_per_token=2,
+                     layer_types=["sliding_attention", "full_attention"] * 2,
+                     sliding_window=128, attention_bias=True, swiglu_limit=7.0,
+                     rope_theta=150000.0,
+                     rope_scaling=dict(rope_type="yarn", factor=32.0, beta_fast=32.0,
+                                       beta_slow=1.0, original_max_position_embeddings=4096,
+                                       truncate=False))
+
+
+@pytest.mark.parametrize("policy", ["vegas", "sparsespec", "quest", "last-token"])
+def test_gpt_oss_graphs_replay_eager_exactly(policy):
+    """gpt-oss in bf16 (sinks, window-128 and full layers, biased clamped experts): window
+    layers verify through the kernel's window and draft over their window (q = 1), full layers
+    draft from the policy's lists; CUDA graphs replay exactly what eager execution computes."""
+    net = build_model(SMALL_GPT_OSS, seed=1, std=0.1, dtype=torch.bfloat16, device="cuda")
+    with torch.no_grad():
+        for layer in net.model.layers:
+            layer.self_attn.sinks.mul_(20.0)
+    batch = prompts((1500, 2100, 1800))
+    runs = [Engine(net, batch=3, max_len=2200, policy=policy, s=0.1, k_max=6,
+                   settings=AS_BUILT.replace(cuda_graphs=graphs)).generate(batch, 48, k=6)
+            for graphs in (False, True)]
+    assert runs[0].tokens == runs[1].tokens
+    assert [t.m.tolist() for t in runs[0].traces] == [t.m.tolist() for t in runs[1].traces]
+
+
+def test_gpt_oss_greedy_self_speculation_matches_plain_on_gpu():
+    """fp32 gpt-oss through the kernels (sinks and windows): lossless as on the CPU."""
+    net = build_model(SMALL_GPT_OSS, seed=2, std=0.1, dtype=torch.float32, device="cuda")
+    batch = prompts((1500, 2100))
+    plain = plain_decode(net, batch, 32, settings=AS_BUILT)
+    for policy in ("vegas", "sparsespec", "streamingllm", "quest", "last-token"):
+        result = speculative_decode(net, batch, 32, policy=policy, k=4, s=0.1,
+                                    settings=AS_BUILT)
+        assert result.tokens == plain.tokens, policy
+
+
+def test_gpt_oss_real_scale_shapes_run():
+    """gpt-oss-20b's layer shapes (two layers: one window-128, one full; 32 bf16 experts, 4 per
+    token, sinks) with the default settings (fused projections, compiled layers, CUDA graphs)
+    at 32K, prefilled for real (window layers' prefill in masked chunks)."""
+    import json
+
+    from specsim.shipped import shipped_path
+
+    config = json.loads(shipped_path("models/gpt-oss-20b/config.json").read_text())
+    config["num_hidden_layers"] = 2
+    net = build_model(config, dtype=torch.bfloat16, device="cuda")
+    assert net.args.layer_windows == (128, None)
+    engine = Engine(net, batch=4, max_len=33000, policy="sparsespec", s=0.05, k_max=8)
+    batch = prompts((32000,) * 4, vocab=config["vocab_size"])
+    engine.generate(batch, 8, k=8)
+    assert net.fused and net.compiled
+    result = engine.generate(batch, 32, k=8)
+    assert result.new_tokens == 128 and result.bandwidth() > 1e10

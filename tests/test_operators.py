@@ -540,3 +540,29 @@ def test_composition_error_scores_each_measured_step_against_its_composed_price(
     assert doc["fitted_on"] and MODEL.name not in doc["fitted_on"]
     assert CliRunner().invoke(cli, ["calibrate", "--gpu", "--compose", str(table_path),
                                     "--out", "x"]).exit_code != 0
+
+
+def test_window_layers_are_priced_as_the_engine_runs_them():
+    """A sliding-window layer (gpt-oss) runs the verify kernel over its rows' last W + q − 1
+    keys, collecting nothing, and drafts with the same kernel over its window W (not the
+    policy's lists); full layers are priced as before."""
+    import dataclasses
+
+    from specsim.policies import get_policy
+
+    windowed = dataclasses.replace(SMALL, layer_types=("sliding_attention", "full_attention"),
+                                   sliding_window=2048)
+    cm = OperatorCostModel(synthetic_table(), windowed, HW)
+    batch, context, q = 4, 16384, 3
+    parts, _ = cm.forward_parts([context] * batch, q, collect="sum")
+    assert parts["attention"] * 1e3 == pytest.approx(
+        verify_ms(q, "sum", 8, context) + verify_ms(q, "off", 8, 2048 + q - 1), rel=1e-9)
+    parts, _ = cm.forward_parts([context] * batch, 1, draft="vegas", s=0.05)
+    selected = float(get_policy("vegas").selected_array(np.array([context]), 0.05)[0])
+    sparse = np.interp(selected, SELECTED, [sparse_ms(False, 8, n) for n in SELECTED])
+    assert parts["attention"] * 1e3 == pytest.approx(sparse + verify_ms(1, "off", 8, 2048),
+                                                     rel=1e-9)
+    # a context inside the window: every key
+    parts, _ = cm.forward_parts([1500] * batch, q, collect="sum")
+    assert parts["attention"] * 1e3 == pytest.approx(
+        verify_ms(q, "sum", 8, 1500) + verify_ms(q, "off", 8, 1500), rel=1e-9)

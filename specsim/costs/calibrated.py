@@ -52,7 +52,8 @@ class CalibratedCostModel:
         for key, rows in groups.items():
             op, q, s = key
             tokens = np.array([r.batch * q for r in rows], float)
-            kv = np.array([self._op_bytes(op, np.full(r.batch, r.context), r.s) for r in rows])
+            kv = np.array([self._op_bytes(op, np.full(r.batch, r.context), r.s, q)
+                           for r in rows])
             seconds = np.array([r.median_ms / 1e3 for r in rows])
             if np.unique(tokens).size * np.unique(kv).size < 2 or len(rows) < 2:
                 continue
@@ -66,13 +67,12 @@ class CalibratedCostModel:
             key: MeasuredGrid.of(rows) for key, rows in by_s.items() if self._gridded(key[0])}
 
     # ---- bytes each operation's K term is a function of --------------------------------
-    def _op_bytes(self, op: str, contexts: np.ndarray, s: float | None) -> float:
+    def _op_bytes(self, op: str, contexts: np.ndarray, s: float | None, q: int = 1) -> float:
         kind, _, policy = op.partition(":")
         per = self.model.kv_bytes_per_token_layer()
         n_full = sum(self._full)
-        window = self.model.sliding_window
         sliding = (self.model.num_layers - n_full) * float(
-            np.sum(np.minimum(contexts, window))) if window else 0.0
+            np.sum(self.model.window_keys(contexts, q if kind == "verify" else 1)))
         if kind in ("plain", "verify"):
             return per * (n_full * float(contexts.sum()) + sliding)
         if kind == "draft":
@@ -99,7 +99,7 @@ class CalibratedCostModel:
     def _lookup(self, op: str, q: int, s: float | None, contexts: np.ndarray,
                 roofline_cost: Cost) -> Cost:
         tokens = contexts.size * q
-        kv = self._op_bytes(op, contexts, s)
+        kv = self._op_bytes(op, contexts, s, q)
         key = (op, q, None if op.startswith("draft:") else s)
         fit = self.fits.get(key)
         note = None

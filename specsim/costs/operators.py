@@ -13,7 +13,8 @@ table's): one forward pass of ``T = batch·q`` tokens is, per layer,
   the tokens; uniform routing, as random routers give;
 - attention: full-attention layers by the verify kernel (q query tokens, collecting what the
   policy collects) over each sequence's context, or by the sparse draft kernel over the
-  longest selected list; sliding-window layers by the verify kernel over at most the window;
+  longest selected list; sliding-window layers by the verify kernel over their rows' last
+  ``W + q − 1`` keys (a draft step: its window W, whatever the policy), collecting nothing;
   keyed by head_dim and GQA group, at ``batch·KV heads`` programs' rows;
 - the K/V append (the fused one-position kernel for q = 1; the torch write of q rows modelled as
   element-wise kernels);
@@ -389,7 +390,6 @@ class OperatorCostModel:
         for name, per_token in ELEMENTWISE_PER_LAYER.items():
             add("elementwise", self._elementwise(per_token(m) * tokens * m.dtype_bytes), layers)
         # attention, per layer type
-        window = m.sliding_window
         if self.n_full:
             if draft is None:
                 add("attention", self._attention(q, collect, batch, float(ctx.mean())),
@@ -405,9 +405,10 @@ class OperatorCostModel:
                         notes.append(f"quest page scoring measured at head_dim "
                                      f"{QUEST_HEAD_DIM}, used at {hd}")
         if self.n_sliding:
-            capped = float(np.minimum(ctx, window or ctx.max()).mean())
-            add("attention", self._attention(q, "off" if draft else collect, batch, capped),
-                self.n_sliding)
+            # a window layer's verify reads its rows' last W + q − 1 keys; its draft step
+            # (q = 1) is the same kernel over its window W, whatever the policy (exact)
+            capped = float(np.mean(m.window_keys(ctx, q)))
+            add("attention", self._attention(q, "off", batch, capped), self.n_sliding)
         # the new tokens' K/V rows
         kv_row = m.num_kv_heads * hd * m.dtype_bytes * 2
         paged = (draft == "quest") or collect == "paged"

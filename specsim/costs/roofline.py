@@ -5,9 +5,9 @@ Each forward pass costs ``max(bytes / bandwidth, flops / matrix rate) + overhead
 
 - weights: read once per forward (MoE: the experts the batch's tokens touch);
 - KV: each sequence reads the KV it attends to exactly once — its whole context for a plain
-  step or a verify pass (sliding-window layers: at most the window), ``selected(ctx, s)``
-  entries in full-attention layers for a draft step (sliding-window layers are not
-  sparsified), plus the new tokens' KV written;
+  step or a verify pass of q rows (sliding-window layers: at most the last W + q − 1 keys),
+  ``selected(ctx, s)`` entries in full-attention layers for a draft step (sliding-window
+  layers are not sparsified: they read their window), plus the new tokens' KV written;
 - other: index lists, collected logits, page metadata, per-token activations.
 
 KV bytes per token and layer are ``kv_heads · head_dim · 2 · dtype bytes`` (GQA counted
@@ -54,15 +54,17 @@ class RooflineCostModel:
         self.kv_layer_bytes = model.kv_bytes_per_token_layer() * self.kv_head_share
 
     # ---- building blocks ----------------------------------------------------------------
-    def _attended(self, contexts: np.ndarray, full_layer_tokens: np.ndarray) -> float:
-        """KV entries read, summed over sequences and layers: full-attention layers read
-        ``full_layer_tokens`` per sequence, sliding layers at most the window."""
+    def _attended(self, contexts: np.ndarray, full_layer_tokens: np.ndarray, q: int = 1
+                  ) -> float:
+        """KV entries read by a pass of ``q`` rows, summed over sequences and layers:
+        full-attention layers read ``full_layer_tokens`` per sequence, sliding layers their
+        window's keys (``ModelSpec.window_keys``)."""
         m = self.model
         n_full = sum(self._full)
         n_sliding = m.num_layers - n_full
         total = n_full * float(np.sum(full_layer_tokens))
         if n_sliding:
-            total += n_sliding * float(np.sum(np.minimum(contexts, m.sliding_window or contexts)))
+            total += n_sliding * float(np.sum(m.window_keys(contexts, q)))
         return total
 
     def _allreduce_s(self, tokens: int) -> float:
@@ -104,7 +106,7 @@ class RooflineCostModel:
             raise ValueError("a verify pass needs q ≥ 1 query tokens")
         ctx = as_contexts(contexts)
         # query j of q attends to ctx − q + j + 1 keys; the KV is read once for all q (GQA-packed)
-        return self._forward(ctx, q, self._attended(ctx, ctx))
+        return self._forward(ctx, q, self._attended(ctx, ctx, q))
 
     def draft_step(self, contexts: Sequence[int], s: float, policy: str) -> Cost:
         ctx = as_contexts(contexts)

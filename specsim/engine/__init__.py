@@ -1,4 +1,5 @@
-"""Real execution: a compact Llama/Qwen2/Qwen3 decoder running plain and sparse-attention
+"""Real execution: a compact Llama/Qwen2/Qwen3/Qwen3-MoE/gpt-oss decoder (gpt-oss with bf16
+experts: MXFP4 is not modelled) running plain and sparse-attention
 self-speculative decoding (Triton kernels and CUDA graphs on a GPU, torch on the CPU),
 recording traces in specsim's format.
 

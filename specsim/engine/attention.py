@@ -2,12 +2,20 @@
 
 Three attention shapes feed the decoder (``model.Attend`` callables built here):
 
-- **prefill**: one sequence's prompt, causal, with torch SDPA (flash on GPU and CPU); it writes
+- **prefill**: one sequence's prompt, causal (banded for a sliding-window layer), with torch
+  SDPA (flash on GPU and CPU; masked chunks of rows for windows and sinks); it writes
   rows ``0..T-1`` of that sequence's cache and can collect the pre-softmax logits of the last
   ``R`` prompt rows (+ their log-sum-exp) for the first selection.
 - **verify**: q = k+1 new tokens per sequence, causal among themselves, over the full cache,
   optionally collecting chosen rows' logits (Collect-2-Query) and each row's log-sum-exp.
-- **draft**: one token per sequence over per-layer index lists (sparse attention).
+- **draft**: one token per sequence over per-layer index lists (sparse attention); a
+  sliding-window layer drafts over its window instead (verify attention with q = 1), which
+  is exactly what it attends.
+
+Every shape takes the layer's sinks (gpt-oss) and, for verify and prefill, its window
+(``ModelArgs.window``, ``Transformer.attention_sinks``). The KV cache keeps every position of
+every layer, window layers too (one layout for all layers, simplest; a window layer reads
+only its last W + q − 1 positions, and its memory is what a full layer's is).
 
 On a CUDA device with supported shapes (head_dim 64/128, q ≤ ``MAX_Q_LEN``) verify and draft
 run the Triton kernels with plans made once per shape; everywhere else they run the engine-local
@@ -38,15 +46,31 @@ KERNEL_HEAD_DIMS = (64, 128)
 # --------------------------------------------------------------------------------------------
 
 
+def softmax_with_sinks(s: torch.Tensor, sinks: torch.Tensor | None
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax weights and log-sum-exp of logits ``s`` [..., H, R, n] (fp32, masked = −inf)
+    whose rows also hold their head's sink logit ``sinks`` [H] (or [G, group] for s
+    [..., G, group, R, n]; None: no sink), which adds to the denominator only; a row with no
+    key and no sink gets weights 0."""
+    if sinks is not None:
+        sink = sinks.float()[..., None, None].expand(*s.shape[:-1], 1)
+        s = torch.cat([s, sink], dim=-1)
+    lse = torch.logsumexp(s, -1)
+    weight = torch.exp(s - lse[..., None]).nan_to_num(0.0)
+    return (weight[..., :-1] if sinks is not None else weight), lse
+
+
 def verify_attention_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            lengths: torch.Tensor, *, collect_rows: tuple[int, ...] = (),
                            logits: torch.Tensor | None = None, lse: torch.Tensor | None = None,
-                           collect_sum: bool = False) -> torch.Tensor:
-    """Verify attention, batched: q [B, T, H, D] at positions ``L_b − T + t`` over keys
-    ``n ≤ L_b − T + t``. Writes ``logits[b, h, i, n] = scale·q_{rows[i]}·k_n`` (no causal
+                           collect_sum: bool = False, sinks: torch.Tensor | None = None,
+                           window: int | None = None) -> torch.Tensor:
+    """Verify attention, batched: q [B, T, H, D] at positions ``p = L_b − T + t`` over keys
+    ``n ≤ p`` (with ``window`` W: ``p − W < n ≤ p``), each head's sink logit ``sinks`` [H]
+    joining the softmax. Writes ``logits[b, h, i, n] = scale·q_{rows[i]}·k_n`` (no causal
     mask; with ``collect_sum`` their sum over heads and rows into ``logits[b, 0, 0, n]``) for
-    ``n < max L`` and ``lse`` [B, H, T] when given (as the kernel does). Reads the
-    lengths on the host, so it is not CUDA-graph capturable."""
+    ``n < max L`` and ``lse`` [B, H, T] (the sink included) when given (as the kernel does).
+    Reads the lengths on the host, so it is not CUDA-graph capturable."""
     batch, q_len, heads, dim = q.shape
     groups = k_cache.shape[1]
     group = heads // groups
@@ -61,18 +85,24 @@ def verify_attention_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     elif collect_rows:
         logits[..., :n] = s[:, :, :, list(collect_rows)].reshape(batch, heads, -1, n)
     position = lengths.long()[:, None] - q_len + torch.arange(q_len, device=q.device)
-    visible = torch.arange(n, device=q.device) <= position[..., None]      # [B, T, n]
+    key = torch.arange(n, device=q.device)
+    visible = key <= position[..., None]                                   # [B, T, n]
+    if window:
+        visible &= key > position[..., None] - window
     s = s.masked_fill(~visible[:, None, None], float("-inf"))
+    weight, row_lse = softmax_with_sinks(s, None if sinks is None else sinks.view(groups, group))
     if lse is not None:
-        lse.copy_(torch.logsumexp(s, -1).reshape(batch, heads, q_len))
-    weight = torch.softmax(s, -1).view(batch, groups, group * q_len, n)
+        lse.copy_(row_lse.reshape(batch, heads, q_len))
+    weight = weight.view(batch, groups, group * q_len, n)
     out = (weight @ values).view(batch, groups, group, q_len, dim)
     return out.permute(0, 3, 1, 2, 4).reshape(batch, q_len, heads, dim).to(q.dtype)
 
 
 def sparse_attention_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                           indices: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-    """Sparse draft attention, batched: q [B, H, D] over ``indices[b, (g,) :counts]``."""
+                           indices: torch.Tensor, counts: torch.Tensor,
+                           sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """Sparse draft attention, batched: q [B, H, D] over ``indices[b, (g,) :counts]``, each
+    head's sink logit ``sinks`` [H] joining the softmax."""
     batch, heads, dim = q.shape
     groups = k_cache.shape[1]
     width = max(1, int(counts.max()))
@@ -86,7 +116,9 @@ def sparse_attention_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     s = s / math.sqrt(dim)
     used = torch.arange(width, device=q.device) < counts[..., None]            # [B, G|1, C]
     s = s.masked_fill(~used[:, :, None].expand_as(s), float("-inf"))
-    weight = torch.softmax(s, -1).nan_to_num(0.0)                              # empty list: 0
+    weight, _ = softmax_with_sinks(s[:, :, :, None],                            # empty list: 0
+                                   None if sinks is None else sinks.view(groups, -1))
+    weight = weight[:, :, :, 0]
     return (weight @ values).reshape(batch, heads, dim).to(q.dtype)
 
 
@@ -141,24 +173,75 @@ def write_prefill(cache: KVCache, layer: int, b: int, k: torch.Tensor, v: torch.
         cache.page_max[layer, b, :, :pages] = torch.where(valid, rows, -inf).amax(2)
 
 
-def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """Causal self-attention of one prompt: q [1, T, H, D], k/v [1, T, G, D] (SDPA, GQA)."""
-    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                         is_causal=True, enable_gqa=True)
-    return out.transpose(1, 2)
+#: Mask elements (query rows × keys) of one chunk of a masked prefill (``prefill_attention``)
+PREFILL_CHUNK_ELEMENTS = 1 << 24
 
 
-def prefill_logits(q_rows: torch.Tensor, k: torch.Tensor, first_row: int
-                   ) -> tuple[torch.Tensor, torch.Tensor]:
+def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
+                      window: int | None = None, sinks: torch.Tensor | None = None
+                      ) -> torch.Tensor:
+    """Causal self-attention of one prompt: q [1, T, H, D], k/v [1, T, G, D] (SDPA, GQA).
+
+    With a ``window`` W (row p sees keys ``p − W < n ≤ p``) or ``sinks`` [H] (one logit per
+    head in every row's denominator) it runs over chunks of query rows with a boolean mask of
+    (rows × their keys), about :data:`PREFILL_CHUNK_ELEMENTS` elements each, so that a long
+    prompt never holds a T × T mask; a window layer's chunk reads only its rows' keys. A sink
+    is SDPA's own softmax over one more key: each query gets one more dimension holding
+    ``sink_h / scale``, every real key a 0 there, and the sink key (value 0) a 1, so its
+    logit is ``sink_h`` (exact in bf16 where ``1 / scale`` is a power of two, head_dim 64).
+    K and V are repeated to every query head (SDPA's memory-efficient kernel, which takes a
+    mask, does not take grouped heads)."""
+    if window is None and sinks is None:
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                             v.transpose(1, 2), is_causal=True, enable_gqa=True)
+        return out.transpose(1, 2)
+    length, heads, dim = q.shape[1:]
+    groups = k.shape[2]
+    scale = 1.0 / math.sqrt(dim)
+    qh, kh, vh = q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1)
+    if sinks is not None:                            # [.., D] → [.., width]: the sink column D
+        width = -(-(dim + 1) // 8) * 8
+        column = (sinks.float() / scale).to(q.dtype)[:, None, None].expand(heads, length, 1)
+        qh = torch.cat([qh, column, qh.new_zeros(heads, length, width - dim - 1)], -1)
+        sink_key = kh.new_zeros(groups, 1, width)
+        sink_key[..., dim] = 1
+        kh = torch.cat([F.pad(kh, (0, width - dim)), sink_key], 1)      # the sink: key T
+        vh = torch.cat([F.pad(vh, (0, width - dim)), vh.new_zeros(groups, 1, width)], 1)
+    kh, vh = kh.repeat_interleave(heads // groups, 0), vh.repeat_interleave(heads // groups, 0)
+    out = torch.empty(heads, length, vh.shape[-1], dtype=q.dtype, device=q.device)
+    if window:          # r rows read r + W − 1 keys (+ the sink): r·(r + W) elements
+        rows = int((math.sqrt(window * window + 4 * PREFILL_CHUNK_ELEMENTS) - window) / 2)
+    else:               # every row may read all keys
+        rows = PREFILL_CHUNK_ELEMENTS // (length + 1)
+    rows = max(1, min(length, rows))
+    for first in range(0, length, rows):
+        last = min(length, first + rows)
+        low = max(0, first - window + 1) if window else 0
+        position = torch.arange(first, last, device=q.device)[:, None]
+        key = torch.arange(low, last, device=q.device)[None, :]
+        visible = (key <= position) & (key > position - window if window else True)
+        keys, values = kh[:, low:last], vh[:, low:last]
+        if sinks is not None:
+            keys, values = torch.cat([keys, kh[:, length:]], 1), torch.cat([values,
+                                                                             vh[:, length:]], 1)
+            visible = F.pad(visible, (0, 1), value=True)
+        out[:, first:last] = F.scaled_dot_product_attention(
+            qh[:, first:last], keys, values, attn_mask=visible, scale=scale)
+    return out[..., :dim].transpose(0, 1)[None]
+
+
+def prefill_logits(q_rows: torch.Tensor, k: torch.Tensor, first_row: int,
+                   sinks: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Pre-softmax logits and causal lse of the prompt rows ``first_row..`` : q_rows [R, H, D],
-    k [T, G, D] → logits [H, R, T] (raw) and lse [H, R]."""
+    k [T, G, D] → logits [H, R, T] (raw) and lse [H, R] (with ``sinks`` [H]: the sink in
+    it, as verify's lse)."""
     rows, heads, dim = q_rows.shape
     groups = k.shape[1]
     keys = k.float().transpose(0, 1).repeat_interleave(heads // groups, 0)    # [H, T, D]
     s = q_rows.float().transpose(0, 1) @ keys.transpose(1, 2) / math.sqrt(dim)  # [H, R, T]
     position = first_row + torch.arange(rows, device=k.device)
     visible = torch.arange(k.shape[0], device=k.device) <= position[:, None]
-    return s, torch.logsumexp(s.masked_fill(~visible, float("-inf")), -1)
+    return s, softmax_with_sinks(s.masked_fill(~visible, float("-inf")), sinks)[1]
 
 
 # --------------------------------------------------------------------------------------------
@@ -187,31 +270,37 @@ class AttentionBackend:
         return self.use_triton and (q_len is None or q_len <= MAX_Q_LEN)
 
     def verify(self, q, k_cache, v_cache, lengths, *, collect_rows=(), logits=None, lse=None,
-               collect_sum=False):
+               collect_sum=False, sinks=None, window=None):
+        """Full (or, with ``window``, sliding-window) attention of q [B, T, H, D] over the
+        cache, each head's sink logit ``sinks`` (fp32 [H]) in the softmax. A window layer's
+        verify is the kernel's window option: its chunks cut the last W + T − 1 keys (static
+        shapes, no host read, so a CUDA graph captures it), and a window layer drafts through
+        it with T = 1 (the window is its exact draft set)."""
         q_len = q.shape[1]
         collect_sum = bool(collect_sum and collect_rows)
         if not self.use_triton or q_len > MAX_Q_LEN:
             return verify_attention_torch(q, k_cache, v_cache, lengths, collect_rows=collect_rows,
-                                          logits=logits, lse=lse, collect_sum=collect_sum)
-        key = (q_len, tuple(collect_rows), collect_sum)
+                                          logits=logits, lse=lse, collect_sum=collect_sum,
+                                          sinks=sinks, window=window)
+        key = (q_len, tuple(collect_rows), collect_sum, window)
         plan = self._verify_plans.get(key)
         if plan is None:
             plan = self._verify_plans[key] = plan_verify(*self.shape, q_len, self.max_len,
                                                          device=self.device,
                                                          collect_rows=collect_rows,
                                                          element_size=k_cache.element_size(),
-                                                         collect_sum=collect_sum)
+                                                         collect_sum=collect_sum, window=window)
         return verify_attention(q.contiguous(), k_cache, v_cache, lengths, plan,
-                                logits=logits if collect_rows else None, lse=lse)
+                                logits=logits if collect_rows else None, lse=lse, sinks=sinks)
 
-    def draft(self, q, k_cache, v_cache, indices, counts):
+    def draft(self, q, k_cache, v_cache, indices, counts, sinks=None):
         if not self.use_triton:
-            return sparse_attention_torch(q, k_cache, v_cache, indices, counts)
+            return sparse_attention_torch(q, k_cache, v_cache, indices, counts, sinks)
         if self._sparse_plan is None or self._sparse_plan.split.max_keys < indices.shape[-1]:
             self._sparse_plan = plan_sparse(*self.shape, indices.shape[-1], device=self.device,
                                             element_size=k_cache.element_size())
         return sparse_attention(q.contiguous(), k_cache, v_cache, indices, counts,
-                                self._sparse_plan)
+                                self._sparse_plan, sinks=sinks)
 
     def sparsespec_select(self, logits, lse, lengths, s, num_kv_heads, policy, ranking="best"):
         if self.use_triton:
@@ -222,6 +311,7 @@ class AttentionBackend:
 
 __all__ = ["AttentionBackend", "KVCache", "MAX_Q_LEN", "append_positions",
            "default_collect_rows", "prefill_attention", "prefill_logits", "quest_select",
-           "selected_counts", "sparse_attention_torch", "sparsespec_select_torch",
+           "selected_counts", "softmax_with_sinks", "sparse_attention_torch",
+           "sparsespec_select_torch",
            "streamingllm_select", "top_positions", "vegas_select", "verify_attention_torch",
            "write_prefill"]

@@ -1,4 +1,5 @@
-"""A compact decoder for the Llama, Qwen2 and Qwen3 families, built from a HuggingFace config.
+"""A compact decoder for the Llama, Qwen2, Qwen3 and gpt-oss families, built from a
+HuggingFace config.
 
     h = embed(tokens)
     per layer:  h += o_proj(attend(rope(q_norm(q)), rope(k_norm(k)), v))   (q, k, v of rmsnorm(h))
@@ -10,14 +11,30 @@ safetensors checkpoint loads without renaming. The model knows nothing about cac
 ``forward`` computes q/k/v of the new tokens at the given positions and hands them to an
 ``attend(layer, q, k, v)`` callable (``specsim.engine.attention``) that writes the KV cache and
 attends — full causal attention for prefill and verify, sparse attention for drafts.
-Family differences are three flags: Qwen2's q/k/v bias, Qwen3's per-head q/k RMSNorm, tied
-embeddings. RoPE is the rotate-half form HF uses, with ``llama3`` and ``linear`` scaling.
+Family differences are flags: Qwen2's q/k/v bias (gpt-oss: q/k/v and o biases), Qwen3's
+per-head q/k RMSNorm, tied embeddings, gpt-oss's attention sinks. RoPE is the rotate-half form
+HF uses, with ``llama3``, ``linear`` and ``yarn`` scaling.
+
+Per-layer attention: ``ModelArgs.layer_windows`` gives each layer's sliding window W (None:
+full attention), derived as HF does (``specsim.specs.attention_layer_types``: gpt-oss's
+``layer_types``, Qwen2's ``use_sliding_window`` / ``max_window_layers``); a window layer's row
+at position p attends keys ``p − W + 1 .. p``. gpt-oss's sinks (``self_attn.sinks`` [H], one
+logit per query head) join every row's softmax as one more logit whose value is zero: they
+enlarge the denominator only. Windows and sinks are applied by the ``attend`` callables
+(``specsim.engine.attention``), which read them from ``ModelArgs.window`` and
+:meth:`Transformer.attention_sinks`.
 
 Qwen3-MoE layers replace the MLP by routed experts (:class:`MoE`): a router, the top
 ``num_experts_per_tok`` experts per token by softmax probability (renormalised with
 ``norm_topk_prob``), and each expert's SwiGLU run as one grouped GEMM over the token-expert pairs
 sorted by expert (``torch._grouped_mm``: static shapes, so a step stays capturable in a CUDA
-graph; each routed expert's weights are read once, no pair is padded).
+graph; each routed expert's weights are read once, no pair is padded). gpt-oss's experts run
+through the same machinery with its differences: a router with a bias (``mlp.router``) whose
+top logits are softmaxed, expert biases, gate and up columns interleaved in ``gate_up_proj``
+(HF's layout, so checkpoints load as they are) and the clamped SwiGLU
+``(clamp(up, ±limit) + 1) · g·σ(1.702·g)``, ``g = min(gate, limit)``. Experts are bf16 (or
+the model's dtype): checkpoints with MXFP4 expert blocks are refused, and costs measured with
+this engine are costs of bf16 experts.
 """
 from __future__ import annotations
 
@@ -32,8 +49,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from specsim.errors import SpecsimError
+from specsim.specs import SLIDING_ATTENTION, model_spec_from_config
 
-SUPPORTED = ("llama", "qwen2", "qwen3", "qwen3_moe")
+SUPPORTED = ("llama", "qwen2", "qwen3", "qwen3_moe", "gpt_oss")
+
+#: gpt-oss's SwiGLU: glu = g·σ(SWIGLU_ALPHA·g) (HF's constant)
+SWIGLU_ALPHA = 1.702
 
 #: attend(layer, q [B, T, H, D], k [B, T, G, D], v [B, T, G, D]) -> out [B, T, H, D]
 Attend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -55,7 +76,10 @@ class ModelArgs:
     max_position: int = 8192
     tie_embeddings: bool = False
     qkv_bias: bool = False
+    o_bias: bool = False
     qk_norm: bool = False
+    attention_sinks: bool = False         # gpt-oss: one learned logit per query head and layer
+    layer_windows: tuple[int | None, ...] = ()   # per layer: sliding window W, None = full
     initializer_range: float = 0.02
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
@@ -64,6 +88,17 @@ class ModelArgs:
     moe_intermediate_size: int = 0
     norm_topk_prob: bool = False
     dense_layers: tuple[int, ...] = ()    # MoE models: layers that keep a dense MLP
+    expert_bias: bool = False             # gpt-oss: router and expert biases
+    swiglu_limit: float | None = None     # gpt-oss: clamped SwiGLU, interleaved gate/up
+
+    def window(self, layer: int) -> int | None:
+        """Layer ``layer``'s sliding window (None: full attention)."""
+        return self.layer_windows[layer] if self.layer_windows else None
+
+    @property
+    def full_layers(self) -> tuple[int, ...]:
+        """The full-attention layers (the ones that draft from a selection's lists)."""
+        return tuple(i for i in range(self.num_layers) if self.window(i) is None)
 
     def is_moe_layer(self, layer: int) -> bool:
         return self.num_experts > 0 and layer not in self.dense_layers
@@ -76,8 +111,6 @@ class ModelArgs:
         if model_type not in SUPPORTED:
             raise SpecsimError(f"the engine runs {', '.join(SUPPORTED)} models, not "
                                f"'{model_type}'")
-        if cfg.get("use_sliding_window"):
-            raise SpecsimError("sliding-window attention layers are not supported by the engine")
         if cfg.get("hidden_act", "silu") != "silu":
             raise SpecsimError(f"unsupported activation {cfg.get('hidden_act')!r} (silu only)")
         rope = dict(cfg.get("rope_parameters") or {})          # transformers 5
@@ -88,6 +121,7 @@ class ModelArgs:
             scaling = None
         theta = cfg.get("rope_theta", rope.get("rope_theta", 10000.0))
         heads = int(cfg["num_attention_heads"])
+        spec = _spec(cfg)
         eos = cfg.get("eos_token_id")
         eos = () if eos is None else tuple(eos) if isinstance(eos, list) else (int(eos),)
         return cls(
@@ -100,29 +134,45 @@ class ModelArgs:
             rope_scaling=dict(scaling) if scaling else None,
             max_position=int(cfg.get("max_position_embeddings", 8192)),
             tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            qkv_bias=model_type == "qwen2" or bool(cfg.get("attention_bias", False)),
-            qk_norm=model_type in ("qwen3", "qwen3_moe"),
+            qkv_bias=spec.qkv_bias, o_bias=spec.o_bias, qk_norm=spec.qk_norm,
+            attention_sinks=spec.attention_sinks,
+            layer_windows=tuple(spec.sliding_window if t == SLIDING_ATTENTION else None
+                                for t in spec.layer_types),
             initializer_range=float(cfg.get("initializer_range", 0.02)),
             bos_token_id=cfg.get("bos_token_id"), eos_token_ids=eos, **_moe_args(cfg))
 
 
+def _spec(cfg: dict):
+    """The cost models' reading of the config (``specsim.specs``): per-layer attention types,
+    biases, sinks. A config cut to fewer layers than its ``layer_types`` lists keeps the
+    first ``num_hidden_layers`` of them (models reduced for tests and timing)."""
+    layers = int(cfg["num_hidden_layers"])
+    types = cfg.get("layer_types")
+    if isinstance(types, list) and len(types) > layers:
+        cfg = {**cfg, "layer_types": types[:layers]}
+    return model_spec_from_config(cfg)
+
+
 def _moe_args(cfg: dict) -> dict:
-    """Qwen3-MoE's routing fields (empty for a dense model)."""
-    experts = int(cfg.get("num_experts") or 0)
+    """Qwen3-MoE's and gpt-oss's routing fields (empty for a dense model)."""
+    experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0)
     if not experts:
         return {}
     layers = int(cfg["num_hidden_layers"])
     step = int(cfg.get("decoder_sparse_step") or 1)
     dense = {int(i) for i in cfg.get("mlp_only_layers") or []}
     dense |= {i for i in range(layers) if (i + 1) % step}
-    top = int(cfg["num_experts_per_tok"])
+    top = int(cfg.get("num_experts_per_tok") or cfg["experts_per_token"])
     if not 1 <= top <= experts:
         raise SpecsimError(f"num_experts_per_tok {top} must lie in 1..num_experts ({experts})")
+    gpt_oss = cfg.get("model_type") == "gpt_oss"
     return dict(num_experts=experts, experts_per_token=top,
                 moe_intermediate_size=int(cfg.get("moe_intermediate_size")
                                           or cfg["intermediate_size"]),
-                norm_topk_prob=bool(cfg.get("norm_topk_prob", False)),
-                dense_layers=tuple(sorted(dense)))
+                # gpt-oss softmaxes its top logits: the top probabilities renormalised
+                norm_topk_prob=gpt_oss or bool(cfg.get("norm_topk_prob", False)),
+                dense_layers=tuple(sorted(dense)), expert_bias=gpt_oss,
+                swiglu_limit=float(cfg.get("swiglu_limit", 7.0)) if gpt_oss else None)
 
 
 # --------------------------------------------------------------------------------------------
@@ -149,13 +199,63 @@ def rope_frequencies(args: ModelArgs) -> torch.Tensor:
         wavelength = 2 * math.pi / inv_freq
         smooth = ((original / wavelength - low) / (high - low)).clamp(0.0, 1.0)
         return (1 - smooth) * inv_freq / factor + smooth * inv_freq
-    raise SpecsimError(f"RoPE scaling type {kind!r} is not supported (default, linear, llama3)")
+    if kind == "yarn":
+        return _yarn_frequencies(inv_freq, scaling, args)
+    raise SpecsimError(f"RoPE scaling type {kind!r} is not supported (default, linear, llama3, "
+                       f"yarn)")
+
+
+def _yarn_frequencies(inv_freq: torch.Tensor, scaling: dict, args: ModelArgs) -> torch.Tensor:
+    """YaRN (Peng et al. 2023): frequency i keeps θ_i (extrapolation) where a wavelength makes
+    more than ``beta_fast`` turns over the original context, becomes θ_i / factor
+    (interpolation) where fewer than ``beta_slow``, and ramps linearly in between. Turning
+    ``r`` times over original context ``L`` is dimension index
+    ``d(r) = D·ln(L / (2π r)) / (2 ln base)``; the ramp runs over i from ``d(beta_fast)`` to
+    ``d(beta_slow)`` (floored / ceiled unless ``truncate`` is false, as HF does), clipped to
+    0..D−1."""
+    d, base = args.head_dim, args.rope_theta
+    factor = float(scaling["factor"])
+    original = float(scaling.get("original_max_position_embeddings") or args.max_position)
+    fast, slow = float(scaling.get("beta_fast") or 32), float(scaling.get("beta_slow") or 1)
+
+    def index(turns: float) -> float:
+        return d * math.log(original / (turns * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = index(fast), index(slow)
+    if scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, d - 1)
+    if low == high:
+        high += 0.001
+    ramp = ((torch.arange(d // 2, dtype=torch.float64) - low) / (high - low)).clamp(0.0, 1.0)
+    return inv_freq / factor * ramp + inv_freq * (1 - ramp)
+
+
+def rope_attention_factor(args: ModelArgs) -> float:
+    """What cos and sin are multiplied by: YaRN's ``attention_factor`` (default
+    ``0.1·ln(factor) + 1``, or ``mscale`` / ``mscale_all_dim``'s ratio), 1 otherwise."""
+    scaling = args.rope_scaling or {}
+    if scaling.get("rope_type", scaling.get("type")) != "yarn":
+        return 1.0
+    if scaling.get("attention_factor") is not None:
+        return float(scaling["attention_factor"])
+    factor = float(scaling["factor"])
+
+    def mscale(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    if scaling.get("mscale") and scaling.get("mscale_all_dim"):
+        return mscale(factor, float(scaling["mscale"])) / mscale(factor,
+                                                                float(scaling["mscale_all_dim"]))
+    return mscale(factor)
 
 
 def rope_table(args: ModelArgs, length: int, device) -> torch.Tensor:
-    """cos and sin of every position < ``length``: fp32 [length, 2, D/2]."""
+    """cos and sin of every position < ``length`` (times the scaling's attention factor):
+    fp32 [length, 2, D/2]."""
     angle = torch.outer(torch.arange(length, dtype=torch.float64), rope_frequencies(args))
-    return torch.stack([angle.cos(), angle.sin()], dim=1).float().to(device)
+    table = torch.stack([angle.cos(), angle.sin()], dim=1) * rope_attention_factor(args)
+    return table.float().to(device)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -190,7 +290,9 @@ class Attention(nn.Module):
         self.q_proj = nn.Linear(h, args.num_heads * d, bias=args.qkv_bias)
         self.k_proj = nn.Linear(h, args.num_kv_heads * d, bias=args.qkv_bias)
         self.v_proj = nn.Linear(h, args.num_kv_heads * d, bias=args.qkv_bias)
-        self.o_proj = nn.Linear(args.num_heads * d, h, bias=False)
+        self.o_proj = nn.Linear(args.num_heads * d, h, bias=args.o_bias)
+        if args.attention_sinks:
+            self.sinks = nn.Parameter(torch.empty(args.num_heads))
         if args.qk_norm:
             self.q_norm = RMSNorm(d, args.rms_norm_eps)
             self.k_norm = RMSNorm(d, args.rms_norm_eps)
@@ -259,13 +361,31 @@ class MLP(nn.Module):
 
 
 class Experts(nn.Module):
-    """Every expert's SwiGLU weights stacked: ``gate_up_proj`` [E, H, 2I] (gate then up) and
-    ``down_proj`` [E, I, H], laid out as the grouped GEMM reads them (x @ w)."""
+    """Every expert's SwiGLU weights stacked: ``gate_up_proj`` [E, H, 2I] and ``down_proj``
+    [E, I, H], laid out as the grouped GEMM reads them (x @ w); with ``bias`` (gpt-oss)
+    ``gate_up_proj_bias`` [E, 2I] and ``down_proj_bias`` [E, H]. ``swiglu_limit`` None: the
+    gate's columns then the up's, SwiGLU ``silu(gate)·up``; a limit (gpt-oss): gate and up
+    columns interleaved (gate 2j, up 2j + 1, HF's layout) and the clamped SwiGLU."""
 
-    def __init__(self, experts: int, hidden: int, inter: int):
+    def __init__(self, experts: int, hidden: int, inter: int, bias: bool = False,
+                 swiglu_limit: float | None = None):
         super().__init__()
         self.gate_up_proj = nn.Parameter(torch.empty(experts, hidden, 2 * inter))
         self.down_proj = nn.Parameter(torch.empty(experts, inter, hidden))
+        if bias:
+            self.gate_up_proj_bias = nn.Parameter(torch.empty(experts, 2 * inter))
+            self.down_proj_bias = nn.Parameter(torch.empty(experts, hidden))
+        self.bias = bias
+        self.limit = swiglu_limit
+
+    def activation(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """The SwiGLU of gate|up rows [N, 2I]: [N, I]."""
+        if self.limit is None:
+            gate, up = gate_up.chunk(2, dim=-1)
+            return F.silu(gate) * up
+        gate = gate_up[:, 0::2].clamp(max=self.limit)
+        up = gate_up[:, 1::2].clamp(-self.limit, self.limit)
+        return (up + 1) * (gate * torch.sigmoid(SWIGLU_ALPHA * gate))
 
 
 def grouped_mm(x: torch.Tensor, w: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
@@ -284,23 +404,32 @@ def grouped_mm(x: torch.Tensor, w: torch.Tensor, ends: torch.Tensor) -> torch.Te
 
 
 class MoE(nn.Module):
-    """Routed experts (Qwen3-MoE): ``gate`` [E, H] routes each token to its top
-    ``experts_per_token`` experts; their SwiGLU outputs are summed with the routing weights."""
+    """Routed experts: the router (Qwen3-MoE's ``gate`` [E, H]; gpt-oss's ``router`` with a
+    bias) sends each token to its top ``experts_per_token`` experts; their SwiGLU outputs are
+    summed with the routing weights."""
 
     def __init__(self, args: ModelArgs):
         super().__init__()
         self.top = args.experts_per_token
         self.norm_topk = args.norm_topk_prob
-        self.gate = nn.Linear(args.hidden_size, args.num_experts, bias=False)
-        self.experts = Experts(args.num_experts, args.hidden_size, args.moe_intermediate_size)
+        router = nn.Linear(args.hidden_size, args.num_experts, bias=args.expert_bias)
+        if args.expert_bias:
+            self.router = router
+        else:
+            self.gate = router
+        self.experts = Experts(args.num_experts, args.hidden_size, args.moe_intermediate_size,
+                               args.expert_bias, args.swiglu_limit)
 
     def route(self, x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Routing weights and experts [T, top] of the tokens x2 [T, H] (fp32 softmax)."""
-        probs = torch.softmax(self.gate(x2).float(), dim=-1)
-        weights, experts = torch.topk(probs, self.top, dim=-1)
+        """Routing weights and experts [T, top] of the tokens x2 [T, H] (fp32): the top
+        logits' softmax probabilities over all experts, or with ``norm_topk`` over the top
+        ones (= the softmax of the top logits, gpt-oss's routing)."""
+        router = self.router if hasattr(self, "router") else self.gate
+        logits = router(x2).float()
+        top, experts = torch.topk(logits, self.top, dim=-1)
         if self.norm_topk:
-            weights = weights / weights.sum(dim=-1, keepdim=True)
-        return weights, experts
+            return torch.softmax(top, dim=-1), experts
+        return torch.exp(top - torch.logsumexp(logits, dim=-1, keepdim=True)), experts
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
@@ -313,8 +442,13 @@ class MoE(nn.Module):
                              device=x.device)          # a static shape (bincount's is not)
         counts.scatter_add_(0, flat, torch.ones_like(flat, dtype=torch.int32))
         ends = torch.cumsum(counts, 0, dtype=torch.int32)
-        gate, up = grouped_mm(x2[token], self.experts.gate_up_proj, ends).chunk(2, dim=-1)
-        out = grouped_mm(F.silu(gate) * up, self.experts.down_proj, ends)   # SwiGLU
+        bank = self.experts
+        gate_up = grouped_mm(x2[token], bank.gate_up_proj, ends)
+        if bank.bias:       # each pair's expert's biases
+            gate_up = gate_up + bank.gate_up_proj_bias[flat[order]]
+        out = grouped_mm(bank.activation(gate_up), bank.down_proj, ends)
+        if bank.bias:
+            out = out + bank.down_proj_bias[flat[order]]
         out = out * weights.flatten()[order, None].to(out.dtype)
         return torch.zeros_like(x2).index_add_(0, token, out).reshape(shape)
 
@@ -406,6 +540,12 @@ class Transformer(nn.Module):
         if settings.compile_layers:
             self.compile_layers()
 
+    def attention_sinks(self) -> list[torch.Tensor | None]:
+        """Each layer's sinks as fp32 [H] (what the attention kernels take), or None per layer
+        for a model without sinks."""
+        return [layer.self_attn.sinks.float() if hasattr(layer.self_attn, "sinks") else None
+                for layer in self.model.layers]
+
     def setup_rope(self, length: int) -> None:
         """Precompute cos/sin for positions < ``length`` on the model's device."""
         self.rope = rope_table(self.args, length, self.lm_head.weight.device)
@@ -476,6 +616,10 @@ def load_weights(model: Transformer, folder: str | Path) -> None:
     with torch.no_grad():
         for path in safetensors_files(Path(folder)):
             for name, tensor in load_file(str(path), device="cpu").items():
+                if name.endswith(("_blocks", "_scales")):
+                    raise SpecsimError(f"{path.name}: {name} is an MXFP4-quantised expert "
+                                       f"weight; the engine runs bf16 experts only "
+                                       f"(dequantise the checkpoint to bf16 first)")
                 stacked = _expert_slice(model, params, name, tensor)
                 if stacked is not None:
                     stacked.copy_(tensor.to(device).T)

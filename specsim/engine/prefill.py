@@ -19,7 +19,7 @@ class PrefillState:
     """The prefill of a generate call's prompts (all of them, queued ones included), kept to
     be loaded into other engines (same prompts; another policy, k or s): per prompt and layer
     the prompt's K/V [T, G, D], the pre-softmax logits [H, R, T] and lse [H, R] of its last
-    R ≤ 16 rows, and the last logits [N, V]."""
+    R ≤ 16 rows (None for a sliding-window layer), and the last logits [N, V]."""
 
     def __init__(self, lengths: list[int]):
         self.lengths = list(lengths)
@@ -95,7 +95,7 @@ class Prefill:
             for layer in range(self.args.num_layers):
                 attention.write_prefill(self.cache, layer, b, source.k[r][layer],
                                         source.v[r][layer])
-                if self.rows:
+                if self.rows and source.row_logits[r][layer] is not None:
                     self._store_rows(layer, b, source.row_logits[r][layer],
                                      source.row_lse[r][layer])
             return source.logits[r].to(self.device)
@@ -108,19 +108,24 @@ class Prefill:
         return logits
 
     def _attend(self, b: int, length: int, rows: int, keep: PrefillState | None, r: int):
-        """Prefill of one prompt into slot ``b`` (recorded as prompt ``r`` of ``keep``)."""
-        cache = self.cache
+        """Prefill of one prompt into slot ``b`` (recorded as prompt ``r`` of ``keep``); the
+        last rows' logits of the layers that draft from lists (a window layer's are not
+        collected)."""
+        cache, windows, sinks = self.cache, self.steps.windows, self.steps.sinks
 
         def attend(layer, q, k, v):
             attention.write_prefill(cache, layer, b, k[0], v[0])
             wanted = keep.rows(length) if keep is not None else rows
-            if wanted:
-                logits, lse = attention.prefill_logits(q[0, -wanted:], k[0], length - wanted)
+            logits = lse = None
+            if wanted and windows[layer] is None:
+                logits, lse = attention.prefill_logits(q[0, -wanted:], k[0], length - wanted,
+                                                       sinks[layer])
                 if rows:
                     self._store_rows(layer, b, logits, lse)
-                if keep is not None:
-                    keep.add(r, layer, k[0], v[0], logits, lse)
-            return attention.prefill_attention(q, k, v)
+            if keep is not None:
+                keep.add(r, layer, k[0], v[0], logits, lse)
+            return attention.prefill_attention(q, k, v, window=windows[layer],
+                                               sinks=sinks[layer])
         return attend
 
     def _store_rows(self, layer: int, b: int, logits: torch.Tensor, lse: torch.Tensor) -> None:
@@ -151,10 +156,11 @@ class Prefill:
                 attention.write_prefill(self.cache, layer, b,
                                         self.cache.k(layer)[b, :, :n].transpose(0, 1),
                                         self.cache.v(layer)[b, :, :n].transpose(0, 1))
-            if self.selection.logits is not None:
-                logits = self.selection.logits[layer, b].normal_(generator=generator)
+            slot = self.selection.slot(layer)
+            if self.selection.logits is not None and slot is not None:
+                logits = self.selection.logits[slot, b].normal_(generator=generator)
                 if self.selection.lse is not None:
-                    self.selection.lse[layer, b] = torch.logsumexp(logits.float(), -1)[..., :1]
+                    self.selection.lse[slot, b] = torch.logsumexp(logits.float(), -1)[..., :1]
         return torch.randn(self.args.vocab_size, generator=generator, device=self.device)
 
     def select(self) -> None:

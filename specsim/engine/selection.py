@@ -15,7 +15,10 @@ for the logits the verify pass collects. Each iteration then
 3. ``append(positions)`` at every draft step: the drafted token's own position joins every
    layer's list (draft tokens attend to themselves and to earlier drafts).
 
-Quest has no lists here: it re-scores pages from the draft query inside each layer
+Only full-attention layers draft from lists: a model with sliding-window layers (gpt-oss)
+gives their indices as ``layers``, and every buffer has one slot per listed layer
+(``slot(layer)``); a window layer drafts over its own window (``specsim.engine.steps``) and
+collects nothing. Quest has no lists here: it re-scores pages from the draft query inside each layer
 (``quest_lists``). After prefill the same ``refresh`` runs on the last R prompt rows
 (vegas-all: the last min(k_max + 1, 16)). Budgets are ``specsim.policies``' rule only (through
 ``selected_counts``/``Policy.selected``).
@@ -66,9 +69,13 @@ class DraftSelection:
                  num_heads: int, num_kv_heads: int, max_len: int, k_max: int,
                  backend: attention.AttentionBackend, logits_dtype: torch.dtype,
                  device: torch.device, proxy_check: bool = False, c2q: str = "sum",
-                 ranking: str = "best"):
+                 ranking: str = "best", layers: tuple[int, ...] | None = None):
         self.policy = get_policy(policy) if isinstance(policy, str) else policy
         self.s, self.backend = s, backend
+        #: the model layers that draft from lists (default: all ``num_layers``), slot by slot
+        self.layers = tuple(range(num_layers)) if layers is None else tuple(layers)
+        self._slots = {layer: i for i, layer in enumerate(self.layers)}
+        num_layers = len(self.layers)
         self.num_layers, self.batch, self.max_len = num_layers, batch, max_len
         self.num_kv_heads, self.k_max = num_kv_heads, k_max
         self.kind = self.policy.name
@@ -86,7 +93,7 @@ class DraftSelection:
             raise SpecsimError(f"the proxy check compares Vegas' two collected rows with all "
                                f"verify rows; it runs with vegas or vegas-all, not "
                                f"'{self.kind}'")
-        if self.kind in ("full", "quest"):
+        if self.kind in ("full", "quest") or not num_layers:
             return
         self.capacity = self.policy.selected(max_len, s)
         lists = (num_layers, batch) + ((num_kv_heads,) if self.policy.per_kv_head else ())
@@ -111,6 +118,11 @@ class DraftSelection:
                 device=device)
             self.proxy = ProxyCheck(self.policy, s, buffer)
 
+    def slot(self, layer: int) -> int | None:
+        """Where model layer ``layer``'s lists and collected rows sit (None: a layer that does
+        not draft from lists)."""
+        return self._slots.get(layer)
+
     # ---- what the verify pass collects ------------------------------------------------------
     def collect_rows(self, q_len: int) -> tuple[int, ...]:
         if self.proxy is not None:
@@ -132,8 +144,9 @@ class DraftSelection:
                                 "vegas-all": min(self.k_max + 1, SPARSESPEC_WINDOW)}[self.kind])
 
     def layer_logits(self, layer: int, rows: int) -> torch.Tensor:
-        """Where verify writes its collected rows for ``layer``: [B, H, rows, max_len] (summed:
-        [B, 1, 1, max_len])."""
+        """Where verify writes its collected rows for ``layer`` (a listed one): [B, H, rows,
+        max_len] (summed: [B, 1, 1, max_len])."""
+        layer = self._slots[layer]
         if self.proxy is not None:
             return self.proxy.logits[layer, :, :, :rows]
         if self.summed:
@@ -143,7 +156,10 @@ class DraftSelection:
     def store_prefill_rows(self, layer: int, b: int, logits: torch.Tensor,
                            lse: torch.Tensor, rows: int) -> None:
         """The last ``rows`` of a prompt's row logits [H, R, T] and lse [H, R] into slot ``b``
-        (summed over heads and rows when ``summed``)."""
+        (summed over heads and rows when ``summed``); nothing for a layer without lists."""
+        layer = self.slot(layer)
+        if layer is None or self.logits is None:
+            return
         length = logits.shape[-1]
         if self.summed:
             self.logits[layer, b, :, :, :length] = summed_logits(logits[None, :, -rows:])[0]
@@ -162,7 +178,7 @@ class DraftSelection:
         return self.proxy.measure(lengths, q_len, pair)
 
     def layer_lse(self, layer: int, q_len: int) -> torch.Tensor | None:
-        return None if self.lse is None else self.lse[layer, :, :, :q_len]
+        return None if self.lse is None else self.lse[self._slots[layer], :, :, :q_len]
 
     # ---- refresh after verify (or prefill) --------------------------------------------------
     def refresh(self, lengths: torch.Tensor, rows: int, last_row: torch.Tensor | None = None,
@@ -215,7 +231,8 @@ class DraftSelection:
                                    positions.repeat(self.num_layers))
 
     def layer_lists(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.indices[layer], self.counts[layer]
+        slot = self._slots[layer]
+        return self.indices[slot], self.counts[slot]
 
     def quest_lists(self, q: torch.Tensor, cache: attention.KVCache, layer: int
                     ) -> tuple[torch.Tensor, torch.Tensor]:

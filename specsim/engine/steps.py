@@ -36,33 +36,45 @@ class Steps:
         self.last_row = torch.zeros(batch, dtype=torch.long, device=self.device)
         self._refresh_pool = None
         self._verify_inputs: dict[int, torch.Tensor] = {}
+        #: each layer's sliding window (None: full) and fp32 sinks (None: none), read once
+        self.windows = [model.args.window(i) for i in range(model.args.num_layers)]
+        self.sinks = model.attention_sinks()
 
     # ---- attention callables for the model ----------------------------------------------------
     def _verify_attend(self, q_len: int, rows: tuple[int, ...]):
         cache, selection, backend = self.cache, self.selection, self.backend
+        windows, sinks = self.windows, self.sinks
 
         def attend(layer, q, k, v):
             cache.write(layer, k.transpose(1, 2), v.transpose(1, 2))
+            window = windows[layer]
+            if window is not None:          # window layers collect nothing (no lists)
+                return backend.verify(q, cache.k(layer), cache.v(layer), cache.lengths,
+                                      sinks=sinks[layer], window=window)
             logits = selection.layer_logits(layer, len(rows)) if rows else None
             lse = selection.layer_lse(layer, q_len) if rows else None
             return backend.verify(q, cache.k(layer), cache.v(layer), cache.lengths,
                                   collect_rows=rows, logits=logits, lse=lse,
-                                  collect_sum=selection.summed)
+                                  collect_sum=selection.summed, sinks=sinks[layer])
         return attend
 
     def _draft_attend(self):
+        """Draft attention: a policy's lists in full-attention layers; a sliding-window layer
+        attends its window (exact: what it attends in verify too) through verify's q = 1."""
         cache, selection, backend, kind = self.cache, self.selection, self.backend, self.kind
+        windows, sinks = self.windows, self.sinks
 
         def attend(layer, q, k, v):
             cache.write(layer, k.transpose(1, 2), v.transpose(1, 2))
-            if kind == "full":
-                return backend.verify(q, cache.k(layer), cache.v(layer), cache.lengths)
+            if kind == "full" or windows[layer] is not None:
+                return backend.verify(q, cache.k(layer), cache.v(layer), cache.lengths,
+                                      sinks=sinks[layer], window=windows[layer])
             if kind == "quest":
                 indices, counts = selection.quest_lists(q[:, 0], cache, layer)
             else:
                 indices, counts = selection.layer_lists(layer)
             return backend.draft(q[:, 0], cache.k(layer), cache.v(layer), indices,
-                                 counts)[:, None]
+                                 counts, sinks[layer])[:, None]
         return attend
 
     # ---- the passes, as functions of the static buffers -------------------------------------

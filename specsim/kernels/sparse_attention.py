@@ -7,11 +7,12 @@ head):
 
     out_{b,h} = Σ_{n∈I} softmax_{n∈I}(scale · q_{b,h} · K_{b,g,n}) V_{b,g,n}
 
-— exactly full attention restricted to ``I``. Lists hold int32 positions into the sequence's
-cache, each ``< lengths[b]``, without duplicates, in any order (sorted lists read memory in
-order, which is kinder to DRAM pages). Entries past the count are ignored. An empty list gives a
-zero output. Positions are not bounds-checked in the kernel (that would cost a compare per key);
-``sparse_attention_reference`` checks them.
+— exactly full attention restricted to ``I``. With ``sinks`` (fp32 [num_heads], gpt-oss) each
+head's sink logit joins the softmax's denominator (``split_kv``'s ``add_sink``). Lists hold
+int32 positions into the sequence's cache, each ``< lengths[b]``, without duplicates, in any
+order (sorted lists read memory in order, which is kinder to DRAM pages). Entries past the
+count are ignored. An empty list gives a zero output. Positions are not bounds-checked in the
+kernel (that would cost a compare per key); ``sparse_attention_reference`` checks them.
 
 Draft tokens appended after the selection was made are *not* added automatically: append their
 positions to the lists (``selection.append_positions``).
@@ -33,12 +34,12 @@ from dataclasses import dataclass, field
 import torch
 
 from specsim.kernels._runtime import default_device, next_power_of_2, tl, triton
-from specsim.kernels.split_kv import (SplitPlan, combine, fit_shared_memory, plan_splits,
-                                      softmax_update, store_partial, workspace)
+from specsim.kernels.split_kv import (SplitPlan, add_sink, combine, fit_shared_memory,
+                                      plan_splits, softmax_update, store_partial, workspace)
 
 
 @triton.jit
-def _sparse_kernel(Q, K, V, Indices, Counts, Out, PartOut, PartLse,
+def _sparse_kernel(Q, K, V, Indices, Counts, Out, PartOut, PartLse, Sinks,
                    stride_qb, stride_qh,
                    stride_kb, stride_kh, stride_kt,
                    stride_vb, stride_vh, stride_vt,
@@ -46,7 +47,8 @@ def _sparse_kernel(Q, K, V, Indices, Counts, Out, PartOut, PartLse,
                    stride_ob, stride_oh,
                    split_size, num_splits, sm_scale,
                    NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DIRECT_OUTPUT: tl.constexpr):
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DIRECT_OUTPUT: tl.constexpr,
+                   HAS_SINKS: tl.constexpr):
     pid = tl.program_id(0)
     split = tl.program_id(1)
     b = (pid // NUM_KV_HEADS).to(tl.int64)  # 64-bit: batch strides can pass 2**31
@@ -90,6 +92,8 @@ def _sparse_kernel(Q, K, V, Indices, Counts, Out, PartOut, PartLse,
         acc, m_i, l_i = softmax_update(acc, m_i, l_i, s, qk_scale, v)
 
     if DIRECT_OUTPUT:
+        if HAS_SINKS:
+            acc, m_i, l_i = add_sink(acc, m_i, l_i, Sinks, head, row_ok)
         out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
         tl.store(Out + b * stride_ob + head[:, None] * stride_oh + dims[None, :],
                  out.to(Out.dtype.element_ty), mask=row_ok[:, None])
@@ -151,8 +155,10 @@ def plan_sparse(batch: int, num_heads: int, num_kv_heads: int, head_dim: int,
 def sparse_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                      indices: torch.Tensor, counts: torch.Tensor,
                      plan: SparsePlan | None = None, *, out: torch.Tensor | None = None,
-                     sm_scale: float | None = None) -> torch.Tensor:
+                     sm_scale: float | None = None,
+                     sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Run sparse draft attention (module docstring); returns ``out`` [batch, heads, head_dim].
+    ``sinks``: fp32 [num_heads] sink logits, or None.
 
     ``counts`` must not exceed the ``max_selected`` the plan was made for (not checked).
     """
@@ -167,6 +173,7 @@ def sparse_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     assert indices.dtype == torch.int32 and counts.dtype == torch.int32
     assert indices.stride(-1) == 1 and counts.dim() == indices.dim() - 1
     assert q.stride(-1) == 1 and k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1
+    assert sinks is None or (sinks.dtype == torch.float32 and sinks.shape == (num_heads,))
     if sm_scale is None:
         sm_scale = 1.0 / math.sqrt(head_dim)
     if out is None:
@@ -179,6 +186,7 @@ def sparse_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     _sparse_kernel[grid](
         q, k_cache, v_cache, indices, counts, out,
         plan.partial_out if not direct else out, plan.partial_lse if not direct else out,
+        sinks if sinks is not None else out,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
@@ -187,18 +195,20 @@ def sparse_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         split.split_size, split.num_splits, sm_scale,
         NUM_KV_HEADS=num_kv_heads, GROUP=plan.group, HEAD_DIM=head_dim,
         BLOCK_M=plan.block_m, BLOCK_N=split.block_n, DIRECT_OUTPUT=direct,
-        num_warps=plan.num_warps, num_stages=plan.num_stages)
+        HAS_SINKS=sinks is not None, num_warps=plan.num_warps, num_stages=plan.num_stages)
     if not direct:
         combine(plan.partial_out, plan.partial_lse, counts, per_kv_head, out.unsqueeze(1), None,
-                split, num_kv_heads=num_kv_heads, q_len=1, group=plan.group)
+                split, num_kv_heads=num_kv_heads, q_len=1, group=plan.group, sinks=sinks)
     return out
 
 
 def sparse_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                                indices: torch.Tensor, counts: torch.Tensor,
                                lengths: torch.Tensor | None = None, *,
-                               sm_scale: float | None = None) -> torch.Tensor:
-    """The definition, in fp32 torch, one (sequence, KV head) at a time; checks the lists."""
+                               sm_scale: float | None = None,
+                               sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """The definition, in fp32 torch, one (sequence, KV head) at a time; checks the lists
+    (``sinks`` [H]: one more logit per head, of value 0, in the softmax)."""
     batch, num_heads, head_dim = q.shape
     kv_heads = k_cache.shape[1]
     group = num_heads // kv_heads
@@ -210,6 +220,7 @@ def sparse_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: 
                 chosen = indices[b, g, :int(counts[b, g])].long()
             else:
                 chosen = indices[b, :int(counts[b])].long()
+            heads = slice(g * group, (g + 1) * group)
             if chosen.numel() == 0:
                 continue
             limit = int(lengths[b]) if lengths is not None else k_cache.shape[2]
@@ -217,9 +228,10 @@ def sparse_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: 
             assert chosen.unique().numel() == chosen.numel(), "duplicate positions"
             keys = k_cache[b, g, chosen].float()
             values = v_cache[b, g, chosen].float()
-            heads = slice(g * group, (g + 1) * group)
             s = q[b, heads].float() @ keys.T * scale
-            out[b, heads] = torch.softmax(s, -1) @ values
+            if sinks is not None:
+                s = torch.cat([s, sinks.float()[heads, None]], -1)
+            out[b, heads] = torch.softmax(s, -1)[:, :chosen.numel()] @ values
     return out
 
 

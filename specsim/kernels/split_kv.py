@@ -16,6 +16,16 @@ Chunks past a sequence's key count are empty; their programs write nothing and t
 reads only the first ``ceil(count / split_size)`` chunks. A row that attends to no key at all
 (a sparse list of length 0) gets an output of zeros.
 
+Attention sinks (gpt-oss: one logit ``sink_h`` per query head that joins every row's softmax
+denominator and nothing else) are folded in once, where a row is normalised: by the kernel
+itself when it writes its output directly, else by the combine (``add_sink``):
+
+    o = Σ_n 2^{s_n} v_n / (Σ_n 2^{s_n} + 2^{log2(e)·sink_h}),
+
+and the log-sum-exp the kernels return then includes the sink (the log of that denominator),
+so that ``exp(scale·q·k_n − lse)`` is key n's actual attention weight. Sink-free launches
+compile without it (``HAS_SINKS`` false).
+
 Workspace layout (fp32, allocated once by the planners):
 ``partial_out[b·kv_heads + h, j, row, d]`` and ``partial_lse[b·kv_heads + h, j, row]``.
 Row ``r`` of a tile is query head ``h·group + r // q_len`` at query token ``r % q_len``.
@@ -115,6 +125,16 @@ def softmax_update(acc, m_i, l_i, s, qk_scale, v):
 
 
 @triton.jit
+def add_sink(acc, m_i, l_i, Sinks, head, row_ok):
+    """Fold each row's sink logit (natural units, ``Sinks[head]``) into its running output
+    ``acc``, base-2 max ``m_i`` and sum ``l_i``, as one more key with value 0."""
+    sink = tl.load(Sinks + head, mask=row_ok, other=0.0) * 1.4426950408889634
+    m_new = tl.maximum(m_i, sink)
+    alpha = tl.exp2(m_i - m_new)                      # 0 for a row that saw no key
+    return acc * alpha[:, None], m_new, l_i * alpha + tl.exp2(sink - m_new)
+
+
+@triton.jit
 def store_partial(PartOut, PartLse, part, acc, m_i, l_i,
                   BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr):
     """Write one chunk's normalised output and base-2 log-sum-exp to the workspace."""
@@ -128,16 +148,20 @@ def store_partial(PartOut, PartLse, part, acc, m_i, l_i,
 
 
 @triton.jit
-def _store_merged(Out, Lse, b, kvh, rows, dims, acc, m, total,
+def _store_merged(Out, Lse, Sinks, b, kvh, rows, dims, acc, m, total,
                   stride_ob, stride_ot, stride_oh, stride_lb, stride_lh, stride_lt,
-                  Q_LEN: tl.constexpr, GROUP: tl.constexpr, WRITE_LSE: tl.constexpr):
+                  Q_LEN: tl.constexpr, GROUP: tl.constexpr, WRITE_LSE: tl.constexpr,
+                  HAS_SINKS: tl.constexpr):
     """Normalise the merged rows (tile row r = head ``kvh·GROUP + r // Q_LEN``, token
-    ``r % Q_LEN``) into ``Out`` and, with ``WRITE_LSE``, their natural log-sum-exp into ``Lse``;
-    padding rows are not written."""
-    out = acc / tl.where(total > 0.0, total, 1.0)[:, None]
+    ``r % Q_LEN``; with ``HAS_SINKS`` each head's sink in the denominator) into ``Out`` and,
+    with ``WRITE_LSE``, their natural log-sum-exp into ``Lse``; padding rows are not
+    written."""
     head = kvh * GROUP + rows // Q_LEN
     tok = rows % Q_LEN
     row_ok = rows < GROUP * Q_LEN
+    if HAS_SINKS:
+        acc, m, total = add_sink(acc, m, total, Sinks, head, row_ok)
+    out = acc / tl.where(total > 0.0, total, 1.0)[:, None]
     tl.store(Out + b * stride_ob + tok[:, None] * stride_ot + head[:, None] * stride_oh
              + dims[None, :], out.to(Out.dtype.element_ty), mask=row_ok[:, None])
     if WRITE_LSE:
@@ -146,17 +170,20 @@ def _store_merged(Out, Lse, b, kvh, rows, dims, acc, m, total,
 
 
 @triton.jit
-def _combine_kernel(PartOut, PartLse, Counts, Out, Lse,
+def _combine_kernel(PartOut, PartLse, Counts, Out, Lse, Sinks,
                     stride_cb, stride_ch,
                     stride_ob, stride_ot, stride_oh,
                     stride_lb, stride_lh, stride_lt,
                     split_size, num_splits,
                     NUM_KV_HEADS: tl.constexpr, Q_LEN: tl.constexpr, GROUP: tl.constexpr,
-                    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, WRITE_LSE: tl.constexpr):
+                    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, WRITE_LSE: tl.constexpr,
+                    HAS_SINKS: tl.constexpr, WINDOW: tl.constexpr):
     pid = tl.program_id(0)
     b = (pid // NUM_KV_HEADS).to(tl.int64)  # 64-bit: batch strides can pass 2**31
     kvh = (pid % NUM_KV_HEADS).to(tl.int64)
     count = tl.load(Counts + b * stride_cb + kvh * stride_ch)
+    if WINDOW > 0:      # a window layer's chunks cut its last W + q − 1 keys, not all of them
+        count = tl.minimum(count, WINDOW + Q_LEN - 1)
     used_splits = tl.cdiv(count, split_size)
 
     rows = tl.arange(0, BLOCK_M)
@@ -176,16 +203,19 @@ def _combine_kernel(PartOut, PartLse, Counts, Out, Lse,
         total = total * alpha + w
         m = m_new
 
-    _store_merged(Out, Lse, b, kvh, rows, dims, acc, m, total,
+    _store_merged(Out, Lse, Sinks, b, kvh, rows, dims, acc, m, total,
                   stride_ob, stride_ot, stride_oh, stride_lb, stride_lh, stride_lt,
-                  Q_LEN, GROUP, WRITE_LSE)
+                  Q_LEN, GROUP, WRITE_LSE, HAS_SINKS)
 
 
 def combine(partial_out: torch.Tensor, partial_lse: torch.Tensor, counts: torch.Tensor,
             counts_per_kv_head: bool, out: torch.Tensor, lse: torch.Tensor | None,
-            split: SplitPlan, *, num_kv_heads: int, q_len: int, group: int) -> None:
+            split: SplitPlan, *, num_kv_heads: int, q_len: int, group: int,
+            sinks: torch.Tensor | None = None, window: int = 0) -> None:
     """Merge the chunks of every (sequence, KV head) into ``out[b, t, head, d]`` (and the natural
-    log-sum-exp of each row into ``lse[b, head, t]`` when given)."""
+    log-sum-exp of each row into ``lse[b, head, t]`` when given), each head's sink logit
+    (``sinks`` fp32 [heads]) in the denominator. ``window`` W > 0: the chunks cut each
+    sequence's last ``min(count, W + q − 1)`` keys (a sliding-window verify)."""
     batch = out.shape[0]
     head_dim = out.shape[-1]
     block_m = partial_out.shape[2]
@@ -195,12 +225,14 @@ def combine(partial_out: torch.Tensor, partial_lse: torch.Tensor, counts: torch.
     lse_strides = lse.stride() if lse is not None else (0, 0, 0)
     _combine_kernel[(batch * num_kv_heads,)](
         partial_out, partial_lse, counts, out, lse_arg,
+        sinks if sinks is not None else partial_lse,
         stride_cb, stride_ch,
         out.stride(0), out.stride(1), out.stride(2),
         *lse_strides,
         split.split_size, split.num_splits,
         NUM_KV_HEADS=num_kv_heads, Q_LEN=q_len, GROUP=group, HEAD_DIM=head_dim,
-        BLOCK_M=block_m, WRITE_LSE=lse is not None, num_warps=4)
+        BLOCK_M=block_m, WRITE_LSE=lse is not None, HAS_SINKS=sinks is not None,
+        WINDOW=window, num_warps=4)
 
 
 def workspace(batch_kv_heads: int, split: SplitPlan, block_m: int, head_dim: int,
@@ -233,6 +265,6 @@ def fit_shared_memory(block_m: int, block_n: int, head_dim: int, num_stages: int
     return block_n, num_stages
 
 
-__all__ = ["LOG2E", "SplitPlan", "combine", "fit_shared_memory", "plan_splits",
+__all__ = ["LOG2E", "SplitPlan", "add_sink", "combine", "fit_shared_memory", "plan_splits",
            "softmax_update", "store_partial", "wave_splits",
            "workspace"]

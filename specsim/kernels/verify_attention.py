@@ -9,6 +9,12 @@ of which belong to the tokens being verified (they are appended before the call)
     s_{t,n} = scale · q_{b,t,h} · K_{b,g,n},      n < L_b      (scale = 1/sqrt(head_dim))
     out_{b,t,h} = Σ_{n ≤ p_t} softmax_n(s_{t,·})  V_{b,g,n}
 
+Sliding windows and sinks. A plan made with ``window`` W attends each row to keys
+``p_t − W < n ≤ p_t`` only: its chunks cover the sequence's last ``W + q − 1`` keys (from
+``max(0, L_b − q − W + 1)``), so a window layer reads about W keys whatever the context.
+``sinks`` (fp32 [num_heads], gpt-oss) adds ``exp(sink_h)`` to every row's softmax
+denominator (``split_kv``'s ``add_sink``); ``lse`` then includes it.
+
 Row conventions. Row 0 is the last accepted token, rows ``1..k`` are the drafts, so row 1 is the
 **first draft token** and row ``q − 1`` the **last token**, whose output yields the bonus token.
 
@@ -50,8 +56,8 @@ from dataclasses import dataclass, field
 import torch
 
 from specsim.kernels._runtime import INTERPRETED, default_device, next_power_of_2, tl, triton
-from specsim.kernels.split_kv import (SplitPlan, combine, fit_shared_memory, plan_splits,
-                                      softmax_update, store_partial, workspace)
+from specsim.kernels.split_kv import (SplitPlan, add_sink, combine, fit_shared_memory,
+                                      plan_splits, softmax_update, store_partial, workspace)
 from specsim.settings import MAX_Q_LEN
 
 
@@ -94,7 +100,7 @@ def _store_collected(s, k, q_c, c_ptrs, c_ok, keys, key_ok, sm_scale,
 
 
 @triton.jit
-def _verify_kernel(Q, K, V, Lengths, Out, Lse, PartOut, PartLse, Logits,
+def _verify_kernel(Q, K, V, Lengths, Out, Lse, PartOut, PartLse, Logits, Sinks,
                    stride_qb, stride_qt, stride_qh,
                    stride_kb, stride_kh, stride_kt,
                    stride_vb, stride_vh, stride_vt,
@@ -107,13 +113,17 @@ def _verify_kernel(Q, K, V, Lengths, Out, Lse, PartOut, PartLse, Logits,
                    DIRECT_OUTPUT: tl.constexpr, WRITE_LSE: tl.constexpr,
                    COLLECT_MASK: tl.constexpr, COLLECT_SEPARATE: tl.constexpr,
                    N_COLLECT: tl.constexpr, COLLECT_TOKENS: tl.constexpr,
-                   BLOCK_C: tl.constexpr, COLLECT_SUM: tl.constexpr):
+                   BLOCK_C: tl.constexpr, COLLECT_SUM: tl.constexpr,
+                   WINDOW: tl.constexpr, HAS_SINKS: tl.constexpr):
     pid = tl.program_id(0)
     split = tl.program_id(1)
     b = (pid // NUM_KV_HEADS).to(tl.int64)  # 64-bit: batch strides can pass 2**31
     kvh = (pid % NUM_KV_HEADS).to(tl.int64)
     length = tl.load(Lengths + b)
-    start = split * split_size
+    if WINDOW > 0:      # the chunks cut the last W + q − 1 keys
+        start = tl.maximum(length - Q_LEN - WINDOW + 1, 0) + split * split_size
+    else:
+        start = split * split_size
     end = tl.minimum(start + split_size, length)
 
     rows = tl.arange(0, BLOCK_M)
@@ -160,9 +170,13 @@ def _verify_kernel(Q, K, V, Lengths, Out, Lse, PartOut, PartLse, Logits,
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
 
-    # Keys below length − q + 1 are visible to every row: whole blocks of them need no mask.
+    # Keys below length − q + 1 are visible to every row: whole blocks of them need no mask
+    # (with a window every block is masked: its first keys are out of the first rows' reach).
     open_end = tl.minimum(end, length - Q_LEN + 1)
-    full_end = start + tl.maximum(open_end - start, 0) // BLOCK_N * BLOCK_N
+    if WINDOW > 0:
+        full_end = start
+    else:
+        full_end = start + tl.maximum(open_end - start, 0) // BLOCK_N * BLOCK_N
     for n0 in range(start, full_end, BLOCK_N):
         keys = n0 + offs_n
         k = tl.load(k_base + keys[:, None] * stride_kt + dims[None, :])
@@ -183,12 +197,16 @@ def _verify_kernel(Q, K, V, Lengths, Out, Lse, PartOut, PartLse, Logits,
             _store_collected(s, k, q_c, c_ptrs, c_ok, keys, key_ok, sm_scale, COLLECT_SEPARATE,
                              COLLECT_SUM, True)
         visible = (keys[None, :] <= q_pos[:, None]) & key_ok[None, :]
+        if WINDOW > 0:
+            visible = visible & (keys[None, :] > q_pos[:, None] - WINDOW)
         s = tl.where(visible, s, float("-inf"))
         v = tl.load(v_base + keys[:, None] * stride_vt + dims[None, :], mask=key_ok[:, None],
                     other=0.0)
         acc, m_i, l_i = softmax_update(acc, m_i, l_i, s, qk_scale, v)
 
     if DIRECT_OUTPUT:  # a single chunk: normalise and write the final rows here
+        if HAS_SINKS:
+            acc, m_i, l_i = add_sink(acc, m_i, l_i, Sinks, head, row_ok)
         out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
         tl.store(Out + b * stride_ob + tok[:, None] * stride_ot + head[:, None] * stride_oh
                  + dims[None, :], out.to(Out.dtype.element_ty), mask=row_ok[:, None])
@@ -219,6 +237,7 @@ class VerifyPlan:
     partial_out: torch.Tensor | None = field(repr=False, default=None)
     partial_lse: torch.Tensor | None = field(repr=False, default=None)
     collect_sum: bool = False
+    window: int = 0          # sliding window W (0: full attention)
 
     @property
     def group(self) -> int:
@@ -295,9 +314,12 @@ def plan_verify(batch: int, num_heads: int, num_kv_heads: int, head_dim: int, q_
                 block_m: int | None = None, block_n: int | None = None,
                 num_splits: int | None = None, num_warps: int | None = None,
                 num_stages: int | None = None, programs_per_sm: float | None = None,
-                element_size: int = 2, collect_sum: bool = False) -> VerifyPlan:
+                element_size: int = 2, collect_sum: bool = False,
+                window: int | None = None) -> VerifyPlan:
     """Plan verify launches for sequences of up to ``max_context`` keys.
 
+    ``window`` W: a sliding-window layer's verify (rows see their last W keys; the chunks cut
+    the last ``min(max_context, W + q − 1)`` keys).
     ``collect_rows``: query rows whose logits are written (``()`` = none, ``None`` = the
     Collect-2-Query default ``default_collect_rows(q_len)``). ``collect_separate``: compute the
     collected rows' logits with a second small tile (default when only some rows are collected)
@@ -334,7 +356,12 @@ def plan_verify(batch: int, num_heads: int, num_kv_heads: int, head_dim: int, q_
     # a separate tile packs its row numbers 4 bits each into collect_tokens' signed 64 bits:
     # 16 collected rows (all of q = 16) stay in the main tile
     collect_separate = bool(collect_separate and collect_rows and len(collect_rows) < MAX_Q_LEN)
+    if window is not None and window < 1:
+        raise ValueError(f"window must be at least 1, got {window}")
     device = default_device(device)
+    window = int(window or 0)
+    if window:
+        max_context = min(max_context, window + q_len - 1)
     group = num_heads // num_kv_heads
     rows = max(16, next_power_of_2(group * q_len))
     # the summed row (the separate tile's small dot summed over its rows) runs within 4-5% of
@@ -373,24 +400,26 @@ def plan_verify(batch: int, num_heads: int, num_kv_heads: int, head_dim: int, q_
                                              device)
     return VerifyPlan(batch, num_heads, num_kv_heads, head_dim, q_len, collect_rows, split,
                       block_m, num_warps, num_stages, collect_separate, partial_out,
-                      partial_lse, bool(collect_sum))
+                      partial_lse, bool(collect_sum), window)
 
 
-def launch_constexprs(plan: VerifyPlan, *, write_lse: bool) -> dict:
+def launch_constexprs(plan: VerifyPlan, *, write_lse: bool, has_sinks: bool = False) -> dict:
     """The compile-time arguments ``verify_attention`` launches ``_verify_kernel`` with."""
     return dict(NUM_KV_HEADS=plan.num_kv_heads, Q_LEN=plan.q_len, GROUP=plan.group,
                 HEAD_DIM=plan.head_dim, BLOCK_M=plan.block_m, BLOCK_N=plan.split.block_n,
                 DIRECT_OUTPUT=plan.split.num_splits == 1, WRITE_LSE=write_lse,
                 COLLECT_MASK=plan.collect_mask, COLLECT_SEPARATE=plan.collect_separate,
                 N_COLLECT=max(1, len(plan.collect_rows)), COLLECT_TOKENS=plan.collect_tokens,
-                BLOCK_C=plan.block_c, COLLECT_SUM=plan.collect_sum)
+                BLOCK_C=plan.block_c, COLLECT_SUM=plan.collect_sum, WINDOW=plan.window,
+                HAS_SINKS=has_sinks)
 
 
 def verify_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                      lengths: torch.Tensor, plan: VerifyPlan | None = None, *,
                      out: torch.Tensor | None = None, logits: torch.Tensor | None = None,
                      lse: torch.Tensor | None = None, sm_scale: float | None = None,
-                     collect_rows: tuple[int, ...] | None = ()) -> torch.Tensor:
+                     collect_rows: tuple[int, ...] | None = (),
+                     sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Run verify attention (module docstring); returns ``out`` [batch, q, num_heads, head_dim].
 
     ``lengths`` counts each sequence's keys including its ``q`` tokens being verified and must
@@ -399,7 +428,8 @@ def verify_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     length] (``new_logits_buffer``); the kernel writes the collected rows into it (with
     ``collect_sum``: fp32 [batch, 1, 1, ≥ max length], their sum per sequence; zeroed here
     first, the whole buffer). ``lse``
-    [batch, num_heads, q] fp32, when given, receives each row's natural log-sum-exp.
+    [batch, num_heads, q] fp32, when given, receives each row's natural log-sum-exp (with
+    ``sinks``, fp32 [num_heads], the sink term included).
     ``collect_rows`` is used only when ``plan`` is None (a plan is then made on the spot).
     """
     batch, q_len, num_heads, head_dim = q.shape
@@ -411,6 +441,7 @@ def verify_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     assert k_cache.shape[1] == plan.num_kv_heads and q.stride(-1) == 1
     assert k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1
     assert lengths.dtype == torch.int32
+    assert sinks is None or (sinks.dtype == torch.float32 and sinks.shape == (num_heads,))
     if sm_scale is None:
         sm_scale = 1.0 / math.sqrt(head_dim)
     if out is None:
@@ -436,18 +467,19 @@ def verify_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     grid = (batch * plan.num_kv_heads, split.num_splits)
     _verify_kernel[grid](
         q, k_cache, v_cache, lengths, out, lse if lse is not None else out, part_out, part_lse,
-        logits,
+        logits, sinks if sinks is not None else out,
         q.stride(0), q.stride(1), q.stride(2),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         out.stride(0), out.stride(1), out.stride(2),
         *lse_strides, *gstrides,
         split.split_size, split.num_splits, sm_scale,
-        **launch_constexprs(plan, write_lse=lse is not None),
+        **launch_constexprs(plan, write_lse=lse is not None, has_sinks=sinks is not None),
         num_warps=plan.num_warps, num_stages=plan.num_stages)
     if not direct:
         combine(plan.partial_out, plan.partial_lse, lengths, False, out, lse, split,
-                num_kv_heads=plan.num_kv_heads, q_len=q_len, group=plan.group)
+                num_kv_heads=plan.num_kv_heads, q_len=q_len, group=plan.group, sinks=sinks,
+                window=plan.window)
     return out
 
 
@@ -474,9 +506,11 @@ def summed_logits(logits: torch.Tensor) -> torch.Tensor:
 
 def verify_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                                lengths: torch.Tensor, *, collect_rows: tuple[int, ...] = (),
-                               sm_scale: float | None = None
+                               sm_scale: float | None = None, window: int | None = None,
+                               sinks: torch.Tensor | None = None
                                ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-    """The definition, in fp32 torch, one sequence at a time.
+    """The definition, in fp32 torch, one sequence at a time (``window``: row p sees keys
+    ``p − W < n ≤ p``; ``sinks`` [H]: one more logit per head, of value 0, in the softmax).
 
     Returns ``(out [b, q, h, d], logits [b, h, len(collect_rows), max_len] or None,
     lse [b, h, q])``; logits past each sequence's length are NaN.
@@ -500,10 +534,16 @@ def verify_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: 
         if collect_rows:
             logits[b, :, :, :length] = s[:, list(collect_rows)]
         position = length - q_len + torch.arange(q_len, device=q.device)
-        visible = torch.arange(length, device=q.device)[None, :] <= position[:, None]
+        key = torch.arange(length, device=q.device)[None, :]
+        visible = key <= position[:, None]
+        if window:
+            visible &= key > position[:, None] - window
         s = s.masked_fill(~visible, float("-inf"))
+        if sinks is not None:                                     # [h, t, n + 1]
+            s = torch.cat([s, sinks.float()[:, None, None].expand(-1, q_len, 1)], -1)
         lse[b] = torch.logsumexp(s, -1)
-        out[b] = (torch.softmax(s, -1) @ values).transpose(0, 1)
+        weight = torch.softmax(s, -1)[..., :length]
+        out[b] = (weight @ values).transpose(0, 1)
     return out, logits, lse
 
 
