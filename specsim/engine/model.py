@@ -421,36 +421,72 @@ class MoE(nn.Module):
                                args.expert_bias, args.swiglu_limit)
 
     def route(self, x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Routing weights and experts [T, top] of the tokens x2 [T, H] (fp32): the top
-        logits' softmax probabilities over all experts, or with ``norm_topk`` over the top
-        ones (= the softmax of the top logits, gpt-oss's routing)."""
+        """Routing weights and experts [T, top] of the tokens x2 [T, H] (fp32)."""
         router = self.router if hasattr(self, "router") else self.gate
-        logits = router(x2).float()
-        top, experts = torch.topk(logits, self.top, dim=-1)
-        if self.norm_topk:
-            return torch.softmax(top, dim=-1), experts
-        return torch.exp(top - torch.logsumexp(logits, dim=-1, keepdim=True)), experts
+        return route(router(x2).float(), self.top, self.norm_topk)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
-        weights, experts = self.route(x2)
-        flat = experts.flatten()
-        order = torch.argsort(flat, stable=True)          # token-expert pairs by expert
-        token = order // self.top
-        counts = torch.zeros(self.experts.gate_up_proj.shape[0], dtype=torch.int32,
-                             device=x.device)          # a static shape (bincount's is not)
-        counts.scatter_add_(0, flat, torch.ones_like(flat, dtype=torch.int32))
-        ends = torch.cumsum(counts, 0, dtype=torch.int32)
+        pairs = dispatch(x2, *self.route(x2), self.experts.gate_up_proj.shape[0])
         bank = self.experts
-        gate_up = grouped_mm(x2[token], bank.gate_up_proj, ends)
+        gate_up = grouped_mm(pairs.rows, bank.gate_up_proj, pairs.ends)
         if bank.bias:       # each pair's expert's biases
-            gate_up = gate_up + bank.gate_up_proj_bias[flat[order]]
-        out = grouped_mm(bank.activation(gate_up), bank.down_proj, ends)
+            gate_up = gate_up + bank.gate_up_proj_bias[pairs.expert]
+        out = grouped_mm(bank.activation(gate_up), bank.down_proj, pairs.ends)
         if bank.bias:
-            out = out + bank.down_proj_bias[flat[order]]
-        out = out * weights.flatten()[order, None].to(out.dtype)
-        return torch.zeros_like(x2).index_add_(0, token, out).reshape(shape)
+            out = out + bank.down_proj_bias[pairs.expert]
+        return combine(out, pairs).reshape(shape)
+
+
+def route(logits: torch.Tensor, top: int, norm_topk: bool
+          ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Routing weights and experts [T, top] from the router's fp32 logits [T, E]: the top
+    logits' softmax probabilities over all experts, or with ``norm_topk`` over the top ones
+    (= the softmax of the top logits, gpt-oss's routing)."""
+    best, experts = torch.topk(logits, top, dim=-1)
+    if norm_topk:
+        return torch.softmax(best, dim=-1), experts
+    return torch.exp(best - torch.logsumexp(logits, dim=-1, keepdim=True)), experts
+
+
+@dataclass
+class Pairs:
+    """The token-expert pairs of one MoE layer, sorted by expert: ``rows`` [P, H] (each
+    pair's token), ``expert`` and ``weight`` [P], ``order`` (pair p is the token-major pair
+    ``order[p]``), the experts' ``ends`` (cumulative pair counts, int32 [E]) and ``top``, the
+    experts per token."""
+
+    rows: torch.Tensor
+    expert: torch.Tensor
+    weight: torch.Tensor
+    order: torch.Tensor
+    ends: torch.Tensor
+    top: int
+
+
+def dispatch(x2: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor,
+             num_experts: int) -> Pairs:
+    """Sort the token-expert pairs of tokens x2 [T, H] routed to ``experts`` [T, top] by expert
+    (static shapes throughout: a CUDA graph captures it)."""
+    flat = experts.flatten()
+    order = torch.argsort(flat, stable=True)
+    counts = torch.zeros(num_experts, dtype=torch.int32, device=x2.device)
+    counts.scatter_add_(0, flat, torch.ones_like(flat, dtype=torch.int32))
+    top = experts.shape[-1]
+    return Pairs(x2[order // top], flat[order], weights.flatten()[order], order,
+                 torch.cumsum(counts, 0, dtype=torch.int32), top)
+
+
+def combine(out: torch.Tensor, pairs: Pairs) -> torch.Tensor:
+    """Each token's expert outputs ``out`` [P, H] (in ``pairs``' order) summed with their
+    routing weights: [T, H]. The pairs go back to token-major order by a permutation and are
+    summed over each token's ``top`` in a fixed order, so the result does not depend on the
+    order of atomic additions (a scatter-add's does, run to run and eager against graphed)."""
+    weighted = out * pairs.weight[:, None].to(out.dtype)
+    token_major = torch.empty_like(weighted)
+    token_major[pairs.order] = weighted
+    return token_major.view(-1, pairs.top, out.shape[-1]).sum(1)
 
 
 class DecoderLayer(nn.Module):
