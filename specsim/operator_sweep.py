@@ -8,6 +8,8 @@ GPU side (torch, triton and the engine's kernels; no simpy/plotly). Each operato
   (n, k) of the grid whose weight fits ``max_weight_bytes``;
 - ``grouped_gemm``: the MoE layers' grouped GEMM (``specsim.engine.model.grouped_mm``) of
   ``rows`` token-expert pairs spread evenly over ``groups`` experts at each (n, k);
+- ``moe_routing``: an MoE layer around its GEMMs (routing from the router's logits, dispatch of
+  the token-expert pairs by expert, the weighted combine) for each (experts, top, hidden);
 - ``verify``: ``specsim.kernels.verify_attention`` with its planner's launch (``plan_verify``:
   whole waves and splits over this GPU's multiprocessors) for each head_dim, GQA group, q and
   collection (off; Vegas' summed row; every row), at ``batch·KV heads`` rows and contexts;
@@ -84,6 +86,10 @@ class OperatorGrid:
     grouped_widths: list[int] = field(default_factory=lambda: [512, 1024, 2048, 4096, 8192])
     grouped_rows: list[int] = field(default_factory=lambda: [8, 64, 512, 4096])
     grouped_groups: list[int] = field(default_factory=lambda: [8, 32, 128])
+    moe_experts: list[int] = field(default_factory=lambda: [8, 32, 128])
+    moe_tops: list[int] = field(default_factory=lambda: [1, 2, 4, 8])
+    moe_hidden: list[int] = field(default_factory=lambda: [1024, 4096])
+    moe_tokens: list[int] = field(default_factory=lambda: [1, 4, 16, 64, 256, 1024, 4096])
     max_cache_bytes: float = 24e9
     repeats: int = 5
     warmup: int = 2
@@ -100,6 +106,7 @@ class OperatorGrid:
                    selection_policies=["vegas", "sparsespec", "quest"], selection_lists=[2, 4],
                    selection_contexts=[64, 128], selection_rows=[3], graph_kernels=[1, 8],
                    grouped_widths=[64, 128], grouped_rows=[4, 16], grouped_groups=[2, 4],
+                   moe_experts=[4], moe_tops=[1, 2], moe_hidden=[64], moe_tokens=[1, 8],
                    repeats=2, warmup=1, inner=1, graph_inner=2, time_budget_s=None)
 
     def grid_json(self) -> dict:
@@ -209,6 +216,12 @@ def _groups(grid: OperatorGrid):
                   for r in grid.grouped_rows if g * n * k * 2 <= grid.max_weight_bytes]
             if at:
                 out.append(("grouped_gemm", {"n": n, "k": k}, at))
+    for e in grid.moe_experts:
+        for top in grid.moe_tops:
+            if top <= e:
+                for h in grid.moe_hidden:
+                    out.append(("moe_routing", {"experts": e, "top": top, "hidden": h},
+                                [{"tokens": t} for t in grid.moe_tokens]))
     out.append(("graph", {}, [{"kernels": n} for n in grid.graph_kernels]))
     for hd in grid.head_dims:
         for paged in (False, True):
@@ -442,6 +455,29 @@ def _grouped_gemm(torch, device, timer, grid, settings, key, ats):
         yield at, timer([lambda w=w: grouped_mm(x, w, ends) for w in weights], grid)
 
 
+def _moe_routing(torch, device, timer, grid, settings, key, ats):
+    """An MoE layer around its GEMMs, as the engine runs it (``specsim.engine.model``):
+    routing from the router's logits, the dispatch of the token-expert pairs by expert and the
+    weighted combine back to the tokens (the router GEMM and the grouped GEMMs are operators of
+    their own)."""
+    from specsim.engine.model import combine, dispatch, route
+
+    dtype = _dtype(torch, device)
+    e, top, h = int(key["experts"]), int(key["top"]), int(key["hidden"])
+    for at in ats:
+        t = int(at["tokens"])
+        moved = t * h * a_element(dtype) * (1 + 3 * top)
+        inputs = [(torch.randn(t, e, device=device), torch.randn(t, h, device=device,
+                                                                 dtype=dtype))
+                  for _ in range(copies(moved, grid))]
+
+        def layer(logits, x2):
+            pairs = dispatch(x2, *route(logits, top, True), e)
+            return combine(pairs.rows, pairs)
+
+        yield at, timer([lambda i=i: layer(*i) for i in inputs], grid)
+
+
 def _elementwise(torch, device, timer, grid, settings, key, ats):
     """A compiled RMSNorm over rows of 4096 (what the compiled layers emit around the
     matmuls), moving ``bytes``: read and written once."""
@@ -644,9 +680,8 @@ def _copies(torch, x, grid) -> list:
     return [x] + [x.clone() for _ in range(copies(x.numel() * x.element_size(), grid) - 1)]
 
 
-MEASURES = {"gemm": _gemm, "grouped_gemm": _grouped_gemm, "elementwise": _elementwise,
-            "graph": _graph,
-            "kv_append": _kv_append, "verify": _verify, "sparse": _sparse,
-            "selection": _selection}
+MEASURES = {"gemm": _gemm, "grouped_gemm": _grouped_gemm, "moe_routing": _moe_routing,
+            "elementwise": _elementwise, "graph": _graph, "kv_append": _kv_append,
+            "verify": _verify, "sparse": _sparse, "selection": _selection}
 
 __all__ = ["OperatorGrid", "measure_operators", "resumable"]

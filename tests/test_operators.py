@@ -334,8 +334,9 @@ def test_the_sweep_writes_a_table_that_prices_a_model(swept):
     back = read_operator_table(str(path))
     assert back.provenance["complete"] and back.provenance["groups_left"] == 0
     assert back.provenance["engine"]["settings_hash"] == DEFAULT.stable_hash()
-    assert {p.op for p in back.points} == {"gemm", "grouped_gemm", "elementwise", "graph",
-                                            "kv_append", "verify", "sparse", "selection"}
+    assert {p.op for p in back.points} == {"gemm", "grouped_gemm", "moe_routing",
+                                            "elementwise", "graph", "kv_append", "verify",
+                                            "sparse", "selection"}
     assert all(len(p.samples_ms) == 2 for p in back.points)
     tiny = ModelSpec("tiny", "llama", 2, 128, 8, 2, 64, 128, 128,
                      layer_types=("full_attention",) * 2)
@@ -443,6 +444,37 @@ def test_an_moe_model_is_priced_by_the_grouped_gemm_where_the_table_has_it():
     parts, _ = loop.forward_parts([4096] * 2, 1)
     assert "gemm gate_up" in parts and "grouped gemm gate_up" not in parts
     assert any("the table lacks the engine's grouped GEMM" in w for w in loop.warnings)
+
+
+def test_an_moe_layer_is_priced_with_its_measured_routing():
+    """Routing, dispatch and combine per MoE layer: measured, linear between the measured
+    experts, top and hidden around the model's and in the tokens; unmeasured, six element-wise
+    kernels and a note that says so."""
+    import dataclasses
+
+    from specsim.costs.operator_file import Point
+
+    def routing_ms(experts, top, hidden, tokens):
+        return 0.02 + 1e-4 * experts + 3e-3 * top + 1e-6 * hidden * tokens
+
+    moe = dataclasses.replace(SMALL, name="small-moe", num_experts=16, experts_per_token=4,
+                              moe_intermediate_size=512)
+    table = synthetic_table()
+    for e in (8, 32):
+        for top in (2, 8):
+            for h in (512, 4096):
+                table.points += [Point("moe_routing", {"experts": e, "top": top, "hidden": h},
+                                       {"tokens": t}, [routing_ms(e, top, h, t)] * 3)
+                                 for t in (1, 16)]
+    priced = OperatorCostModel(table, moe, HW)
+    seconds, notes = priced.moe_routing(2, 16, 4, moe.hidden_size)
+    # every function above is linear in each argument: the interpolation is exact
+    assert seconds == pytest.approx(routing_ms(16, 4, moe.hidden_size, 2) / 1e3)
+    parts, _ = priced.forward_parts([4096] * 2, 1)
+    assert parts["moe routing"] == pytest.approx(seconds * moe.num_layers)
+    bare = OperatorCostModel(synthetic_table(), moe, HW)
+    seconds, notes = bare.moe_routing(2, 16, 4, moe.hidden_size)
+    assert seconds > 0 and any("moe_routing not measured" in n for n in notes)
 
 
 def test_calibrate_gpu_operators_measures_into_out(tmp_path, monkeypatch):

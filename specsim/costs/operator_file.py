@@ -55,6 +55,10 @@ OPERATORS = {
     # the MoE layers' grouped GEMM (``torch._grouped_mm``): ``rows`` token-expert pairs spread
     # evenly over ``groups`` experts, each [rows/groups, k] @ [k, n]
     "grouped_gemm": (("n", "k"), ("rows", "groups")),
+    # an MoE layer around its GEMMs: routing from the router's logits over ``experts``, the
+    # dispatch of ``tokens``·``top`` token-expert pairs of width ``hidden`` and their weighted
+    # combine
+    "moe_routing": (("experts", "top", "hidden"), ("tokens",)),
 }
 #: Provenance every file carries (a string, a number or null each).
 PROVENANCE_FIELDS = ("gpu", "driver", "cuda", "torch", "triton", "kernel_config_hash",

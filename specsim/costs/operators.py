@@ -314,6 +314,20 @@ class OperatorCostModel:
                              f"measured n={nn} k={kk}"]
         return seconds * scale, notes
 
+    def moe_routing(self, tokens: float, experts: int, top: int, hidden: int
+                    ) -> tuple[float, list[str]]:
+        """An MoE layer around its GEMMs (routing, dispatch, weighted combine): measured
+        (linear between the measured experts, top and hidden around the model's), else six
+        element-wise kernels moving the routing's and the pairs' bytes."""
+        if "moe_routing" not in self.keys:
+            moved = tokens * experts * 4 * 3 + tokens * top * hidden * self.model.dtype_bytes * 4
+            seconds, notes = self._elementwise(moved)
+            return 6 * seconds, notes + [
+                "moe_routing not measured: priced as six element-wise kernels (the routing's "
+                "sort, scatter and gathers cost more)"]
+        return self._priced("moe_routing", (experts, top, hidden), (max(tokens, 1.0),), None,
+                            interpolated=(0, 1, 2))
+
     def _gemm_roof(self, m: float, n: int, k: int) -> float:
         d = self.model.dtype_bytes
         moved = d * (n * k + m * k + m * n)
@@ -368,15 +382,13 @@ class OperatorCostModel:
             touched = e * (1.0 - (1.0 - a / e) ** tokens)
             inter = _mlp_width(m)
             add("gemm router", self.gemm(tokens, e, h), layers)
+            add("moe routing", self.moe_routing(tokens, e, a, h), layers)
             if "grouped_gemm" in self.keys:
-                # the engine's grouped GEMM over the tokens' top experts (uniform routing),
-                # with the routing, gather and weighted scatter around it
+                # the engine's grouped GEMM over the tokens' top experts (uniform routing)
                 pairs = tokens * a
                 add("grouped gemm gate_up", self.grouped_gemm(pairs, touched, 2 * inter, h),
                     layers)
                 add("grouped gemm down", self.grouped_gemm(pairs, touched, h, inter), layers)
-                routing = tokens * e * 4 * 3 + pairs * h * m.dtype_bytes * 4
-                add("elementwise", self._elementwise(routing), 6 * layers)
             else:
                 rows = tokens * a / touched
                 add("gemm gate_up", self.gemm(rows, 2 * inter, h), layers * touched)
@@ -584,7 +596,7 @@ class _Unmeasured(Exception):
 
 #: Key field names by operator (for notes).
 OP_KEY_NAMES = {
-    "gemm": ("n", "k"), "grouped_gemm": ("n", "k"),
+    "gemm": ("n", "k"), "grouped_gemm": ("n", "k"), "moe_routing": ("experts", "top", "hidden"),
     "verify": ("head_dim", "group", "q", "collect"),
     "sparse": ("head_dim", "group", "per_kv_head"), "kv_append": ("head_dim", "paged"),
     "elementwise": (), "selection": ("policy", "group", "rows"), "graph": (),
