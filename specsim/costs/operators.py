@@ -10,7 +10,8 @@ table's): one forward pass of ``T = batch·q`` tokens is, per layer,
   MoE layers: the router and, per expert the batch's tokens touch (uniform routing), its
   gate|up and down GEMMs: the engine's grouped GEMM over the token-expert pairs
   (``grouped_gemm``), else, in a table without it, each touched expert's GEMM over its share of
-  the tokens; uniform routing, as random routers give;
+  the tokens; uniform routing, as random routers give; around them the routing, dispatch and
+  weighted combine (``moe_routing``);
 - attention: full-attention layers by the verify kernel (q query tokens, collecting what the
   policy collects) over each sequence's context, or by the sparse draft kernel over the
   longest selected list; sliding-window layers by the verify kernel over their rows' last
