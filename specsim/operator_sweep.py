@@ -79,7 +79,8 @@ class OperatorGrid:
     selection_policies: list[str] = field(default_factory=lambda: ["vegas", "last-token",
                                                                    "sparsespec", "quest"])
     selection_lists: list[int] = field(default_factory=lambda: [32, 128, 512, 2048])
-    selection_contexts: list[int] = field(default_factory=lambda: [1024, 4096, 16384, 65536])
+    selection_contexts: list[int] = field(default_factory=lambda: [1024, 4096, 16384, 65536,
+                                                                   131072])
     selection_rows: list[int] = field(default_factory=lambda: [3, 9, 16])
     selection_s: float = 0.05
     graph_kernels: list[int] = field(default_factory=lambda: [1, 64, 512])
@@ -606,6 +607,19 @@ def _sparse(torch, device, timer, grid, settings, key, ats):
         del k, v, caches
 
 
+def _selection_bytes(policy: str, key: dict, lists: int, context: int) -> float:
+    """Bytes of the largest input one selection point allocates (its collected logits, or
+    Quest's page bounds)."""
+    if policy == "vegas":
+        return 4.0 * lists * context
+    if policy == "last-token":
+        return 2.0 * lists * LAST_TOKEN_HEADS * LAST_TOKEN_ROWS * context
+    if policy == "sparsespec":
+        return 2.0 * lists * key["group"] * key["rows"] * context
+    from specsim.policies import get_policy                # quest: min and max per page
+    return 2.0 * 2 * lists * 128 * math.ceil(context / get_policy(policy).page_size)
+
+
 def _selection(torch, device, timer, grid, settings, key, ats):
     from specsim.kernels import selection as S
     from specsim.policies import get_policy
@@ -614,6 +628,8 @@ def _selection(torch, device, timer, grid, settings, key, ats):
     s = grid.selection_s
     for at in ats:
         lists, context = int(at["lists"]), int(at["context"])
+        if _selection_bytes(policy.name, key, lists, context) > grid.max_cache_bytes:
+            continue                # more collected logits than any model's refresh holds
         if policy.name in ("vegas", "last-token"):
             lengths = torch.full((lists,), context, dtype=torch.int32, device=device)
             if policy.name == "vegas" and settings.c2q == "sum":
