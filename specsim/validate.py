@@ -928,8 +928,8 @@ def select(plan: dict, setups: str | None = None, policies: str | None = None) -
 
 def merge_measured(docs: list[dict]) -> dict:
     """Measurements of parts of one plan (``select``) as one file: per setup, every part's
-    configurations (a configuration measured twice keeps its first); plain decoding from the
-    first part that has the setup."""
+    configurations (a configuration measured twice keeps its first); plain decoding, and the
+    machine's probe, from the first part that has the setup."""
     if not docs:
         raise SpecsimError("nothing to merge")
     created = {d["plan_created"] for d in docs}
@@ -939,7 +939,8 @@ def merge_measured(docs: list[dict]) -> dict:
     setups: dict[str, dict] = {}
     for doc in docs:
         for part in doc["setups"]:
-            have = setups.setdefault(part["name"], dict(part, configs=[]))
+            probe = {"probe": doc["probe"]} if "probe" in doc and "probe" not in part else {}
+            have = setups.setdefault(part["name"], dict(part, configs=[], **probe))
             seen = {(c["policy"], c["s"], c["k"]) for c in have["configs"]}
             have["configs"] += [c for c in part["configs"]
                                 if (c["policy"], c["s"], c["k"]) not in seen]

@@ -251,8 +251,10 @@ def test_plan_parts_and_merged_measurements():
     got["plan_created"] = "t"
     a = dict(got, setups=[dict(got["setups"][0], configs=got["setups"][0]["configs"][:1])])
     b = dict(got, setups=[dict(got["setups"][0], configs=got["setups"][0]["configs"][1:])])
-    merged = V.merge_measured([a, b, b])
+    merged = V.merge_measured([dict(a, probe={"copy_bandwidth_Bps": 4e12}), b, b])
     assert merged["setups"][0]["configs"] == got["setups"][0]["configs"]
+    # each setup keeps the probe of the machine start that measured it
+    assert merged["setups"][0]["probe"] == {"copy_bandwidth_Bps": 4e12}
     assert V.report(plan, merged)["setups"][0]["all"]["configs"] == 3
     with pytest.raises(SpecsimError, match="different plans"):
         V.merge_measured([a, dict(b, plan_created="u")])
