@@ -29,7 +29,8 @@ VALIDATION_RUNS = {("smollm2-135m", "h200"): "h200-smollm2-135m",
 #: without a trace (`specsim costs`).
 FALLBACK_MODEL = "qwen3-8b"
 HARDWARE = "h200"
-FORMATS = ("auto", "specsim", "vllm-metrics", "vllm-requests", "specbench")
+FORMATS = ("auto", "specsim", "vllm-metrics", "vllm-requests", "specbench", "sglang-metrics",
+           "sglang-requests", "sglang-server-info", "aiperf")
 #: Sequences decoded together in predict, dashboard and review.
 BATCH = 32
 #: Bootstrap replicates of every confidence interval.
@@ -38,8 +39,9 @@ BOOTSTRAP = 1000
 #: trace's recorded k; self-speculation pays off at k of a few to a few dozen).
 K_MAX = 256
 
-TRACE_HELP = (f"Acceptance trace: specsim JSONL, vLLM /metrics dump, vLLM per-request JSONL or "
-              f"Spec-Bench JSONL. Default: the shipped {TRACE}.")
+TRACE_HELP = (f"Acceptance trace: specsim JSONL, vLLM or SGLang /metrics dump, vLLM per-request "
+              f"JSONL, SGLang /generate responses (JSONL) or /server_info, AIPerf "
+              f"profile_export.jsonl, or Spec-Bench JSONL. Default: the shipped {TRACE}.")
 MODEL_HELP = ("Catalogue name (see `specsim models`), path to a Hugging Face config.json, or a "
               "Hugging Face id (org/name) whose config is in the local hub cache. "
               "Default: the model the trace was recorded on, when the catalogue has it "

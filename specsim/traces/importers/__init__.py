@@ -11,6 +11,14 @@ content looks like, and its importer:
   spec-decode statistics as JSON Lines; request or histogram records.
 * :mod:`~specsim.traces.importers.specbench` ``specbench``: Spec-Bench answer files; one
   request record per (question, choice).
+* :mod:`~specsim.traces.importers.sglang_metrics` ``sglang-metrics``: a dump of SGLang's
+  ``/metrics``; mean accept lengths as geometric histogram records.
+* :mod:`~specsim.traces.importers.sglang_requests` ``sglang-requests``: SGLang ``/generate``
+  responses as JSON Lines; one histogram record per request.
+* :mod:`~specsim.traces.importers.sglang_server_info` ``sglang-server-info``: SGLang's
+  ``/server_info`` document; the drafter and k, and a geometric histogram per rank.
+* :mod:`~specsim.traces.importers.aiperf` ``aiperf``: NVIDIA AIPerf ``profile_export.jsonl``
+  records with ``spec_decode_acceptance``; request or histogram records.
 
 :func:`load_trace` detects the format (:mod:`~specsim.traces.importers.detect`) and
 dispatches. Every importer validates its input and raises :class:`~specsim.errors.TraceError`
@@ -35,7 +43,9 @@ import tempfile
 
 from specsim.errors import TraceError, quote
 from specsim.traces.format import GZIP_MAX_BYTES, Trace
-from specsim.traces.importers import native, specbench, vllm_metrics, vllm_requests
+from specsim.traces.importers import (aiperf, native, sglang_metrics, sglang_requests,
+                                      sglang_server_info, specbench, vllm_metrics,
+                                      vllm_requests)
 from specsim.traces.importers.common import TraceImportWarning
 from specsim.traces.importers.detect import FORMAT_HELP, FORMATS, detect_format
 from specsim.traces.importers.specbench import import_specbench
@@ -46,14 +56,19 @@ __all__ = ["FORMATS", "TraceImportWarning", "detect_format", "load_trace", "impo
            "import_vllm_requests", "import_specbench", "readable_copy"]
 
 _IMPORTERS = {native.NAME: native.import_native, vllm_metrics.NAME: import_vllm_metrics,
-              vllm_requests.NAME: import_vllm_requests, specbench.NAME: import_specbench}
+              vllm_requests.NAME: import_vllm_requests, specbench.NAME: import_specbench,
+              sglang_metrics.NAME: sglang_metrics.import_sglang_metrics,
+              sglang_requests.NAME: sglang_requests.import_sglang_requests,
+              sglang_server_info.NAME: sglang_server_info.import_sglang_server_info,
+              aiperf.NAME: aiperf.import_aiperf}
 
 
 def load_trace(path: str | os.PathLike, format: str | None = None, *, per_draft: bool = True,
                **options) -> Trace:
     """Read any supported trace: ``format`` is one of :data:`FORMATS` or None to detect it.
 
-    ``options`` go to the importer (``policy``, ``s``, and ``k`` for vllm-requests/specbench);
+    ``options`` go to the importer (``policy``, ``s``; ``k`` for all but the native and vLLM
+    metrics formats; ``server_info`` for sglang-requests);
     a native trace takes none. ``per_draft`` False keeps no per-draft fields (``entropy``,
     ``accept_prob``; they are still validated): a reader of (context, k, m) alone, such as
     ``predict``, then holds a few numpy arrays per request and nothing per draft.

@@ -137,3 +137,36 @@ class FieldReader:
         if value is not None:
             value = self.int_value(value, field, minimum)
         return field, value
+
+
+def geometric_rate(length: float, k: int) -> float:
+    """The per-position acceptance p under which a chain of k drafts emits ``length`` tokens a
+    step on average: ``1 + p + … + p^k = length`` (the i.i.d. E[m+1]), for length in [1, k+1],
+    by bisection (the left side grows with p)."""
+    if length >= k + 1:
+        return 1.0
+    if length <= 1.0:
+        return 0.0
+    lo, hi = 0.0, 1.0
+    for _ in range(80):
+        mid = 0.5 * (lo + hi)
+        if sum(mid ** i for i in range(k + 1)) < length:
+            lo = mid
+        else:
+            hi = mid
+    return 0.5 * (lo + hi)
+
+
+def geometric_counts(length: float, k: int, steps: int) -> np.ndarray:
+    """``steps`` iterations split over m = 0..k as a geometric chain with the mean ``length``
+    (:func:`geometric_rate`): P(m = j) = p^j (1 − p) for j < k, P(m = k) = p^k; whole counts by
+    largest remainder, so they sum to ``steps`` and their mean m + 1 is within 1/steps·k of
+    ``length``."""
+    p = geometric_rate(length, k)
+    probs = np.array([p ** j * (1 - p) for j in range(k)] + [p ** k])
+    exact = probs / probs.sum() * steps
+    counts = np.floor(exact).astype(np.int64)
+    short = steps - int(counts.sum())
+    if short > 0:
+        counts[np.argsort(counts - exact)[:short]] += 1
+    return counts

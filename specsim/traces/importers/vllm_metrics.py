@@ -128,7 +128,7 @@ def _parse_labels(text: str, start: int, path: str, n: int) -> tuple[list[tuple[
                              line=n)
 
 
-def _parse_sample(text: str, path: str, n: int):
+def parse_sample(text: str, path: str, n: int):
     """One exposition line -> (name, labels, value, literal), or None for comments/blank lines."""
     stripped = text.strip()
     if not stripped or stripped.startswith("#"):
@@ -188,10 +188,10 @@ class _LabelSet:
 
     @property
     def text(self) -> str:
-        return _label_text(self.labels)
+        return label_text(self.labels)
 
 
-def _label_text(labels) -> str:
+def label_text(labels) -> str:
     """Labels as the exposition format writes them (escaped, so the text stays on one line)."""
     def escaped(value: str) -> str:
         return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
@@ -207,7 +207,7 @@ def _read_counters(path: str) -> tuple[list[_LabelSet], bool]:
     for n, text in text_lines(path):
         if text.strip() == "# EOF":
             break
-        sample = _parse_sample(text, path, n)
+        sample = parse_sample(text, path, n)
         if sample is None:
             continue
         name, labels, value, literal = sample
@@ -217,7 +217,7 @@ def _read_counters(path: str) -> tuple[list[_LabelSet], bool]:
         if kind == "v0":
             saw_v0 = True
             continue
-        fieldname = f"{name}{{{_label_text(labels)}}}"
+        fieldname = f"{name}{{{label_text(labels)}}}"
         key = (name, tuple(sorted(labels)))
         if key in seen:
             raise TraceError(f"duplicate sample (first on line {seen[key]})", path=path, line=n,
