@@ -68,11 +68,17 @@ def default_trace() -> str:
 
 def model_for(model: str | None, trace_header: dict) -> tuple[str, str]:
     """(the model to cost, why): ``model`` as given, else the trace's model when the catalogue
-    has it, else :data:`FALLBACK_MODEL`."""
-    from specsim.specs import model_for_trace
-    if model:
-        return model, "--model"
-    name = model_for_trace(None, trace_header, FALLBACK_MODEL)
-    if name == FALLBACK_MODEL and str(trace_header.get("model") or "").lower() != name:
-        return name, "default (the trace names no catalogued model)"
-    return name, "the trace's model"
+    has it (by name or Hugging Face id) or the local Hugging Face cache holds its config, else
+    :data:`FALLBACK_MODEL`, with a reason that says which."""
+    from specsim.specs import model_choice
+    name, how = model_choice(model, trace_header, FALLBACK_MODEL)
+    recorded = str(trace_header.get("model") or "")
+    return name, {
+        "given": "--model",
+        "catalogue": "the trace's model",
+        "hf-id": f"the trace's model '{recorded}' is the catalogue's {name}",
+        "hf-cache": f"the trace's model, its config from the local Hugging Face cache",
+        "fallback": (f"default: the trace's model '{recorded}' is neither in the catalogue nor "
+                     f"in the local Hugging Face cache" if recorded
+                     else "default: the trace names no model"),
+    }[how]

@@ -455,11 +455,16 @@ def describe_setting(report: PredictReport, spec, hw, tp: int, costs_note: str,
     notes = list(report.notes)
     header = trace_header or {}
     notes += [f"import: {w}" for w in header.get("import_warnings") or []]
+    from specsim.specs import catalogue_name
     recorded = str(header.get("model") or "")
-    if recorded and recorded.lower() != spec.name.lower():
+    same = spec.name.lower() in (recorded.lower(), recorded.lower().rsplit("/", 1)[-1],
+                                 catalogue_name(recorded))
+    if recorded and not same:
         why = f" ({model_reason})" if model_reason else ""
         notes.append(f"the trace was recorded on '{recorded}' and is costed as {spec.name}"
                      f"{why}: acceptance is the recorded model's, step times {spec.name}'s")
+    elif not recorded and model_reason and model_reason.startswith("default"):
+        notes.append(f"the trace names no model; costed as {spec.name} ({model_reason})")
     if costs is not None and report.groups:
         best = max(report.groups, key=lambda g: g.speedup_at_k_star)
         it = costs.iteration(best.contexts, best.k_star, best.costed_as.s,

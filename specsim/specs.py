@@ -318,13 +318,60 @@ def known_models() -> list[str]:
     return sorted({p.parent.name for root in catalog_dirs() for p in root.glob("*/config.json")})
 
 
+#: The Hugging Face repositories whose architecture each catalogue entry is (base and instruct
+#: share it); each entry's config.json names its source in ``_specsim_source``.
+HF_IDS = {
+    "gpt-oss-20b": ("openai/gpt-oss-20b",),
+    "llama-3.1-8b": ("meta-llama/Llama-3.1-8B", "meta-llama/Llama-3.1-8B-Instruct",
+                     "meta-llama/Meta-Llama-3.1-8B", "meta-llama/Meta-Llama-3.1-8B-Instruct"),
+    "llama-3.2-3b": ("meta-llama/Llama-3.2-3B", "meta-llama/Llama-3.2-3B-Instruct"),
+    "qwen2.5-14b": ("Qwen/Qwen2.5-14B", "Qwen/Qwen2.5-14B-Instruct"),
+    "qwen2.5-7b": ("Qwen/Qwen2.5-7B", "Qwen/Qwen2.5-7B-Instruct"),
+    "qwen3-30b-a3b": ("Qwen/Qwen3-30B-A3B", "Qwen/Qwen3-30B-A3B-Base"),
+    "qwen3-4b": ("Qwen/Qwen3-4B", "Qwen/Qwen3-4B-Base"),
+    "qwen3-8b": ("Qwen/Qwen3-8B", "Qwen/Qwen3-8B-Base"),
+    "smollm2-135m": ("HuggingFaceTB/SmolLM2-135M", "HuggingFaceTB/SmolLM2-135M-Instruct"),
+}
+
+
+def catalogue_name(recorded: str | None) -> str | None:
+    """The catalogue entry a recorded model name is: the entry's own name, one of its Hugging
+    Face ids (:data:`HF_IDS`), or a path ending in such an id's name (a server's local
+    ``--model-path /models/Llama-3.1-8B-Instruct``), all without regard to case; else None."""
+    text = str(recorded or "").strip().rstrip("/").lower()
+    if not text:
+        return None
+    if text in known_models():
+        return text
+    last = text.rsplit("/", 1)[-1]
+    for name, ids in HF_IDS.items():
+        for hf_id in ids:
+            if text == hf_id.lower() or last == hf_id.lower().rsplit("/", 1)[-1]:
+                return name
+    return None
+
+
 def model_for_trace(model: str | None, trace_header: dict, fallback: str = "qwen3-8b") -> str:
-    """The model a command costs: the one given, else the model the trace was recorded on
-    when the catalogue knows it, else ``fallback``."""
+    """The model a command costs: the one given, else the model the trace was recorded on when
+    the catalogue has it (:func:`catalogue_name`) or its Hugging Face config is in the local hub
+    cache (the id itself, which :func:`load_model` reads), else ``fallback``."""
+    return model_choice(model, trace_header, fallback)[0]
+
+
+def model_choice(model: str | None, trace_header: dict, fallback: str = "qwen3-8b"
+                 ) -> tuple[str, str]:
+    """(:func:`model_for_trace`'s model, how it was chosen: ``given``, ``catalogue``,
+    ``hf-id`` (a Hugging Face id of a catalogue entry), ``hf-cache`` or ``fallback``)."""
     if model:
-        return model
-    recorded = str(trace_header.get("model") or "").lower()
-    return recorded if recorded in known_models() else fallback
+        return model, "given"
+    recorded = str(trace_header.get("model") or "").strip()
+    name = catalogue_name(recorded)
+    if name is not None:
+        return name, "catalogue" if name == recorded.lower() else "hf-id"
+    if recorded.count("/") == 1 and not recorded.startswith((".", "/", "~")) and \
+            hf_cached_config(recorded) is not None:
+        return recorded, "hf-cache"
+    return fallback, "fallback"
 
 
 def hf_cache_dirs() -> list[Path]:
