@@ -37,7 +37,7 @@ from specsim.errors import TraceError, quote
 from specsim.traces.format import HistogramTrace, RequestTrace, Trace
 from specsim.traces.importers.common import (FieldReader, check_k, check_policy, check_sparsity,
                                              import_header, json_objects, validated, warn)
-from specsim.traces.importers.vllm_requests import _RequestLine
+from specsim.traces.importers.vllm_requests import RequestLine
 
 NAME = "aiperf"
 SUMMARY = "AIPerf profile_export.jsonl"
@@ -52,7 +52,7 @@ def recognises(first: dict) -> bool:
         and "session_num" in first["metadata"]
 
 
-class _AIPerfLine(_RequestLine):
+class _AIPerfLine(RequestLine):
     """One AIPerf record: the prompt length is its ``input_sequence_length`` metric."""
 
     def prompt_length(self) -> int | None:

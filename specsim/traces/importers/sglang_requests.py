@@ -77,12 +77,13 @@ class _Line(FieldReader):
         self.proposed_field, self.proposed = self.first_int(places, _PROPOSED)
         self.completion_field, self.completion = self.first_int(places, ("completion_tokens",))
 
-    def draft_length(self, k: int | None) -> tuple[int, str]:
+    def draft_length(self, k: int | None) -> int:
+        """k: the importer's, else proposed drafts / verify steps."""
         if k is not None:
-            return k, "the importer's k"
+            return k
         if self.verify and self.proposed is not None and self.proposed % self.verify == 0 \
                 and 1 <= self.proposed // self.verify <= MAX_K:
-            return self.proposed // self.verify, f"{self.proposed_field} / spec_verify_ct"
+            return self.proposed // self.verify
         self.fail(self.proposed_field or self.prefix + "spec_num_proposed_drafts",
                   f"cannot tell k: expected proposed drafts a whole multiple (1..{MAX_K}) of "
                   f"spec_verify_ct = {quote(self.verify)}, got {quote(self.proposed)}; give "
@@ -164,7 +165,7 @@ def import_sglang_requests(path: str | os.PathLike, *, policy: str | None = None
             warn(notes, f"line {n} ({rid}): no verify step; skipped")
             continue
         models.append(obj.get("model") or stats.get("model"))
-        line_k, _ = line.draft_length(k)
+        line_k = line.draft_length(k)
         hist = line.histogram(line_k)
         if hist is None:
             length = line.mean_length(line_k)

@@ -93,7 +93,7 @@ def recognises(first: dict) -> bool:
     return find_stats(first) is not None
 
 
-class _RequestLine(FieldReader):
+class RequestLine(FieldReader):
     """One line's statistics and the totals it states beside them."""
 
     def __init__(self, path: str, line: int, obj: dict, prefix: str, stats: dict, rid: str):
@@ -302,7 +302,7 @@ def import_vllm_requests(path: str | os.PathLike, *, policy: str = "unknown",
         models.append(obj.get("model"))
         line_policy = policy if obj.get("policy") is None else check_policy(obj["policy"], path, n)
         line_s = s if obj.get("s") is None else check_sparsity(obj["s"], path, n)
-        line = _RequestLine(path, n, obj, prefix, stats, rid)
+        line = RequestLine(path, n, obj, prefix, stats, rid)
         hist = line.histogram()
         if stats.get("per_step_accepted") is not None:
             rec, prompt_known = line.steps_record(hist, k, notes, line_policy, line_s)
