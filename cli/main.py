@@ -17,6 +17,7 @@ from specsim.cli import defaults
 from specsim.cli.files import check_outputs, load_trace_arg, stream_name
 from specsim.cli.terminal import echo, error_line, printable
 from specsim.errors import SpecsimError
+from specsim.deploy import FORMATS as EMIT_FORMATS
 from specsim.report import HardwareSummary, ModelSummary, PredictReport, WhatIfReport
 
 
@@ -129,10 +130,21 @@ def cli():
                    "end that are never emitted, so short answers gain less from long drafts "
                    "(expected iterations of a finite answer from the trace's acceptance). "
                    "Default: unbounded answers.")
+@click.option("--emit", "emit_format", type=click.Choice(EMIT_FORMATS), default=None,
+              help="Also print what to deploy for the best setting: 'vllm' (the "
+                   "--speculative-config and engine arguments, as a `vllm serve` command; "
+                   "sparse policies need the Vegas fork), 'sglang' (what carries over; stock "
+                   "SGLang has no sparse self-speculation) or 'schedule' (k* per batch × "
+                   "context, and vLLM's num_speculative_tokens_per_batch_size). With --json: "
+                   "the 'emit' key.")
+@click.option("--schedule-batches", default="1,4,16,64", show_default=True,
+              help="Batch sizes (rows) of --emit schedule.")
+@click.option("--schedule-contexts", default="4K,16K,64K", show_default=True,
+              help="Context lengths (columns) of --emit schedule; K = ×1024.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def predict(trace_path, fmt, model, hardware, batch, context, tp, k_max, policy, sparsity,
             n_boot, seed, alpha, accept_rates, gamma, costs_choice, holdout, output_tokens,
-            as_json):
+            emit_format, schedule_batches, schedule_contexts, as_json):
     """Predict the speedup of sparse self-speculative decoding over plain decoding.
 
     \b
@@ -150,6 +162,13 @@ def predict(trace_path, fmt, model, hardware, batch, context, tp, k_max, policy,
     Without arguments: the shipped SmolLM2-135M trace, costed for SmolLM2-135M on an H200.
 
     \b
+    What to deploy for the best (policy, s, k), pinned to vLLM 0.34.0 and SGLang 0.5.23:
+      specsim predict --model qwen3-8b --batch 16 --context 32768 --emit vllm
+        → vllm serve Qwen/Qwen3-8B --speculative-config '{"method": "sparse_attn",
+          "num_speculative_tokens": K, ...}' --tensor-parallel-size 1 --max-num-seqs 16 ...
+      specsim predict --emit schedule --schedule-batches 1,8,32 --schedule-contexts 8K,32K
+
+    \b
     What-ifs without a trace or hardware:
       --alpha A --gamma G          S = (αk + 1)/(kγ + 1)            (SparseSpec-L Eq. 1)
       --accept-rates p1,p2 --gamma G  S = (1 + Σ_{i≤k} P_i)/(kγ + 1)
@@ -157,6 +176,8 @@ def predict(trace_path, fmt, model, hardware, batch, context, tp, k_max, policy,
     from specsim import predict as P
 
     if alpha is not None or accept_rates is not None:
+        if emit_format:
+            raise click.UsageError("--emit needs a trace prediction, not a what-if")
         if trace_path:
             raise click.UsageError("give either --trace or a what-if (--alpha/--accept-rates)")
         if gamma is None:
@@ -198,7 +219,54 @@ def predict(trace_path, fmt, model, hardware, batch, context, tp, k_max, policy,
     report = P.describe_setting(report, spec, hw, tp, source.note, source.validated,
                                 costs=costs, trace_header=trace.header,
                                 model_reason=model_reason)
-    return _emit_json(report) if as_json else _print_predict(report)
+    if emit_format is None:
+        return _emit_json(report) if as_json else _print_predict(report)
+    emitted = _deployment(emit_format, report, spec, tp, output_tokens, trace, costs, opts,
+                          schedule_batches, schedule_contexts)
+    if as_json:
+        return _emit_json({**report.to_json(), "emit": emitted.to_json()})
+    _print_predict(report)
+    echo("")
+    _print_deployment(emitted)
+
+
+def _deployment(emit_format, report, spec, tp, output_tokens, trace, costs, opts,
+                schedule_batches, schedule_contexts):
+    """What ``--emit`` prints for the report's best setting (:mod:`specsim.deploy`)."""
+    from specsim import deploy as D
+
+    setting = D.setting_of(report, spec, tp, output_tokens)
+    if emit_format == "vllm":
+        return D.emit_vllm(setting, spec, output_tokens)
+    if emit_format == "sglang":
+        return D.emit_sglang(setting, spec, output_tokens)
+    return D.emit_schedule(report, trace, costs, opts, setting,
+                           D.grid(schedule_batches, "--schedule-batches"),
+                           D.grid(schedule_contexts, "--schedule-contexts"))
+
+
+def _print_deployment(e) -> None:
+    if e.format == "vllm":
+        s = e.setting
+        echo(f"Deploy with vLLM {e.vllm_version} (Vegas fork): {s.policy}, s = {s.s:g}, "
+             f"k = {s.k}, batch {s.batch}, tp {s.tp}:")
+        if not e.fork_has_algorithm:
+            echo("NOT deployable as printed (the fork lacks this algorithm; see the note):")
+        echo(e.command if e.fork_has_algorithm else f"# {e.command}")
+    elif e.format == "sglang":
+        echo(f"SGLang {e.sglang_version}: NOT deployable: {e.reason}")
+    else:
+        echo(f"k schedule for {e.policy}, s = {_s(e.s)} (costed as {e.costed_as['policy']}, "
+             f"s = {_s(e.costed_as['s'])}): k* per batch (rows) × context (columns), "
+             f"as predict --batch B --context C prices it:")
+        rows = [[b] + row for b, row in zip(e.batches, e.k_table)]
+        echo(_table(["batch \\ context"] + [str(c) for c in e.contexts], rows))
+        echo(f"vLLM {e.vllm_version} (batch only): num_speculative_tokens_per_batch_size = "
+             f"{json.dumps(e.vllm_num_speculative_tokens_per_batch_size)}, "
+             f"num_speculative_tokens = {e.vllm_num_speculative_tokens}")
+        echo(f"  --speculative-config '{json.dumps(e.vllm_speculative_config)}'")
+    for note in e.notes:
+        echo(f"note: {note}")
 
 
 def _print_what_if(r: WhatIfReport) -> None:
