@@ -1,29 +1,4 @@
-import importlib.util
-import sys
-from pathlib import Path
-
 from seeding import RUN_SEED
-
-
-def _load_checkout_cli() -> None:
-    """``specsim.cli`` is the repository's top-level ``cli/`` folder. With ``PYTHONPATH`` at a
-    checkout, ``specsim`` comes from the checkout but ``specsim.cli`` would come from wherever an
-    editable install points (another checkout); load the checkout's own ``cli/`` instead."""
-    import specsim
-
-    root = Path(__file__).resolve().parents[1]
-    if Path(specsim.__file__).resolve().parents[1] != root or "specsim.cli" in sys.modules:
-        return
-    init = root / "cli" / "__init__.py"
-    spec = importlib.util.spec_from_file_location("specsim.cli", init,
-                                                  submodule_search_locations=[str(init.parent)])
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["specsim.cli"] = module
-    spec.loader.exec_module(module)
-    specsim.cli = module
-
-
-_load_checkout_cli()
 
 
 def pytest_report_header(config):
