@@ -107,6 +107,21 @@ def cli():
                    "specsim does not model, e.g. imported from vLLM).")
 @click.option("--sparsity", type=click.FloatRange(0, 1, min_open=True), default=None,
               help="Sparsity s (selected KV / context) for trace groups recorded without one.")
+@click.option("--drafter", "drafter_text", default=None,
+              help="Drafter of trace groups whose trace does not record one: KIND[:NAME], "
+                   "KIND one of sparse-self, eagle, mtp, medusa, draft-model, ngram (NAME: a "
+                   "head in models/drafters/ or a config.json; draft-model: a catalogue model). "
+                   "A drafter the trace records (Spec-Bench eagle/medusa/hydra/pld/lookahead "
+                   "files) is used as recorded; --drafter of the same kind names its head.")
+@click.option("--tree-tokens", type=click.IntRange(min=2), default=None,
+              help="Tokens of the drafter's verify tree (Medusa, EAGLE trees): each iteration "
+                   "verifies this many tokens. Default: a chain of k + 1.")
+@click.option("--vanilla", "vanilla_path", type=click.Path(dir_okay=False), default=None,
+              help="Spec-Bench answer file of the plain (vanilla) run beside --trace's: the "
+                   "measured speedup is the ratio of the two files' tokens per wall second.")
+@click.option("--recorded-on", default=None,
+              help="GPU the Spec-Bench run was timed on (the files do not say); its measured "
+                   "numbers are compared with the prediction only on that --hardware.")
 @click.option("--bootstrap", "n_boot", type=click.IntRange(min=50), default=defaults.BOOTSTRAP,
               show_default=True, help="Bootstrap replicates (resampling requests) for the CIs.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Bootstrap seed.")
@@ -143,7 +158,8 @@ def cli():
               help="Context lengths (columns) of --emit schedule; K = ×1024.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def predict(trace_path, fmt, model, hardware, batch, context, tp, k_max, policy, sparsity,
-            n_boot, seed, alpha, accept_rates, gamma, costs_choice, holdout, output_tokens,
+            drafter_text, tree_tokens, vanilla_path, recorded_on, n_boot, seed, alpha,
+            accept_rates, gamma, costs_choice, holdout, output_tokens,
             emit_format, schedule_batches, schedule_contexts, as_json):
     """Predict the speedup of sparse self-speculative decoding over plain decoding.
 
@@ -208,8 +224,18 @@ def predict(trace_path, fmt, model, hardware, batch, context, tp, k_max, policy,
     except ValueError as exc:
         raise SpecsimError(str(exc)) from None
     costs = source.cost_model
+    drafter = None
+    if drafter_text is not None or tree_tokens is not None:
+        from specsim.drafters import parse_drafter, recorded_drafter
+        if drafter_text is None:
+            recorded = recorded_drafter("", trace.header)
+            if recorded is None:
+                raise click.UsageError("--tree-tokens needs --drafter (the trace records none)")
+            drafter_text = recorded.kind
+        drafter = parse_drafter(drafter_text, tree_tokens=tree_tokens)
     opts = P.PredictOptions(batch=batch, context=context, k_max=k_max, n_boot=n_boot, seed=seed,
-                            policy=policy, sparsity=sparsity, output_tokens=output_tokens)
+                            policy=policy, sparsity=sparsity, output_tokens=output_tokens,
+                            drafter=drafter)
     report = P.predict_trace(trace, costs, opts)
     if holdout is not None:
         try:
@@ -219,6 +245,20 @@ def predict(trace_path, fmt, model, hardware, batch, context, tp, k_max, policy,
     report = P.describe_setting(report, spec, hw, tp, source.note, source.validated,
                                 costs=costs, trace_header=trace.header,
                                 model_reason=model_reason)
+    if vanilla_path is not None or recorded_on is not None or trace.header.get("measured"):
+        from specsim.traces.importers.specbench import wall_totals
+        vanilla = None
+        if vanilla_path is not None:
+            vanilla = wall_totals(vanilla_path)
+            if vanilla is None:
+                raise SpecsimError(f"{vanilla_path}: no new_tokens/wall_time to time the "
+                                   f"vanilla run by")
+        try:
+            report = P.measured_beside(report, trace.header, hw,
+                                       load_hardware(recorded_on) if recorded_on else None,
+                                       vanilla)
+        except ValueError as exc:
+            raise SpecsimError(str(exc)) from None
     if emit_format is None:
         return _emit_json(report) if as_json else _print_predict(report)
     emitted = _deployment(emit_format, report, spec, tp, output_tokens, trace, costs, opts,
@@ -294,8 +334,21 @@ def _print_predict(r: PredictReport) -> None:
                f"{hw.bf16_TFLOPs:.0f} TFLOP/s bf16 ({hw.ceilings} ceilings); "
                f"batch {r.batch}, tp {r.tp}")
     echo(f"costs     {r.costs}")
+    for g in r.groups:
+        c = g.costed_as
+        if c.drafter is not None:
+            echo(f"drafter   {g.policy}: {c.drafter} ({c.drafter_origin}), draft step priced by "
+                 f"{c.draft_priced_by}" + (f", tree of {c.tree_tokens} tokens"
+                                           if c.tree_tokens else "") + f"; replay: {c.replay}")
     if r.cost_validation:
         echo(f"trust     {r.cost_validation}")
+    if r.measured is not None:
+        mm = r.measured
+        echo(f"measured  {mm.tokens_per_s:.1f} tokens/s over {mm.wall_time_s:.2f} s"
+             + (f", vanilla {mm.vanilla_tokens_per_s:.1f} tokens/s: {mm.speedup:.2f}×"
+                if mm.speedup is not None else "")
+             + f"; predicted {mm.predicted_speedup_at_k_recorded:.2f}× at k = {mm.k_recorded}"
+             + f" ({mm.note})")
     if r.groups:
         echo(f"context   {_ctx_line(r.groups[0].contexts, r.groups[0].context_source)}")
     echo("")

@@ -15,7 +15,7 @@ from specsim import analytical
 from specsim.costs.base import CostModel, IterationCost
 from specsim.report import (CI, Best, Choice, ChoiceSpeedup, CostedAs, CostSplit, CurvePoint,
                             Distinction, ExtrapolationCheck, GroupResult, HardwareSummary,
-                            Holdout, HoldoutRow, ModelSummary, PolicyComparison,
+                            Holdout, HoldoutRow, Measured, ModelSummary, PolicyComparison,
                             PolicyOptimum, Position, PredictReport, RunnerUp, ThreeStep,
                             WhatIfPoint, WhatIfReport)
 from specsim.traces.acceptance import AcceptanceEstimate, estimate_acceptance, extrapolation_error
@@ -112,6 +112,9 @@ class PredictOptions:
     #: answers of this many tokens: a last iteration's drafts past the answer are accepted
     #: but not emitted (``analytical.emitted_tokens_per_iteration``); None: unbounded answers
     output_tokens: int | None = None
+    #: the drafter for groups whose trace does not record one (``--drafter``); None: such
+    #: groups are costed as sparse self-speculation with ``policy``
+    drafter: object | None = None
 
 
 def _group_costs(costs: CostModel, contexts, ks, s, policy) -> list[IterationCost]:
@@ -160,6 +163,10 @@ def predict_group(trace: Trace, costs: CostModel, opts: PredictOptions, notes: l
     first = (trace.requests or trace.histograms)[0]
     policy, s = first.policy, first.s
     model_policy, model_s = policy, s
+    drafter = _group_drafter(policy, trace.header, opts)
+    if drafter is not None:
+        return _drafter_group(trace, costs, opts, notes, contexts, context_source, paired,
+                              acceptance_cache, drafter)
     if policy not in POLICIES:
         model_policy = opts.policy or DEFAULT_POLICY
         notes.append(f"policy '{policy}' is not a sparse-selection policy specsim models: "
@@ -172,15 +179,84 @@ def predict_group(trace: Trace, costs: CostModel, opts: PredictOptions, notes: l
             notes.append(f"group '{policy}' has no sparsity: costed at s={model_s}"
                          + ("" if opts.sparsity else " (use --sparsity)"))
 
-    key = (policy, s, opts.k_max, opts.n_boot, opts.seed, paired is not None)
+    return _priced_group(trace, costs, opts, notes, contexts, context_source, paired,
+                         acceptance_cache, CostedAs(model_policy, model_s), "token replay")
+
+
+def _group_drafter(policy: str, header: dict, opts: PredictOptions):
+    """The drafter of a group other than sparse self-speculation: recorded in the trace, else
+    ``opts.drafter`` for a group whose policy specsim does not model; None: sparse
+    self-speculation (a sparse policy, or an opaque one costed with ``--policy``)."""
+    from specsim.drafters import recorded_drafter
+
+    recorded = recorded_drafter(policy, header)
+    if recorded is not None:
+        if recorded.kind == "sparse-self":
+            return None
+        given = opts.drafter
+        if given is not None and given.kind == recorded.kind:
+            return given       # the recorded kind, with the head and tree --drafter names
+        return recorded
+    given = opts.drafter
+    return None if given is None or given.kind == "sparse-self" else given
+
+
+def _drafter_group(trace: Trace, costs: CostModel, opts: PredictOptions, notes: list[str],
+                   contexts, context_source, paired, acceptance_cache, drafter) -> GroupResult:
+    """A group drafted by ``drafter``: its draft step priced through ``costs``' source, the
+    target's verify, and acceptance replayed by the per-depth survival."""
+    from specsim.drafters import DrafterCosts, source_kind
+
+    first = (trace.requests or trace.histograms)[0]
+    policy, s = first.policy, first.s
+    wrapped = DrafterCosts(costs, drafter)
+    priced_by = source_kind(costs)
+    where = {"trace": "recorded in the trace", "--drafter": "given by --drafter",
+             "assumed": "assumed"}[drafter.origin]
+    notes.append(f"group '{policy}': drafter {drafter.label} ({where}); its draft step "
+                 f"priced by {priced_by}" + ("" if priced_by == costs.name else
+                                             f" ({costs.name} holds no draft step of it)")
+                 + ", the verify by the target's " + costs.name)
+    if drafter.tree_tokens is not None:
+        notes.append(f"group '{policy}': a token tree of {drafter.tree_tokens} tokens, verified "
+                     f"as q = {drafter.tree_tokens}; a tree shape has no counterfactual to "
+                     f"another tree, so only k = k_rec replays what was recorded: other k keep "
+                     f"the recorded tree's verify and truncate its accepted depth")
+    else:
+        notes.append(f"group '{policy}': acceptance at another k by the per-depth survival "
+                     f"E[m+1](k) = 1 + Σ_(i≤k) P_i from the depths recorded at k_rec (valid "
+                     f"where the i-th draft does not depend on k; tokens over time in total)")
+    costed = CostedAs(drafter.label, None, drafter=drafter.label,
+                      drafter_origin=drafter.origin, draft_priced_by=priced_by,
+                      tree_tokens=drafter.tree_tokens, replay=drafter.replay)
+    return _priced_group(trace, wrapped, opts, notes, contexts, context_source, paired,
+                         acceptance_cache, costed, drafter.replay)
+
+
+def _priced_group(trace: Trace, costs: CostModel, opts: PredictOptions, notes: list[str],
+                  contexts, context_source, paired, acceptance_cache, costed: CostedAs,
+                  replay: str) -> GroupResult:
+    """A group's acceptance (``replay``: the greedy token replay, else the per-depth survival)
+    priced by ``costs`` as ``costed`` says."""
+    first = (trace.requests or trace.histograms)[0]
+    policy, s = first.policy, first.s
+    model_policy, model_s = costed.policy, costed.s
+    survival_replay = replay != "token replay"
+    key = (policy, s, opts.k_max, opts.n_boot, opts.seed, paired is not None, survival_replay)
     cached = acceptance_cache.get(key) if acceptance_cache is not None else None
     if cached is None:
         est: AcceptanceEstimate = estimate_acceptance(trace, k_max=opts.k_max)
         weights = None
         if paired is not None:
             weights = np.stack([paired[r.prompt_id] for r in trace.requests], axis=1)
-        boot_P = est.bootstrap_survival_k(opts.n_boot, np.random.default_rng(opts.seed),
-                                          weights)     # [replicate, k, i]
+        rng = np.random.default_rng(opts.seed)
+        if survival_replay:
+            from specsim.drafters import survival_by_k
+            # the per-depth counterfactual: the same P_i at every k (E[m+1] = 1 + Σ_{i≤k} P_i)
+            est = replace(est, survival_k=survival_by_k(est.survival))
+            boot_P = survival_by_k(est.bootstrap_survival(opts.n_boot, rng, weights))
+        else:
+            boot_P = est.bootstrap_survival_k(opts.n_boot, rng, weights)  # [replicate, k, i]
         extrapolation = extrapolation_error(trace, est.observed // 2) \
             if est.observed >= 4 else None
         cached = (est, boot_P, extrapolation)
@@ -232,15 +308,16 @@ def predict_group(trace: Trace, costs: CostModel, opts: PredictOptions, notes: l
             iteration_ms=_ms(t_iter[j]),
             split_ms=CostSplit(**{name: _ms(v) for name, v in iters[j].split().items()}),
             extrapolated=bool(est.extrapolated[j]),
-            replay="counterfactual" if k <= counts.k_recorded and not est.extrapolated[j]
-                   else "fitted",
+            replay=("fitted" if k > counts.k_recorded or est.extrapolated[j] else
+                    "counterfactual" if replay != "recorded tree only" or
+                    k == counts.k_recorded else "truncated tree"),
             extend_helps=helps))
     k_ci = ci(boot_kstar)
     if k_star == ks[-1]:
         notes.append(f"{policy} s={s}: k*={k_star} is the largest k evaluated; the optimum may "
                      f"lie beyond (raise --k-max to extrapolate)")
     return GroupResult(
-        policy=policy, s=s, costed_as=CostedAs(model_policy, model_s),
+        policy=policy, s=s, costed_as=costed,
         requests=len(trace.requests) + len(trace.histograms), bootstrap_unit=counts.unit,
         iterations=counts.iterations, k_recorded=counts.k_recorded,
         observed_positions=est.observed,
@@ -467,8 +544,13 @@ def describe_setting(report: PredictReport, spec, hw, tp: int, costs_note: str,
         notes.append(f"the trace names no model; costed as {spec.name} ({model_reason})")
     if costs is not None and report.groups:
         best = max(report.groups, key=lambda g: g.speedup_at_k_star)
-        it = costs.iteration(best.contexts, best.k_star, best.costed_as.s,
-                             best.costed_as.policy)
+        priced = costs
+        if best.costed_as.drafter is not None:
+            from specsim.drafters import DrafterCosts, parse_drafter
+            priced = DrafterCosts(costs, parse_drafter(best.costed_as.drafter,
+                                                       tree_tokens=best.costed_as.tree_tokens))
+        it = priced.iteration(best.contexts, best.k_star, best.costed_as.s,
+                              best.costed_as.policy)
         outside = [n for part in (costs.plain_step(best.contexts), it.draft_step, it.verify,
                                   it.selection) for n in part.notes
                    if any(w in n for w in OUTSIDE_WORDS)]
@@ -483,3 +565,42 @@ def describe_setting(report: PredictReport, spec, hw, tp: int, costs_note: str,
                      f"--tp)")
     return replace(report, model=ModelSummary.of(spec), hardware=HardwareSummary.of(hw), tp=tp,
                    costs=costs_note, cost_validation=cost_validation, notes=notes)
+
+
+def measured_beside(report: PredictReport, trace_header: dict, hardware, recorded_on=None,
+                    vanilla: dict | None = None) -> PredictReport:
+    """The report with what the trace's run timed itself (a Spec-Bench file's ``measured``
+    header: Σ new_tokens / Σ wall_time), against ``vanilla`` (the same totals of the plain
+    run) where given, and the prediction at the recorded k beside it. ``recorded_on`` is the
+    run's GPU as a :class:`~specsim.specs.HardwareSpec` (None: not given); the two compare
+    only when it is the report's ``hardware``."""
+    got = trace_header.get("measured")
+    if not got:
+        if vanilla is not None:
+            raise ValueError("a vanilla run compares with a trace that timed itself (a "
+                             "Spec-Bench answer file)")
+        return report
+    best = max(report.groups, key=lambda g: g.speedup_at_k_star)
+    k_rec = min(best.k_recorded, len(best.curve))
+    predicted = best.at(k_rec).speedup
+    speedup = None if vanilla is None else got["tokens_per_s"] / vanilla["tokens_per_s"]
+    comparable = recorded_on is not None and recorded_on.name == hardware.name
+    if recorded_on is None:
+        note = (f"the run's GPU is not recorded (give --recorded-on): its timing is shown, "
+                f"not compared with the prediction for {hardware.name}")
+    elif not comparable:
+        note = (f"recorded on {recorded_on.name}, predicted for {hardware.name}: not compared "
+                f"(predict with --hardware {recorded_on.name} to compare)")
+    elif speedup is None:
+        note = "no vanilla run given (--vanilla): the measured speedup is unknown"
+    else:
+        note = (f"measured {speedup:.2f}× against predicted {predicted:.2f}× at k = {k_rec} "
+                f"(batch 1 in the run; the prediction at batch {report.batch})")
+    return replace(report, measured=Measured(
+        tokens_per_s=float(got["tokens_per_s"]), new_tokens=int(got["new_tokens"]),
+        wall_time_s=float(got["wall_time_s"]),
+        recorded_on=None if recorded_on is None else recorded_on.name, comparable=comparable,
+        note=note, vanilla_tokens_per_s=None if vanilla is None else
+        float(vanilla["tokens_per_s"]), speedup=speedup,
+        predicted_speedup_at_k_recorded=float(predicted), k_recorded=int(k_rec)),
+        notes=[*report.notes, f"measured: {note}"])

@@ -125,6 +125,15 @@ class CostedAs(_Json):
 
     policy: str
     s: float | None
+    #: a drafter other than sparse self-speculation (``eagle:NAME``, ``ngram``…): its label,
+    #: where it was taken from (``trace`` | ``--drafter`` | ``assumed``), the source that
+    #: priced its draft step, the verify tree's token count, and how acceptance is replayed
+    #: at another k
+    drafter: str | None = optional()
+    drafter_origin: str | None = optional()
+    draft_priced_by: str | None = optional()
+    tree_tokens: int | None = optional()
+    replay: str | None = optional()
 
 
 @dataclass(frozen=True)
@@ -345,6 +354,25 @@ class HardwareSummary(_Json):
 
 
 @dataclass(frozen=True)
+class Measured(_Json):
+    """What a Spec-Bench run timed itself, beside the prediction: its tokens per second
+    (Σ new_tokens / Σ wall_time), the vanilla run's and their ratio where a vanilla file was
+    given, the GPU it ran on (``--recorded-on``: the files do not say), and the prediction at
+    the recorded k on this report's hardware. ``comparable``: the run's GPU is the report's."""
+
+    tokens_per_s: float
+    new_tokens: int
+    wall_time_s: float
+    recorded_on: str | None
+    comparable: bool
+    note: str
+    vanilla_tokens_per_s: float | None = optional()
+    speedup: float | None = optional()
+    predicted_speedup_at_k_recorded: float | None = optional()
+    k_recorded: int | None = optional()
+
+
+@dataclass(frozen=True)
 class PredictReport(_Json):
     """`specsim predict` on a trace. ``notes`` are the caveats a reader must see (synthetic
     trace, assumed values, optimum at the edge of the grid, batch not fitting). ``model``,
@@ -371,6 +399,7 @@ class PredictReport(_Json):
     tp: int | None = optional()
     costs: str | None = optional()
     cost_validation: str | None = optional()
+    measured: Measured | None = optional()
     schema_version: int = SCHEMA_VERSION
 
     def to_json(self) -> dict:

@@ -156,3 +156,55 @@ def test_survival_tokens_grow_with_k_and_stay_below_k_plus_1(m):
     tokens = [survival_tokens(P, k) for k in range(1, 9)]
     assert all(b >= a - 1e-12 for a, b in zip(tokens, tokens[1:]))
     assert all(t <= k + 1 + 1e-12 for k, t in zip(range(1, 9), tokens))
+
+
+# ---- Spec-Bench EAGLE: predicted with the eagle drafter, beside the file's own timing ------
+def _predict_json(*args):
+    from click.testing import CliRunner
+
+    from specsim.cli.main import cli
+    result = CliRunner().invoke(cli, ["predict", "--bootstrap", "50", "--json", *args])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.output[result.output.index("{"):])
+
+
+FIX = "tests/fixtures/"
+
+
+def test_specbench_eagle_predicts_with_the_eagle_drafter_and_its_measured_speedup():
+    out = _predict_json("--trace", FIX + "specbench.jsonl", "--model", "llama-3.1-8b",
+                        "--costs", "roofline", "--batch", "1",
+                        "--vanilla", FIX + "specbench_vanilla.jsonl", "--recorded-on", "h200")
+    group = out["groups"][0]
+    assert group["costed_as"]["drafter"] == "eagle"
+    assert group["costed_as"]["drafter_origin"] == "trace"
+    assert group["costed_as"]["draft_priced_by"] == "roofline"
+    assert group["costed_as"]["replay"] == "per-depth survival"
+    assert any("drafter eagle (recorded in the trace)" in n for n in out["notes"])
+    measured = out["measured"]
+    eagle_tps = (10 + 8 + 11 + 7) / (0.41 + 0.33 + 0.45 + 0.21)
+    vanilla_tps = 36 / (0.95 + 0.76 + 1.04 + 0.67)
+    assert measured["tokens_per_s"] == pytest.approx(eagle_tps)
+    assert measured["speedup"] == pytest.approx(eagle_tps / vanilla_tps)
+    assert measured["comparable"] is True
+    # the per-depth survival: E[m+1](k) grows with k, at most k + 1
+    tokens = [p["expected_tokens"] for p in group["curve"]]
+    assert all(b >= a for a, b in zip(tokens, tokens[1:]))
+    assert all(t <= k + 1 for k, t in enumerate(tokens, 1))
+
+
+def test_specbench_measured_is_not_compared_on_other_hardware():
+    out = _predict_json("--trace", FIX + "specbench.jsonl", "--model", "llama-3.1-8b",
+                        "--costs", "roofline", "--recorded-on", "a100-80gb")
+    assert out["measured"]["comparable"] is False
+    assert "not compared" in out["measured"]["note"]
+
+
+def test_drafter_option_prices_an_opaque_trace_and_tree(tmp_path):
+    out = _predict_json("--trace", FIX + "specbench.jsonl", "--model", "qwen3-8b",
+                        "--costs", "roofline", "--drafter", "eagle:qwen3-8b-eagle3",
+                        "--tree-tokens", "8")
+    costed = out["groups"][0]["costed_as"]
+    assert costed["drafter"] == "eagle:qwen3-8b-eagle3" and costed["tree_tokens"] == 8
+    assert costed["replay"] == "recorded tree only"
+    assert any("no counterfactual to another tree" in n for n in out["notes"])

@@ -12,6 +12,12 @@ context = 1 + Σ previous accept_lengths, ``"context_known": false``. k (drafts 
 not recorded either: pass ``k=``; otherwise the largest ``accept_length - 1`` in the file is
 used as a lower bound and the header says ``"k_inferred": true``.
 
+The method is not a field either: it is read from the file name or ``model_id``
+(``vicuna-7b-v1.3-eagle-float16``: ``eagle``; also eagle2, eagle3, medusa, hydra, pld,
+lookahead, sps) into the header's ``drafter``. The answers' own ``new_tokens`` and
+``wall_time`` totals go into the header's ``measured`` (tokens per second as the run timed it);
+which GPU ran it is not recorded.
+
 Capture: the ``--answer-file`` a Spec-Bench ``evaluation/inference_*.py`` run writes.
 """
 from __future__ import annotations
@@ -36,6 +42,42 @@ def recognises(first: dict) -> bool:
     choices = first.get("choices")
     return (isinstance(choices, list) and bool(choices) and isinstance(choices[0], dict)
             and "accept_lengths" in choices[0])
+
+
+#: Spec-Bench method names, as its answer files are named (longest first: eagle3 before eagle).
+METHODS = ("eagle3", "eagle2", "eagle", "medusa", "hydra", "pld", "lookahead", "sps")
+
+
+def method_of(path: str, models: list) -> str | None:
+    """The Spec-Bench method a file's name or its ``model_id`` names, or None."""
+    import re
+
+    for text in [os.path.basename(path), *[str(m) for m in models if m]]:
+        words = re.split(r"[^a-z0-9]+", text.lower())
+        for method in METHODS:
+            if method in words:
+                return method
+    return None
+
+
+def wall_totals(path: str) -> dict | None:
+    """Σ ``new_tokens`` and Σ ``wall_time`` over every choice's turns of a Spec-Bench file,
+    and their ratio in tokens per second; None where the file times nothing."""
+    tokens = seconds = 0.0
+    for n, obj in json_objects(str(path)):
+        for choice in obj.get("choices") or []:
+            if not isinstance(choice, dict):
+                continue
+            new, wall = choice.get("new_tokens"), choice.get("wall_time")
+            if isinstance(new, list) and isinstance(wall, list) and len(new) == len(wall):
+                if all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                       for x in new + wall):
+                    tokens += float(sum(new))
+                    seconds += float(sum(wall))
+    if tokens <= 0 or seconds <= 0:
+        return None
+    return {"new_tokens": int(tokens), "wall_time_s": round(seconds, 6),
+            "tokens_per_s": tokens / seconds}
 
 
 def _answers(path: str, notes: list[str]) -> tuple[list[tuple[int, str, list[int], str]], list]:
@@ -120,6 +162,12 @@ def import_specbench(path: str | os.PathLike, *, k: int | None = None, policy: s
         rec = RequestTrace(rid, policy, s, context, np.full(m.size, k, dtype=np.int64), m)
         requests.append(validated(rec, path, n))
     extra = {"k_inferred": True, "k_lower_bound": k} if k_inferred else {"k_inferred": False}
+    method = method_of(path, models)
+    if method:
+        extra["drafter"] = method
+    measured = wall_totals(path)
+    if measured:
+        extra["measured"] = measured
     header = import_header(NAME, path, model=single_model(models), context_known=False,
                            notes=notes, description="Spec-Bench answers: accept_lengths = "
                            "accepted drafts + 1 per step; turns concatenated per (question, "
