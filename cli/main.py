@@ -288,11 +288,18 @@ def _deployment(emit_format, report, spec, tp, output_tokens, trace, costs, opts
 def _print_deployment(e) -> None:
     if e.format == "vllm":
         s = e.setting
-        echo(f"Deploy with vLLM {e.vllm_version} (Vegas fork): {s.policy}, s = {s.s:g}, "
-             f"k = {s.k}, batch {s.batch}, tp {s.tp}:")
+        what = (f"{s.drafter}" + (f" ({s.draft_name})" if s.draft_name else "")
+                if s.drafter else f"{s.policy}, s = {s.s:g}")
+        echo(f"Deploy with vLLM {e.vllm_version}{' (Vegas fork)' if e.needs_vegas_fork else ''}"
+             f": {what}, k = {s.k}, batch {s.batch}, tp {s.tp}:")
         if not e.fork_has_algorithm:
             echo("NOT deployable as printed (the fork lacks this algorithm; see the note):")
         echo(e.command if e.fork_has_algorithm else f"# {e.command}")
+    elif e.format == "sglang" and e.deployable:
+        s = e.setting
+        echo(f"Deploy with SGLang {e.sglang_version}: {s.drafter}, k = {s.k}, batch {s.batch}, "
+             f"tp {s.tp}:")
+        echo(e.command)
     elif e.format == "sglang":
         echo(f"SGLang {e.sglang_version}: NOT deployable: {e.reason}")
     else:

@@ -68,6 +68,13 @@ FORK_SPELLING = {"vegas": "vegas", "streamingllm": "streamingllm", "sparsespec":
                  "quest": "quest", "last-token": "last_token", "vegas-all": "vegas_all",
                  "full": "streamingllm"}
 
+#: specsim's drafter kinds → vLLM's ``method`` (stock vLLM serves these; EAGLE-3 heads, those
+#: with a ``draft_vocab_size``, as ``eagle3``).
+VLLM_METHODS = {"eagle": "eagle", "eagle3": "eagle3", "mtp": "mtp", "medusa": "medusa",
+                "draft-model": "draft_model", "ngram": "ngram"}
+#: vLLM's n-gram window when the prediction does not set it (its own default lookup sizes).
+NGRAM_LOOKUP = {"prompt_lookup_min": 1, "prompt_lookup_max": 4}
+
 SGLANG_VERSION = "0.5.23"
 #: ``ServerArgs`` flags of SGLang 0.5.23 that an emit may name: the speculative-decoding flags
 #: (``sglang/srt/arg_groups/fields/spec.py``) and the engine flags (``fields/model.py``,
@@ -81,6 +88,9 @@ SGLANG_FLAGS = frozenset({
     "--speculative-draft-sink-size", "--speculative-adaptive", "--speculative-attention-mode",
     "--model-path", "--model", "--context-length", "--tp-size", "--tensor-parallel-size",
     "--max-running-requests"})
+#: specsim's drafter kinds → SGLang's ``--speculative-algorithm`` (no Medusa there).
+SGLANG_METHODS = {"eagle": "EAGLE", "eagle3": "EAGLE3", "mtp": "NEXTN",
+                  "draft-model": "STANDALONE", "ngram": "NGRAM"}
 #: The algorithms SGLang 0.5.23 builds in (``--speculative-algorithm`` help text).
 SGLANG_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM", "DFLASH", "DSPARK",
                      "UNO")
@@ -107,13 +117,18 @@ class Setting(_Json):
     model: str
     model_id: str | None          # HuggingFace id, from the catalogue entry's source
     policy: str
-    s: float
+    s: float | None               # None for a drafter other than sparse self-speculation
     k: int
     speedup: float
     batch: int
     context: int
     tp: int
     max_model_len: int
+    #: a drafter other than sparse self-speculation: its kind (``eagle3`` for an EAGLE-3
+    #: head), the head or draft model it names, and its verify tree's token count
+    drafter: str | None = None
+    draft_name: str | None = None
+    tree_tokens: int | None = None
 
 
 def hf_id(source: str) -> str | None:
@@ -128,10 +143,46 @@ def setting_of(report: PredictReport, spec, tp: int, output_tokens: int | None) 
     group = report.best_group()
     context = int(max(group.contexts))
     room = max(output_tokens if output_tokens is not None else OUTPUT_ROOM, group.k_star + 1)
-    return Setting(model=spec.name, model_id=hf_id(spec.source),
-                   policy=group.costed_as.policy, s=float(group.costed_as.s), k=group.k_star,
+    costed = group.costed_as
+    kind = name = None
+    if costed.drafter:
+        kind, _, name = costed.drafter.partition(":")
+        if kind == "eagle" and name and _is_eagle3(name):
+            kind = "eagle3"
+    return Setting(model=spec.name, model_id=hf_id(spec.source), policy=costed.policy,
+                   s=None if costed.s is None else float(costed.s), k=group.k_star,
                    speedup=group.speedup_at_k_star, batch=report.batch, context=context, tp=tp,
-                   max_model_len=context + room)
+                   max_model_len=context + room, drafter=kind, draft_name=name or None,
+                   tree_tokens=costed.tree_tokens)
+
+
+def _is_eagle3(name: str) -> bool:
+    """Whether a head (shipped name or config path) is an EAGLE-3 head (it has a draft
+    vocabulary of its own)."""
+    from specsim.drafters import head_config
+
+    try:
+        return "draft_vocab_size" in head_config(name)[0]
+    except SpecsimError:
+        return "eagle3" in name.lower()
+
+
+def _draft_arg(setting: Setting, notes: list[str]) -> str:
+    """What the engine loads as the draft: the named draft model's HuggingFace id where the
+    catalogue knows it, else a placeholder the user fills in (a head's weights are not in the
+    catalogue)."""
+    if setting.drafter == "draft-model" and setting.draft_name:
+        from specsim.specs import load_model
+
+        try:
+            found = hf_id(load_model(setting.draft_name).source)
+        except SpecsimError:
+            found = None
+        if found:
+            return found
+    what = setting.draft_name or f"{setting.drafter} head for {setting.model}"
+    notes.append(f"replace <DRAFT:{what}> with the repository or path of its weights")
+    return f"<DRAFT:{what}>"
 
 
 def _model_arg(setting: Setting, notes: list[str]) -> str:
@@ -186,7 +237,35 @@ def vllm_speculative_config(setting: Setting) -> dict:
             "sparse_attn_ratio": setting.s, "sparse_attn_min_tokens": policy.min_selected}
 
 
+def _emit_vllm_drafter(setting: Setting, spec, output_tokens: int | None) -> VllmEmit:
+    """Stock vLLM's ``speculative_config`` for a separate drafter (EAGLE, EAGLE-3, MTP,
+    Medusa, a draft model, n-gram lookup)."""
+    notes: list[str] = []
+    model = _model_arg(setting, notes)
+    config: dict = {"method": VLLM_METHODS[setting.drafter],
+                    "num_speculative_tokens": setting.k}
+    if setting.drafter in ("eagle", "eagle3", "medusa", "draft-model"):
+        config["model"] = _draft_arg(setting, notes)
+    if setting.drafter == "draft-model":
+        config["draft_tensor_parallel_size"] = setting.tp
+    if setting.drafter == "ngram":
+        config.update(NGRAM_LOOKUP)
+        notes.append("prompt_lookup_min/max are vLLM's usual n-gram window, not predicted")
+    if setting.tree_tokens:
+        notes.append(f"the prediction verifies a tree of {setting.tree_tokens} tokens; "
+                     f"vLLM {VLLM_VERSION} drafts a chain of num_speculative_tokens")
+    engine = {"--tensor-parallel-size": setting.tp, "--max-num-seqs": setting.batch,
+              "--max-model-len": setting.max_model_len}
+    notes += _length_notes(setting, spec, output_tokens)
+    command = " ".join(["vllm", "serve", shlex.quote(model), "--speculative-config",
+                        shlex.quote(json.dumps(config))]
+                       + [f"{flag} {value}" for flag, value in engine.items()])
+    return VllmEmit("vllm", VLLM_VERSION, setting, command, config, engine, False, True, notes)
+
+
 def emit_vllm(setting: Setting, spec, output_tokens: int | None = None) -> VllmEmit:
+    if setting.drafter:
+        return _emit_vllm_drafter(setting, spec, output_tokens)
     notes: list[str] = []
     model = _model_arg(setting, notes)
     config = vllm_speculative_config(setting)
@@ -242,6 +321,28 @@ def emit_sglang(setting: Setting, spec, output_tokens: int | None = None) -> Sgl
     engine = {"--model-path": model, "--tp-size": setting.tp,
               "--max-running-requests": setting.batch,
               "--context-length": setting.max_model_len}
+    if setting.drafter in SGLANG_METHODS:
+        topk = 1 if not setting.tree_tokens else 4
+        flags: dict = {"--speculative-algorithm": SGLANG_METHODS[setting.drafter]}
+        if setting.drafter in ("eagle", "eagle3", "draft-model"):
+            flags["--speculative-draft-model-path"] = _draft_arg(setting, notes)
+        flags.update({"--speculative-num-steps": setting.k, "--speculative-eagle-topk": topk,
+                      "--speculative-num-draft-tokens": setting.tree_tokens or setting.k + 1})
+        if setting.tree_tokens:
+            notes.append(f"a tree of {setting.tree_tokens} tokens: --speculative-eagle-topk "
+                         f"{topk} is SGLang's usual branching, not predicted")
+        notes += _length_notes(setting, spec, output_tokens)
+        command = " ".join(["python", "-m", "sglang.launch_server"]
+                           + [f"{flag} {shlex.quote(str(value))}"
+                              for flag, value in {**engine, **flags}.items()])
+        return SglangEmit("sglang", SGLANG_VERSION, setting, True, command, engine, flags,
+                          "", notes)
+    if setting.drafter:
+        reason = (f"SGLang {SGLANG_VERSION} has no {setting.drafter} drafter (its "
+                  f"--speculative-algorithm choices: {', '.join(SGLANG_ALGORITHMS)})")
+        notes += _length_notes(setting, spec, output_tokens)
+        return SglangEmit("sglang", SGLANG_VERSION, setting, False, None, engine, {}, reason,
+                          notes)
     needed = {"--speculative-num-steps": setting.k, "--speculative-eagle-topk": 1,
               "--speculative-num-draft-tokens": setting.k + 1}
     reason = (f"stock SGLang has no sparse self-speculation "
@@ -310,6 +411,10 @@ def emit_schedule(report: PredictReport, trace, costs, opts, setting: Setting,
     report's (:func:`setting_of`), for the fork's ``speculative_config``."""
     from specsim.predict import prompt_weights
 
+    if setting.drafter:
+        raise SpecsimError(f"--emit schedule covers sparse self-speculation; the best setting "
+                           f"drafts with {setting.drafter}: use --emit vllm or sglang, and "
+                           f"predict --batch B --context C per cell")
     batches, contexts = sorted({int(b) for b in batches}), sorted({int(c) for c in contexts})
     if not batches or not contexts or min(batches) < 1 or min(contexts) < 1:
         raise SpecsimError("a schedule needs batch sizes and context lengths of at least 1")

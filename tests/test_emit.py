@@ -197,3 +197,55 @@ def test_every_setting_emits_pinned_names_and_its_values(setting):
 def test_grid_reads_numbers_and_k_suffix(values):
     text = ",".join(f"{v // 1024}K" if v % 1024 == 0 else str(v) for v in values)
     assert D.grid(text, "--x") == values
+
+
+drafter_settings = st.builds(
+    D.Setting, model=st.just("qwen3-8b"), model_id=st.just("Qwen/Qwen3-8B"),
+    policy=st.just("eagle"), s=st.none(), k=st.integers(1, 16), speedup=st.floats(0.5, 3.0),
+    batch=st.integers(1, 1024), context=st.integers(1, 1 << 17), tp=st.integers(1, 8),
+    max_model_len=st.integers(1, 1 << 18), drafter=st.sampled_from(sorted(D.VLLM_METHODS)),
+    draft_name=st.one_of(st.none(), st.just("qwen3-8b-eagle3"), st.just("smollm2-135m")),
+    tree_tokens=st.one_of(st.none(), st.integers(2, 64)))
+
+
+@settings(max_examples=60, deadline=None)
+@given(drafter_settings)
+def test_a_separate_drafter_emits_stock_engine_commands(setting):
+    """EAGLE, EAGLE-3, MTP, Medusa, a draft model or n-gram lookup: stock vLLM's method with
+    k drafts (a draft or head named by its weights, a placeholder where the catalogue has no
+    repository), and SGLang's algorithm where it has one: every name pinned, no fork."""
+    spec = load_model("qwen3-8b")
+    vllm = D.emit_vllm(setting, spec)
+    assert set(vllm.speculative_config) <= D.VLLM_SPECULATIVE_FIELDS
+    assert not vllm.needs_vegas_fork
+    words = shlex.split(vllm.command)
+    config = json.loads(words[words.index("--speculative-config") + 1])
+    assert config["method"] == D.VLLM_METHODS[setting.drafter]
+    assert config["num_speculative_tokens"] == setting.k
+    assert ("model" in config) == (setting.drafter in ("eagle", "eagle3", "medusa",
+                                                       "draft-model"))
+    sglang = D.emit_sglang(setting, spec)
+    assert sglang.deployable == (setting.drafter in D.SGLANG_METHODS)
+    if sglang.deployable:
+        flags = shlex.split(sglang.command)
+        assert set(f for f in flags if f.startswith("--")) <= D.SGLANG_FLAGS
+        assert flags[flags.index("--speculative-algorithm") + 1] in D.SGLANG_ALGORITHMS
+        assert int(flags[flags.index("--speculative-num-steps") + 1]) == setting.k
+    else:
+        assert sglang.command is None and setting.drafter in sglang.reason
+
+
+def test_an_eagle_trace_emits_eagle3_and_refuses_a_schedule():
+    """A Spec-Bench EAGLE file priced with the shipped EAGLE-3 head of Qwen3-8B: vLLM's
+    eagle3 method at the predicted k; the k schedule (sparse self-speculation only) is one
+    line."""
+    args = ["predict", "--trace", "tests/fixtures/specbench.jsonl", "--model", "qwen3-8b",
+            "--drafter", "eagle:qwen3-8b-eagle3"]
+    report = run_json([*args, "--emit", "vllm"])
+    config = report["emit"]["speculative_config"]
+    assert config["method"] == "eagle3"
+    assert config["num_speculative_tokens"] == report["emit"]["setting"]["k"]
+    code, out, err = run([*args, *FAST, "--emit", "schedule"])
+    errors = [line for line in err.splitlines() if line.startswith("specsim: error: ")]
+    assert code == 1 and len(errors) == 1 and out == ""
+    assert "--emit schedule covers sparse self-speculation" in errors[0]
