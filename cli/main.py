@@ -233,6 +233,14 @@ def predict(trace_path, fmt, model, hardware, batch, context, tp, k_max, policy,
                 raise click.UsageError("--tree-tokens needs --drafter (the trace records none)")
             drafter_text = recorded.kind
         drafter = parse_drafter(drafter_text, tree_tokens=tree_tokens)
+        policies = sorted({p for p, _ in trace.groups()})
+        sparse = [recorded_drafter(p, trace.header) for p in policies]
+        if drafter.kind != "sparse-self" and policies and all(
+                r is not None and r.kind == "sparse-self" for r in sparse):
+            raise SpecsimError(f"--drafter {drafter.label}: every group of this trace records "
+                               f"sparse self-speculation ({', '.join(policies)}), whose "
+                               f"acceptance is not {drafter.kind}'s; give a trace recorded "
+                               f"with that drafter")
     opts = P.PredictOptions(batch=batch, context=context, k_max=k_max, n_boot=n_boot, seed=seed,
                             policy=policy, sparsity=sparsity, output_tokens=output_tokens,
                             drafter=drafter)

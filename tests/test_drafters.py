@@ -208,3 +208,14 @@ def test_drafter_option_prices_an_opaque_trace_and_tree(tmp_path):
     assert costed["drafter"] == "eagle:qwen3-8b-eagle3" and costed["tree_tokens"] == 8
     assert costed["replay"] == "recorded tree only"
     assert any("no counterfactual to another tree" in n for n in out["notes"])
+
+
+def test_a_drafter_given_for_a_sparse_trace_is_refused_in_one_line(capsys):
+    """The default trace records sparse self-speculation in every group: its acceptance is not
+    an EAGLE head's, so --drafter eagle is refused rather than ignored."""
+    from specsim.cli.main import main
+
+    assert main(["predict", "--drafter", "eagle", "--model", "qwen3-8b"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("specsim: error: --drafter eagle: every group of this trace "
+                              "records sparse self-speculation")
