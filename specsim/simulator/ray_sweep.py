@@ -43,8 +43,15 @@ def ray_session(address: str, workers: int | None = None):
     if address == "local":
         # Ray reads the opt-out only from the environment (or ~/.ray/config.json).
         os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
-        ray.init(address="local", _node_ip_address="127.0.0.1", include_dashboard=False,
-                 num_cpus=workers or os.cpu_count() or 1, log_to_driver=False)
+        with _loopback_only(ray):
+            ray.init(address="local", _node_ip_address="127.0.0.1", include_dashboard=False,
+                     num_cpus=workers or os.cpu_count() or 1, log_to_driver=False)
+        addresses = {node["NodeManagerAddress"] for node in ray.nodes()}
+        if addresses != {"127.0.0.1"}:
+            ray.shutdown()
+            raise SpecsimError(f"--ray local: Ray {ray.__version__} started its node on "
+                               f"{', '.join(sorted(addresses))}, not on 127.0.0.1 only; give "
+                               f"--ray the address of a cluster started with ray start")
     else:
         try:
             ray.init(address=address)
@@ -56,6 +63,28 @@ def ray_session(address: str, workers: int | None = None):
         yield ray
     finally:
         ray.shutdown()
+
+
+@contextmanager
+def _loopback_only(ray):
+    """Ray's own switch for a node on the loopback address (what it does on macOS and Windows),
+    for the ``ray.init`` of a local instance: its servers then listen on 127.0.0.1 only, not on
+    every interface; the raylet and its workers inherit it through the environment. The
+    driver's setting is put back afterwards, so a later ``ray.init`` of a cluster is unaffected.
+    """
+    from ray._private import ray_constants
+
+    name = ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR
+    before = os.environ.get(name), ray_constants.ENABLE_RAY_CLUSTER
+    os.environ[name], ray_constants.ENABLE_RAY_CLUSTER = "0", False
+    try:
+        yield
+    finally:
+        if before[0] is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before[0]
+        ray_constants.ENABLE_RAY_CLUSTER = before[1]
 
 
 def _simulate(setup_box: list, config: tuple) -> dict:
