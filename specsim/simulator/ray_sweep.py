@@ -9,6 +9,7 @@ nodes need no copy of the trace file. Ray is optional: ``pip install "specsim[ra
 """
 from __future__ import annotations
 
+import logging
 import os
 from contextlib import contextmanager
 
@@ -45,7 +46,8 @@ def ray_session(address: str, workers: int | None = None):
         os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
         with _loopback_only(ray):
             ray.init(address="local", _node_ip_address="127.0.0.1", include_dashboard=False,
-                     num_cpus=workers or os.cpu_count() or 1, log_to_driver=False)
+                     num_cpus=workers or os.cpu_count() or 1, log_to_driver=False,
+                     logging_level=logging.WARNING)
         addresses = {node["NodeManagerAddress"] for node in ray.nodes()}
         if addresses != {"127.0.0.1"}:
             ray.shutdown()
