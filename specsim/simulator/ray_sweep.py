@@ -73,12 +73,15 @@ def _loopback_only(ray):
     for the ``ray.init`` of a local instance: its servers then listen on 127.0.0.1 only, not on
     every interface; the raylet and its workers inherit it through the environment. The
     driver's setting is put back afterwards, so a later ``ray.init`` of a cluster is unaffected.
+    A Ray without the switch is caught by the address check after ``ray.init``.
     """
     from ray._private import ray_constants
 
-    name = ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR
-    before = os.environ.get(name), ray_constants.ENABLE_RAY_CLUSTER
-    os.environ[name], ray_constants.ENABLE_RAY_CLUSTER = "0", False
+    name = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+    before = os.environ.get(name), getattr(ray_constants, "ENABLE_RAY_CLUSTER", None)
+    os.environ[name] = "0"
+    if before[1] is not None:
+        ray_constants.ENABLE_RAY_CLUSTER = False
     try:
         yield
     finally:
@@ -86,7 +89,8 @@ def _loopback_only(ray):
             os.environ.pop(name, None)
         else:
             os.environ[name] = before[0]
-        ray_constants.ENABLE_RAY_CLUSTER = before[1]
+        if before[1] is not None:
+            ray_constants.ENABLE_RAY_CLUSTER = before[1]
 
 
 def _simulate(setup_box: list, config: tuple) -> dict:
