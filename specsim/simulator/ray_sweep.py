@@ -77,18 +77,18 @@ def _loopback_only(ray):
     """
     from ray._private import ray_constants
 
-    name = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
-    before = os.environ.get(name), getattr(ray_constants, "ENABLE_RAY_CLUSTER", None)
-    os.environ[name] = "0"
+    before = (os.environ.get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"),
+              getattr(ray_constants, "ENABLE_RAY_CLUSTER", None))
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     if before[1] is not None:
         ray_constants.ENABLE_RAY_CLUSTER = False
     try:
         yield
     finally:
         if before[0] is None:
-            os.environ.pop(name, None)
+            os.environ.pop("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", None)
         else:
-            os.environ[name] = before[0]
+            os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = before[0]
         if before[1] is not None:
             ray_constants.ENABLE_RAY_CLUSTER = before[1]
 
