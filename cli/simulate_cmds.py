@@ -199,14 +199,30 @@ def simulate_cmd(trace_path, fmt, arrivals, prompt_tokens, output_tokens, model,
               help="Hold out FRACTION of the prompts (seeded by --seed): pick (k*, s*) by "
                    "simulating the rest, report the held-out part's throughput there and the "
                    "optimism of tuning on it directly.")
+@click.option("--ray", "ray_address", is_flag=False, flag_value="local", default=None,
+              metavar="[ADDRESS]",
+              help="Run the sweep on Ray (same rows as the local processes). Alone or 'local': "
+                   "a private instance on 127.0.0.1 with --workers CPUs (default: all); "
+                   "'auto' or ray://HOST:PORT: that cluster, at most --workers tasks at a "
+                   'time when given. Needs pip install "specsim[ray]".')
 def tune_cmd(trace_path, fmt, arrivals, prompt_tokens, output_tokens, model, hardware, tp,
              max_batch, acceptance, seed, costs_choice, as_json, policies, k_values, k_policy, workers,
-             holdout):
+             holdout, ray_address):
     """Tune (policy, s, k) by simulation: sweep the grid (every s the trace recorded), in
     parallel, and report the optimum, the runner-up, the sensitivity, Vegas' 3-step result
     beside the joint optimum, and the analytical prediction beside the simulated one with the
     gap split into batching, decode dynamics, and prefill + queueing.
+
+    \b
+    specsim tune --trace T.jsonl --k 2,4,6 --workers 8
+    specsim tune --trace T.jsonl --ray                      # a local Ray instance, all cores
+    specsim tune --trace T.jsonl --ray ray://head:10001     # an existing Ray cluster
+
+    With --ray each row of --json names the Ray worker (node id, pid) that computed it.
     """
+    if ray_address is not None:
+        from specsim.simulator.ray_sweep import import_ray
+        import_ray()
     from specsim.simulator.tuning import SweepSpec, summarise, sweep
     from specsim.traces.importers import load_trace
 
@@ -235,11 +251,16 @@ def tune_cmd(trace_path, fmt, arrivals, prompt_tokens, output_tokens, model, har
                      parse_arrivals(arrivals, prompt_tokens, output_tokens, seed), max_batch,
                      acceptance, k_policy, seed, None if fmt == "auto" else fmt,
                      costs=costs_choice)
+    if ray_address is not None:
+        # one Ray for every sweep of the command, shut down when the command ends
+        from specsim.simulator.ray_sweep import ray_session
+        click.get_current_context().with_resource(ray_session(ray_address, workers))
     n_configs = 1 + sum(len([s for (p, s) in groups if p == pol]) for pol in chosen) * len(ks)
     with click.progressbar(length=n_configs, label="simulating", file=sys.stderr,
                            show_eta=True) as bar:
         try:
-            swept = sweep(spec, chosen, ks, workers, progress=bar.update)
+            swept = sweep(spec, chosen, ks, workers, progress=bar.update,
+                          ray_address=ray_address)
         except ValueError as exc:
             raise SpecsimError(str(exc)) from None
     from specsim.costs import resolve_cost_source
@@ -250,6 +271,8 @@ def tune_cmd(trace_path, fmt, arrivals, prompt_tokens, output_tokens, model, har
     report = summarise(swept, analytical)
     report["costs"], report["cost_validation"] = cost_source.note, cost_source.validated
     report["workers"] = swept["workers"]
+    if "ray" in swept:
+        report["ray"] = swept["ray"]
     if holdout is not None:
         from dataclasses import replace
 
@@ -261,7 +284,7 @@ def tune_cmd(trace_path, fmt, arrivals, prompt_tokens, output_tokens, model, har
                 try:
                     parts[part] = sweep(replace(spec, part=part, holdout=holdout,
                                                 holdout_seed=seed), chosen, ks, workers,
-                                        progress=bar.update)
+                                        progress=bar.update, ray_address=ray_address)
                 except ValueError as exc:
                     raise SpecsimError(str(exc)) from None
         report["holdout"] = holdout_summary(parts["tune"], parts["eval"]) | {
@@ -311,6 +334,10 @@ def _print_tune(report: dict, synthetic: bool) -> None:
                 for p in h["policies"]]
         echo(_table(["policy", "tuned on tuning part", "there", "on evaluation part",
                            "tuned on evaluation", "optimism"], rows, "llrrlr"))
+    if "ray" in report:
+        ray = report["ray"]
+        echo(f"computed on {ray['workers']} Ray workers on {ray['nodes']} "
+             f"node{'s' if ray['nodes'] != 1 else ''} ({ray['address']})")
 
 
 def _print_tune_grid(report: dict, synthetic: bool, _table) -> None:

@@ -17,9 +17,11 @@ from specsim.settings import (DEFAULT, ENGINE_FACTS, LEGACY_DEFAULTS, RETIRED, E
 #: traceback switch, and Triton's interpreter switch.
 #: Variables that locate files or choose how errors print, never what the engine does; the
 #: Hugging Face ones find a user's hub cache where the hub library puts it (read when a model is
-#: looked up by its id).
+#: looked up by its id). The Ray ones are set for Ray's own processes by `tune --ray local`
+#: (no usage stats, servers on the loopback address), and the second put back after ray.init.
 ALLOWED_ENVIRONMENT = {"SPECSIM_CACHE", "SPECSIM_MODELS", "SPECSIM_DEBUG", "TRITON_INTERPRET",
-                       "HF_HUB_CACHE", "HF_HOME"}
+                       "HF_HUB_CACHE", "HF_HOME", "RAY_USAGE_STATS_ENABLED",
+                       "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"}
 
 
 def environment_reads(source: str) -> list[tuple[int, str]]:

@@ -137,9 +137,14 @@ def _star(args):
     return run_one(*args)
 
 
-def sweep(spec: SweepSpec, policies, ks, workers: int | None = None, progress=None) -> dict:
-    """Simulate plain decoding and every (policy, s, k) with s from the trace's groups."""
-    _, _, _, groups, _ = _setup(spec)
+def sweep(spec: SweepSpec, policies, ks, workers: int | None = None, progress=None,
+          ray_address: str | None = None) -> dict:
+    """Simulate plain decoding and every (policy, s, k) with s from the trace's groups: in
+    ``workers`` local processes, or on Ray (``ray_address``: ``"local"``, ``"auto"`` or
+    ``ray://host:port``, see :mod:`specsim.simulator.ray_sweep`) with the same rows, each
+    carrying the ``worker`` that computed it."""
+    setup = _setup(spec)
+    groups = setup[3]
     if not any(s is not None for _, s in groups):
         raise TuningError(f"{spec.trace_path}: the trace has no sparse groups (every record has "
                           f"s = null, a drafter that is not sparse, as in a Spec-Bench file); "
@@ -156,6 +161,10 @@ def sweep(spec: SweepSpec, policies, ks, workers: int | None = None, progress=No
             raise TuningError(f"{spec.trace_path}: the trace has no '{policy}' groups with s "
                               f"recorded; it has: {_groups_text(groups)}")
         configs += [(spec, policy, s, k) for s in ss for k in ks]
+    if ray_address is not None:
+        from specsim.simulator.ray_sweep import run_configs
+        results, cluster = run_configs(configs, setup, ray_address, workers, progress)
+        return _finish(results, len(configs), cluster["workers"]) | {"ray": cluster}
     workers = workers or min(len(configs), os.cpu_count() or 1)
     results = []
     if workers > 1:
@@ -169,12 +178,17 @@ def sweep(spec: SweepSpec, policies, ks, workers: int | None = None, progress=No
             results.append(_star(c))
             if progress:
                 progress(1)
+    return _finish(results, len(configs), workers)
+
+
+def _finish(results: list, configs: int, workers: int) -> dict:
+    """Speedups against plain decoding (``results[0]``), results in the order of the configs."""
     plain = results[0]
     rows = results[1:]
     for r in rows:
         r["speedup"] = r["throughput"] / plain["throughput"]
         r["decode_speedup"] = r["decode_throughput"] / plain["decode_throughput"]
-    return {"plain": plain, "rows": rows, "configs": len(configs), "workers": workers}
+    return {"plain": plain, "rows": rows, "configs": configs, "workers": workers}
 
 
 def summarise(swept: dict, analytical_by_group: dict | None = None) -> dict:
