@@ -52,11 +52,11 @@ from dataclasses import dataclass, field
 
 from specsim.analytical import MAX_K
 from specsim.errors import TraceError, quote
-from specsim.traces.format import MAX_INT, HistogramTrace, Trace, text_lines
+from specsim.traces.format import MAX_INT, HistogramTrace, Trace
 from specsim.traces.importers.common import (check_k, check_policy, check_sparsity,
                                              geometric_counts, geometric_rate, import_header,
                                              single_model, validated, warn)
-from specsim.traces.importers.vllm_metrics import label_text, parse_sample
+from specsim.traces.importers.vllm_metrics import label_text, metric_samples, unique_sample
 
 NAME = "sglang-metrics"
 SUMMARY = "Prometheus text from SGLang's /metrics"
@@ -124,22 +124,8 @@ def _read(path: str):
     schedulers: dict[tuple, _Scheduler] = {}
     counters: dict[str, dict[str, _Value]] = {}
     seen: dict[tuple, int] = {}
-    for n, text in text_lines(path):
-        if text.strip() == "# EOF":
-            break
-        sample = parse_sample(text, path, n)
-        if sample is None:
-            continue
-        name, labels, value, literal = sample
-        kind = _kind(name)
-        if kind is None:
-            continue
-        fieldname = f"{name}{{{label_text(labels)}}}"
-        key = (name, tuple(sorted(labels)))
-        if key in seen:
-            raise TraceError(f"duplicate sample (first on line {seen[key]})", path=path, line=n,
-                             field=fieldname)
-        seen[key] = n
+    for n, name, labels, value, literal, kind in metric_samples(path, _kind):
+        fieldname = unique_sample(seen, name, labels, path, n)
         if not math.isfinite(value) or value < 0 or value > MAX_INT:
             raise TraceError(f"expected a finite value in 0..{MAX_INT}, got {quote(literal)}",
                              path=path, line=n, field=fieldname)

@@ -152,6 +152,32 @@ def parse_sample(text: str, path: str, n: int):
     return name, labels, value, literal
 
 
+def metric_samples(path: str, classify):
+    """The samples of a Prometheus text dump up to an OpenMetrics ``# EOF`` that ``classify``
+    (name → kind, None: skipped) keeps: (line, name, labels, value, literal, kind)."""
+    for n, text in text_lines(path):
+        if text.strip() == "# EOF":
+            break
+        sample = parse_sample(text, path, n)
+        if sample is None:
+            continue
+        kind = classify(sample[0])
+        if kind is not None:
+            yield (n, *sample, kind)
+
+
+def unique_sample(seen: dict, name: str, labels, path: str, n: int) -> str:
+    """The sample's field text (``name{labels}``), refused in one line where the same name and
+    label set came earlier (``seen``: first lines, updated)."""
+    fieldname = f"{name}{{{label_text(labels)}}}"
+    key = (name, tuple(sorted(labels)))
+    if key in seen:
+        raise TraceError(f"duplicate sample (first on line {seen[key]})", path=path, line=n,
+                         field=fieldname)
+    seen[key] = n
+    return fieldname
+
+
 def _counter_kind(name: str) -> str | None:
     """Map a sample name to 'drafts' | 'draft_tokens' | 'accepted' | 'per_pos' | 'v0' | None."""
     for prefix in ("vllm:", "vllm_"):
@@ -204,25 +230,11 @@ def _read_counters(path: str) -> tuple[list[_LabelSet], bool]:
     groups: dict[tuple, _LabelSet] = {}
     seen: dict[tuple, int] = {}
     saw_v0 = False
-    for n, text in text_lines(path):
-        if text.strip() == "# EOF":
-            break
-        sample = parse_sample(text, path, n)
-        if sample is None:
-            continue
-        name, labels, value, literal = sample
-        kind = _counter_kind(name)
-        if kind is None:
-            continue
+    for n, name, labels, value, literal, kind in metric_samples(path, _counter_kind):
         if kind == "v0":
             saw_v0 = True
             continue
-        fieldname = f"{name}{{{label_text(labels)}}}"
-        key = (name, tuple(sorted(labels)))
-        if key in seen:
-            raise TraceError(f"duplicate sample (first on line {seen[key]})", path=path, line=n,
-                             field=fieldname)
-        seen[key] = n
+        fieldname = unique_sample(seen, name, labels, path, n)
         if not math.isfinite(value) or value < 0:
             raise TraceError(f"counter value must be finite and ≥ 0, got {quote(literal)}", path=path,
                              line=n, field=fieldname)
