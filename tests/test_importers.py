@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from specsim.errors import TraceError
@@ -762,6 +762,11 @@ def corrupted(draw):
 
 @settings(max_examples=300, deadline=None, database=None)
 @given(corrupted())
+# a Spec-Bench answer timed with an overflowing literal: no measured rate is recorded
+@example(b'{"question_id": 0, "model_id": "m", "choices": [{"index": 0, "turns": ["..."], '
+         b'"new_tokens": [1], "wall_time": [1e400], "accept_lengths": [1]}]}\n')
+@example(b'{"question_id": 0, "model_id": "m", "choices": [{"index": 0, "turns": ["..."], '
+         b'"new_tokens": [1e400], "wall_time": [0.1], "accept_lengths": [1]}]}\n')
 def test_corrupted_input_is_a_trace_or_one_line_naming_the_problem(data):
     lines = max(1, len(data.splitlines()))
     with file_holding(data) as path:

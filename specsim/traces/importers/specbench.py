@@ -22,13 +22,14 @@ Capture: the ``--answer-file`` a Spec-Bench ``evaluation/inference_*.py`` run wr
 """
 from __future__ import annotations
 
+import math
 import os
 
 import numpy as np
 
 from specsim.analytical import MAX_K
 from specsim.errors import TraceError, quote
-from specsim.traces.format import RequestTrace, Trace
+from specsim.traces.format import MAX_INT, RequestTrace, Trace
 from specsim.traces.importers.common import (FieldReader, check_k, check_policy, check_sparsity,
                                              import_header, json_objects, single_model,
                                              validated, warn)
@@ -71,11 +72,11 @@ def wall_totals(path: str) -> dict | None:
             new, wall = choice.get("new_tokens"), choice.get("wall_time")
             if isinstance(new, list) and isinstance(wall, list) and len(new) == len(wall):
                 if all(isinstance(x, (int, float)) and not isinstance(x, bool)
-                       for x in new + wall):
+                       and math.isfinite(x) and x >= 0 for x in new + wall):
                     tokens += float(sum(new))
                     seconds += float(sum(wall))
-    if tokens <= 0 or seconds <= 0:
-        return None
+    if not (0 < tokens < MAX_INT and 0 < seconds < math.inf):
+        return None         # nothing timed, or totals no run could have (1e308 seconds)
     return {"new_tokens": int(tokens), "wall_time_s": round(seconds, 6),
             "tokens_per_s": tokens / seconds}
 
