@@ -107,6 +107,18 @@ class FieldReader:
     def fail(self, field: str | None, message: str):
         raise TraceError(message, path=self.path, line=self.line, field=field)
 
+    def check_histogram_totals(self, field: str, hist: list[int], steps: int | None,
+                               steps_field: str | None, accepted: int | None,
+                               accepted_field: str | None) -> None:
+        """A histogram (index m: steps that accepted m drafts) agrees with the line's own step
+        and accepted-draft totals where it gives them."""
+        if steps is not None and sum(hist) != steps:
+            self.fail(field, f"sums to {sum(hist)} steps but {steps_field} = {steps}")
+        implied = sum(m * h for m, h in enumerate(hist))
+        if accepted is not None and implied != accepted:
+            self.fail(field, f"implies {implied} accepted drafts but {accepted_field} = "
+                             f"{accepted}")
+
     def int_value(self, value, field: str, minimum: int = 0) -> int:
         if isinstance(value, bool) or not isinstance(value, int):
             self.fail(field, f"expected an integer, got {quote(value)}")

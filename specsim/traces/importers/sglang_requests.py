@@ -99,12 +99,8 @@ class _Line(FieldReader):
         if len(hist) > k + 1:
             self.fail(field, f"counts steps that accepted {len(hist) - 1} drafts, more than "
                              f"k = {k}")
-        if self.verify is not None and sum(hist) != self.verify:
-            self.fail(field, f"sums to {sum(hist)} steps but spec_verify_ct = {self.verify}")
-        implied = sum(j * h for j, h in enumerate(hist))
-        if self.correct is not None and implied != self.correct:
-            self.fail(field, f"implies {implied} accepted drafts but {self.correct_field} = "
-                             f"{self.correct}")
+        self.check_histogram_totals(field, hist, self.verify, self.verify_field, self.correct,
+                                    self.correct_field)
         return hist + [0] * (k + 1 - len(hist))
 
     def mean_length(self, k: int) -> float:

@@ -129,12 +129,8 @@ class RequestLine(FieldReader):
                           f"{len(hist)}")
         if self.k is not None and len(hist) != self.k + 1:
             self.fail(hf, f"has {len(hist)} entries but {self.k_field} = {self.k} (expected k+1)")
-        if self.steps is not None and sum(hist) != self.steps:
-            self.fail(hf, f"sums to {sum(hist)} steps but {self.steps_field} = {self.steps}")
-        implied = sum(m * h for m, h in enumerate(hist))
-        if self.accepted is not None and implied != self.accepted:
-            self.fail(hf, f"implies {implied} accepted drafts but {self.accepted_field} = "
-                          f"{self.accepted}")
+        self.check_histogram_totals(hf, hist, self.steps, self.steps_field, self.accepted,
+                                    self.accepted_field)
         return hist
 
     def histogram_from_survival(self, notes: list[str]) -> list[int] | None:
