@@ -107,6 +107,20 @@ class FieldReader:
     def fail(self, field: str | None, message: str):
         raise TraceError(message, path=self.path, line=self.line, field=field)
 
+    def request_id(self, field: str | None, rid, seen: dict[str, int]) -> str:
+        """A line's request id as text (``line<N>`` where it gives none), refused in one line
+        where it is not a string or an integer or an earlier line had it (``seen``: first
+        lines, updated)."""
+        if rid is None:
+            rid = f"line{self.line}"
+        elif isinstance(rid, bool) or not isinstance(rid, (str, int)):
+            self.fail(field, f"expected a string or integer id, got {quote(rid)}")
+        rid = str(rid)
+        if rid in seen:
+            self.fail(field or "id", f"duplicate id {quote(rid)} (first on line {seen[rid]})")
+        seen[rid] = self.line
+        return rid
+
     def check_histogram_totals(self, field: str, hist: list[int], steps: int | None,
                                steps_field: str | None, accepted: int | None,
                                accepted_field: str | None) -> None:

@@ -149,14 +149,7 @@ def import_sglang_requests(path: str | os.PathLike, *, policy: str | None = None
         prefix, stats = found
         line = _Line(path, n, prefix, stats)
         rid_field, rid = line.first([(prefix, stats), ("", obj)], ("id", "rid", "request_id"))
-        if rid is None:
-            rid = f"line{n}"
-        elif isinstance(rid, bool) or not isinstance(rid, (str, int)):
-            line.fail(rid_field, f"expected a string or integer id, got {quote(rid)}")
-        rid = str(rid)
-        if rid in seen:
-            line.fail(rid_field, f"duplicate id {quote(rid)} (first on line {seen[rid]})")
-        seen[rid] = n
+        rid = line.request_id(rid_field, rid, seen)
         if not line.verify:
             warn(notes, f"line {n} ({rid}): no verify step; skipped")
             continue

@@ -283,14 +283,7 @@ def import_vllm_requests(path: str | os.PathLike, *, policy: str = "unknown",
                         "spec_decode_metrics / metrics")
         prefix, stats = found
         rid_field, rid = reader.first([("", obj)], ("id", "request_id"))
-        if rid is None:
-            rid = f"line{n}"
-        elif isinstance(rid, bool) or not isinstance(rid, (str, int)):
-            reader.fail(rid_field, f"expected a string or integer id, got {quote(rid)}")
-        rid = str(rid)
-        if rid in seen:
-            reader.fail(rid_field or "id", f"duplicate id {quote(rid)} (first on line {seen[rid]})")
-        seen[rid] = n
+        rid = reader.request_id(rid_field, rid, seen)
         if stats is None:
             warn(notes, f"line {n} ({rid}): {prefix.rstrip('.')} is null (speculative decoding "
                         f"off, or n > 1); skipped")
