@@ -390,17 +390,27 @@ class Experts(nn.Module):
 
 def grouped_mm(x: torch.Tensor, w: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
     """Rows ``x`` [N, K] sorted by group, group g's rows ``ends[g-1]:ends[g]`` times ``w[g]``
-    [K, M]: [N, M]. ``torch._grouped_mm`` where the device and dtype have it, else a loop over
-    the groups (which reads the ends on the host: not capturable)."""
-    try:
-        return torch._grouped_mm(x, w, offs=ends)
-    except (RuntimeError, NotImplementedError, AttributeError):
-        out = x.new_empty(x.shape[0], w.shape[-1])
-        start = 0
-        for g, end in enumerate(ends.tolist()):
-            out[start:end] = x[start:end] @ w[g]
-            start = end
+    [K, M]: [N, M]. ``torch._grouped_mm`` where the device and dtype have it (bf16 on a recent
+    GPU); else, on a GPU, every group's product kept on its own rows (no host read, so a CUDA
+    graph captures it: the cost of G full products, for fp32 test models); on the CPU a loop
+    over the groups' rows."""
+    if x.is_cuda:
+        try:
+            return torch._grouped_mm(x, w, offs=ends)
+        except (RuntimeError, NotImplementedError, AttributeError):
+            pass
+        group = torch.searchsorted(ends, torch.arange(x.shape[0], device=x.device,
+                                                      dtype=ends.dtype), right=True)
+        out = x.new_zeros(x.shape[0], w.shape[-1])
+        for g in range(w.shape[0]):
+            out = torch.where((group == g)[:, None], x @ w[g], out)
         return out
+    out = x.new_empty(x.shape[0], w.shape[-1])
+    start = 0
+    for g, end in enumerate(ends.tolist()):
+        out[start:end] = x[start:end] @ w[g]
+        start = end
+    return out
 
 
 class MoE(nn.Module):
