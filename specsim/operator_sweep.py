@@ -7,7 +7,9 @@ GPU side (torch, triton and the engine's kernels; no simpy/plotly). Each operato
 - ``gemm``: a bf16 ``nn.Linear`` (cuBLAS, the engine's projections) of ``m`` rows at each
   (n, k) of the grid whose weight fits ``max_weight_bytes``;
 - ``grouped_gemm``: the MoE layers' grouped GEMM (``specsim.engine.model.grouped_mm``) of
-  ``rows`` token-expert pairs spread evenly over ``groups`` experts at each (n, k);
+  ``rows`` token-expert pairs spread evenly over ``groups`` experts, every expert given rows
+  (``grouped_rows_per_expert`` each: a routed layer reads the weights of the experts its pairs
+  touch, and only theirs), at each (n, k);
 - ``moe_routing``: an MoE layer around its GEMMs (routing from the router's logits, dispatch of
   the token-expert pairs by expert, the weighted combine) for each (experts, top, hidden);
 - ``verify``: ``specsim.kernels.verify_attention`` with its planner's launch (``plan_verify``:
@@ -85,8 +87,8 @@ class OperatorGrid:
     selection_s: float = 0.05
     graph_kernels: list[int] = field(default_factory=lambda: [1, 64, 512])
     grouped_widths: list[int] = field(default_factory=lambda: [512, 1024, 2048, 4096, 8192])
-    grouped_rows: list[int] = field(default_factory=lambda: [8, 64, 512, 4096])
-    grouped_groups: list[int] = field(default_factory=lambda: [8, 32, 128])
+    grouped_rows_per_expert: list[int] = field(default_factory=lambda: [1, 2, 4, 16, 64, 256])
+    grouped_groups: list[int] = field(default_factory=lambda: [2, 8, 32, 128])
     moe_experts: list[int] = field(default_factory=lambda: [8, 32, 128])
     moe_tops: list[int] = field(default_factory=lambda: [1, 2, 4, 8])
     moe_hidden: list[int] = field(default_factory=lambda: [1024, 4096])
@@ -106,7 +108,7 @@ class OperatorGrid:
                    contexts=[64, 128], selected=[16, 64], elementwise_bytes=[4096, 65536],
                    selection_policies=["vegas", "sparsespec", "quest"], selection_lists=[2, 4],
                    selection_contexts=[64, 128], selection_rows=[3], graph_kernels=[1, 8],
-                   grouped_widths=[64, 128], grouped_rows=[4, 16], grouped_groups=[2, 4],
+                   grouped_widths=[64, 128], grouped_rows_per_expert=[1, 4], grouped_groups=[2, 4],
                    moe_experts=[4], moe_tops=[1, 2], moe_hidden=[64], moe_tokens=[1, 8],
                    repeats=2, warmup=1, inner=1, graph_inner=2, time_budget_s=None)
 
@@ -213,8 +215,8 @@ def _groups(grid: OperatorGrid):
     out.append(("elementwise", {}, [{"bytes": b} for b in grid.elementwise_bytes]))
     for n in grid.grouped_widths:
         for k in grid.grouped_widths:
-            at = [{"rows": r, "groups": g} for g in grid.grouped_groups
-                  for r in grid.grouped_rows if g * n * k * 2 <= grid.max_weight_bytes]
+            at = [{"rows": r * g, "groups": g} for g in grid.grouped_groups
+                  for r in grid.grouped_rows_per_expert if g * n * k * 2 <= grid.max_weight_bytes]
             if at:
                 out.append(("grouped_gemm", {"n": n, "k": k}, at))
     for e in grid.moe_experts:

@@ -410,7 +410,8 @@ def grouped_ms(n, k, rows, groups):
 
 def test_an_moe_model_is_priced_by_the_grouped_gemm_where_the_table_has_it():
     """Routed experts: the grouped GEMM of the token-expert pairs over the touched experts
-    (uniform routing), its weight bytes scaled from the nearest measured widths; without the
+    (uniform routing), linear in (pairs per touched expert, touched experts) between the
+    measured points, its weight bytes scaled from the nearest measured widths; without the
     operator, one GEMM per touched expert."""
     import dataclasses
 
@@ -422,28 +423,53 @@ def test_an_moe_model_is_priced_by_the_grouped_gemm_where_the_table_has_it():
     table = synthetic_table()
     for n, k in ((1024, 1024), (1024, 512), (512, 1024)):
         for groups in (4, 16):
-            for rows in (4, 64, 512):
-                ms = grouped_ms(n, k, rows, groups)
+            for per in (1, 4, 16):
+                ms = grouped_ms(n, k, per * groups, groups)
                 table.points.append(Point("grouped_gemm", {"n": n, "k": k},
-                                          {"rows": rows, "groups": groups}, [ms, ms, ms]))
+                                          {"rows": per * groups, "groups": groups},
+                                          [ms, ms, ms]))
     grouped = OperatorCostModel(table, moe, HW)
     parts, _ = grouped.forward_parts([4096] * 2, 1)
     tokens, a, e = 2, 4, 16
     touched = e * (1 - (1 - a / e) ** tokens)
-    # gate|up is 2·512 = 1024 wide over k = 1024 (measured): bilinear in (rows, groups)
+    per = tokens * a / touched
+    # gate|up is 2·512 = 1024 wide over k = 1024 (measured): bilinear in (per, touched)
     assert "grouped gemm gate_up" in parts and "gemm gate_up" not in parts
-    lo, hi = (grouped_ms(1024, 1024, 4, g) for g in (4, 16))
-    lo64, hi64 = (grouped_ms(1024, 1024, 64, g) for g in (4, 16))
-    w_rows = (8 - 4) / (64 - 4)
-    w_groups = (touched - 4) / (16 - 4)
-    at_rows = lambda a4, a64: (1 - w_rows) * a4 + w_rows * a64   # noqa: E731
-    expected = (1 - w_groups) * at_rows(lo, lo64) + w_groups * at_rows(hi, hi64)
+    w_per = (per - 1) / (4 - 1)
+    w_touched = (touched - 4) / (16 - 4)
+
+    def at_touched(p):
+        return (1 - w_touched) * grouped_ms(1024, 1024, 4 * p, 4) + \
+            w_touched * grouped_ms(1024, 1024, 16 * p, 16)
+
+    expected = (1 - w_per) * at_touched(1) + w_per * at_touched(4)
     assert parts["grouped gemm gate_up"] == pytest.approx(expected / 1e3 * moe.num_layers)
     assert any("as the engine's grouped GEMM" in w for w in grouped.warnings)
     loop = OperatorCostModel(bare, moe, HW)
     parts, _ = loop.forward_parts([4096] * 2, 1)
     assert "gemm gate_up" in parts and "grouped gemm gate_up" not in parts
     assert any("the table lacks the engine's grouped GEMM" in w for w in loop.warnings)
+
+
+def test_a_grouped_gemm_point_with_fewer_pairs_than_experts_touched_only_its_pairs():
+    """rows < groups: only ``rows`` experts got a pair, so the point prices ``rows`` touched
+    experts with one pair each, whatever the weight tensor's expert count."""
+    import dataclasses
+
+    from specsim.costs.operator_file import Point
+
+    moe = dataclasses.replace(SMALL, name="small-moe", num_experts=16, experts_per_token=4,
+                              moe_intermediate_size=512)
+    table = synthetic_table()
+    for rows, groups, ms in ((4, 128, 0.010), (32, 32, 0.050), (64, 32, 0.060)):
+        table.points.append(Point("grouped_gemm", {"n": 1024, "k": 1024},
+                                  {"rows": rows, "groups": groups}, [ms] * 3))
+    priced = OperatorCostModel(table, moe, HW)
+    assert priced.grouped_gemm(4, 4, 1024, 1024)[0] == pytest.approx(0.010e-3)
+    # one pair each over 18 experts: between the 4 and 32 touched experts' points
+    assert priced.grouped_gemm(18, 18, 1024, 1024)[0] == pytest.approx(0.030e-3)
+    # two pairs each over 32 experts: the (64, 32) point
+    assert priced.grouped_gemm(64, 32, 1024, 1024)[0] == pytest.approx(0.060e-3)
 
 
 def test_an_moe_layer_is_priced_with_its_measured_routing():

@@ -53,7 +53,8 @@ OPERATORS = {
     # replay of a CUDA graph holding ``kernels`` minimal kernels, with the host's wait
     "graph": ((), ("kernels",)),
     # the MoE layers' grouped GEMM (``torch._grouped_mm``): ``rows`` token-expert pairs spread
-    # evenly over ``groups`` experts, each [rows/groups, k] @ [k, n]
+    # evenly over ``groups`` experts, each [rows/groups, k] @ [k, n]; where rows < groups only
+    # ``rows`` experts get a row (their weights alone are read)
     "grouped_gemm": (("n", "k"), ("rows", "groups")),
     # an MoE layer around its GEMMs: routing from the router's logits over ``experts``, the
     # dispatch of ``tokens``·``top`` token-expert pairs of width ``hidden`` and their weighted

@@ -95,10 +95,11 @@ class _Grid:
     """One operator key's points: a 1-D series or a 2-D grid (a series along the second axis
     for each measured value of the first), medians in seconds; the series are sorted once."""
 
-    def __init__(self, points):
+    def __init__(self, points, at=None):
         rows: dict[tuple, list[float]] = {}
         for p in points:
-            rows.setdefault(p.at_tuple, []).append(statistics.median(p.samples_ms) / 1e3)
+            rows.setdefault(at(p) if at else p.at_tuple, []).append(
+                statistics.median(p.samples_ms) / 1e3)
         self.values = {at: float(statistics.median(ts)) for at, ts in rows.items()}
         self.dims = len(next(iter(self.values)))
         if self.dims == 1:
@@ -136,11 +137,25 @@ class _Grid:
         return (1 - w) * t_lo + w * t_hi, n_lo or n_hi
 
 
+def _grouped_axes(p) -> tuple:
+    """A grouped GEMM point on the axes its time follows: (token-expert pairs per touched
+    expert, touched experts); a point of fewer pairs than experts touched only ``rows`` of them
+    (one pair each)."""
+    rows, groups = p.at_tuple
+    touched = min(rows, groups)
+    return rows / touched, touched
+
+
+#: Operators whose grid is built on axes other than the file's ``at`` fields.
+_GRID_AXES = {"grouped_gemm": _grouped_axes}
+
+
 def _grids(table: OperatorTable) -> dict:
     """Every key's :class:`_Grid`, built once per table object (kept on it)."""
     cached = getattr(table, "_grids_cache", None)
     if cached is None:
-        cached = {key: _Grid(points) for key, points in table.groups.items()}
+        cached = {key: _Grid(points, _GRID_AXES.get(key[0]))
+                  for key, points in table.groups.items()}
         table._grids_cache = cached
     return cached
 
@@ -295,18 +310,20 @@ class OperatorCostModel:
                          f"shapes' efficiency held")
         return roof * ratio / total, notes
 
-    def grouped_gemm(self, rows: float, groups: float, n: int, k: int
+    def grouped_gemm(self, rows: float, touched: float, n: int, k: int
                      ) -> tuple[float, list[str]]:
-        """The grouped GEMM of ``rows`` token-expert pairs over ``groups`` experts [k, n]:
-        measured at the nearest (n, k) widths (linear between them), scaled by the weight
-        bytes ``groups·n·k`` relative to the measured shape's (its time is the experts'
-        weights read once)."""
+        """The grouped GEMM of ``rows`` token-expert pairs over ``touched`` experts [k, n]: the
+        measured grid on (pairs per touched expert, touched experts), linear between its
+        points (the time grows with the touched experts' weight bytes, and past the most
+        measured experts as them), at the nearest (n, k) widths, scaled by the weight bytes
+        ``n·k`` relative to the measured shape's."""
         widths = sorted({w for key in self.keys["grouped_gemm"] for w in key})
         nn = min(widths, key=lambda w: abs(math.log(w / n)))
         kk = min(widths, key=lambda w: abs(math.log(w / k)))
-        got = self._at_key("grouped_gemm", (nn, kk), (max(rows, 1.0), max(groups, 1.0)))
+        touched = max(touched, 1.0)
+        got = self._at_key("grouped_gemm", (nn, kk), (max(rows / touched, 1.0), touched))
         if got is None:
-            return self._gemm(rows, n, k)[0] * groups, [
+            return self._gemm(rows / touched, n, k)[0] * touched, [
                 f"grouped_gemm n={nn} k={kk} not measured: one GEMM per expert"]
         seconds, notes = got
         scale = (n * k) / (nn * kk)
