@@ -138,24 +138,30 @@ class _Grid:
 
 
 def _grouped_axes(p) -> tuple:
-    """A grouped GEMM point on the axes its time follows: (token-expert pairs per touched
-    expert, touched experts); a point of fewer pairs than experts touched only ``rows`` of them
-    (one pair each)."""
+    """A grouped GEMM point on the axes its time follows: (token-expert pairs per expert,
+    experts), every expert given pairs (the sweep's layout)."""
     rows, groups = p.at_tuple
-    touched = min(rows, groups)
-    return rows / touched, touched
+    return rows / groups, groups
 
 
-#: Operators whose grid is built on axes other than the file's ``at`` fields.
-_GRID_AXES = {"grouped_gemm": _grouped_axes}
+def _grouped_layout_is_old(points) -> bool:
+    """Points of fewer pairs than experts: an older sweep's layout, whose points touched only
+    ``rows`` of their experts, priced on the file's (pairs, experts) axes."""
+    return any(p.at_tuple[0] < p.at_tuple[1] for p in points)
+
+
+def _grid(op: str, points) -> "_Grid":
+    old = op == "grouped_gemm" and _grouped_layout_is_old(points)
+    grid = _Grid(points, _grouped_axes if op == "grouped_gemm" and not old else None)
+    grid.old_layout = old
+    return grid
 
 
 def _grids(table: OperatorTable) -> dict:
     """Every key's :class:`_Grid`, built once per table object (kept on it)."""
     cached = getattr(table, "_grids_cache", None)
     if cached is None:
-        cached = {key: _Grid(points, _GRID_AXES.get(key[0]))
-                  for key, points in table.groups.items()}
+        cached = {key: _grid(key[0], points) for key, points in table.groups.items()}
         table._grids_cache = cached
     return cached
 
@@ -313,19 +319,28 @@ class OperatorCostModel:
     def grouped_gemm(self, rows: float, touched: float, n: int, k: int
                      ) -> tuple[float, list[str]]:
         """The grouped GEMM of ``rows`` token-expert pairs over ``touched`` experts [k, n]: the
-        measured grid on (pairs per touched expert, touched experts), linear between its
-        points (the time grows with the touched experts' weight bytes, and past the most
-        measured experts as them), at the nearest (n, k) widths, scaled by the weight bytes
-        ``n·k`` relative to the measured shape's."""
+        measured grid on (pairs per expert, experts), linear between its points (past the
+        most measured experts or pairs the time grows as them), at the nearest (n, k) widths,
+        scaled by the weight bytes ``n·k`` relative to the measured shape's. A table of the
+        older layout (points of fewer pairs than experts) is read on its (pairs, experts)
+        axes, with a note."""
         widths = sorted({w for key in self.keys["grouped_gemm"] for w in key})
         nn = min(widths, key=lambda w: abs(math.log(w / n)))
         kk = min(widths, key=lambda w: abs(math.log(w / k)))
         touched = max(touched, 1.0)
-        got = self._at_key("grouped_gemm", (nn, kk), (max(rows / touched, 1.0), touched))
+        grid = self.grids.get(("grouped_gemm", (nn, kk)))
+        old = grid is not None and grid.old_layout
+        at = (max(rows, 1.0), touched) if old else (max(rows / touched, 1.0), touched)
+        got = self._at_key("grouped_gemm", (nn, kk), at)
         if got is None:
             return self._gemm(rows / touched, n, k)[0] * touched, [
                 f"grouped_gemm n={nn} k={kk} not measured: one GEMM per expert"]
         seconds, notes = got
+        if old:
+            notes = notes + [
+                f"grouped_gemm n={nn} k={kk} measured in an older layout (fewer pairs than "
+                f"experts): re-measure it with `specsim calibrate --gpu --operators --only "
+                f"grouped_gemm --out TABLE`"]
         scale = (n * k) / (nn * kk)
         if (nn, kk) != (n, k):
             notes = notes + [f"grouped_gemm n={n} k={k} scaled by weight bytes from the "
