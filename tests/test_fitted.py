@@ -124,3 +124,21 @@ def test_a_shipped_model_is_never_fitted_on_its_own_calibration():
     # a GPU with no calibration fits nothing, and the note says so
     a100 = load_hardware("a100-80gb")
     assert fitted_for(table, load_model("qwen3-8b"), a100) is None
+
+
+def test_a_per_layer_residual_weighs_each_point_by_its_measured_time_not_its_miss():
+    """A verify point the composition happens to hit (miss ~0) counts as much as any other of
+    its time: the fit is Σ w²·L·d / Σ w²·L² with w = 1 / measured, d = measured − composed."""
+    import numpy as np
+
+    from specsim.costs.fitted import fit_rows
+
+    rows = [(0.010, 0.010 - 40 * 20e-6, 40), (0.020, 0.020 - 40 * 24e-6, 40),
+            (0.005, 0.005 - 1e-12, 30)]   # the last: composed on the spot
+    terms = fit_rows([("m", {"verify:vegas": rows}, {})])
+    measured, composed, layers = (np.array(c, float) for c in zip(*rows))
+    w = 1 / measured
+    d = measured - composed
+    expected = (w**2 * layers * d).sum() / (w**2 * layers**2).sum()
+    assert terms.per_layer_s["verify:vegas"] == pytest.approx(expected, rel=1e-9)
+    assert 5e-6 < terms.per_layer_s["verify:vegas"] < 20e-6

@@ -11,8 +11,9 @@ itself):
 - **composition residuals**, one per step family (``plain``, ``draft:<policy>``,
   ``verify:<policy>``, ``selection:<policy>``), in the form :data:`FORMS` gives it: a factor
   on the composed time (``scale``; the median over the other models' points of measured over
-  composed), or seconds per layer added (``per_layer``; the relative least-squares fit of
-  measured − composed over the layer count). The forms were chosen by leave-one-model-out error
+  composed), or seconds per layer added (``per_layer``; the least-squares fit of
+  measured − composed over the layer count, each point's miss relative to its measured
+  time). The forms were chosen by leave-one-model-out error
   on the H200's four calibrations: a verify pass misses by a near-constant 13–22 µs per layer on
   models from 135M to 8B parameters, a plain or draft step by a near-constant fraction;
 - **loop overheads**: the decoding loop's per-step (``overhead:plain``) and per-iteration
@@ -79,9 +80,12 @@ def family_of(op: str) -> str:
     return "verify:vegas" if op == "verify" else op
 
 
-def _relative_lstsq(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """β minimising Σ ((y − xβ) / y)²."""
-    w = 1.0 / np.maximum(np.abs(y), 1e-12)
+def _relative_lstsq(x: np.ndarray, y: np.ndarray, relative_to: np.ndarray | None = None
+                    ) -> np.ndarray:
+    """β minimising Σ ((y − xβ) / r)², r = ``relative_to`` (default y): each point's miss
+    relative to the time it prices."""
+    r = y if relative_to is None else relative_to
+    w = 1.0 / np.maximum(np.abs(r), 1e-12)
     return np.linalg.lstsq(x * w[:, None], y * w, rcond=None)[0]
 
 
@@ -128,7 +132,8 @@ def fit_rows(contributions: list[tuple]) -> FittedTerms:
         if FORMS[family.split(":")[0]] == "scale":
             scale[family] = float(np.median(measured / composed))
         else:
-            per_layer[family] = float(_relative_lstsq(layers[:, None], measured - composed)[0])
+            per_layer[family] = float(_relative_lstsq(layers[:, None], measured - composed,
+                                                      relative_to=measured)[0])
     fitted_overhead = {}
     for kind, rows in overheads.items():
         if len(rows) < MIN_POINTS:
