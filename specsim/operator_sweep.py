@@ -72,7 +72,7 @@ class OperatorGrid:
     max_weight_bytes: float = 3e9
     head_dims: list[int] = field(default_factory=lambda: [128, 64])
     groups: list[int] = field(default_factory=lambda: [3, 4, 5, 8])
-    qs: list[int] = field(default_factory=lambda: [1, 2, 3, 5, 9, 16])
+    qs: list[int] = field(default_factory=lambda: [1, 3, 5, 9, 16])
     collects: list[str] = field(default_factory=lambda: ["off", "sum", "all"])
     batch_kv_heads: list[int] = field(default_factory=lambda: [4, 16, 64, 256])
     contexts: list[int] = field(default_factory=lambda: [1024, 4096, 16384, 65536, 131072])
