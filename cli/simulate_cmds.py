@@ -199,6 +199,20 @@ def simulate_cmd(trace_path, fmt, arrivals, prompt_tokens, output_tokens, model,
               help="Hold out FRACTION of the prompts (seeded by --seed): pick (k*, s*) by "
                    "simulating the rest, report the held-out part's throughput there and the "
                    "optimism of tuning on it directly.")
+@click.option("--objective", default="throughput", show_default=True,
+              metavar="METRIC",
+              help="What the pick optimises: throughput (tokens/s over the whole run, higher "
+                   "is better) or a latency percentile, lower is better: tpot-p50, tpot-p90, "
+                   "tpot-p99 (time per output token after the first), ttft-p50 … ttft-p99 "
+                   "(time to first token), latency-p50 … latency-p99 (a request's whole "
+                   "time). Latencies include queueing: give --arrivals poisson:RATE for a "
+                   "served load.")
+@click.option("--slo", default=None, metavar="METRIC=TIME,…",
+              help="Bounds every pick must meet, e.g. tpot-p99=50ms,ttft-p99=2s (units us, "
+                   "ms, s). No setting meeting them: the closest is named, exit status 3.")
+@click.option("--batches", default=None, metavar="B,B,…",
+              help="Largest batch sizes (concurrency) to sweep as part of the setting, e.g. "
+                   "8,16,32,64 (default: --max-batch alone).")
 @click.option("--ray", "ray_address", is_flag=False, flag_value="local", default=None,
               metavar="[ADDRESS]",
               help="Run the sweep on Ray (same rows as the local processes). Alone or 'local': "
@@ -207,7 +221,7 @@ def simulate_cmd(trace_path, fmt, arrivals, prompt_tokens, output_tokens, model,
                    'time when given. Needs pip install "specsim[ray]".')
 def tune_cmd(trace_path, fmt, arrivals, prompt_tokens, output_tokens, model, hardware, tp,
              max_batch, acceptance, seed, costs_choice, as_json, policies, k_values, k_policy, workers,
-             holdout, ray_address):
+             holdout, objective, slo, batches, ray_address):
     """Tune (policy, s, k) by simulation: sweep the grid (every s the trace recorded), in
     parallel, and report the optimum, the runner-up, the sensitivity, Vegas' 3-step result
     beside the joint optimum, and the analytical prediction beside the simulated one with the
@@ -217,13 +231,26 @@ def tune_cmd(trace_path, fmt, arrivals, prompt_tokens, output_tokens, model, har
     specsim tune --trace T.jsonl --k 2,4,6 --workers 8
     specsim tune --trace T.jsonl --ray                      # a local Ray instance, all cores
     specsim tune --trace T.jsonl --ray ray://head:10001     # an existing Ray cluster
+    specsim tune --arrivals poisson:4 --batches 8,16,32 --objective throughput \\
+        --slo tpot-p99=30ms                                 # the fastest setting within an SLO
 
-    With --ray each row of --json names the Ray worker (node id, pid) that computed it.
+    The pick ranks every simulated setting, plain decoding included, by --objective among
+    those meeting --slo; the trade-off table lists the settings no other beats on both
+    throughput and the objective's latency (tpot-p99 for throughput). The per-policy grid
+    below it is at the pick's batch size. With --ray each row of --json names the Ray worker
+    (node id, pid) that computed it.
     """
+    from specsim.simulator.objectives import parse_objective, parse_slos
+    try:
+        goal, slos = parse_objective(objective), parse_slos(slo)
+    except SpecsimError as exc:
+        raise click.BadParameter(str(exc), param_hint="--slo" if "SLO" in str(exc) or
+                                 "duration" in str(exc) else "--objective") from None
+    batch_sizes = _int_list(batches, "--batches") if batches else [max_batch]
     if ray_address is not None:
         from specsim.simulator.ray_sweep import import_ray
         import_ray()
-    from specsim.simulator.tuning import SweepSpec, summarise, sweep
+    from specsim.simulator.tuning import SweepSpec, at_batch, summarise, sweep
     from specsim.traces.importers import load_trace
 
     path = trace_input(trace_path) or _trace_path(None)
@@ -241,12 +268,7 @@ def tune_cmd(trace_path, fmt, arrivals, prompt_tokens, output_tokens, model, har
     if missing:
         raise SpecsimError(f"the trace has no sparse groups for {', '.join(missing)}; it has "
                            f"{', '.join(available) or 'none'}")
-    try:
-        ks = sorted({int(x) for x in k_values.split(",") if x.strip()})
-    except ValueError:
-        raise click.BadParameter("expected comma-separated integers", param_hint="--k") from None
-    if not ks or ks[0] < 1:
-        raise click.BadParameter("draft lengths must be ≥ 1", param_hint="--k")
+    ks = _int_list(k_values, "--k")
     spec = SweepSpec(os.path.abspath(path), model, hardware, tp,
                      parse_arrivals(arrivals, prompt_tokens, output_tokens, seed), max_batch,
                      acceptance, k_policy, seed, None if fmt == "auto" else fmt,
@@ -255,20 +277,25 @@ def tune_cmd(trace_path, fmt, arrivals, prompt_tokens, output_tokens, model, har
         # one Ray for every sweep of the command, shut down when the command ends
         from specsim.simulator.ray_sweep import ray_session
         click.get_current_context().with_resource(ray_session(ray_address, workers))
-    n_configs = 1 + sum(len([s for (p, s) in groups if p == pol]) for pol in chosen) * len(ks)
+    n_configs = len(batch_sizes) * (
+        1 + sum(len([s for (p, s) in groups if p == pol]) for pol in chosen) * len(ks))
     with click.progressbar(length=n_configs, label="simulating", file=sys.stderr,
                            show_eta=True) as bar:
         try:
-            swept = sweep(spec, chosen, ks, workers, progress=bar.update,
-                          ray_address=ray_address)
+            everything = sweep(spec, chosen, ks, workers, progress=bar.update,
+                               ray_address=ray_address, batches=batch_sizes)
         except ValueError as exc:
             raise SpecsimError(str(exc)) from None
+    picked = _objective_report(everything, goal, slos)
+    focus = (picked["best"] or picked["closest"])["max_batch"]
+    swept = at_batch(everything, focus)
     from specsim.costs import resolve_cost_source
     from specsim.specs import load_hardware, load_model
     cost_source = resolve_cost_source(load_model(model), load_hardware(hardware), tp,
                                       costs_choice)
-    analytical = _analytical_beside(trace, max_batch, swept, cost_source.cost_model)
+    analytical = _analytical_beside(trace, focus, swept, cost_source.cost_model)
     report = summarise(swept, analytical)
+    report["objective"] = picked
     report["costs"], report["cost_validation"] = cost_source.note, cost_source.validated
     report["workers"] = swept["workers"]
     if "ray" in swept:
@@ -283,16 +310,44 @@ def tune_cmd(trace_path, fmt, arrivals, prompt_tokens, output_tokens, model, har
             for part in ("tune", "eval"):
                 try:
                     parts[part] = sweep(replace(spec, part=part, holdout=holdout,
-                                                holdout_seed=seed), chosen, ks, workers,
-                                        progress=bar.update, ray_address=ray_address)
+                                                holdout_seed=seed, max_batch=focus), chosen,
+                                        ks, workers, progress=bar.update,
+                                        ray_address=ray_address)
                 except ValueError as exc:
                     raise SpecsimError(str(exc)) from None
         report["holdout"] = holdout_summary(parts["tune"], parts["eval"]) | {
             "holdout_fraction": holdout, "seed": seed}
     if as_json:
         click.echo(json.dumps(report, indent=2))
-        return
-    _print_tune(report, trace.synthetic)
+    else:
+        _print_tune(report, trace.synthetic)
+    if picked["best"] is None:
+        sys.exit(3)
+
+
+def _int_list(text: str, option: str) -> list[int]:
+    """Comma-separated integers ≥ 1, sorted and distinct."""
+    try:
+        values = sorted({int(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        raise click.BadParameter(f"expected comma-separated integers, got {text!r}",
+                                 param_hint=option) from None
+    if not values or values[0] < 1:
+        raise click.BadParameter(f"expected integers ≥ 1, got {text!r}", param_hint=option)
+    return values
+
+
+def _objective_report(swept: dict, goal, slos) -> dict:
+    """The pick under the objective and SLOs among every setting (plain decoding included),
+    and the throughput–latency trade-off (the Pareto front on the objective's latency, or
+    tpot-p99 for throughput)."""
+    from specsim.simulator.objectives import LATENCY_METRICS, pareto_front, pick
+    settings = swept["plains"] + swept["rows"]
+    out = pick(settings, goal, slos)
+    latency = "tpot-p99" if goal.maximise else goal.name
+    out["tradeoff_metric"] = latency
+    out["tradeoff"] = pareto_front(settings, LATENCY_METRICS[latency])
+    return out
 
 
 def _analytical_beside(trace, max_batch, swept, costs) -> dict:
@@ -323,6 +378,7 @@ def _print_tune(report: dict, synthetic: bool) -> None:
     from specsim.cli.main import _table
     echo(f"costs: {report['costs']}")
     echo(f"trust: {report['cost_validation']}")
+    _print_objective(report["objective"], _table)
     _print_tune_grid(report, synthetic, _table)
     if "holdout" in report:
         h = report["holdout"]
@@ -340,9 +396,36 @@ def _print_tune(report: dict, synthetic: bool) -> None:
              f"node{'s' if ray['nodes'] != 1 else ''} ({ray['address']})")
 
 
+def _setting_text(row: dict) -> str:
+    if row["policy"] == "plain":
+        return f"plain decoding, batch ≤ {row['max_batch']}"
+    return f"{row['policy']} s={row['s']:g} k={row['k']}, batch ≤ {row['max_batch']}"
+
+
+def _print_objective(picked: dict, _table) -> None:
+    from specsim.simulator.objectives import format_seconds as t
+    bounds = f" within {', '.join(picked['slos'])}" if picked["slos"] else ""
+    best = picked["best"]
+    head = f"objective: {picked['objective']}{bounds}: "
+    if best is None:
+        close = picked["closest"]
+        echo(head + f"no setting of {picked['settings']} meets the bounds; the closest: "
+             f"{_setting_text(close)} (TPOT p99 {t(close['tpot_p99_s'])}, TTFT p99 "
+             f"{t(close['ttft_p99_s'])})")
+    else:
+        echo(head + f"{_setting_text(best)}: {best['throughput']:.0f} tokens/s, TPOT p50 "
+             f"{t(best['tpot_p50_s'])} p99 {t(best['tpot_p99_s'])}, TTFT p99 "
+             f"{t(best['ttft_p99_s'])} ({picked['feasible']} of {picked['settings']} "
+             f"settings meet the bounds)")
+    rows = [[_setting_text(r), f"{r['throughput']:.0f}", t(r["tpot_p50_s"]),
+             t(r["tpot_p99_s"]), t(r["ttft_p99_s"])] for r in picked["tradeoff"]]
+    echo(f"throughput against {picked['tradeoff_metric']}: the settings no other beats on both")
+    echo(_table(["setting", "tokens/s", "TPOT p50", "TPOT p99", "TTFT p99"], rows, "lrrrr"))
+
+
 def _print_tune_grid(report: dict, synthetic: bool, _table) -> None:
     plain = report["plain"]
-    echo(f"plain decoding: {plain['throughput']:.0f} tokens/s"
+    echo(f"at batch ≤ {plain['max_batch']}: plain decoding {plain['throughput']:.0f} tokens/s"
                + ("   [SYNTHETIC trace]" if synthetic else ""))
     rows = []
     for p in report["policies"]:

@@ -15,6 +15,7 @@ import numpy as np
 
 from specsim import analytical
 from specsim.errors import SpecsimError
+from specsim.simulator.result import PERCENTILES
 
 
 class TuningError(SpecsimError):
@@ -88,21 +89,23 @@ def make_arrivals(arrivals: tuple, trace=None, prompt_ids=None):
     return poisson(n, args[1], prompt, output, seed=args[2] if len(args) > 4 else 0)
 
 
-def run_one(spec: SweepSpec, policy: str, s: float | None, k: int, k_policy: str | None = None
-            ) -> dict:
-    """Simulate one configuration (``policy == "plain"``: plain decoding)."""
+def run_one(spec: SweepSpec, policy: str, s: float | None, k: int, k_policy: str | None = None,
+            max_batch: int | None = None) -> dict:
+    """Simulate one configuration (``policy == "plain"``: plain decoding) at ``max_batch``
+    sequences at most (default the spec's)."""
     from specsim.simulator.acceptance_source import make_source
     from specsim.simulator.engine import SimConfig, Simulation
     model, hw, costs, groups, arrivals = _setup(spec)
     kp = k_policy or spec.k_policy
+    batch = max_batch or spec.max_batch
     if policy == "plain":
         group = next(iter(groups.values()))
-        cfg = SimConfig("full", 1.0, k=1, k_policy="plain", max_batch=spec.max_batch,
+        cfg = SimConfig("full", 1.0, k=1, k_policy="plain", max_batch=batch,
                         seed=spec.seed, static_batch=spec.static_batch,
                         fixed_slots=spec.fixed_slots)
     else:
         group = groups[(policy, s)]
-        cfg = SimConfig(policy, s, k=k, k_policy=kp, max_batch=spec.max_batch, seed=spec.seed,
+        cfg = SimConfig(policy, s, k=k, k_policy=kp, max_batch=batch, seed=spec.seed,
                         static_batch=spec.static_batch, fixed_slots=spec.fixed_slots)
     source = make_source(spec.acceptance, group, k)
     result = Simulation(arrivals, costs, model, source, cfg, hw.memory_bytes, spec.tp).run()
@@ -110,14 +113,16 @@ def run_one(spec: SweepSpec, policy: str, s: float | None, k: int, k_policy: str
     it = result.steps["is_iteration"]
     decode_s = float(result.steps["seconds"][it].sum())
     decode_tokens = int(result.steps["emitted"][it].sum())
-    return {"policy": policy, "s": s, "k": k, "k_policy": cfg.k_policy,
+    latencies = {f"{what}_p{p}_s": summary[f"{what}_s"][f"p{p}"]
+                 for what in ("tpot", "ttft", "latency") for p in PERCENTILES}
+    return {"policy": policy, "s": s, "k": k, "k_policy": cfg.k_policy, "max_batch": batch,
             "throughput": summary["throughput_tokens_per_s"],
             "decode_throughput": decode_tokens / decode_s if decode_s else 0.0,
             "tokens_per_iteration": summary["tokens_per_iteration"],
             "mean_batch": summary["mean_batch"],
             "mean_decode_context": float(np.average(result.requests["prompt_tokens"]
                                                     + result.requests["output_tokens"] / 2)),
-            "tpot_p50_s": summary["tpot_s"]["p50"], "latency_p90_s": summary["latency_s"]["p90"],
+            **latencies,
             "time_split_s": summary["time_split_s"],
             "wasted_draft_fraction": summary["wasted_draft_fraction"],
             "extrapolated_iterations": summary["extrapolated_iterations"]}
@@ -138,11 +143,12 @@ def _star(args):
 
 
 def sweep(spec: SweepSpec, policies, ks, workers: int | None = None, progress=None,
-          ray_address: str | None = None) -> dict:
-    """Simulate plain decoding and every (policy, s, k) with s from the trace's groups: in
-    ``workers`` local processes, or on Ray (``ray_address``: ``"local"``, ``"auto"`` or
-    ``ray://host:port``, see :mod:`specsim.simulator.ray_sweep`) with the same rows, each
-    carrying the ``worker`` that computed it."""
+          ray_address: str | None = None, batches: list[int] | None = None) -> dict:
+    """Simulate plain decoding and every (policy, s, k) with s from the trace's groups, at
+    each of ``batches`` (largest batch sizes; default the spec's alone): in ``workers`` local
+    processes, or on Ray (``ray_address``: ``"local"``, ``"auto"`` or ``ray://host:port``, see
+    :mod:`specsim.simulator.ray_sweep`) with the same rows, each carrying the ``worker`` that
+    computed it."""
     setup = _setup(spec)
     groups = setup[3]
     if not any(s is not None for _, s in groups):
@@ -154,17 +160,19 @@ def sweep(spec: SweepSpec, policies, ks, workers: int | None = None, progress=No
         raise TuningError("no policies to tune")
     for k in ks:
         analytical.check_k_max(k, "k")
-    configs = [(spec, "plain", None, 1)]
+    batches = sorted(set(batches or [spec.max_batch]))
+    configs = [(spec, "plain", None, 1, None, b) for b in batches]
     for policy in policies:
         ss = sorted(s for (p, s) in groups if p == policy and s is not None)
         if not ss:
             raise TuningError(f"{spec.trace_path}: the trace has no '{policy}' groups with s "
                               f"recorded; it has: {_groups_text(groups)}")
-        configs += [(spec, policy, s, k) for s in ss for k in ks]
+        configs += [(spec, policy, s, k, None, b) for b in batches for s in ss for k in ks]
     if ray_address is not None:
         from specsim.simulator.ray_sweep import run_configs
         results, cluster = run_configs(configs, setup, ray_address, workers, progress)
-        return _finish(results, len(configs), cluster["workers"]) | {"ray": cluster}
+        return _finish(results, len(configs), cluster["workers"], len(batches)) | {
+            "ray": cluster}
     workers = workers or min(len(configs), os.cpu_count() or 1)
     results = []
     if workers > 1:
@@ -178,17 +186,27 @@ def sweep(spec: SweepSpec, policies, ks, workers: int | None = None, progress=No
             results.append(_star(c))
             if progress:
                 progress(1)
-    return _finish(results, len(configs), workers)
+    return _finish(results, len(configs), workers, len(batches))
 
 
-def _finish(results: list, configs: int, workers: int) -> dict:
-    """Speedups against plain decoding (``results[0]``), results in the order of the configs."""
-    plain = results[0]
-    rows = results[1:]
+def _finish(results: list, configs: int, workers: int, n_batches: int = 1) -> dict:
+    """Speedups against plain decoding at the same largest batch (the first ``n_batches``
+    results), results in the order of the configs. ``plain`` is the largest batch's."""
+    plains = {r["max_batch"]: r for r in results[:n_batches]}
+    rows = results[n_batches:]
     for r in rows:
+        plain = plains[r["max_batch"]]
         r["speedup"] = r["throughput"] / plain["throughput"]
         r["decode_speedup"] = r["decode_throughput"] / plain["decode_throughput"]
-    return {"plain": plain, "rows": rows, "configs": configs, "workers": workers}
+    return {"plain": plains[max(plains)], "plains": list(plains.values()), "rows": rows,
+            "configs": configs, "workers": workers}
+
+
+def at_batch(swept: dict, max_batch: int) -> dict:
+    """The sweep's rows at one largest batch, with that batch's plain decoding."""
+    plain = next(p for p in swept["plains"] if p["max_batch"] == max_batch)
+    return dict(swept, plain=plain, plains=[plain],
+                rows=[r for r in swept["rows"] if r["max_batch"] == max_batch])
 
 
 def summarise(swept: dict, analytical_by_group: dict | None = None) -> dict:
