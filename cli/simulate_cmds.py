@@ -53,6 +53,11 @@ def _common(f):
                      help="Tensor-parallel GPUs."),
         click.option("--max-batch", type=click.IntRange(min=1), default=64, show_default=True,
                      help="Most sequences decoded together (continuous batching)."),
+        click.option("--prefill-chunk", type=click.IntRange(min=1), default=None,
+                     metavar="TOKENS",
+                     help="Chunked prefill: prefill up to TOKENS prompt tokens per iteration "
+                          "beside the decode (as vLLM's and SGLang's schedulers do), instead "
+                          "of pausing decoding for each admitted prompt's whole prefill."),
         click.option("--acceptance", type=click.Choice(("replay", "fitted")), default="replay",
                      show_default=True,
                      help="replay: each request replays a recorded request's iterations "
@@ -100,7 +105,8 @@ def _trace_path(trace_path):
               help="Continuous batching with fixed slots (specsim's engine, CUDA graphs): a "
                    "finished sequence keeps costing its slot until a new request takes it.")
 def simulate_cmd(trace_path, fmt, arrivals, prompt_tokens, output_tokens, model, hardware, tp,
-                 max_batch, acceptance, seed, costs_choice, as_json, policy, sparsity, k, k_policy, memory_gb,
+                 max_batch, prefill_chunk, acceptance, seed, costs_choice, as_json, policy,
+                 sparsity, k, k_policy, memory_gb,
                  chrome_trace, compare_plain, static_batch, fixed_slots):
     """Simulate a serving engine doing sparse self-speculative decoding (SimPy): continuous
     batching under a memory budget, per-iteration time from the cost model (--costs) for the
@@ -151,7 +157,8 @@ def simulate_cmd(trace_path, fmt, arrivals, prompt_tokens, output_tokens, model,
         raise SpecsimError(str(exc)) from None
     cfg = SimConfig(cfg_policy, cfg_s, k=k, k_policy=k_policy, max_batch=max_batch, seed=seed,
                     memory_budget=memory_gb * 1e9 if memory_gb else None,
-                    static_batch=static_batch, fixed_slots=fixed_slots)
+                    static_batch=static_batch, fixed_slots=fixed_slots,
+                    prefill_chunk=prefill_chunk)
     result = Simulation(arrival_list, costs, spec, source, cfg, hw.memory_bytes, tp).run()
     report = result.to_json()
     report["costs"] = costs_note
@@ -159,7 +166,7 @@ def simulate_cmd(trace_path, fmt, arrivals, prompt_tokens, output_tokens, model,
     if compare_plain and k_policy != "plain":
         base_cfg = SimConfig("full", 1.0, k=1, k_policy="plain", max_batch=max_batch, seed=seed,
                              memory_budget=cfg.memory_budget, static_batch=static_batch,
-                             fixed_slots=fixed_slots)
+                             fixed_slots=fixed_slots, prefill_chunk=prefill_chunk)
         base = Simulation(arrival_list, costs, spec, source, base_cfg, hw.memory_bytes, tp).run()
         report["plain"] = base.summary
         report["speedup"] = (result.summary["throughput_tokens_per_s"]
@@ -220,7 +227,8 @@ def simulate_cmd(trace_path, fmt, arrivals, prompt_tokens, output_tokens, model,
                    "'auto' or ray://HOST:PORT: that cluster, at most --workers tasks at a "
                    'time when given. Needs pip install "specsim[ray]".')
 def tune_cmd(trace_path, fmt, arrivals, prompt_tokens, output_tokens, model, hardware, tp,
-             max_batch, acceptance, seed, costs_choice, as_json, policies, k_values, k_policy, workers,
+             max_batch, prefill_chunk, acceptance, seed, costs_choice, as_json, policies,
+             k_values, k_policy, workers,
              holdout, objective, slo, batches, ray_address):
     """Tune (policy, s, k) by simulation: sweep the grid (every s the trace recorded), in
     parallel, and report the optimum, the runner-up, the sensitivity, Vegas' 3-step result
@@ -272,7 +280,7 @@ def tune_cmd(trace_path, fmt, arrivals, prompt_tokens, output_tokens, model, har
     spec = SweepSpec(os.path.abspath(path), model, hardware, tp,
                      parse_arrivals(arrivals, prompt_tokens, output_tokens, seed), max_batch,
                      acceptance, k_policy, seed, None if fmt == "auto" else fmt,
-                     costs=costs_choice)
+                     costs=costs_choice, prefill_chunk=prefill_chunk)
     if ray_address is not None:
         # one Ray for every sweep of the command, shut down when the command ends
         from specsim.simulator.ray_sweep import ray_session

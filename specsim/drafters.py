@@ -304,8 +304,9 @@ class DrafterCosts:
     def plain_step(self, contexts: Sequence[int]) -> Cost:
         return self.target.plain_step(contexts)
 
-    def prefill(self, prompt_lengths: Sequence[int]) -> Cost:
-        return self.target.prefill(prompt_lengths)
+    def prefill(self, prompt_lengths: Sequence[int], past: Sequence[int] | None = None
+                ) -> Cost:
+        return self.target.prefill(prompt_lengths, past)
 
     def draft_step(self, contexts: Sequence[int], s=None, policy=None) -> Cost:
         ctx = as_contexts(contexts)

@@ -24,6 +24,10 @@ GPU side (torch, triton and the engine's kernels; no simpy/plotly). Each operato
   (Vegas and last-token from the collected logits, SparseSpec-L's attention mass and per-KV-head
   ranking, Quest's page scoring and ranking of one layer's draft query; last-token's gather of
   each list's last accepted row out of the collected rows first), at s = ``selection_s``;
+- ``prefill_attention``: the engine's prefill attention of one prompt of ``prefill_tokens``
+  (``specsim.engine.attention.prefill_attention``, 8 KV heads), the causal kernel and the
+  masked path (with sinks) that window and sink layers take, at the query-key products it
+  computes (:func:`specsim.costs.prefill.attention_elements` over the query heads);
 - ``graph``: the replay of a CUDA graph of ``kernels`` minimal kernels with the host's wait.
 
 A point's samples are ``repeats`` replays of a CUDA graph of ``graph_inner`` calls between two
@@ -93,6 +97,7 @@ class OperatorGrid:
     moe_tops: list[int] = field(default_factory=lambda: [1, 2, 4, 8])
     moe_hidden: list[int] = field(default_factory=lambda: [1024, 4096])
     moe_tokens: list[int] = field(default_factory=lambda: [1, 4, 16, 64, 256, 1024, 4096])
+    prefill_tokens: list[int] = field(default_factory=lambda: [256, 1024, 4096, 16384, 32768])
     max_cache_bytes: float = 24e9
     repeats: int = 5
     warmup: int = 2
@@ -110,6 +115,7 @@ class OperatorGrid:
                    selection_contexts=[64, 128], selection_rows=[3], graph_kernels=[1, 8],
                    grouped_widths=[64, 128], grouped_rows_per_expert=[1, 4], grouped_groups=[2, 4],
                    moe_experts=[4], moe_tops=[1, 2], moe_hidden=[64], moe_tokens=[1, 8],
+                   prefill_tokens=[16, 48],
                    repeats=2, warmup=1, inner=1, graph_inner=2, time_budget_s=None)
 
     def grid_json(self) -> dict:
@@ -226,6 +232,11 @@ def _groups(grid: OperatorGrid):
                     out.append(("moe_routing", {"experts": e, "top": top, "hidden": h},
                                 [{"tokens": t} for t in grid.moe_tokens]))
     out.append(("graph", {}, [{"kernels": n} for n in grid.graph_kernels]))
+    for hd in grid.head_dims:
+        for g in grid.groups:
+            for masked in (False, True):
+                out.append(("prefill_attention", {"head_dim": hd, "group": g, "masked": masked},
+                            [{"tokens": t} for t in grid.prefill_tokens]))
     for hd in grid.head_dims:
         for paged in (False, True):
             out.append(("kv_append", {"head_dim": hd, "paged": paged},
@@ -481,6 +492,33 @@ def _moe_routing(torch, device, timer, grid, settings, key, ats):
         yield at, timer([lambda i=i: layer(*i) for i in inputs], grid)
 
 
+#: KV heads of the measured prefill attention (its time scales with the query heads).
+PREFILL_KV_HEADS = 8
+
+
+def _prefill_attention(torch, device, timer, grid, settings, key, ats):
+    """One prompt's prefill attention in one layer, as the engine runs it; the point's axis is
+    the query-key products over the query heads (the tokens say only which prompt)."""
+    from specsim.costs.prefill import attention_elements
+    from specsim.engine.attention import prefill_attention
+
+    dtype = _dtype(torch, device)
+    hd, group, masked = int(key["head_dim"]), int(key["group"]), bool(key["masked"])
+    heads = PREFILL_KV_HEADS * group
+    sinks = torch.randn(heads, device=device) if masked else None
+    for at in ats:
+        t = int(at["tokens"])
+        footprint = t * (heads + 2 * PREFILL_KV_HEADS) * hd * a_element(dtype)
+        inputs = [(torch.randn(1, t, heads, hd, device=device, dtype=dtype),
+                   torch.randn(1, t, PREFILL_KV_HEADS, hd, device=device, dtype=dtype),
+                   torch.randn(1, t, PREFILL_KV_HEADS, hd, device=device, dtype=dtype))
+                  for _ in range(copies(footprint, grid))]
+        elements = attention_elements(t, 0, None, masked, sinks=masked) * heads
+        yield {"elements": elements}, timer(
+            [lambda i=i: prefill_attention(*i, sinks=sinks) for i in inputs], grid)
+        del inputs
+
+
 def _elementwise(torch, device, timer, grid, settings, key, ats):
     """A compiled RMSNorm over rows of 4096 (what the compiled layers emit around the
     matmuls), moving ``bytes``: read and written once."""
@@ -700,6 +738,7 @@ def _copies(torch, x, grid) -> list:
 
 MEASURES = {"gemm": _gemm, "grouped_gemm": _grouped_gemm, "moe_routing": _moe_routing,
             "elementwise": _elementwise, "graph": _graph, "kv_append": _kv_append,
-            "verify": _verify, "sparse": _sparse, "selection": _selection}
+            "verify": _verify, "sparse": _sparse, "selection": _selection,
+            "prefill_attention": _prefill_attention}
 
 __all__ = ["OperatorGrid", "measure_operators", "resumable"]

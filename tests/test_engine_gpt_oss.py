@@ -156,7 +156,8 @@ def test_each_layer_equals_its_definition(monkeypatch, chunk):
     40 mask elements), against the per-token definition; the expert weights are scaled up so
     that the SwiGLU's clamps bite."""
     if chunk:
-        monkeypatch.setattr(attention, "PREFILL_CHUNK_ELEMENTS", chunk)
+        import specsim.costs.prefill as prefill
+        monkeypatch.setattr(prefill, "PREFILL_CHUNK_ELEMENTS", chunk)
     model = gpt_oss_model(seed=4)
     args = model.args
     with torch.no_grad():

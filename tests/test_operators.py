@@ -336,13 +336,15 @@ def test_the_sweep_writes_a_table_that_prices_a_model(swept):
     assert back.provenance["engine"]["settings_hash"] == DEFAULT.stable_hash()
     assert {p.op for p in back.points} == {"gemm", "grouped_gemm", "moe_routing",
                                             "elementwise", "graph", "kv_append", "verify",
-                                            "sparse", "selection"}
+                                            "sparse", "selection", "prefill_attention"}
     assert all(len(p.samples_ms) == 2 for p in back.points)
     tiny = ModelSpec("tiny", "llama", 2, 128, 8, 2, 64, 128, 128,
                      layer_types=("full_attention",) * 2)
     cm = OperatorCostModel(back, tiny, HW)
     plain = cm.plain_step([100, 100])
     assert plain.seconds > 0 and plain.notes[0].startswith("operators (")
+    prefill = cm.prefill([40, 20], [0, 30])
+    assert prefill.seconds > 0 and not any("prefill_attention" in n for n in prefill.notes)
     parts, _ = cm.forward_parts([100, 100], 1)
     assert set(parts) >= {"gemm qkv", "attention", "kv append", "elementwise", "graph replay"}
     for policy in ("vegas", "sparsespec", "quest"):

@@ -93,7 +93,8 @@ class CostModel(Protocol):
     def iteration(self, contexts: Sequence[int], k: int, s: float, policy: str
                   ) -> IterationCost: ...
 
-    def prefill(self, prompt_lengths: Sequence[int]) -> Cost: ...
+    def prefill(self, prompt_lengths: Sequence[int], past: Sequence[int] | None = None
+                ) -> Cost: ...
 
 
 def compose_iteration(costs, contexts, k: int, s: float, policy: str) -> IterationCost:

@@ -41,6 +41,8 @@ class CalibratedCostModel:
         self.roofline = RooflineCostModel(model, hardware, tp, c2q=calibration.settings.c2q)
         self.warnings = provenance_warnings(calibration, model, hardware)
         self.overheads = self.roofline.overheads
+        #: an operator cost model of the same GPU that prices prefill (None: the roofline)
+        self.prefill_operators = None
         self._full = [t == FULL_ATTENTION for t in model.layer_types]
         self.fits: dict[tuple[str, int, float | None], TermFit] = {}
         groups: dict[tuple, list[Measurement]] = {}
@@ -382,8 +384,16 @@ class CalibratedCostModel:
         return _relabel(t_lo, seconds, f"{op}: {want} rows interpolated between measured "
                                        f"{lo} and {hi}")
 
-    def prefill(self, prompt_lengths: Sequence[int]) -> Cost:
-        cost = self.roofline.prefill(prompt_lengths)
+    def prefill(self, prompt_lengths: Sequence[int], past: Sequence[int] | None = None
+                ) -> Cost:
+        """Prefill is not calibrated: composed from the GPU's operator table where one is
+        set (:attr:`prefill_operators`, as ``make_cost_model`` does for a shipped table), else
+        the roofline; the note says which."""
+        if self.prefill_operators is not None:
+            cost = self.prefill_operators.prefill(prompt_lengths, past)
+            return _relabel(cost, cost.seconds, "prefill not calibrated: composed from the "
+                                                "GPU's operator table")
+        cost = self.roofline.prefill(prompt_lengths, past)
         return _relabel(cost, cost.seconds, "prefill not calibrated: roofline model")
 
     def iteration(self, contexts: Sequence[int], k: int, s: float, policy: str) -> IterationCost:

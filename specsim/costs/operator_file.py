@@ -60,6 +60,10 @@ OPERATORS = {
     # dispatch of ``tokens``·``top`` token-expert pairs of width ``hidden`` and their weighted
     # combine
     "moe_routing": (("experts", "top", "hidden"), ("tokens",)),
+    # one layer's prefill attention of one prompt (``prefill_attention``): the causal kernel,
+    # or (masked) the chunked masked path of window and sink layers, at ``elements`` query-key
+    # products summed over the query heads (``specsim.costs.prefill.attention_elements``)
+    "prefill_attention": (("head_dim", "group", "masked"), ("elements",)),
 }
 #: Provenance every file carries (a string, a number or null each).
 PROVENANCE_FIELDS = ("gpu", "driver", "cuda", "torch", "triton", "kernel_config_hash",

@@ -383,24 +383,10 @@ class OperatorCostModel:
                             (batch * m.num_kv_heads, max(selected, 1.0)), kv, interpolated=(1,))
 
     # ---- a forward pass ------------------------------------------------------------------
-    def forward_parts(self, contexts: Sequence[int], q: int, *, draft: str | None = None,
-                      s: float | None = None, collect: str = "off"
-                      ) -> tuple[dict[str, float], list[str]]:
-        """Seconds by operator of one forward pass of ``q`` tokens per sequence: full
-        attention collecting ``collect`` (``COLLECT``), or with ``draft`` a policy's sparse
-        draft step at ``s``. Returns ({operator: seconds summed over layers}, notes)."""
-        ctx = as_contexts(contexts)
+    def _token_parts(self, tokens: float, add) -> None:
+        """Every layer's work that scales with the tokens alone: the projections, the MLP or
+        routed experts, and the element-wise kernels around them."""
         m = self.model
-        batch = ctx.size
-        tokens = batch * q
-        parts: dict[str, float] = {}
-        notes: list[str] = []
-
-        def add(name, priced, times=1.0):
-            seconds, more = priced
-            parts[name] = parts.get(name, 0.0) + seconds * times
-            notes.extend(more)
-
         layers = m.num_layers
         h, hd = m.hidden_size, m.head_dim
         if self.settings.fuse_projections:
@@ -434,6 +420,21 @@ class OperatorCostModel:
             add("gemm down", self.gemm(tokens, h, m.intermediate_size), layers)
         for name, per_token in ELEMENTWISE_PER_LAYER.items():
             add("elementwise", self._elementwise(per_token(m) * tokens * m.dtype_bytes), layers)
+
+    def forward_parts(self, contexts: Sequence[int], q: int, *, draft: str | None = None,
+                      s: float | None = None, collect: str = "off"
+                      ) -> tuple[dict[str, float], list[str]]:
+        """Seconds by operator of one forward pass of ``q`` tokens per sequence: full
+        attention collecting ``collect`` (``COLLECT``), or with ``draft`` a policy's sparse
+        draft step at ``s``. Returns ({operator: seconds summed over layers}, notes)."""
+        ctx = as_contexts(contexts)
+        m = self.model
+        batch = ctx.size
+        tokens = batch * q
+        parts, notes, add = _parts()
+        hd = m.head_dim
+        self._token_parts(tokens, add)
+        layers, h = m.num_layers, m.hidden_size
         # attention, per layer type
         if self.n_full:
             if draft is None:
@@ -601,9 +602,63 @@ class OperatorCostModel:
         graph, more = self._graph()
         return self._cost(base, {"selection": seconds, "graph replay": graph}, notes + more)
 
-    def prefill(self, prompt_lengths: Sequence[int]) -> Cost:
-        cost = self.roofline.prefill(prompt_lengths)
-        return _relabel(cost, cost.seconds, "prefill not in the operator tables: roofline model")
+    def prefill(self, prompt_lengths: Sequence[int], past: Sequence[int] | None = None
+                ) -> Cost:
+        """A prefill pass over prompt chunks (``prompt_lengths`` new positions each after
+        ``past`` cached ones, default none), composed as :meth:`prefill_parts` says, plus the
+        hardware spec's per-forward overhead (the engine prefills eagerly, not from a graph)."""
+        from specsim.costs.prefill import chunks
+        new, before = chunks(prompt_lengths, past)
+        return memoized(self, ("prefill", new.tobytes(), before.tobytes()),
+                        lambda: self._prefill(new, before))
+
+    def _prefill(self, new: np.ndarray, before: np.ndarray) -> Cost:
+        parts, notes = self.prefill_parts(new, before)
+        parts["launch"] = self.overheads.forward
+        return self._cost(self.roofline.prefill(new, before), parts, notes)
+
+    def prefill_parts(self, new: np.ndarray, before: np.ndarray
+                      ) -> tuple[dict[str, float], list[str]]:
+        """Seconds by operator of one prefill pass: the token-proportional layers at every new
+        token, each layer's prefill attention at the query-key products of every sequence's
+        chunk (window layers over their window; sink and window layers on the masked path),
+        the new K/V rows written, and the LM head over each sequence's last row."""
+        from specsim.costs.prefill import attention_elements
+        m = self.model
+        parts, notes, add = _parts()
+        tokens = float(new.sum())
+        self._token_parts(tokens, add)
+        window = m.sliding_window or None
+        for layers, w in ((self.n_full, None), (self.n_sliding, window)):
+            if not layers:
+                continue
+            masked = bool(w) or m.attention_sinks
+            elements = m.num_heads * sum(attention_elements(n, p, w, masked, m.attention_sinks)
+                                         for n, p in zip(new, before))
+            add("attention", self._prefill_attention(elements, masked), layers)
+        kv_row = m.num_kv_heads * m.head_dim * m.dtype_bytes * 2
+        add("kv append", self._elementwise(2 * tokens * kv_row), m.num_layers)
+        h, out = m.hidden_size, float(new.size)
+        add("elementwise", self._elementwise(2 * tokens * h * m.dtype_bytes))
+        add("elementwise", self._elementwise(2 * out * h * m.dtype_bytes))
+        add("gemm lm_head", self.gemm(out, m.vocab_size, h))
+        add("sampling", self._elementwise(out * m.vocab_size * (m.dtype_bytes + 4)))
+        return parts, notes
+
+    def _prefill_attention(self, elements: float, masked: bool) -> tuple[float, list[str]]:
+        """One layer's prefill attention at ``elements`` query-key products (over the query
+        heads): measured, linear between the measured groups; unmeasured, its FLOPs
+        (4·head_dim per product) at the probe's matmul rate, with a note."""
+        m = self.model
+        key = (m.head_dim, m.group_size, masked)
+        try:
+            return self._priced("prefill_attention", key, (max(elements, 1.0),), None,
+                                interpolated=(1,))
+        except _Unmeasured:
+            flops = 4.0 * m.head_dim * elements
+            return flops / self.matmul_rate, [
+                f"{_key_text('prefill_attention', key)} not measured: its FLOPs at the probe's "
+                f"matmul rate"]
 
     def iteration(self, contexts: Sequence[int], k: int, s: float, policy: str) -> IterationCost:
         """``compose_iteration`` with the policy's own verify pass; the per-iteration loop
@@ -623,6 +678,19 @@ class OperatorCostModel:
         return cost if extra is None else dataclasses.replace(cost, overhead_s=extra)
 
 
+def _parts():
+    """An empty (parts, notes) and the ``add(name, (seconds, notes), times)`` that fills them."""
+    parts: dict[str, float] = {}
+    notes: list[str] = []
+
+    def add(name, priced, times=1.0):
+        seconds, more = priced
+        parts[name] = parts.get(name, 0.0) + seconds * times
+        notes.extend(more)
+
+    return parts, notes, add
+
+
 class _Unmeasured(Exception):
     """An operator the table does not hold and no stated model replaces."""
 
@@ -630,6 +698,7 @@ class _Unmeasured(Exception):
 #: Key field names by operator (for notes).
 OP_KEY_NAMES = {
     "gemm": ("n", "k"), "grouped_gemm": ("n", "k"), "moe_routing": ("experts", "top", "hidden"),
+    "prefill_attention": ("head_dim", "group", "masked"),
     "verify": ("head_dim", "group", "q", "collect"),
     "sparse": ("head_dim", "group", "per_kv_head"), "kv_append": ("head_dim", "paged"),
     "elementwise": (), "selection": ("policy", "group", "rows"), "graph": (),

@@ -179,21 +179,27 @@ class RooflineCostModel:
                     overhead_s=overhead, bound="memory" if memory_s >= compute_s else "compute",
                     notes=(note,))
 
-    def prefill(self, prompt_lengths: Sequence[int]) -> Cost:
-        """Prefill of a batch of prompts: weights once, every prompt token's KV written, and
-        causal attention FLOPs ``4·head_dim·heads·L(L+1)/2`` per full-attention layer."""
-        lengths = as_contexts(prompt_lengths).astype(float)
+    def prefill(self, prompt_lengths: Sequence[int], past: Sequence[int] | None = None
+                ) -> Cost:
+        """Prefill of a batch of prompt chunks, ``prompt_lengths`` new positions each after
+        ``past`` cached ones (default none: whole prompts): weights once, every new token's KV
+        written and the cached KV read, and causal attention FLOPs ``4·head_dim·heads`` per
+        query-key product of each layer (``specsim.costs.prefill.attention_elements``)."""
+        from specsim.costs.prefill import attention_elements, chunks
+        lengths, before = (a.astype(float) for a in chunks(prompt_lengths, past))
         m = self.model
         tokens = float(lengths.sum())
-        window = m.sliding_window or np.inf
-        causal_full = float(np.sum(lengths * (lengths + 1) / 2))
-        causal_sliding = float(np.sum(lengths * np.minimum(lengths, window)))
+        window = m.sliding_window or None
         n_full = sum(self._full)
-        pairs = n_full * causal_full + (m.num_layers - n_full) * causal_sliding
+        pairs = sum(n_full * attention_elements(n, p)
+                    + (m.num_layers - n_full) * attention_elements(n, p, window)
+                    for n, p in zip(lengths, before))
         attn_flops = 4.0 * m.head_dim * m.num_heads * self.head_share * pairs
         flops = tokens * m.matmul_flops_per_token() / self.tp + attn_flops
         weight_bytes = m.weight_bytes_per_forward(int(tokens)) / self.tp
-        kv_bytes = tokens * m.num_layers * self.kv_layer_bytes
+        capped = np.minimum(before, window) if window else before
+        read = n_full * float(before.sum()) + (m.num_layers - n_full) * float(capped.sum())
+        kv_bytes = (tokens * m.num_layers + read) * self.kv_layer_bytes
         memory_s = (weight_bytes + kv_bytes) / self.hardware.bandwidth
         compute_s = flops / self.hardware.flops
         comm = self._allreduce_s(int(tokens))

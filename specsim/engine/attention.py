@@ -36,6 +36,7 @@ from specsim.kernels import (KVCache, append_positions, attention_mass_reference
                              sparsespec_select, streamingllm_select, vegas_select,
                              verify_attention)
 from specsim.kernels.verify_attention import MAX_Q_LEN, default_collect_rows
+from specsim.costs.prefill import masked_rows
 from specsim.policies import Policy
 
 KERNEL_HEAD_DIMS = (64, 128)
@@ -173,8 +174,6 @@ def write_prefill(cache: KVCache, layer: int, b: int, k: torch.Tensor, v: torch.
         cache.page_max[layer, b, :, :pages] = torch.where(valid, rows, -inf).amax(2)
 
 
-#: Mask elements (query rows × keys) of one chunk of a masked prefill (``prefill_attention``)
-PREFILL_CHUNK_ELEMENTS = 1 << 24
 
 
 def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
@@ -184,7 +183,8 @@ def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
 
     With a ``window`` W (row p sees keys ``p − W < n ≤ p``) or ``sinks`` [H] (one logit per
     head in every row's denominator) it runs over chunks of query rows with a boolean mask of
-    (rows × their keys), about :data:`PREFILL_CHUNK_ELEMENTS` elements each, so that a long
+    (rows × their keys), about :data:`~specsim.costs.prefill.PREFILL_CHUNK_ELEMENTS` elements
+    each (:func:`~specsim.costs.prefill.masked_rows`), so that a long
     prompt never holds a T × T mask; a window layer's chunk reads only its rows' keys. A sink
     is SDPA's own softmax over one more key: each query gets one more dimension holding
     ``sink_h / scale``, every real key a 0 there, and the sink key (value 0) a 1, so its
@@ -209,11 +209,7 @@ def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
         vh = torch.cat([F.pad(vh, (0, width - dim)), vh.new_zeros(groups, 1, width)], 1)
     kh, vh = kh.repeat_interleave(heads // groups, 0), vh.repeat_interleave(heads // groups, 0)
     out = torch.empty(heads, length, vh.shape[-1], dtype=q.dtype, device=q.device)
-    if window:          # r rows read r + W − 1 keys (+ the sink): r·(r + W) elements
-        rows = int((math.sqrt(window * window + 4 * PREFILL_CHUNK_ELEMENTS) - window) / 2)
-    else:               # every row may read all keys
-        rows = PREFILL_CHUNK_ELEMENTS // (length + 1)
-    rows = max(1, min(length, rows))
+    rows = masked_rows(length, window)
     for first in range(0, length, rows):
         last = min(length, first + rows)
         low = max(0, first - window + 1) if window else 0

@@ -6,8 +6,13 @@ One engine process runs iterations over a continuously batched set of sequences:
    memory budget holds its *whole* KV cache (prompt + output, sliding layers capped at their
    window) plus its draft-selection state; otherwise it waits. Reserving the final size up
    front means no sequence is ever pre-empted and the budget is never exceeded.
-2. **Prefill** of the newly admitted prompts (one pass, which emits each one's first token;
-   decoding pauses meanwhile — no chunked prefill).
+2. **Prefill** of the newly admitted prompts: by default one pass, which emits each one's first
+   token while decoding pauses; with ``prefill_chunk`` C (chunked prefill, as vLLM's and
+   SGLang's schedulers run it) each iteration also prefills up to C prompt tokens of the
+   admitted prompts in admission order, priced as a prefill of those chunks after their
+   already-prefilled positions and added to the iteration's time (the fused pass of an engine
+   that reads the weights once costs up to one weight read less); a prompt's last chunk emits
+   its first token, and it decodes from the next iteration.
 3. **Iteration**: every running sequence drafts its k tokens (the batch runs ``max k`` draft
    steps), one verify pass checks them, the selection is refreshed. The time is the cost
    model's ``T(k, s)`` for the batch's actual ragged contexts. Each sequence accepts m drafts
@@ -61,6 +66,9 @@ class SimConfig:
     #: (static shapes / CUDA graphs, as specsim's engine runs a continuous batch); by default a
     #: finished sequence leaves the batch at once (vLLM-style)
     fixed_slots: bool = False
+    #: chunked prefill: prompt tokens prefilled per iteration beside the decode (None: each
+    #: admitted prompt is prefilled whole before decoding resumes)
+    prefill_chunk: int | None = None
     label: str = ""
     extra: dict = field(default_factory=dict)
 
@@ -72,6 +80,12 @@ class SimConfig:
                                f"{', '.join(K_POLICIES)}")
         if not 1 <= self.max_batch <= MAX_BATCH:
             raise SpecsimError(f"max batch must lie in 1..{MAX_BATCH}, got {self.max_batch}")
+        if self.prefill_chunk is not None:
+            if self.prefill_chunk < 1:
+                raise SpecsimError(f"prefill chunk must be ≥ 1 token, got {self.prefill_chunk}")
+            if self.static_batch or self.fixed_slots:
+                raise SpecsimError("chunked prefill runs a continuous batch: not with a static "
+                                   "batch or fixed slots")
 
 
 def default_memory_budget(model: ModelSpec, memory_bytes: float, tp: int = 1,
@@ -125,6 +139,9 @@ class Simulation:
         step = np.zeros(B, dtype=np.int64)
         active = np.zeros(B, dtype=bool)
         member = np.zeros(B, dtype=bool)   # slots in use (static batch: the running batch's)
+        pending = np.zeros(B, dtype=np.int64)     # prompt tokens still to prefill (chunked)
+        prefilled = np.zeros(B, dtype=np.int64)   # prompt tokens prefilled so far (chunked)
+        prefill_order: deque[int] = deque()       # slots awaiting prefill, by admission
         req = {name: np.full(n, np.nan) for name in ("admit", "first_token", "finish")}
         iterations = np.zeros(n, dtype=np.int64)
         log = StepLog()
@@ -178,11 +195,50 @@ class Simulation:
                 slot_req[slot] = -1
                 done["n"] += 1
 
+        def plan_chunk() -> tuple[list, list, list]:
+            """The slots, new tokens and cached tokens of this iteration's prefill chunks."""
+            slots, new, past = [], [], []
+            budget = cfg.prefill_chunk
+            for slot in prefill_order:
+                if budget <= 0:
+                    break
+                take = int(min(pending[slot], budget))
+                slots.append(slot)
+                new.append(take)
+                past.append(int(prefilled[slot]))
+                budget -= take
+            return slots, new, past
+
+        def prefill_chunks(chunk, seconds: float, start: float):
+            """Log the chunks' pass and advance their prompts; a finished prompt has its
+            first token now."""
+            slots, new, _ = chunk
+            log.prefill(start, seconds, len(slots), memory["used"])
+            first = []
+            for slot, take in zip(slots, new):
+                pending[slot] -= take
+                prefilled[slot] += take
+                if pending[slot] == 0:
+                    prefill_order.remove(slot)
+                    first.append(slot)
+            if first:
+                first = np.array(first)
+                req["first_token"][slot_req[first]] = env.now
+                ctx[first] += 1
+                remaining[first] -= 1
+                finish(first[remaining[first] <= 0])
+
         def engine_process():
             nonlocal centres
             while done["n"] < n:
                 admitted = admit()
-                if admitted:
+                chunk = None
+                if admitted and cfg.prefill_chunk:
+                    for slot in admitted:
+                        pending[slot] = ctx[slot]
+                        prefilled[slot] = 0
+                        prefill_order.append(slot)
+                elif admitted:
                     slots = np.array(admitted)
                     pre = self.costs.prefill(ctx[slots])
                     start = env.now
@@ -194,7 +250,16 @@ class Simulation:
                     remaining[slots] -= 1
                     finish(slots[remaining[slots] <= 0])
                     continue
-                idx = np.flatnonzero(active)
+                pre_s = 0.0
+                if prefill_order:
+                    chunk = plan_chunk()
+                    pre_s = self.costs.prefill(chunk[1], chunk[2]).seconds
+                idx = np.flatnonzero(active & (pending == 0))
+                if idx.size == 0 and chunk is not None:   # prompts to prefill, none decoding
+                    start = env.now
+                    yield env.timeout(pre_s)
+                    prefill_chunks(chunk, pre_s, start)
+                    continue
                 if idx.size == 0:
                     if not waiting:
                         state["wake"] = env.event()
@@ -209,7 +274,7 @@ class Simulation:
                     contexts = ctx[computed]
                     plain = self.costs.plain_step(contexts)
                     start = env.now
-                    yield env.timeout(plain.seconds)
+                    yield env.timeout(plain.seconds + pre_s)
                     log.iteration(start, plain.seconds, {"draft": 0.0, "verify": plain.seconds,
                                   "selection": 0.0, "other": 0.0}, idx.size, idx.size, 0, 0,
                                   0, 0, memory["used"])
@@ -217,6 +282,8 @@ class Simulation:
                     remaining[idx] -= 1
                     iterations[slot_req[idx]] += 1
                     finish(idx[remaining[idx] <= 0])
+                    if chunk is not None:
+                        prefill_chunks(chunk, pre_s, start + plain.seconds)
                     continue
                 if cfg.k_policy == "adaptive":
                     H = self.source.entropies(recorded[idx], step[idx])[:, :k_adaptive_max]
@@ -255,7 +322,7 @@ class Simulation:
                     split, seconds = it.split(), it.seconds
                     ratio["draft"], ratio["verify"] = it.draft_step.seconds, it.verify.seconds
                 start = env.now
-                yield env.timeout(seconds)
+                yield env.timeout(seconds + pre_s)
                 emitted = np.minimum(m + 1, remaining[idx])
                 log.iteration(start, seconds, split, idx.size, int(emitted.sum()),
                               int(ks.sum()), int(np.minimum(m, ks).sum()), k_batch,
@@ -267,6 +334,8 @@ class Simulation:
                 step[idx] += m + 1 if self.source.by_tokens else 1
                 iterations[slot_req[idx]] += 1
                 finish(idx[remaining[idx] <= 0])
+                if chunk is not None:
+                    prefill_chunks(chunk, pre_s, start + seconds)
 
         env.process(arrivals_process())
         env.process(engine_process())

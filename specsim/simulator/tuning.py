@@ -47,6 +47,7 @@ class SweepSpec:
     static_batch: bool = False  # SimConfig.static_batch
     prompt_ids: tuple | None = None  # "all" arrivals: the recorded prompt of each request
     fixed_slots: bool = False   # SimConfig.fixed_slots
+    prefill_chunk: int | None = None  # SimConfig.prefill_chunk
 
 
 _CACHE: dict = {}
@@ -102,11 +103,12 @@ def run_one(spec: SweepSpec, policy: str, s: float | None, k: int, k_policy: str
         group = next(iter(groups.values()))
         cfg = SimConfig("full", 1.0, k=1, k_policy="plain", max_batch=batch,
                         seed=spec.seed, static_batch=spec.static_batch,
-                        fixed_slots=spec.fixed_slots)
+                        fixed_slots=spec.fixed_slots, prefill_chunk=spec.prefill_chunk)
     else:
         group = groups[(policy, s)]
         cfg = SimConfig(policy, s, k=k, k_policy=kp, max_batch=batch, seed=spec.seed,
-                        static_batch=spec.static_batch, fixed_slots=spec.fixed_slots)
+                        static_batch=spec.static_batch, fixed_slots=spec.fixed_slots,
+                        prefill_chunk=spec.prefill_chunk)
     source = make_source(spec.acceptance, group, k)
     result = Simulation(arrivals, costs, model, source, cfg, hw.memory_bytes, spec.tp).run()
     summary = result.summary
