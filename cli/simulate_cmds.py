@@ -220,6 +220,10 @@ def simulate_cmd(trace_path, fmt, arrivals, prompt_tokens, output_tokens, model,
 @click.option("--batches", default=None, metavar="B,B,…",
               help="Largest batch sizes (concurrency) to sweep as part of the setting, e.g. "
                    "8,16,32,64 (default: --max-batch alone).")
+@click.option("--dashboard", "dashboard_path", type=click.Path(dir_okay=False), default=None,
+              metavar="FILE.html",
+              help="Also write the throughput-latency trade-off of every simulated setting "
+                   "as an interactive page (a control picks the latency percentile).")
 @click.option("--ray", "ray_address", is_flag=False, flag_value="local", default=None,
               metavar="[ADDRESS]",
               help="Run the sweep on Ray (same rows as the local processes). Alone or 'local': "
@@ -229,7 +233,7 @@ def simulate_cmd(trace_path, fmt, arrivals, prompt_tokens, output_tokens, model,
 def tune_cmd(trace_path, fmt, arrivals, prompt_tokens, output_tokens, model, hardware, tp,
              max_batch, prefill_chunk, acceptance, seed, costs_choice, as_json, policies,
              k_values, k_policy, workers,
-             holdout, objective, slo, batches, ray_address):
+             holdout, objective, slo, batches, dashboard_path, ray_address):
     """Tune (policy, s, k) by simulation: sweep the grid (every s the trace recorded), in
     parallel, and report the optimum, the runner-up, the sensitivity, Vegas' 3-step result
     beside the joint optimum, and the analytical prediction beside the simulated one with the
@@ -255,6 +259,9 @@ def tune_cmd(trace_path, fmt, arrivals, prompt_tokens, output_tokens, model, har
         raise click.BadParameter(str(exc), param_hint="--slo" if "SLO" in str(exc) or
                                  "duration" in str(exc) else "--objective") from None
     batch_sizes = _int_list(batches, "--batches") if batches else [max_batch]
+    if dashboard_path is not None:
+        from specsim.cli.files import check_outputs
+        check_outputs({"--dashboard": dashboard_path}, [trace_path])
     if ray_address is not None:
         from specsim.simulator.ray_sweep import import_ray
         import_ray()
@@ -325,10 +332,23 @@ def tune_cmd(trace_path, fmt, arrivals, prompt_tokens, output_tokens, model, har
                     raise SpecsimError(str(exc)) from None
         report["holdout"] = holdout_summary(parts["tune"], parts["eval"]) | {
             "holdout_fraction": holdout, "seed": seed}
+    if dashboard_path is not None:
+        from specsim.dashboards.page import render_page
+        from specsim.dashboards.tuning import tune_page
+        from specsim.atomic import write_text_atomic
+        facts = [("trace", os.path.basename(path)), ("model", model),
+                 ("hardware", hardware), ("arrivals", arrivals),
+                 ("objective", picked["objective"] + (f" within {', '.join(picked['slos'])}"
+                                                      if picked["slos"] else ""))]
+        page = tune_page(everything["plains"] + everything["rows"], picked, slos, facts,
+                         [f"costs: {report['costs']}", f"trust: {report['cost_validation']}"])
+        write_text_atomic(dashboard_path, render_page(page))
     if as_json:
         click.echo(json.dumps(report, indent=2))
     else:
         _print_tune(report, trace.synthetic)
+        if dashboard_path is not None:
+            echo(f"trade-off page written to {dashboard_path}")
     if picked["best"] is None:
         sys.exit(3)
 

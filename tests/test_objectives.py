@@ -147,3 +147,33 @@ def test_tune_picks_under_the_objective_and_slo_across_batches(tmp_path):
     assert "no setting of" in r.output and "the closest" in r.output
     r = CliRunner().invoke(cli, args + ["--slo", "tpot-p99=fast"])
     assert r.exit_code == 2 and "duration" in r.output
+
+
+def test_the_tradeoff_figure_draws_every_setting_the_front_the_bound_and_the_pick():
+    from specsim.dashboards.tuning import tradeoff_figure
+    rows = [dict(r, max_batch=b) for r, b in zip(ROWS, (8, 8, 16, 16, 8))]
+    fig = tradeoff_figure(rows, "tpot-p99", pick=rows[2], bound_s=0.025)
+    by_name = {t.name: t for t in fig.data}
+    points = sum(len(t.x) for t in fig.data if t.mode == "markers" and t.name != "the pick")
+    assert points == 4                              # the row without a TPOT is left out
+    front = by_name["no other setting beats these on both"]
+    assert list(front.x) == [r["tpot_p99_s"] * 1e3 for r in pareto_front(rows, "tpot_p99_s")]
+    assert list(by_name["the pick"].x) == [20.0]
+    assert fig.layout.shapes[0].x0 == pytest.approx(25.0)   # the SLO's bound, in ms
+    empty = tradeoff_figure([row("x", 1, None)], "tpot-p99")
+    assert "no setting has a tpot-p99" in empty.layout.annotations[0].text
+
+
+def test_tune_writes_the_tradeoff_page(tmp_path):
+    from specsim.cli.main import cli
+    from test_simulator import _sweep_trace
+    path = _sweep_trace(tmp_path)
+    page = tmp_path / "tune.html"
+    r = CliRunner().invoke(cli, ["tune", "--trace", path, "--arrivals", "poisson:40:12",
+                                 "--output-tokens", "40", "--k", "2", "--workers", "1",
+                                 "--policies", "vegas", "--batches", "2,4",
+                                 "--prefill-chunk", "256", "--dashboard", str(page)])
+    assert r.exit_code == 0, r.output
+    text = page.read_text()
+    assert "specsim tune: throughput against latency" in text and "tpot-p99" in text
+    assert f"trade-off page written to {page}" in r.output
