@@ -341,6 +341,9 @@ def build_plan(setups: list[Setup], trace_path: str, hardware: str = "h200",
             entry["plain"] = {"predict": _predict_forced_plain(cost_model, setup.batch,
                                                                setup.context, plain_tokens),
                               "tokens": plain_tokens}
+            # one prompt of the setup's context, prefilled for real on the GPU
+            entry["prefill"] = {"tokens": setup.context,
+                                "predict_s": cost_model.prefill([setup.context]).seconds}
         else:
             prompt = np.array([len(p) for p in setup.prompts])
             sim = _simulate(trace_path, setup.model, hardware, setup.batch, prompt,
@@ -440,6 +443,7 @@ def measure(plan: dict, repeats: int = 2, progress: bool = True, device: str = "
         # layers on CUDA)
         model = build_model(config, weights=weights, dtype=dtype, device=device)
         rows = []
+        prefill_s = None
         started = time.perf_counter()
         if setup.mode == "forced":
             prompts = [[1] * setup.context] * setup.batch
@@ -465,6 +469,8 @@ def measure(plan: dict, repeats: int = 2, progress: bool = True, device: str = "
                 where = {i: j for j, i in enumerate(head)}
                 state = kept.subset([where[first_of[tuple(p)]] for p in prompts])
             else:
+                prefill_s = _time_prefill(torch, plain, prompts[0], repeats) \
+                    if "prefill" in entry else None
                 plain.generate(prompts, 4, speculative=False, prefill=state)
             runs = [plain.generate(prompts, new, speculative=False, prefill=state)
                     for _ in range(repeats)]
@@ -530,9 +536,26 @@ def measure(plan: dict, repeats: int = 2, progress: bool = True, device: str = "
                     torch.cuda.empty_cache()
         out["setups"].append({"name": setup.name, "plain_tokens_per_second": plain_tps,
                               "plain_tokens_per_second_whole_run": plain_whole,
+                              **({"prefill_s": prefill_s} if prefill_s else {}),
                               "configs": rows})
         del model
     return out
+
+
+def _time_prefill(torch, engine, prompt: list[int], repeats: int) -> list[float]:
+    """Seconds of the engine's prefill of one prompt, computed (not a random cache): one
+    warm-up at the same length (compiled layers specialise on it), then ``repeats`` timed."""
+    def once() -> float:
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        engine.prefill([prompt])
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        return time.perf_counter() - t0
+
+    once()
+    return [once() for _ in range(max(1, repeats))]
 
 
 def slowest_steps(steps: list[tuple[float, int, int]], n: int = 3) -> list[list]:
@@ -694,6 +717,12 @@ def report(plan: dict, measured: dict, trace=None) -> dict:
                 "per_policy": {p: summary([r for r in rows if r["policy"] == p])
                                for p in policies},
                 "all": summary(rows) if rows else None}
+        if "prefill" in entry and got.get("prefill_s"):
+            measured_s = float(np.median(got["prefill_s"]))
+            item["prefill"] = {"tokens": entry["prefill"]["tokens"],
+                               "predict_s": entry["prefill"]["predict_s"],
+                               "measured_s": measured_s,
+                               "error": entry["prefill"]["predict_s"] / measured_s - 1.0}
         if entry["setup"]["mode"] == "free":
             acc = {}
             for mode in ("replay", "fitted"):   # tokens/iteration: the fallback runs count
@@ -800,7 +829,12 @@ def markdown(rep: dict, measured: dict) -> str:
                   f"{item['plain']['measured_whole_run']:.0f}), predicted "
                   f"{item['plain']['predict']:.0f}"
                   + (f", simulated {item['plain']['simulate']:.0f}"
-                     if item["plain"].get("simulate") else "") + ".", ""]
+                     if item["plain"].get("simulate") else "") + "."
+                  + (f" Prefill of one {item['prefill']['tokens']}-token prompt: measured "
+                     f"{item['prefill']['measured_s'] * 1e3:.1f} ms, predicted "
+                     f"{item['prefill']['predict_s'] * 1e3:.1f} ms "
+                     f"({item['prefill']['error'] * 100:+.1f}%)." if "prefill" in item else ""),
+                  ""]
         preds = [p for p in ("predict", "simulate") if item["all"] and p in item["all"]]
         head = "| policy | configs | " + " | ".join(
             f"{p} MAPE | {p} worst | {p} r | {p} regret" for p in preds) + " |"

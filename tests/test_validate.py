@@ -141,6 +141,13 @@ def test_plan_then_cpu_measurement_round_trip(tmp_path, tiny):
     loop_ms = 1e3 * (row["wall_s"] - row["split_s"].get("prefill", 0.0)) / row["iterations"]
     assert sum(measured.values()) == pytest.approx(loop_ms)
     assert measured["draft"] == pytest.approx(1e3 * row["split_s"]["draft"] / row["iterations"])
+    # one prompt of the setup's context prefilled for real, beside the plan's price of it
+    assert plan["setups"][0]["prefill"]["tokens"] == 256
+    assert len(got["setups"][0]["prefill_s"]) == 1 and got["setups"][0]["prefill_s"][0] > 0
+    item = V.report(plan, got)["setups"][0]
+    assert item["prefill"]["error"] == pytest.approx(
+        plan["setups"][0]["prefill"]["predict_s"] / got["setups"][0]["prefill_s"][0] - 1)
+    assert "Prefill of one 256-token prompt: measured" in V.markdown(V.report(plan, got), got)
 
 
 def test_bad_files_are_rejected(tmp_path):
