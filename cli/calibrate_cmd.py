@@ -1,8 +1,10 @@
-"""`specsim calibrate`: measure cost tables on a GPU (--gpu), check a calibration (--check), or
-combine two runs of one model and GPU into one file (--merge)."""
+"""`specsim calibrate`: measure cost tables on a GPU (--gpu), check a calibration (--check),
+combine two runs of one model and GPU into one file (--merge), or fit a serving engine's
+profile from its metrics (--from-server)."""
 from __future__ import annotations
 
 import json
+import sys
 
 import click
 
@@ -89,13 +91,35 @@ from specsim.errors import SpecsimError
                    "overheads alone after a change to its host code; put them into a full "
                    "file with --merge NEW OLD --replace overhead. With --operators: these "
                    "operators alone, anew, in the table --out holds (gemm, grouped_gemm, "
-                   "elementwise, graph, kv_append, verify, sparse, selection).")
+                   "moe_routing, elementwise, graph, kv_append, verify, sparse, selection, "
+                   "prefill_attention).")
+@click.option("--from-server", "server_sources", multiple=True, metavar="FILE|URL",
+              help="Fit an engine profile (the vLLM or SGLang deployment's own steps against "
+                   "specsim's, for predict --engine-profile) from a capture file, or capture "
+                   "one from a live server's URL (its /metrics and /v1/completions). Repeat "
+                   "for several captures (a plain server and a speculative one). Writes the "
+                   "profile to --out.")
+@click.option("--capture-shapes", default="1x2048,4x2048,16x2048,4x8192", show_default=True,
+              metavar="BxC,…",
+              help="With a URL: concurrency x prompt tokens of each captured run.")
+@click.option("--capture-output", type=click.IntRange(min=2), default=256, show_default=True,
+              help="With a URL: output tokens per request (EOS ignored).")
+@click.option("--speculative", "speculative_text", default="none", show_default=True,
+              metavar="SPEC",
+              help="With a URL: what the server runs: none, DRAFTER,k=K (eagle3,k=4) or "
+                   "sparse-self,POLICY,s=S,k=K (the Vegas fork).")
+@click.option("--capture-out", type=click.Path(dir_okay=False), default=None,
+              help="With a URL: also keep the capture here (rewritten after every run).")
+@click.option("--costs", "costs_choice", default="auto", show_default=True,
+              help="With --from-server: the cost source the profile is fitted against.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @setting_option
 @click.pass_context
-def calibrate_cmd(ctx, gpu, operators, check_path, compose_path, merge_paths, replace_families, keep_other_shapes, exclude_ops,
-                  note, model, hardware, batches, contexts, qs, sparsities, policies, repeats,
-                  out, time_budget, only, as_json, engine_settings):
+def calibrate_cmd(ctx, gpu, operators, check_path, compose_path, merge_paths, replace_families,
+                  keep_other_shapes, exclude_ops, note, model, hardware, batches, contexts, qs,
+                  sparsities, policies, repeats, out, time_budget, only, server_sources,
+                  capture_shapes, capture_output, speculative_text, capture_out, costs_choice,
+                  as_json, engine_settings):
     """Measured cost tables (a model's calibration, a GPU's operator tables), their checks,
     and the combination of two runs.
 
@@ -105,15 +129,24 @@ def calibrate_cmd(ctx, gpu, operators, check_path, compose_path, merge_paths, re
     specsim calibrate --check models/calibrations/h200/qwen3-8b.json
     specsim calibrate --merge NEW.json OLD.json --out OUT.json --note "why"
     specsim calibrate --merge NEW.json OLD.json --replace overhead --out OUT.json --note "why"
+    specsim calibrate --from-server http://127.0.0.1:8000 --capture-out plain.json \\
+        --model qwen3-8b --out vllm-profile.json      # a plain server, captured and fitted
+    specsim calibrate --from-server plain.json --from-server eagle.json --out profile.json
 
     A --gpu run records its engine settings and their hash in provenance.engine (settings,
     settings_hash).
     """
     from specsim.specs import load_hardware, load_model
 
-    if sum((gpu, bool(check_path), bool(merge_paths))) != 1:
-        raise click.UsageError("give exactly one of --gpu (measure), --check FILE or "
-                               "--merge NEW OLD")
+    if sum((gpu, bool(check_path), bool(merge_paths), bool(server_sources))) != 1:
+        raise click.UsageError("give exactly one of --gpu (measure), --check FILE, "
+                               "--merge NEW OLD or --from-server FILE|URL")
+    if server_sources:
+        model_given = ctx.get_parameter_source("model") != click.core.ParameterSource.DEFAULT
+        _from_server(server_sources, capture_shapes, capture_output, speculative_text,
+                     capture_out, model if model_given else None, hardware, costs_choice, out,
+                     as_json)
+        return
     if not merge_paths and (replace_families or keep_other_shapes or exclude_ops or note):
         raise click.UsageError("--replace, --keep-other-shapes, --exclude-ops and --note go "
                                "with --merge")
@@ -288,3 +321,77 @@ def _merge(paths, families, keep_other_shapes, exclude_ops, note, out, as_json) 
                           for op, why in info["ops_skipped"].items()))
     merged.write(out)
     click.echo(json.dumps(info, indent=2) if as_json else said)
+
+
+def _from_server(sources, shapes_text, output_tokens, speculative_text, capture_out, model,
+                 hardware, costs_choice, out, as_json) -> None:
+    """``--from-server``: read or capture each source, fit the profile, write it to --out."""
+    from specsim.costs import resolve_cost_source
+    from specsim.costs.engine_profile import fit_profile, profile_error, read_capture, read_run
+    from specsim.costs.engine_profile import Capture
+    from specsim.costs.server_capture import capture, parse_speculative
+    from specsim.specs import catalogue_name, load_hardware, load_model
+
+    if out is None:
+        raise click.UsageError("--from-server needs --out PROFILE.json")
+    urls = [s for s in sources if s.startswith(("http://", "https://"))]
+    if capture_out and len(urls) != 1:
+        raise click.UsageError("--capture-out keeps one live capture: give one URL")
+    check_outputs({"--out": out, "--capture-out": capture_out},
+                  [s for s in sources if s not in urls])
+    captures = []
+    for source in sources:
+        if source not in urls:
+            captures.append(read_capture(source))
+            continue
+        spec = parse_speculative(speculative_text)
+        shapes = []
+        for part in shapes_text.split(","):
+            b, sep, c = part.strip().lower().partition("x")
+            if not sep or not b.isdigit() or not c.isdigit() or int(b) < 1 or int(c) < 1:
+                raise click.BadParameter(f"expected BxC pairs such as 4x2048, got {part!r}",
+                                         param_hint="--capture-shapes")
+            shapes.append((int(b), int(c)))
+        write = None
+        if capture_out:
+            from specsim.atomic import write_text_atomic
+
+            def write(doc):
+                write_text_atomic(capture_out, json.dumps(doc, indent=1))
+        total = sum(b for b, _ in shapes) * 2
+        with click.progressbar(length=total, label=f"capturing {source}", file=sys.stderr,
+                               show_eta=True) as bar:
+            doc = capture(source, shapes, output_tokens, spec, progress=bar.update, write=write)
+        runs = tuple(read_run(r, doc["engine"], f"{source}: run {i + 1}")
+                     for i, r in enumerate(doc["runs"]))
+        captures.append(Capture(doc["engine"], doc.get("engine_version"), doc.get("model"),
+                                doc.get("gpu"), runs, capture_out or source))
+    name = model or catalogue_name(captures[0].model)
+    if name is None:
+        raise click.UsageError(f"the capture's model {captures[0].model!r} is not in the "
+                               f"catalogue: give --model")
+    spec_model, hw = load_model(name), load_hardware(hardware)
+    source = resolve_cost_source(spec_model, hw, 1, costs_choice)
+    profile = fit_profile(captures, source.cost_model, source.note)
+    profile.write(out)
+    if as_json:
+        click.echo(json.dumps(profile.to_json(), indent=2))
+        return
+    from specsim.cli.main import _table
+    click.echo(f"{profile.engine} profile of {name} on {hw.name}, fitted against: "
+               f"{source.note}")
+    click.echo(f"plain step = {profile.plain_scale:.3f} x specsim's + "
+               f"{profile.plain_fixed_s * 1e3:.3f} ms"
+               + ("" if profile.draft_scale is None else
+                  f"; iteration = {profile.draft_scale:.3f} x draft + "
+                  f"{profile.verify_scale:.3f} x verify + selection + "
+                  f"{profile.iteration_fixed_s * 1e3:.3f} ms"))
+    rows = [[r["run"], f"{r['measured_s'] * 1e3:.3f}", f"{r['specsim_s'] * 1e3:.3f}",
+             f"{r['fitted_s'] * 1e3:.3f}", f"{(r['fitted_s'] / r['measured_s'] - 1) * 100:+.1f}%"]
+            for r in profile.runs]
+    click.echo(_table(["run", "engine ms", "specsim ms", "profile ms", "error"], rows,
+                      "lrrrr"))
+    for n in profile.notes:
+        click.echo(f"note: {n}")
+    click.echo(f"mean error of the fit {profile_error(profile) * 100:.1f}%; profile written to "
+               f"{out} (predict --engine-profile {out})")

@@ -113,6 +113,10 @@ def cli():
                    "head in models/drafters/ or a config.json; draft-model: a catalogue model). "
                    "A drafter the trace records (Spec-Bench eagle/medusa/hydra/pld/lookahead "
                    "files) is used as recorded; --drafter of the same kind names its head.")
+@click.option("--engine-profile", "profile_path", type=click.Path(dir_okay=False), default=None,
+              help="An engine profile (`specsim calibrate --from-server`): the costs adjusted "
+                   "to the vLLM or SGLang deployment it was fitted on (plain steps, draft "
+                   "steps, verify passes and the fixed cost per iteration).")
 @click.option("--tree-tokens", type=click.IntRange(min=2), default=None,
               help="Tokens of the drafter's verify tree (Medusa, EAGLE trees): each iteration "
                    "verifies this many tokens. Default: a chain of k + 1.")
@@ -158,8 +162,8 @@ def cli():
               help="Context lengths (columns) of --emit schedule; K = ×1024.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def predict(trace_path, fmt, model, hardware, batch, context, tp, k_max, policy, sparsity,
-            drafter_text, tree_tokens, vanilla_path, recorded_on, n_boot, seed, alpha,
-            accept_rates, gamma, costs_choice, holdout, output_tokens,
+            drafter_text, profile_path, tree_tokens, vanilla_path, recorded_on, n_boot, seed,
+            alpha, accept_rates, gamma, costs_choice, holdout, output_tokens,
             emit_format, schedule_batches, schedule_contexts, as_json):
     """Predict the speedup of sparse self-speculative decoding over plain decoding.
 
@@ -241,16 +245,21 @@ def predict(trace_path, fmt, model, hardware, batch, context, tp, k_max, policy,
                                f"sparse self-speculation ({', '.join(policies)}), whose "
                                f"acceptance is not {drafter.kind}'s; give a trace recorded "
                                f"with that drafter")
+    profile, cost_note = None, source.note
+    if profile_path is not None:
+        from specsim.costs.engine_profile import profile_note, read_profile
+        profile = read_profile(profile_path)
+        cost_note = f"{source.note}; {profile_note(profile, spec)}"
     opts = P.PredictOptions(batch=batch, context=context, k_max=k_max, n_boot=n_boot, seed=seed,
                             policy=policy, sparsity=sparsity, output_tokens=output_tokens,
-                            drafter=drafter)
+                            drafter=drafter, engine_profile=profile)
     report = P.predict_trace(trace, costs, opts)
     if holdout is not None:
         try:
             report = replace(report, holdout=P.holdout_report(trace, costs, opts, holdout, seed))
         except ValueError as exc:
             raise SpecsimError(str(exc)) from None
-    report = P.describe_setting(report, spec, hw, tp, source.note, source.validated,
+    report = P.describe_setting(report, spec, hw, tp, cost_note, source.validated,
                                 costs=costs, trace_header=trace.header,
                                 model_reason=model_reason)
     if vanilla_path is not None or recorded_on is not None or trace.header.get("measured"):

@@ -66,6 +66,10 @@ def _common(f):
         click.option("--seed", type=int, default=0, show_default=True, help="Random seed."),
         click.option("--costs", "costs_choice", default="auto", show_default=True,
                      help=defaults.COSTS_HELP),
+        click.option("--engine-profile", "profile_path", type=click.Path(dir_okay=False),
+                     default=None,
+                     help="An engine profile (`specsim calibrate --from-server`): the costs "
+                          "adjusted to the vLLM or SGLang deployment it was fitted on."),
         click.option("--json", "as_json", is_flag=True, help="Machine-readable output."),
     ]
     for option in reversed(options):
@@ -105,7 +109,8 @@ def _trace_path(trace_path):
               help="Continuous batching with fixed slots (specsim's engine, CUDA graphs): a "
                    "finished sequence keeps costing its slot until a new request takes it.")
 def simulate_cmd(trace_path, fmt, arrivals, prompt_tokens, output_tokens, model, hardware, tp,
-                 max_batch, prefill_chunk, acceptance, seed, costs_choice, as_json, policy,
+                 max_batch, prefill_chunk, acceptance, seed, costs_choice, profile_path,
+                 as_json, policy,
                  sparsity, k, k_policy, memory_gb,
                  chrome_trace, compare_plain, static_batch, fixed_slots):
     """Simulate a serving engine doing sparse self-speculative decoding (SimPy): continuous
@@ -152,6 +157,12 @@ def simulate_cmd(trace_path, fmt, arrivals, prompt_tokens, output_tokens, model,
     try:
         cost_source = resolve_cost_source(spec, hw, tp, costs_choice)
         costs, costs_note = cost_source.cost_model, cost_source.note
+        if profile_path is not None:
+            from specsim.costs.engine_profile import (ProfiledCostModel, profile_note,
+                                                      read_profile)
+            profile = read_profile(profile_path)
+            costs = ProfiledCostModel(costs, profile)
+            costs_note = f"{costs_note}; {profile_note(profile, spec)}"
         source = make_source(acceptance, groups[group_key], k)
     except ValueError as exc:
         raise SpecsimError(str(exc)) from None
@@ -231,7 +242,8 @@ def simulate_cmd(trace_path, fmt, arrivals, prompt_tokens, output_tokens, model,
                    "'auto' or ray://HOST:PORT: that cluster, at most --workers tasks at a "
                    'time when given. Needs pip install "specsim[ray]".')
 def tune_cmd(trace_path, fmt, arrivals, prompt_tokens, output_tokens, model, hardware, tp,
-             max_batch, prefill_chunk, acceptance, seed, costs_choice, as_json, policies,
+             max_batch, prefill_chunk, acceptance, seed, costs_choice, profile_path,
+             as_json, policies,
              k_values, k_policy, workers,
              holdout, objective, slo, batches, dashboard_path, ray_address):
     """Tune (policy, s, k) by simulation: sweep the grid (every s the trace recorded), in
@@ -259,6 +271,9 @@ def tune_cmd(trace_path, fmt, arrivals, prompt_tokens, output_tokens, model, har
         raise click.BadParameter(str(exc), param_hint="--slo" if "SLO" in str(exc) or
                                  "duration" in str(exc) else "--objective") from None
     batch_sizes = _int_list(batches, "--batches") if batches else [max_batch]
+    if profile_path is not None:      # refused here in one line, not in every worker
+        from specsim.costs.engine_profile import read_profile
+        read_profile(profile_path)
     if dashboard_path is not None:
         from specsim.cli.files import check_outputs
         check_outputs({"--dashboard": dashboard_path}, [trace_path])
@@ -287,7 +302,8 @@ def tune_cmd(trace_path, fmt, arrivals, prompt_tokens, output_tokens, model, har
     spec = SweepSpec(os.path.abspath(path), model, hardware, tp,
                      parse_arrivals(arrivals, prompt_tokens, output_tokens, seed), max_batch,
                      acceptance, k_policy, seed, None if fmt == "auto" else fmt,
-                     costs=costs_choice, prefill_chunk=prefill_chunk)
+                     costs=costs_choice, prefill_chunk=prefill_chunk,
+                     engine_profile=os.path.abspath(profile_path) if profile_path else None)
     if ray_address is not None:
         # one Ray for every sweep of the command, shut down when the command ends
         from specsim.simulator.ray_sweep import ray_session
@@ -312,6 +328,9 @@ def tune_cmd(trace_path, fmt, arrivals, prompt_tokens, output_tokens, model, har
     report = summarise(swept, analytical)
     report["objective"] = picked
     report["costs"], report["cost_validation"] = cost_source.note, cost_source.validated
+    if profile_path is not None:
+        from specsim.costs.engine_profile import profile_note, read_profile
+        report["costs"] += "; " + profile_note(read_profile(profile_path), load_model(model))
     report["workers"] = swept["workers"]
     if "ray" in swept:
         report["ray"] = swept["ray"]

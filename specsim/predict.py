@@ -115,6 +115,16 @@ class PredictOptions:
     #: the drafter for groups whose trace does not record one (``--drafter``); None: such
     #: groups are costed as sparse self-speculation with ``policy``
     drafter: object | None = None
+    #: an engine profile (``specsim.costs.engine_profile``) applied on top of the costs,
+    #: around the drafter's: the serving engine's own steps (``--engine-profile``)
+    engine_profile: object | None = None
+
+
+def _profiled(costs: CostModel, opts: PredictOptions) -> CostModel:
+    if opts.engine_profile is None:
+        return costs
+    from specsim.costs.engine_profile import ProfiledCostModel
+    return ProfiledCostModel(costs, opts.engine_profile)
 
 
 def _group_costs(costs: CostModel, contexts, ks, s, policy) -> list[IterationCost]:
@@ -179,8 +189,9 @@ def predict_group(trace: Trace, costs: CostModel, opts: PredictOptions, notes: l
             notes.append(f"group '{policy}' has no sparsity: costed at s={model_s}"
                          + ("" if opts.sparsity else " (use --sparsity)"))
 
-    return _priced_group(trace, costs, opts, notes, contexts, context_source, paired,
-                         acceptance_cache, CostedAs(model_policy, model_s), "token replay")
+    return _priced_group(trace, _profiled(costs, opts), opts, notes, contexts, context_source,
+                         paired, acceptance_cache, CostedAs(model_policy, model_s),
+                         "token replay")
 
 
 def _group_drafter(policy: str, header: dict, opts: PredictOptions):
@@ -209,7 +220,7 @@ def _drafter_group(trace: Trace, costs: CostModel, opts: PredictOptions, notes: 
 
     first = (trace.requests or trace.histograms)[0]
     policy, s = first.policy, first.s
-    wrapped = DrafterCosts(costs, drafter)
+    wrapped = _profiled(DrafterCosts(costs, drafter), opts)
     priced_by = source_kind(costs)
     where = {"trace": "recorded in the trace", "--drafter": "given by --drafter",
              "assumed": "assumed"}[drafter.origin]

@@ -48,6 +48,7 @@ class SweepSpec:
     prompt_ids: tuple | None = None  # "all" arrivals: the recorded prompt of each request
     fixed_slots: bool = False   # SimConfig.fixed_slots
     prefill_chunk: int | None = None  # SimConfig.prefill_chunk
+    engine_profile: str | None = None  # an engine profile's path, applied on the costs
 
 
 _CACHE: dict = {}
@@ -67,7 +68,11 @@ def _setup(spec: SweepSpec):
             tune, evaluate = split_trace(trace, spec.holdout, spec.holdout_seed)
             trace = tune if spec.part == "tune" else evaluate
         _CACHE.clear()
-        _CACHE[key] = (model, hw, make_cost_model(model, hw, spec.tp, spec.costs)[0],
+        costs = make_cost_model(model, hw, spec.tp, spec.costs)[0]
+        if spec.engine_profile:
+            from specsim.costs.engine_profile import ProfiledCostModel, read_profile
+            costs = ProfiledCostModel(costs, read_profile(spec.engine_profile))
+        _CACHE[key] = (model, hw, costs,
                        trace.groups(),
                        make_arrivals(spec.arrivals, trace, spec.prompt_ids))
     return _CACHE[key]
