@@ -97,7 +97,7 @@ class OperatorGrid:
     moe_tops: list[int] = field(default_factory=lambda: [1, 2, 4, 8])
     moe_hidden: list[int] = field(default_factory=lambda: [1024, 4096])
     moe_tokens: list[int] = field(default_factory=lambda: [1, 4, 16, 64, 256, 1024, 4096])
-    prefill_tokens: list[int] = field(default_factory=lambda: [256, 1024, 4096, 16384, 32768])
+    prefill_tokens: list[int] = field(default_factory=lambda: [256, 1024, 4096, 16384])
     max_cache_bytes: float = 24e9
     repeats: int = 5
     warmup: int = 2
