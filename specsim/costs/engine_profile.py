@@ -229,17 +229,22 @@ def read_run(doc: dict, engine: str, where: str) -> Run:
     return Run(b, inp, out, spec, float(itl), float(tau))
 
 
-def read_capture(path: str) -> Capture:
+def _document(path: str, key: str, what: str, hint: str = "") -> dict:
+    """The JSON object of ``path`` carrying ``key`` = 1, else a one-line refusal."""
     try:
         with open(path, encoding="utf-8") as f:
             doc = json.load(f)
     except FileNotFoundError:
-        raise ProfileError(f"{path}: no such capture file") from None
+        raise ProfileError(f"{path}: no such {what}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ProfileError(f"{path}: not JSON ({exc})") from None
-    if not isinstance(doc, dict) or doc.get(CAPTURE_KEY) != 1:
-        raise ProfileError(f"{path}: not a specsim server capture (expected "
-                           f'"{CAPTURE_KEY}": 1)')
+    if not isinstance(doc, dict) or doc.get(key) != 1:
+        raise ProfileError(f'{path}: not a specsim {what} (expected "{key}": 1{hint})')
+    return doc
+
+
+def read_capture(path: str) -> Capture:
+    doc = _document(path, CAPTURE_KEY, "server capture")
     engine = doc.get("engine")
     if engine not in ENGINES:
         raise ProfileError(f"{path}: engine: expected one of {', '.join(ENGINES)}, got "
@@ -295,16 +300,8 @@ class EngineProfile:
 
 
 def read_profile(path: str) -> EngineProfile:
-    try:
-        with open(path, encoding="utf-8") as f:
-            doc = json.load(f)
-    except FileNotFoundError:
-        raise ProfileError(f"{path}: no such engine profile") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ProfileError(f"{path}: not JSON ({exc})") from None
-    if not isinstance(doc, dict) or doc.get(PROFILE_KEY) != 1:
-        raise ProfileError(f"{path}: not a specsim engine profile (expected "
-                           f'"{PROFILE_KEY}": 1; `specsim calibrate --from-server` writes one)')
+    doc = _document(path, PROFILE_KEY, "engine profile",
+                    "; `specsim calibrate --from-server` writes one")
     names = [f.name for f in dataclasses.fields(EngineProfile) if f.name != "path"]
     missing = [n for n in names if n not in doc]
     if missing:
