@@ -237,11 +237,9 @@ def vllm_speculative_config(setting: Setting) -> dict:
             "sparse_attn_ratio": setting.s, "sparse_attn_min_tokens": policy.min_selected}
 
 
-def _emit_vllm_drafter(setting: Setting, spec, output_tokens: int | None) -> VllmEmit:
-    """Stock vLLM's ``speculative_config`` for a separate drafter (EAGLE, EAGLE-3, MTP,
-    Medusa, a draft model, n-gram lookup)."""
-    notes: list[str] = []
-    model = _model_arg(setting, notes)
+def vllm_drafter_config(setting: Setting, notes: list[str]) -> dict:
+    """Stock vLLM's ``speculative_config`` for a setting's separate drafter; what it assumes
+    goes into ``notes``."""
     config: dict = {"method": VLLM_METHODS[setting.drafter],
                     "num_speculative_tokens": setting.k}
     if setting.drafter in ("eagle", "eagle3", "medusa", "draft-model"):
@@ -251,6 +249,15 @@ def _emit_vllm_drafter(setting: Setting, spec, output_tokens: int | None) -> Vll
     if setting.drafter == "ngram":
         config.update(NGRAM_LOOKUP)
         notes.append("prompt_lookup_min/max are vLLM's usual n-gram window, not predicted")
+    return config
+
+
+def _emit_vllm_drafter(setting: Setting, spec, output_tokens: int | None) -> VllmEmit:
+    """Stock vLLM's ``speculative_config`` for a separate drafter (EAGLE, EAGLE-3, MTP,
+    Medusa, a draft model, n-gram lookup)."""
+    notes: list[str] = []
+    model = _model_arg(setting, notes)
+    config = vllm_drafter_config(setting, notes)
     if setting.tree_tokens:
         notes.append(f"the prediction verifies a tree of {setting.tree_tokens} tokens; "
                      f"vLLM {VLLM_VERSION} drafts a chain of num_speculative_tokens")
@@ -411,10 +418,10 @@ def emit_schedule(report: PredictReport, trace, costs, opts, setting: Setting,
     report's (:func:`setting_of`), for the fork's ``speculative_config``."""
     from specsim.predict import prompt_weights
 
-    if setting.drafter:
-        raise SpecsimError(f"--emit schedule covers sparse self-speculation; the best setting "
-                           f"drafts with {setting.drafter}: use --emit vllm or sglang, and "
-                           f"predict --batch B --context C per cell")
+    if setting.tree_tokens:
+        raise SpecsimError(f"--emit schedule picks k per cell; the best setting verifies a "
+                           f"tree of {setting.tree_tokens} tokens, which has no counterfactual "
+                           f"at another k: use --emit vllm or sglang")
     batches, contexts = sorted({int(b) for b in batches}), sorted({int(c) for c in contexts})
     if not batches or not contexts or min(batches) < 1 or min(contexts) < 1:
         raise SpecsimError("a schedule needs batch sizes and context lengths of at least 1")
@@ -445,8 +452,13 @@ def emit_schedule(report: PredictReport, trace, costs, opts, setting: Setting,
                  f"carries the last range's k to larger batches; its schedule has no context "
                  f"axis, so it is taken at {at}")
     k_max = int(max(per_batch))
-    config = {**vllm_speculative_config(replace(setting, k=k_max)),
-              "num_speculative_tokens_per_batch_size": ranges}
+    if setting.drafter:     # stock vLLM's own drafter config, with the schedule
+        base = vllm_drafter_config(replace(setting, k=k_max), notes)
+        notes.append(f"drafter {setting.drafter}: k per cell from its per-depth survival "
+                     f"(valid where the i-th draft does not depend on k)")
+    else:
+        base = vllm_speculative_config(replace(setting, k=k_max))
+    config = {**base, "num_speculative_tokens_per_batch_size": ranges}
     return ScheduleEmit("schedule", best.policy, best.s, best.costed_as.to_json(), batches,
                         contexts, table, cells, at, VLLM_VERSION, k_max, ranges, config,
                         list(dict.fromkeys(notes)))

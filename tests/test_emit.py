@@ -235,17 +235,24 @@ def test_a_separate_drafter_emits_stock_engine_commands(setting):
         assert sglang.command is None and setting.drafter in sglang.reason
 
 
-def test_an_eagle_trace_emits_eagle3_and_refuses_a_schedule():
+def test_an_eagle_trace_emits_eagle3_and_its_schedule():
     """A Spec-Bench EAGLE file priced with the shipped EAGLE-3 head of Qwen3-8B: vLLM's
-    eagle3 method at the predicted k; the k schedule (sparse self-speculation only) is one
-    line."""
+    eagle3 method at the predicted k; its k schedule is stock vLLM's eagle3 config with k per
+    batch, each cell predict's own k*; a tree drafter's schedule is refused in one line."""
     args = ["predict", "--trace", "tests/fixtures/specbench.jsonl", "--model", "qwen3-8b",
             "--drafter", "eagle:qwen3-8b-eagle3"]
     report = run_json([*args, "--emit", "vllm"])
     config = report["emit"]["speculative_config"]
     assert config["method"] == "eagle3"
     assert config["num_speculative_tokens"] == report["emit"]["setting"]["k"]
-    code, out, err = run([*args, *FAST, "--emit", "schedule"])
+    grid = ["--schedule-batches", "1,8", "--schedule-contexts", "4K"]
+    emitted = run_json([*args, *FAST, "--emit", "schedule", *grid])["emit"]
+    config = emitted["vllm_speculative_config"]
+    assert config["method"] == "eagle3" and "model" in config
+    assert set(config) <= D.VLLM_SPECULATIVE_FIELDS
+    alone = run_json([*args, *FAST, "--batch", "8", "--context", "4096"])
+    assert emitted["k_table"][1][0] == alone["groups"][0]["k_star"]
+    code, out, err = run([*args, *FAST, "--tree-tokens", "10", "--emit", "schedule", *grid])
     errors = [line for line in err.splitlines() if line.startswith("specsim: error: ")]
     assert code == 1 and len(errors) == 1 and out == ""
-    assert "--emit schedule covers sparse self-speculation" in errors[0]
+    assert "a tree of 10 tokens" in errors[0]
