@@ -283,6 +283,22 @@ def draft_cost(drafter: Drafter, costs, contexts: Sequence[int]) -> Cost:
     return _roofline_gemms(model, model.plain_step(ctx), gemms, ctx.size, (said,))
 
 
+def drafter_memory_bytes(drafter: Drafter, target: ModelSpec, contexts: Sequence[int],
+                         tp: int = 1) -> tuple[float, str]:
+    """Per-GPU memory ``drafter`` adds beside the target for a batch at ``contexts``: a draft
+    model's weights and KV cache (at ``tp``: vLLM's draft_tensor_parallel_size as emitted),
+    a head's weights and its one layer's KV; nothing for n-gram lookup and sparse
+    self-speculation (its index lists are the simulator's concern). Returns (bytes, what)."""
+    if drafter.kind in ("ngram", "sparse-self"):
+        return 0.0, ""
+    if drafter.kind == "draft-model":
+        from specsim.specs import load_model
+        spec = load_model(drafter.name)
+        return spec.memory_bytes(contexts, tp), f"draft model {spec.name}: weights and KV"
+    head = head_of(drafter, target)
+    return head.spec.memory_bytes(contexts, tp), f"{drafter.kind} head: weights and its KV"
+
+
 # --------------------------------------------------------------------------------------------
 # the iteration
 # --------------------------------------------------------------------------------------------

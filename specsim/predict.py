@@ -539,7 +539,15 @@ def describe_setting(report: PredictReport, spec, hw, tp: int, costs_note: str,
     the batch does not fit in the GPU's memory; the trace was recorded on another model
     (``model_reason`` says how the costed model was chosen) or imported with assumptions
     (its header's ``import_warnings``); the best group's prices left what ``costs`` measured."""
-    need = max(spec.memory_bytes(g.contexts, tp) for g in report.groups)
+    def needs(g) -> tuple[float, str]:
+        if g.costed_as.drafter is None:
+            return spec.memory_bytes(g.contexts, tp), ""
+        from specsim.drafters import drafter_memory_bytes, parse_drafter
+        extra, what = drafter_memory_bytes(parse_drafter(g.costed_as.drafter), spec,
+                                           g.contexts, tp)
+        return spec.memory_bytes(g.contexts, tp) + extra, what
+
+    need, need_what = max((needs(g) for g in report.groups), key=lambda x: x[0])
     notes = list(report.notes)
     header = trace_header or {}
     notes += [f"import: {w}" for w in header.get("import_warnings") or []]
@@ -571,9 +579,10 @@ def describe_setting(report: PredictReport, spec, hw, tp: int, costs_note: str,
                          "setting): " + "; ".join(shown[:3])
                          + (f"; and {len(shown) - 3} more" if len(shown) > 3 else ""))
     if need > hw.memory_bytes:
-        notes.append(f"the batch does not fit: weights + KV need {need / 1e9:.0f} GB per GPU, "
-                     f"{hw.name} has {hw.memory_bytes / 1e9:.0f} GB (lower --batch or raise "
-                     f"--tp)")
+        notes.append(f"the batch does not fit: weights + KV need {need / 1e9:.0f} GB per GPU"
+                     + (f" (with the {need_what})" if need_what else "")
+                     + f", {hw.name} has {hw.memory_bytes / 1e9:.0f} GB (lower --batch or "
+                       f"raise --tp)")
     return replace(report, model=ModelSummary.of(spec), hardware=HardwareSummary.of(hw), tp=tp,
                    costs=costs_note, cost_validation=cost_validation, notes=notes)
 

@@ -219,3 +219,35 @@ def test_a_drafter_given_for_a_sparse_trace_is_refused_in_one_line(capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("specsim: error: --drafter eagle: every group of this trace "
                               "records sparse self-speculation")
+
+
+def test_a_drafters_memory_is_its_weights_and_kv_beside_the_target():
+    """A draft model adds its own weights and KV cache; a head its weights and one layer's
+    KV; n-gram lookup nothing; and a batch that fits the target alone but not with a draft
+    model is flagged, naming the draft model."""
+    from specsim.drafters import drafter_memory_bytes, head_of
+    from specsim.specs import load_model
+
+    target = load_model("qwen3-8b")
+    ctx = [32768] * 8
+    extra, what = drafter_memory_bytes(parse_drafter("draft-model:qwen3-4b"), target, ctx)
+    assert extra == pytest.approx(load_model("qwen3-4b").memory_bytes(ctx))
+    assert "draft model qwen3-4b" in what
+    head = head_of(parse_drafter("eagle"), target)
+    extra, _ = drafter_memory_bytes(parse_drafter("eagle"), target, ctx)
+    assert extra == pytest.approx(head.spec.memory_bytes(ctx)) and 0 < extra < \
+        target.memory_bytes(ctx) / 10
+    assert drafter_memory_bytes(parse_drafter("ngram"), target, ctx) == (0.0, "")
+
+
+def test_predict_flags_a_batch_the_draft_model_does_not_leave_room_for():
+    from click.testing import CliRunner
+
+    from specsim.cli.main import cli
+    args = ["predict", "--trace", "tests/fixtures/vllm_metrics.prom", "--model", "qwen3-8b",
+            "--batch", "10", "--context", "65536", "--bootstrap", "50", "--json"]
+    alone = json.loads(CliRunner().invoke(cli, args + ["--drafter", "eagle"]).output)
+    assert not any("does not fit" in n for n in alone["notes"])
+    drafted = json.loads(CliRunner().invoke(cli, args + ["--drafter",
+                                                         "draft-model:qwen3-4b"]).output)
+    assert any("does not fit" in n and "draft model qwen3-4b" in n for n in drafted["notes"])
