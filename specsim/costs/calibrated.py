@@ -41,8 +41,9 @@ class CalibratedCostModel:
         self.roofline = RooflineCostModel(model, hardware, tp, c2q=calibration.settings.c2q)
         self.warnings = provenance_warnings(calibration, model, hardware)
         self.overheads = self.roofline.overheads
-        #: an operator cost model of the same GPU that prices prefill (None: the roofline)
-        self.prefill_operators = None
+        #: the GPU's operator table that prices prefill (a path, read at the first prefill;
+        #: None: the roofline)
+        self.prefill_table = None
         self._full = [t == FULL_ATTENTION for t in model.layer_types]
         self.fits: dict[tuple[str, int, float | None], TermFit] = {}
         groups: dict[tuple, list[Measurement]] = {}
@@ -387,10 +388,15 @@ class CalibratedCostModel:
     def prefill(self, prompt_lengths: Sequence[int], past: Sequence[int] | None = None
                 ) -> Cost:
         """Prefill is not calibrated: composed from the GPU's operator table where one is
-        set (:attr:`prefill_operators`, as ``make_cost_model`` does for a shipped table), else
+        set (:attr:`prefill_table`, as ``make_cost_model`` does for a shipped table), else
         the roofline; the note says which."""
-        if self.prefill_operators is not None:
-            cost = self.prefill_operators.prefill(prompt_lengths, past)
+        if self.prefill_table is not None:
+            if "_prefill_operators" not in self.__dict__:
+                from specsim.costs.operator_file import read_operator_table
+                from specsim.costs.operators import OperatorCostModel
+                self._prefill_operators = OperatorCostModel(
+                    read_operator_table(str(self.prefill_table)), self.model, self.hardware)
+            cost = self._prefill_operators.prefill(prompt_lengths, past)
             return _relabel(cost, cost.seconds, "prefill not calibrated: composed from the "
                                                 "GPU's operator table")
         cost = self.roofline.prefill(prompt_lengths, past)

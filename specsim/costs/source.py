@@ -67,12 +67,7 @@ def _calibrated(calibration, model, hardware, tp) -> CostSource:
     from specsim.shipped import display_name
 
     cm = CalibratedCostModel(calibration, model, hardware, tp)
-    table_path = shipped_operator_table(hardware)
-    if table_path is not None:
-        from specsim.costs.operator_file import read_operator_table
-        from specsim.costs.operators import OperatorCostModel
-        cm.prefill_operators = OperatorCostModel(read_operator_table(str(table_path)), model,
-                                                 hardware, tp)
+    cm.prefill_table = shipped_operator_table(hardware)
     # a shipped file by its name in the repository (reports get committed: an absolute path
     # names one machine's checkout), any other path as given
     note = (f"calibrated cost model ({display_name(calibration.path)}; "
