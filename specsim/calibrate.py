@@ -71,7 +71,10 @@ DRAFT_CHAIN = 4
 #: Plain steps / speculative iterations per overhead measurement.
 OVERHEAD_STEPS = 24
 #: What a calibration measures, by op family (the part of an op's name before ':').
-OP_FAMILIES = ("plain", "verify", "draft", "selection", "overhead")
+OP_FAMILIES = ("plain", "verify", "draft", "selection", "overhead", "prefill")
+#: Timed prefills per prompt length (after one warm-up of the same length: compiled layers
+#: specialise on it); a 128K prompt takes seconds.
+PREFILL_REPEATS = 3
 
 
 @dataclass
@@ -369,6 +372,10 @@ def _measure_shape(torch, Engine, model, grid: CalibrationGrid, batch: int, cont
                                   grid.warmup, lambda: plain.cache.rollback(1)))
         if grid.wants("overhead") and grid.overheads_at(context):
             record("overhead:plain", _loop_overhead(torch, plain, prompts, speculative=False))
+        if grid.wants("prefill") and batch == min(grid.batches):
+            # one prompt a pass, as the engine prefills: batch 1 is the only shape it has
+            seconds = _time(torch, lambda: plain.prefill(prompts[:1]), PREFILL_REPEATS, 1)
+            out.append(Measurement("prefill", 1, context, 1, None, [t * 1e3 for t in seconds]))
         del plain
         for policy in grid.policies:
             for s in grid.sparsities:

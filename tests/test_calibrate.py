@@ -290,6 +290,9 @@ def test_measure_end_to_end_on_the_cpu(tmp_path, monkeypatch):
     assert back.settings == settings
     assert engine_choices(back) == {**current_choices(), **settings.to_json()}
     ops = {(m.op, m.q) for m in back.measurements}
+    # one prompt's prefill at each context (the engine prefills a prompt a pass)
+    assert sorted((m.batch, m.context) for m in back.measurements if m.op == "prefill") == \
+        [(1, 300), (1, 900)]
     for policy in grid.policies:
         assert {(f"overhead:speculative:{policy}", 3), (f"overhead:speculative:{policy}", 6)} \
             <= ops

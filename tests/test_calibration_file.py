@@ -75,7 +75,7 @@ MUTATIONS = {
     "a sample of 1e300 ms": (lambda d: d["measurements"][0].update(samples_ms=[1e300]),
                              "at most 60000"),
     "samples not a list": (lambda d: d["measurements"][0].update(samples_ms="1"), "samples"),
-    "an unknown op": (lambda d: d["measurements"][0].update(op="prefill"), "prefill"),
+    "an unknown op": (lambda d: d["measurements"][0].update(op="decode"), "decode"),
     "an unknown overhead": (lambda d: d["measurements"][0].update(op="overhead:draft"),
                             "overhead:draft"),
     "a draft without a policy": (lambda d: d["measurements"][0].update(op="draft"), "policy"),

@@ -204,7 +204,8 @@ def test_a_replacement_never_mixes_two_engines(name):
     base = engine(with_overheads(synthetic(noise=0.01, seed=3)), **now)
     new = engine(with_overheads(synthetic(noise=0.01, seed=5)), **{**now, name: value})
     families = SETTING_FAMILIES.get(name, OP_FAMILIES)
-    whole = sorted({f.split(":", 1)[0] for f in families})
+    # these synthetic files time no prefill: the family is not theirs to replace
+    whole = sorted({f.split(":", 1)[0] for f in families} - {"prefill"})
     for part in (set(whole) - {f} for f in whole):
         if part:
             with pytest.raises(SpecsimError, match=f"{name}=.*would mix"):
@@ -239,3 +240,26 @@ def test_one_op_covers_a_choice_that_changes_only_it():
     assert out.settings.c2q == "sum"
     assert [m for m in out.measurements if m.op == "selection:sparsespec"] == spec_rows
     assert replace_ops(base, summed, ["verify", "selection"], "x").settings.c2q == "sum"
+
+
+def test_a_file_with_prefills_replaces_them_with_every_other_family_a_choice_changes():
+    """Prefill rows count like any family once a file has them: a run with another engine
+    choice that leaves them out is refused; with them, they are replaced."""
+    now = current_choices()
+    name = "compile_layers"
+    value = other_value(name, now[name])
+
+    def prefills(cal, scale):
+        return Calibration(cal.provenance, cal.ceilings, list(cal.measurements) + [
+            Measurement("prefill", 1, c, 1, None, [scale * c / 1e3] * 3)
+            for c in (1024, 4096, 16384)])
+
+    base = prefills(engine(with_overheads(synthetic(noise=0.01, seed=3)), **now), 1.0)
+    new = prefills(engine(with_overheads(synthetic(noise=0.01, seed=5)),
+                          **{**now, name: value}), 2.0)
+    families = sorted({f.split(":", 1)[0] for f in OP_FAMILIES})
+    with pytest.raises(SpecsimError, match="would mix"):
+        replace_ops(base, new, [f for f in families if f != "prefill"], "part")
+    out = replace_ops(base, new, families, "whole")
+    assert sorted(m.median_ms for m in out.measurements if m.op == "prefill") == \
+        pytest.approx([2 * c / 1e3 for c in (1024, 4096, 16384)])

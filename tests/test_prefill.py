@@ -194,3 +194,57 @@ def test_a_bad_chunk_is_refused():
         SimConfig("full", 1.0, prefill_chunk=0)
     with pytest.raises(SpecsimError, match="continuous batch"):
         SimConfig("full", 1.0, prefill_chunk=512, static_batch=True)
+
+
+# ---- measured prefills in a calibration -------------------------------------------------------
+def prefill_ms(length, a=2.0, b=0.004, c=3e-8):
+    return a + b * length + c * length * (length + 1) / 2
+
+
+def with_prefills(lengths=(1024, 4096, 16384, 65536)):
+    from calibration_tables import synthetic, with_rows
+    from specsim.costs.calibration_file import Measurement
+    return with_rows(synthetic(contexts=(1024, 4096, 16384), batches=(1, 4)),
+                     [Measurement("prefill", 1, L, 1, None, [prefill_ms(L)] * 3)
+                      for L in lengths])
+
+
+def test_a_calibration_prices_prefill_from_its_own_measured_prefills():
+    """``a + b·L + c·E(L)`` fitted on the measured lengths prices any prompt, and a chunk
+    after cached positions as ``a + b·n + c·E(n, p)``; without measured prefills the GPU's
+    operator table (or the roofline) prices it, and the note says which."""
+    from calibration_tables import HW, MODEL, synthetic
+    from specsim.costs.calibrated import CalibratedCostModel
+
+    cm = CalibratedCostModel(with_prefills(), MODEL, HW)
+    for length in (2000, 30000, 100000):
+        cost = cm.prefill([length])
+        assert cost.seconds == pytest.approx(prefill_ms(length) / 1e3, rel=1e-6)
+        assert "measured prefills" in cost.notes[-1]
+    assert "extrapolated" in cm.prefill([100000]).notes[-1]
+    chunk = cm.prefill([1000], [3000]).seconds
+    assert chunk == pytest.approx((2.0 + 0.004 * 1000 + 3e-8 * attention_elements(1000, 3000))
+                                  / 1e3, rel=1e-6)
+    two = cm.prefill([2000, 3000]).seconds
+    assert two == pytest.approx((prefill_ms(2000) + prefill_ms(3000)) / 1e3, rel=1e-6)
+    bare = CalibratedCostModel(synthetic(contexts=(1024, 4096), batches=(1,)), MODEL, HW)
+    assert "roofline" in bare.prefill([2000]).notes[-1]
+
+
+def test_measured_prefills_are_checked_held_out_and_composed():
+    from calibration_tables import HW, MODEL
+    from specsim.costs.calibration_file import Measurement
+    from specsim.costs.composition import composed_step
+    from specsim.costs.held_out import held_out_check
+
+    cal = with_prefills((1024, 2048, 4096, 8192, 16384, 32768, 65536))
+    report = held_out_check(cal, MODEL, HW)
+    assert "prefill" in report["per_op"]
+    assert report["per_op"]["prefill"]["mape"] < 1e-6      # the structure is the fit's
+    ops = OperatorCostModel(moe_free_table(True), SMALL, HW)
+    assert composed_step(ops, "prefill", 1, 3000) == pytest.approx(ops.prefill([3000]).seconds)
+    from specsim.costs.calibration_file import _measurement
+    row = {"op": "prefill", "batch": 1, "context": 10, "samples_ms": [1.0]}
+    assert _measurement("f.json", "row 1", row) == Measurement("prefill", 1, 10, 1, None, [1.0])
+    with pytest.raises(SpecsimError, match="unknown op"):
+        _measurement("f.json", "row 1", dict(row, op="prefill:vegas"))

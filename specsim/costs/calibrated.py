@@ -47,7 +47,12 @@ class CalibratedCostModel:
         self._full = [t == FULL_ATTENTION for t in model.layer_types]
         self.fits: dict[tuple[str, int, float | None], TermFit] = {}
         groups: dict[tuple, list[Measurement]] = {}
+        #: the measured prefills of one prompt: (prompt tokens, seconds), by length
+        self.prefills = sorted((m.context, m.median_ms / 1e3) for m in calibration.measurements
+                               if m.op == "prefill")
         for m in calibration.measurements:
+            if m.op == "prefill":
+                continue
             # a draft step's cost depends on s only through the bytes it attends to: one fit
             # over every measured s, so s between them is interpolated in bytes
             draft = m.op.startswith("draft:")
@@ -387,9 +392,12 @@ class CalibratedCostModel:
 
     def prefill(self, prompt_lengths: Sequence[int], past: Sequence[int] | None = None
                 ) -> Cost:
-        """Prefill is not calibrated: composed from the GPU's operator table where one is
-        set (:attr:`prefill_table`, as ``make_cost_model`` does for a shipped table), else
-        the roofline; the note says which."""
+        """Measured where the calibration timed prefills (:meth:`_measured_prefill`), else
+        composed from the GPU's operator table where one is set (:attr:`prefill_table`, as
+        ``make_cost_model`` does for a shipped table), else the roofline; the note says
+        which."""
+        if len(self.prefills) >= 3:
+            return self._measured_prefill(prompt_lengths, past)
         if self.prefill_table is not None:
             if "_prefill_operators" not in self.__dict__:
                 from specsim.costs.operator_file import read_operator_table
@@ -401,6 +409,36 @@ class CalibratedCostModel:
                                                 "GPU's operator table")
         cost = self.roofline.prefill(prompt_lengths, past)
         return _relabel(cost, cost.seconds, "prefill not calibrated: roofline model")
+
+    def _measured_prefill(self, prompt_lengths, past) -> Cost:
+        """Each chunk from the measured one-prompt prefills, ``t(L) = a + b·L + c·E(L)``
+        fitted over their lengths L (relative least squares), E the causal query-key
+        products (:func:`~specsim.costs.prefill.attention_elements`, ``L(L+1)/2`` for a whole
+        prompt): a chunk of n new positions after p cached ones costs ``a + b·n + c·E(n, p)``,
+        a pass per sequence, as the engine prefills."""
+        from specsim.costs.prefill import attention_elements, chunks
+        new, before = chunks(prompt_lengths, past)
+        a, b, c = self._prefill_fit()
+        seconds = sum(max(a + b * n + c * attention_elements(n, p), 0.0)
+                      for n, p in zip(new, before))
+        lengths = [L for L, _ in self.prefills]
+        total = int((new + before).max())
+        note = ("prefill: the calibration's measured prefills of "
+                f"{lengths[0]}–{lengths[-1]} tokens, a quadratic in the length")
+        if total > lengths[-1] or int(new.min()) < lengths[0] and not before.any():
+            note += " (outside the measured lengths: extrapolated)"
+        cost = self.roofline.prefill(new, before)
+        return _relabel(cost, float(seconds), note)
+
+    def _prefill_fit(self) -> tuple[float, float, float]:
+        if "_prefill_abc" not in self.__dict__:
+            L = np.array([x for x, _ in self.prefills], float)
+            t = np.array([y for _, y in self.prefills])
+            x = np.stack([np.ones_like(L), L, L * (L + 1) / 2], 1)
+            w = 1.0 / t
+            self._prefill_abc = tuple(float(v) for v in np.linalg.lstsq(
+                x * w[:, None], t * w, rcond=None)[0])
+        return self._prefill_abc
 
     def iteration(self, contexts: Sequence[int], k: int, s: float, policy: str) -> IterationCost:
         """``compose_iteration``, with the measured per-iteration loop overhead (accept,

@@ -32,8 +32,9 @@ FORMAT_KEY = "specsim_calibration"
 VERSION = 1
 #: Op families of step timings (as opposed to the loop overheads).
 STEP_KINDS = ("plain", "verify", "draft", "selection")
-#: Every op family: the op name before its first ':'.
-OP_FAMILIES = (*STEP_KINDS, "overhead")
+#: Every op family: the op name before its first ':'; ``prefill``: the engine's prefill of
+#: ``batch`` prompts of ``context`` tokens, one prompt a pass.
+OP_FAMILIES = (*STEP_KINDS, "overhead", "prefill")
 #: Measured loop overheads: per plain step, per speculative iteration (also per policy:
 #: ``overhead:speculative:<policy>``).
 OVERHEAD_OPS = ("overhead:plain", "overhead:speculative")
@@ -181,7 +182,7 @@ def _measurement(path, where: str, row) -> Measurement:
     elif not all(math.isfinite(v) and 0 < v <= MAX_SAMPLE_MS for v in samples):
         raise _bad(path, f"{where}: samples must be positive milliseconds of at most "
                          f"{MAX_SAMPLE_MS:g}")
-    if family == "plain" and policy:
+    if family in ("plain", "prefill") and policy:
         raise _bad(path, f"{where}: unknown op {op!r}")
     if family == "verify" and policy:   # a policy's own verify pass (verify:quest)
         _policy(path, where, policy)

@@ -22,6 +22,8 @@ def composed_step(model: OperatorCostModel, op: str, batch: int, context: int, q
     host overhead, which the calibration times apart."""
     ctx = [context] * batch
     kind, _, policy = op.partition(":")
+    if kind == "prefill":     # one prompt a pass: no fitted residual prices a prefill
+        return batch * model.prefill([context]).seconds
     if kind in ("plain", "verify", "draft", "selection"):
         return model.step(op if kind != "verify" else f"verify:{policy or 'vegas'}", ctx, q,
                           s, max(1, q - 1) if q > 1 else 4, residual=residual).seconds

@@ -105,6 +105,8 @@ def _rows(table, spec, calibration, hardware) -> tuple:
                                residual=False)
     points: dict[str, list[tuple[float, float, int]]] = {}
     for row in report["points"]:
+        if row["op"] == "prefill":      # priced without a fitted residual
+            continue
         points.setdefault(family_of(row["op"]), []).append(
             (row["measured_ms"] / 1e3, row["composed_ms"] / 1e3, spec.num_layers))
     overheads: dict[str, list[tuple[float, int, int]]] = {}

@@ -41,7 +41,9 @@ def held_out_check(calibration: Calibration, model: ModelSpec, hardware: Hardwar
             if got is not None:
                 overheads.setdefault(r.op, []).append((r.median_ms, got[0] * 1e3))
             continue
-        if kind == "plain":   # the step alone, as measured (plain_step adds the loop overhead)
+        if kind == "prefill":
+            cost = fitted.prefill([r.context])
+        elif kind == "plain":   # the step alone, as measured (plain_step adds the loop overhead)
             cost = fitted.measured_step("plain", ctx)
         elif kind == "verify":
             cost = fitted.policy_verify(ctx, r.q, policy) if policy else fitted.verify(ctx, r.q)

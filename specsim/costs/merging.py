@@ -152,7 +152,7 @@ def replace_ops(base: Calibration, new: Calibration, families: list[str], note: 
 
     taken = [m for m in new.measurements if chosen(m)]
     covered = {m.op if m.op in wanted else m.family for m in taken}
-    missing = sorted(wanted - covered)
+    missing = sorted(f for f in wanted - covered if _held(base, f))
     if missing:
         raise SpecsimError(f"the new calibration has no {', '.join(missing)} rows to put in")
     measured = {(m.op, m.batch, m.context) for m in taken}
@@ -177,7 +177,7 @@ def _check_replaced_choices(old: Calibration, new: Calibration, wanted: set[str]
     do not cover all that a differing choice changes (or old rows are kept at other shapes)."""
     differ = choice_differences(new, old)
     for name, (value, before) in differ.items():
-        touched = setting_families(name)
+        touched = [f for f in setting_families(name) if _held(old, f)]
         uncovered = [f for f in touched if f not in wanted and f.split(":", 1)[0] not in wanted]
         if uncovered or keep_other_shapes:
             why = (f"not replacing {', '.join(uncovered)}" if uncovered
@@ -187,6 +187,13 @@ def _check_replaced_choices(old: Calibration, new: Calibration, wanted: set[str]
                 f"{name}={before!r}; {why} would mix the two in one file: replace all of "
                 f"{', '.join(touched)} without keeping other shapes")
     return bool(differ)
+
+
+def _held(calibration: Calibration, family: str) -> bool:
+    """Whether ``family`` counts for ``calibration``: every family does, but prefill only
+    where the file has prefill rows (files measured before prefills were timed have none:
+    nothing of theirs to replace, nothing to mix)."""
+    return family != "prefill" or any(m.op == "prefill" for m in calibration.measurements)
 
 
 def _engine_as_in(engine: dict, new: Calibration) -> dict:

@@ -171,6 +171,8 @@ def _read_calibration(doc, path: str, context: ReadContext) -> list[ValidationPo
             continue
         if kind == "plain":
             cost, what = roofline.plain_step(contexts), ""
+        elif kind == "prefill":
+            cost, what = roofline.prefill([m.context]), ""
         elif kind == "verify":
             cost, what = roofline.verify(contexts, m.q), f" q={m.q}"
         elif kind == "draft":
