@@ -87,7 +87,8 @@ from specsim.errors import SpecsimError
               help="Seconds after which no new (batch, context) shape is started.")
 @click.option("--only", default=None,
               help="Measure only these op families (comma-separated: plain, verify, draft, "
-                   "selection, overhead). E.g. 'overhead' re-measures the decoding loop's "
+                   "selection, overhead, prefill). E.g. 'overhead' re-measures the decoding "
+                   "loop's "
                    "overheads alone after a change to its host code; put them into a full "
                    "file with --merge NEW OLD --replace overhead. With --operators: these "
                    "operators alone, anew, in the table --out holds (gemm, grouped_gemm, "
