@@ -526,6 +526,10 @@ def measure(plan: dict, repeats: int = 2, progress: bool = True, device: str = "
                                  float(np.mean(t.m + 1)) if t else None for t in by_request],
                              "split_s": gens[0].timing,
                              "wall_s": gens[0].wall_seconds,
+                             # the loop's own clock (every iteration's time, as the
+                             # calibration's loop overhead is measured): the call's fixed
+                             # costs outside the loop are not in it
+                             "loop_s": float(sum(step[0] for step in gens[0].steps)),
                              # where a run's odd wall time went (a process's first
                              # configuration can spend tenths of a second outside every
                              # phase): its three slowest iterations, (seconds, index, active
@@ -788,11 +792,15 @@ PHASES = ("draft", "verify", "selection", "other")
 
 def _measured_split(m: dict) -> dict[str, float] | None:
     """ms per iteration by phase over the whole run (CUDA-event phase totals; ``other`` also
-    takes the host time no phase covered), or None for measurements without the split."""
+    takes the host time no phase covered: the loop's own clock less the phases, as the
+    calibration measures the loop overhead that prices it; in runs that did not record the
+    loop's clock, the call's wall time less its prefill, which also spreads the call's fixed
+    costs outside the loop over its iterations), or None for measurements without the
+    split."""
     split, iterations = m.get("split_s"), m.get("iterations")
     if not split or not iterations:
         return None
-    loop = m["wall_s"] - split.get("prefill", 0.0)
+    loop = m["loop_s"] if m.get("loop_s") else m["wall_s"] - split.get("prefill", 0.0)
     out = {p: 1e3 * split.get(p, 0.0) / iterations for p in PHASES[:3]}
     out["other"] = 1e3 * loop / iterations - sum(out.values())
     return out
