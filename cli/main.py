@@ -238,9 +238,9 @@ def predict(trace_path, fmt, model, hardware, batch, context, tp, k_max, policy,
             drafter_text = recorded.kind
         drafter = parse_drafter(drafter_text, tree_tokens=tree_tokens)
         policies = sorted({p for p, _ in trace.groups()})
-        sparse = [recorded_drafter(p, trace.header) for p in policies]
+        given = P.PredictOptions(drafter=drafter)
         if drafter.kind != "sparse-self" and policies and all(
-                r is not None and r.kind == "sparse-self" for r in sparse):
+                P.group_drafter(p, trace.header, given) is None for p in policies):
             raise SpecsimError(f"--drafter {drafter.label}: every group of this trace records "
                                f"sparse self-speculation ({', '.join(policies)}), whose "
                                f"acceptance is not {drafter.kind}'s; give a trace recorded "

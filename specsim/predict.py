@@ -173,7 +173,7 @@ def predict_group(trace: Trace, costs: CostModel, opts: PredictOptions, notes: l
     first = (trace.requests or trace.histograms)[0]
     policy, s = first.policy, first.s
     model_policy, model_s = policy, s
-    drafter = _group_drafter(policy, trace.header, opts)
+    drafter = group_drafter(policy, trace.header, opts)
     if drafter is not None:
         return _drafter_group(trace, costs, opts, notes, contexts, context_source, paired,
                               acceptance_cache, drafter)
@@ -194,7 +194,7 @@ def predict_group(trace: Trace, costs: CostModel, opts: PredictOptions, notes: l
                          "token replay")
 
 
-def _group_drafter(policy: str, header: dict, opts: PredictOptions):
+def group_drafter(policy: str, header: dict, opts: PredictOptions):
     """The drafter of a group other than sparse self-speculation: recorded in the trace, else
     ``opts.drafter`` for a group whose policy specsim does not model; None: sparse
     self-speculation (a sparse policy, or an opaque one costed with ``--policy``)."""

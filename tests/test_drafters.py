@@ -251,3 +251,16 @@ def test_predict_flags_a_batch_the_draft_model_does_not_leave_room_for():
     drafted = json.loads(CliRunner().invoke(cli, args + ["--drafter",
                                                          "draft-model:qwen3-4b"]).output)
     assert any("does not fit" in n and "draft model qwen3-4b" in n for n in drafted["notes"])
+
+
+def test_a_drafter_no_group_would_use_is_refused_in_one_line():
+    """The default trace records sparse self-speculation in every group: --drafter eagle would
+    price nothing of it, so it is refused; --drafter sparse-self is accepted."""
+    from click.testing import CliRunner
+
+    from specsim.cli.main import cli
+    r = CliRunner().invoke(cli, ["predict", "--drafter", "eagle", "--bootstrap", "50"])
+    assert r.exit_code != 0
+    assert "every group of this trace records sparse self-speculation" in str(r.exception)
+    r = CliRunner().invoke(cli, ["predict", "--drafter", "sparse-self", "--bootstrap", "50"])
+    assert r.exit_code == 0, r.output
