@@ -256,3 +256,33 @@ def test_simulate_and_tune_take_the_profile(tmp_path, base):
     assert "adjusted to the vllm" in json.loads(r.output[r.output.index("{"):])["costs"]
     r = CliRunner().invoke(cli, ["tune", *common, "--engine-profile", cap])
     assert r.exit_code != 0 and "not a specsim engine profile" in str(r.exception)
+
+
+@pytest.mark.parametrize("value", ["NaN", "+Inf"])
+def test_non_finite_counters_are_refused(tmp_path, base, value):
+    doc = json.loads(open(write_capture(tmp_path, base)).read())
+    run = doc["runs"][0]
+    lines = run["after"].splitlines()
+    at = next(i for i, line in enumerate(lines) if "_sum{" in line)
+    lines[at] = lines[at].rsplit(" ", 1)[0] + " " + value
+    run["after"] = "\n".join(lines)
+    path = tmp_path / "nan.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ProfileError, match="not finite"):
+        read_capture(str(path))
+
+
+def test_a_bad_profile_is_refused_in_one_line(tmp_path, base):
+    good = tmp_path / "p.json"
+    fit_profile([read_capture(write_capture(tmp_path, base))], base, "t").write(str(good))
+    for key, value, words in (("runs", 3, "runs: expected a list"),
+                              ("draft_scale", None, "both numbers or both null"),
+                              ("plain_scale", -1, "positive factor"),
+                              ("engine", 5, "expected a text")):
+        doc = json.loads(good.read_text())
+        doc[key] = value
+        bad = tmp_path / "bad.json"
+        bad.write_text(json.dumps(doc))
+        with pytest.raises(ProfileError, match=words) as err:
+            read_profile(str(bad))
+        assert "\n" not in str(err.value)

@@ -22,6 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from seeding import seed
+from specsim.costs.engine_profile import read_capture, read_profile
 from specsim.analytical import MAX_K
 from specsim.errors import SpecsimError
 from specsim.shipped import shipped_root
@@ -58,6 +59,8 @@ def every_reader(path: Path):
         results[name] = read_or_refused(lambda: load_trace(path, format=name))
     results["model"] = read_or_refused(lambda: load_model(str(path)))
     results["hardware"] = read_or_refused(lambda: load_hardware(str(path)))
+    results["capture"] = read_or_refused(lambda: read_capture(str(path)))
+    results["profile"] = read_or_refused(lambda: read_profile(str(path)))
     results["arrivals"] = read_or_refused(lambda: from_file(str(path)))
     for name, trace in results.items():
         if name in FORMATS + ("auto",) and trace is not None:

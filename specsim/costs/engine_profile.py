@@ -197,6 +197,9 @@ def read_run(doc: dict, engine: str, where: str) -> Run:
         total = _delta(before, after, f"{engine}:{name}_sum", where)
         count = _delta(before, after, f"{engine}:{name}_count", where)
         if total is not None and count is not None:
+            if not (math.isfinite(total) and math.isfinite(count)):
+                raise ProfileError(f"{where}: {engine}:{name}: the counts are not finite "
+                                   f"numbers")
             if count <= 0 or total <= 0:
                 raise ProfileError(f"{where}: {engine}:{name} counted no output tokens during "
                                    f"the run: nothing was decoded")
@@ -217,9 +220,12 @@ def read_run(doc: dict, engine: str, where: str) -> Run:
                                    f"vllm:spec_decode_num_drafts_total and "
                                    f"vllm:spec_decode_num_accepted_tokens_total to grow")
             tau = 1.0 + accepted / drafts
+            if not math.isfinite(tau) or tau < 1:
+                raise ProfileError(f"{where}: the spec-decode counters give {tau!r} tokens "
+                                   f"per iteration")
         else:
             length = after.get("sglang:spec_accept_length")
-            if length is None or not length >= 1:
+            if length is None or not (length >= 1 and math.isfinite(length)):
                 raise ProfileError(f"{where}: a speculative run needs the "
                                    f"sglang:spec_accept_length gauge (≥ 1) after the run")
             tau = float(length)
@@ -306,15 +312,38 @@ def read_profile(path: str) -> EngineProfile:
     missing = [n for n in names if n not in doc]
     if missing:
         raise ProfileError(f"{path}: missing {', '.join(missing)}")
-    for n in ("plain_scale", "plain_fixed_s", "iteration_fixed_s"):
+    def number(v):
+        return not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v)
+
+    for n in ("plain_scale", "plain_fixed_s", "iteration_fixed_s", "draft_scale",
+              "verify_scale"):
         v = doc[n]
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        if not (number(v) or (v is None and n in ("draft_scale", "verify_scale"))):
             raise ProfileError(f"{path}: {n}: expected a number, got {v!r}")
-    if not doc["plain_scale"] > 0:
-        raise ProfileError(f"{path}: plain_scale: expected a positive factor")
+    for n in ("plain_scale", "draft_scale", "verify_scale"):
+        if doc[n] is not None and not doc[n] > 0:
+            raise ProfileError(f"{path}: {n}: expected a positive factor, got {doc[n]!r}")
+    if (doc["draft_scale"] is None) != (doc["verify_scale"] is None):
+        raise ProfileError(f"{path}: draft_scale and verify_scale: both numbers or both null")
+    for n in ("engine", "fitted_against"):
+        if not isinstance(doc[n], str):
+            raise ProfileError(f"{path}: {n}: expected a text, got {doc[n]!r}")
+    for n in ("engine_version", "model", "gpu"):
+        if doc[n] is not None and not isinstance(doc[n], str):
+            raise ProfileError(f"{path}: {n}: expected a text or null, got {doc[n]!r}")
+    for n in ("runs", "notes", "sources"):
+        if not isinstance(doc[n], list):
+            raise ProfileError(f"{path}: {n}: expected a list, got {doc[n]!r}")
+    if not all(isinstance(r, dict) and all(number(r.get(k)) and r.get(k) > 0 for k in
+                                           ("measured_s", "fitted_s", "specsim_s"))
+               for r in doc["runs"]):
+        raise ProfileError(f"{path}: runs: expected objects with positive measured_s, "
+                           f"fitted_s and specsim_s")
     values = {n: doc[n] for n in names}
     for n in ("runs", "notes", "sources"):
-        values[n] = tuple(values[n] or ())
+        values[n] = tuple(values[n])
+    values["notes"] = tuple(str(x) for x in values["notes"])
+    values["sources"] = tuple(str(x) for x in values["sources"])
     return EngineProfile(**values, path=path)
 
 
