@@ -286,3 +286,27 @@ def test_a_bad_profile_is_refused_in_one_line(tmp_path, base):
         with pytest.raises(ProfileError, match=words) as err:
             read_profile(str(bad))
         assert "\n" not in str(err.value)
+
+
+def test_the_servers_speculative_setting_reads_or_is_refused_in_one_line():
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from specsim.costs.server_capture import parse_speculative
+
+    assert parse_speculative("none") is None
+    assert parse_speculative("eagle3,k=4") == {"drafter": "eagle3", "k": 4}
+    assert parse_speculative("sparse-self,vegas,s=0.05,k=8") == {
+        "drafter": "sparse-self", "policy": "vegas", "s": 0.05, "k": 8}
+
+    @settings(max_examples=150, deadline=None)
+    @given(st.text(alphabet="abcegklnoprsuvxy3-_=,.0123456789 :", max_size=30))
+    def read(text):
+        try:
+            got = parse_speculative(text)
+        except ProfileError as exc:
+            assert "\n" not in str(exc)
+        else:
+            assert got is None or (isinstance(got["k"], int) and got["k"] >= 1)
+
+    read()

@@ -108,6 +108,9 @@ def parse_speculative(text: str | None) -> dict | None:
     if text is None or text.strip().lower() in ("", "none", "plain"):
         return None
     parts = [p.strip() for p in text.split(",") if p.strip()]
+    if not parts or "=" in parts[0]:
+        raise ProfileError(f"--speculative {text!r}: expected none, DRAFTER,k=K or "
+                           f"sparse-self,POLICY,s=S,k=K")
     out: dict = {"drafter": parts[0]}
     for p in parts[1:]:
         key, sep, value = p.partition("=")
@@ -117,6 +120,8 @@ def parse_speculative(text: str | None) -> dict | None:
                 continue
             raise ProfileError(f"--speculative {text!r}: expected KEY=VALUE after the drafter, "
                                f"got {p!r}")
+        if key not in ("k", "s"):
+            raise ProfileError(f"--speculative {text!r}: expected k=K or s=S, got {p!r}")
         try:
             out[key] = int(value) if key == "k" else float(value)
         except ValueError:
