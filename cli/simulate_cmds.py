@@ -443,28 +443,23 @@ def _print_tune(report: dict, synthetic: bool) -> None:
              f"node{'s' if ray['nodes'] != 1 else ''} ({ray['address']})")
 
 
-def _setting_text(row: dict) -> str:
-    if row["policy"] == "plain":
-        return f"plain decoding, batch ≤ {row['max_batch']}"
-    return f"{row['policy']} s={row['s']:g} k={row['k']}, batch ≤ {row['max_batch']}"
-
-
 def _print_objective(picked: dict, _table) -> None:
     from specsim.simulator.objectives import format_seconds as t
+    from specsim.simulator.objectives import setting_label
     bounds = f" within {', '.join(picked['slos'])}" if picked["slos"] else ""
     best = picked["best"]
     head = f"objective: {picked['objective']}{bounds}: "
     if best is None:
         close = picked["closest"]
         echo(head + f"no setting of {picked['settings']} meets the bounds; the closest: "
-             f"{_setting_text(close)} (TPOT p99 {t(close['tpot_p99_s'])}, TTFT p99 "
+             f"{setting_label(close)} (TPOT p99 {t(close['tpot_p99_s'])}, TTFT p99 "
              f"{t(close['ttft_p99_s'])})")
     else:
-        echo(head + f"{_setting_text(best)}: {best['throughput']:.0f} tokens/s, TPOT p50 "
+        echo(head + f"{setting_label(best)}: {best['throughput']:.0f} tokens/s, TPOT p50 "
              f"{t(best['tpot_p50_s'])} p99 {t(best['tpot_p99_s'])}, TTFT p99 "
              f"{t(best['ttft_p99_s'])} ({picked['feasible']} of {picked['settings']} "
              f"settings meet the bounds)")
-    rows = [[_setting_text(r), f"{r['throughput']:.0f}", t(r["tpot_p50_s"]),
+    rows = [[setting_label(r), f"{r['throughput']:.0f}", t(r["tpot_p50_s"]),
              t(r["tpot_p99_s"]), t(r["ttft_p99_s"])] for r in picked["tradeoff"]]
     echo(f"throughput against {picked['tradeoff_metric']}: the settings no other beats on both")
     echo(_table(["setting", "tokens/s", "TPOT p50", "TPOT p99", "TTFT p99"], rows, "lrrrr"))

@@ -11,16 +11,11 @@ import plotly.graph_objects as go
 
 from specsim.dashboards.figures import TEMPLATE, _title, empty_figure, policy_color
 from specsim.dashboards.page import Control, Page, Section, Slot
-from specsim.simulator.objectives import LATENCY_METRICS, format_seconds, pareto_front
+from specsim.simulator.objectives import (LATENCY_METRICS, format_seconds, pareto_front,
+                                          setting_label)
 
 #: The metrics the page offers, first the default.
 METRICS = ("tpot-p99", "tpot-p50", "ttft-p99", "ttft-p50", "latency-p99")
-
-
-def _label(row: dict) -> str:
-    if row["policy"] == "plain":
-        return f"plain decoding, batch ≤ {row['max_batch']}"
-    return f"{row['policy']} s={row['s']:g} k={row['k']}, batch ≤ {row['max_batch']}"
 
 
 def tradeoff_figure(settings: list[dict], metric: str, pick: dict | None = None,
@@ -42,7 +37,7 @@ def tradeoff_figure(settings: list[dict], metric: str, pick: dict | None = None,
             marker=dict(size=[size[r["max_batch"]] for r in sel],
                         color="#777" if policy == "plain" else policy_color(policy, policies),
                         line=dict(color="white", width=1), opacity=0.85),
-            customdata=[[_label(r)] for r in sel],
+            customdata=[[setting_label(r)] for r in sel],
             hovertemplate=("<b>%{customdata[0]}</b><br>" + metric + " %{x:.2f} ms<br>"
                            "%{y:.0f} tokens/s<extra></extra>")))
     front = pareto_front(usable, field)
@@ -58,7 +53,7 @@ def tradeoff_figure(settings: list[dict], metric: str, pick: dict | None = None,
         fig.add_trace(go.Scatter(
             x=[pick[field] * 1e3], y=[pick["throughput"]], mode="markers", name="the pick",
             marker=dict(size=22, color="rgba(0,0,0,0)", line=dict(color="#111", width=2)),
-            hovertemplate=f"<b>the pick: {_label(pick)}</b><extra></extra>"))
+            hovertemplate=f"<b>the pick: {setting_label(pick)}</b><extra></extra>"))
     sub = f"{len(usable)} simulated settings; {len(front)} on the front"
     fig.update_layout(title=_title(f"Throughput against {metric}", sub),
                       xaxis=dict(title=dict(text=f"{metric} (ms)")),

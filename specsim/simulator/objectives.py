@@ -146,6 +146,13 @@ def _rank_key(objective: Objective, row: dict) -> tuple:
     return (0, -v if objective.maximise else v)
 
 
+def setting_label(row: dict) -> str:
+    """A swept setting in words: plain decoding or (policy, s, k), and its largest batch."""
+    if row["policy"] == "plain":
+        return f"plain decoding, batch ≤ {row['max_batch']}"
+    return f"{row['policy']} s={row['s']:g} k={row['k']}, batch ≤ {row['max_batch']}"
+
+
 def pareto_front(rows: list[dict], latency_field: str) -> list[dict]:
     """Rows no other row beats on both throughput (higher) and ``latency_field`` (lower),
     sorted by latency."""
