@@ -11,7 +11,7 @@ import click
 from specsim.cli import defaults
 from specsim.cli.engine_cmds import setting_option
 from specsim.cli.files import check_outputs
-from specsim.cli.lists import parse_ints, parse_sparsities
+from specsim.cli.lists import parse_ints, parse_shapes, parse_sparsities
 from specsim.errors import SpecsimError
 
 
@@ -330,7 +330,7 @@ def _from_server(sources, shapes_text, output_tokens, speculative_text, capture_
     from specsim.costs import resolve_cost_source
     from specsim.costs.engine_profile import fit_profile, profile_error, read_capture, read_run
     from specsim.costs.engine_profile import Capture
-    from specsim.costs.server_capture import capture, parse_speculative
+    from specsim.costs.server_capture import REQUESTS_PER_SLOT, capture, parse_speculative
     from specsim.specs import catalogue_name, load_hardware, load_model
 
     if out is None:
@@ -340,26 +340,25 @@ def _from_server(sources, shapes_text, output_tokens, speculative_text, capture_
         raise click.UsageError("--capture-out keeps one live capture: give one URL")
     check_outputs({"--out": out, "--capture-out": capture_out},
                   [s for s in sources if s not in urls])
+    if urls:            # what every live capture runs, checked before any of them
+        spec = parse_speculative(speculative_text)
+        try:
+            shapes = parse_shapes(shapes_text, "--capture-shapes", low_context=1)
+        except SpecsimError as exc:
+            raise click.BadParameter(str(exc).removeprefix("--capture-shapes: "),
+                                     param_hint="--capture-shapes") from None
     captures = []
     for source in sources:
         if source not in urls:
             captures.append(read_capture(source))
             continue
-        spec = parse_speculative(speculative_text)
-        shapes = []
-        for part in shapes_text.split(","):
-            b, sep, c = part.strip().lower().partition("x")
-            if not sep or not b.isdigit() or not c.isdigit() or int(b) < 1 or int(c) < 1:
-                raise click.BadParameter(f"expected BxC pairs such as 4x2048, got {part!r}",
-                                         param_hint="--capture-shapes")
-            shapes.append((int(b), int(c)))
         write = None
         if capture_out:
             from specsim.atomic import write_text_atomic
 
             def write(doc):
                 write_text_atomic(capture_out, json.dumps(doc, indent=1))
-        total = sum(b for b, _ in shapes) * 2
+        total = sum(b for b, _ in shapes) * REQUESTS_PER_SLOT
         with click.progressbar(length=total, label=f"capturing {source}", file=sys.stderr,
                                show_eta=True) as bar:
             doc = capture(source, shapes, output_tokens, spec, progress=bar.update, write=write)

@@ -9,6 +9,7 @@ import click
 
 from specsim.cli import defaults
 from specsim.cli.files import check_outputs, load_trace_arg, trace_input
+from specsim.cli.lists import parse_ints
 from specsim.cli.terminal import echo
 from specsim.errors import SpecsimError
 
@@ -271,9 +272,10 @@ def tune_cmd(trace_path, fmt, arrivals, prompt_tokens, output_tokens, model, har
         raise click.BadParameter(str(exc), param_hint="--slo" if "SLO" in str(exc) or
                                  "duration" in str(exc) else "--objective") from None
     batch_sizes = _int_list(batches, "--batches") if batches else [max_batch]
+    profile = None
     if profile_path is not None:      # refused here in one line, not in every worker
         from specsim.costs.engine_profile import read_profile
-        read_profile(profile_path)
+        profile = read_profile(profile_path)
     if dashboard_path is not None:
         from specsim.cli.files import check_outputs
         check_outputs({"--dashboard": dashboard_path}, [trace_path])
@@ -328,9 +330,9 @@ def tune_cmd(trace_path, fmt, arrivals, prompt_tokens, output_tokens, model, har
     report = summarise(swept, analytical)
     report["objective"] = picked
     report["costs"], report["cost_validation"] = cost_source.note, cost_source.validated
-    if profile_path is not None:
-        from specsim.costs.engine_profile import profile_note, read_profile
-        report["costs"] += "; " + profile_note(read_profile(profile_path), load_model(model))
+    if profile is not None:
+        from specsim.costs.engine_profile import profile_note
+        report["costs"] += "; " + profile_note(profile, load_model(model))
     report["workers"] = swept["workers"]
     if "ray" in swept:
         report["ray"] = swept["ray"]
@@ -373,15 +375,13 @@ def tune_cmd(trace_path, fmt, arrivals, prompt_tokens, output_tokens, model, har
 
 
 def _int_list(text: str, option: str) -> list[int]:
-    """Comma-separated integers ≥ 1, sorted and distinct."""
+    """Comma-separated integers ≥ 1, sorted and distinct (``parse_ints``); a bad value is a
+    usage error naming the option."""
     try:
-        values = sorted({int(x) for x in text.split(",") if x.strip()})
-    except ValueError:
-        raise click.BadParameter(f"expected comma-separated integers, got {text!r}",
+        return parse_ints(text, option)
+    except SpecsimError as exc:
+        raise click.BadParameter(str(exc).removeprefix(f"{option}: "),
                                  param_hint=option) from None
-    if not values or values[0] < 1:
-        raise click.BadParameter(f"expected integers ≥ 1, got {text!r}", param_hint=option)
-    return values
 
 
 def _objective_report(swept: dict, goal, slos) -> dict:

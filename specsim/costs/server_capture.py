@@ -20,6 +20,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 from specsim.costs.engine_profile import CAPTURE_KEY, ENGINES, ProfileError
 
+#: Completions each client thread sends one after another in a run.
+REQUESTS_PER_SLOT = 2
 #: Token id the prompts repeat (any id every tokenizer has: small ids are special or bytes).
 PROMPT_TOKEN = 1000
 
@@ -63,8 +65,8 @@ def served_model(base: str, timeout: float) -> str:
 
 
 def capture(url: str, shapes: list[tuple[int, int]], output_tokens: int,
-            speculative: dict | None, *, requests_per_slot: int = 2, timeout: float = 600.0,
-            progress=None, write=None, gpu: str | None = None) -> dict:
+            speculative: dict | None, *, requests_per_slot: int = REQUESTS_PER_SLOT,
+            timeout: float = 600.0, progress=None, write=None, gpu: str | None = None) -> dict:
     """Run the protocol (module doc) at each (concurrency, prompt tokens) of ``shapes``.
     ``write(doc)`` is called after every run; ``progress(1)`` after every request."""
     base = url.rstrip("/")
