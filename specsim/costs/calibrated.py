@@ -47,9 +47,11 @@ class CalibratedCostModel:
         self._full = [t == FULL_ATTENTION for t in model.layer_types]
         self.fits: dict[tuple[str, int, float | None], TermFit] = {}
         groups: dict[tuple, list[Measurement]] = {}
-        #: the measured prefills of one prompt: (prompt tokens, seconds), by length
+        #: the measured prefills of one prompt: (prompt tokens, seconds), by length, and the
+        #: (a, b, c) of ``_measured_prefill`` fitted on them where there are three or more
         self.prefills = sorted((m.context, m.median_ms / 1e3) for m in calibration.measurements
                                if m.op == "prefill")
+        self.prefill_fit = _prefill_fit(self.prefills) if len(self.prefills) >= 3 else None
         for m in calibration.measurements:
             if m.op == "prefill":
                 continue
@@ -396,7 +398,7 @@ class CalibratedCostModel:
         composed from the GPU's operator table where one is set (:attr:`prefill_table`, as
         ``make_cost_model`` does for a shipped table), else the roofline; the note says
         which."""
-        if len(self.prefills) >= 3:
+        if self.prefill_fit is not None:
             return self._measured_prefill(prompt_lengths, past)
         if self.prefill_table is not None:
             if "_prefill_operators" not in self.__dict__:
@@ -418,7 +420,7 @@ class CalibratedCostModel:
         a pass per sequence, as the engine prefills."""
         from specsim.costs.prefill import attention_elements, chunks
         new, before = chunks(prompt_lengths, past)
-        a, b, c = self._prefill_fit()
+        a, b, c = self.prefill_fit
         seconds = sum(max(a + b * n + c * attention_elements(n, p), 0.0)
                       for n, p in zip(new, before))
         lengths = [L for L, _ in self.prefills]
@@ -429,16 +431,6 @@ class CalibratedCostModel:
             note += " (outside the measured lengths: extrapolated)"
         cost = self.roofline.prefill(new, before)
         return _relabel(cost, float(seconds), note)
-
-    def _prefill_fit(self) -> tuple[float, float, float]:
-        if "_prefill_abc" not in self.__dict__:
-            L = np.array([x for x, _ in self.prefills], float)
-            t = np.array([y for _, y in self.prefills])
-            x = np.stack([np.ones_like(L), L, L * (L + 1) / 2], 1)
-            w = 1.0 / t
-            self._prefill_abc = tuple(float(v) for v in np.linalg.lstsq(
-                x * w[:, None], t * w, rcond=None)[0])
-        return self._prefill_abc
 
     def iteration(self, contexts: Sequence[int], k: int, s: float, policy: str) -> IterationCost:
         """``compose_iteration``, with the measured per-iteration loop overhead (accept,
@@ -461,3 +453,13 @@ class CalibratedCostModel:
 def _relabel(cost: Cost, seconds: float, note: str) -> Cost:
     return Cost(seconds, cost.weight_bytes, cost.kv_bytes, cost.other_bytes, cost.flops,
                 cost.overhead_s, cost.comm_s, cost.bound, (*cost.notes, note))
+
+
+def _prefill_fit(prefills: list[tuple[int, float]]) -> tuple[float, float, float]:
+    """(a, b, c) of ``t(L) = a + b·L + c·L(L+1)/2`` over measured (L, seconds), relative
+    least squares."""
+    from specsim.costs.fitted import relative_lstsq
+    L = np.array([x for x, _ in prefills], float)
+    t = np.array([y for _, y in prefills])
+    x = np.stack([np.ones_like(L), L, L * (L + 1) / 2], 1)
+    return tuple(float(v) for v in relative_lstsq(x, t))

@@ -49,6 +49,7 @@ from typing import Sequence
 import numpy as np
 
 from specsim.costs.base import Cost, IterationCost, as_contexts
+from specsim.costs.fitted import relative_lstsq
 from specsim.errors import SpecsimError
 
 CAPTURE_KEY = "specsim_server_capture"
@@ -340,22 +341,17 @@ def read_profile(path: str) -> EngineProfile:
         raise ProfileError(f"{path}: runs: expected objects with positive measured_s, "
                            f"fitted_s and specsim_s")
     values = {n: doc[n] for n in names}
-    for n in ("runs", "notes", "sources"):
-        values[n] = tuple(values[n])
-    values["notes"] = tuple(str(x) for x in values["notes"])
-    values["sources"] = tuple(str(x) for x in values["sources"])
+    values["runs"] = tuple(doc["runs"])
+    for n in ("notes", "sources"):
+        values[n] = tuple(str(x) for x in doc[n])
     return EngineProfile(**values, path=path)
 
 
-def _relative_fit(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    w = 1.0 / y
-    return np.linalg.lstsq(x * w[:, None], y * w, rcond=None)[0]
-
-
 def _identifiable(x: np.ndarray) -> bool:
-    return x.shape[0] >= x.shape[1] and np.linalg.matrix_rank(
-        x / np.maximum(np.abs(x).max(0), 1e-30)) == x.shape[1] and np.linalg.cond(
-        x / np.maximum(np.abs(x).max(0), 1e-30)) < 1e6
+    """Whether the columns of ``x`` (each scaled to its largest value) can be told apart."""
+    scaled = x / np.maximum(np.abs(x).max(0), 1e-30)
+    return x.shape[0] >= x.shape[1] and np.linalg.matrix_rank(scaled) == x.shape[1] and \
+        np.linalg.cond(scaled) < 1e6
 
 
 def _spec_costs(costs, spec: Speculative):
@@ -383,7 +379,7 @@ def fit_profile(captures: Sequence[Capture], costs, fitted_against: str) -> Engi
     p_meas = np.array([r.step_s for r in plain])
     x = np.stack([p_price, np.ones_like(p_price)], 1)
     if _identifiable(x) and len(plain) >= 3:
-        a_plain, b_plain = (float(v) for v in _relative_fit(x, p_meas))
+        a_plain, b_plain = (float(v) for v in relative_lstsq(x, p_meas))
     else:
         a_plain, b_plain = float(np.median(p_meas / p_price)), 0.0
         notes.append(f"plain: {len(plain)} run(s) of too few shapes for a fixed term: a scale "
@@ -402,9 +398,9 @@ def fit_profile(captures: Sequence[Capture], costs, fitted_against: str) -> Engi
         full = np.stack([d, v, np.ones_like(d)], 1)
         shared = np.stack([d + v, np.ones_like(d)], 1)
         if _identifiable(full) and len(spec) >= 4:
-            a_draft, a_verify, b_iter = (float(c) for c in _relative_fit(full, y))
+            a_draft, a_verify, b_iter = (float(c) for c in relative_lstsq(full, y))
         elif _identifiable(shared) and len(spec) >= 3:
-            a, b_iter = (float(c) for c in _relative_fit(shared, y))
+            a, b_iter = (float(c) for c in relative_lstsq(shared, y))
             a_draft = a_verify = a
             notes.append("speculative runs cannot tell draft from verify apart (vary k or the "
                          "shapes): one scale for both")
@@ -413,7 +409,7 @@ def fit_profile(captures: Sequence[Capture], costs, fitted_against: str) -> Engi
             a_draft = a_verify = a
             notes.append(f"speculative: {len(spec)} run(s): one scale for draft and verify, "
                          f"no fixed term")
-        for r, di, vi, si, yi in zip(spec, d, v, sel, y):
+        for r, di, vi, si in zip(spec, d, v, sel):
             rows.append({"run": r.label(), "measured_s": r.step_s,
                          "fitted_s": a_draft * di + a_verify * vi + si + b_iter,
                          "specsim_s": di + vi + si})
@@ -460,7 +456,8 @@ def profile_error(profile: EngineProfile) -> float:
 # --------------------------------------------------------------------------------------------
 class ProfiledCostModel:
     """``base``'s costs adjusted by ``profile``: plain steps ``a·T + b``, draft steps and
-    verify passes scaled, the per-iteration fixed term in place of the base's overhead."""
+    verify passes scaled, the per-iteration fixed term in place of the base's overhead;
+    everything else (selection, prefill, …) is the base's."""
 
     def __init__(self, base, profile: EngineProfile):
         self.base, self.profile = base, profile
@@ -471,39 +468,31 @@ class ProfiledCostModel:
     def __getattr__(self, name):
         return getattr(self.base, name)
 
-    def _note(self, cost: Cost, seconds: float, what: str) -> Cost:
-        return dataclasses.replace(cost, seconds=seconds, notes=(
+    def _adjusted(self, cost: Cost, scale: float | None, what: str, fixed: float = 0.0
+                   ) -> Cost:
+        """``scale·cost + fixed`` with a note (``cost`` itself where ``scale`` is None)."""
+        if scale is None:
+            return cost
+        return dataclasses.replace(cost, seconds=scale * cost.seconds + fixed, notes=(
             *cost.notes, f"{what} adjusted to the {self.profile.label}"))
 
     def plain_step(self, contexts: Sequence[int]) -> Cost:
-        cost = self.base.plain_step(contexts)
         p = self.profile
-        return self._note(cost, p.plain_scale * cost.seconds + p.plain_fixed_s, "plain step")
+        return self._adjusted(self.base.plain_step(contexts), p.plain_scale, "plain step",
+                              p.plain_fixed_s)
 
     def draft_step(self, contexts: Sequence[int], s=None, policy=None) -> Cost:
-        cost = self.base.draft_step(contexts, s, policy)
-        a = self.profile.draft_scale
-        return cost if a is None else self._note(cost, a * cost.seconds, "draft step")
+        return self._adjusted(self.base.draft_step(contexts, s, policy),
+                              self.profile.draft_scale, "draft step")
 
     def verify(self, contexts: Sequence[int], q: int) -> Cost:
-        cost = self.base.verify(contexts, q)
-        a = self.profile.verify_scale
-        return cost if a is None else self._note(cost, a * cost.seconds, "verify")
-
-    def selection(self, contexts: Sequence[int], s=None, policy=None, k: int = 1) -> Cost:
-        return self.base.selection(contexts, s, policy, k)
+        return self._adjusted(self.base.verify(contexts, q), self.profile.verify_scale,
+                              "verify")
 
     def iteration(self, contexts: Sequence[int], k: int, s=None, policy=None) -> IterationCost:
         it = self.base.iteration(as_contexts(contexts), k, s, policy)
         p = self.profile
-        draft = it.draft_step if p.draft_scale is None else self._note(
-            it.draft_step, p.draft_scale * it.draft_step.seconds, "draft step")
-        verify = it.verify if p.verify_scale is None else self._note(
-            it.verify, p.verify_scale * it.verify.seconds, "verify")
-        overhead = it.overhead_s if p.draft_scale is None else p.iteration_fixed_s
-        return IterationCost(k=k, draft_step=draft, verify=verify, selection=it.selection,
-                             overhead_s=overhead)
-
-    def prefill(self, prompt_lengths: Sequence[int], past: Sequence[int] | None = None
-                ) -> Cost:
-        return self.base.prefill(prompt_lengths, past)
+        return IterationCost(
+            k=k, draft_step=self._adjusted(it.draft_step, p.draft_scale, "draft step"),
+            verify=self._adjusted(it.verify, p.verify_scale, "verify"), selection=it.selection,
+            overhead_s=it.overhead_s if p.draft_scale is None else p.iteration_fixed_s)

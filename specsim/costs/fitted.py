@@ -80,7 +80,7 @@ def family_of(op: str) -> str:
     return "verify:vegas" if op == "verify" else op
 
 
-def _relative_lstsq(x: np.ndarray, y: np.ndarray, relative_to: np.ndarray | None = None
+def relative_lstsq(x: np.ndarray, y: np.ndarray, relative_to: np.ndarray | None = None
                     ) -> np.ndarray:
     """β minimising Σ ((y − xβ) / r)², r = ``relative_to`` (default y): each point's miss
     relative to the time it prices."""
@@ -134,7 +134,7 @@ def fit_rows(contributions: list[tuple]) -> FittedTerms:
         if FORMS[family.split(":")[0]] == "scale":
             scale[family] = float(np.median(measured / composed))
         else:
-            per_layer[family] = float(_relative_lstsq(layers[:, None], measured - composed,
+            per_layer[family] = float(relative_lstsq(layers[:, None], measured - composed,
                                                       relative_to=measured)[0])
     fitted_overhead = {}
     for kind, rows in overheads.items():
@@ -142,7 +142,7 @@ def fit_rows(contributions: list[tuple]) -> FittedTerms:
             continue
         y, batch, q = (np.array(c, float) for c in zip(*rows))
         x = np.stack([np.ones_like(y), batch] + ([q] if kind != "plain" else []), axis=1)
-        fitted_overhead[kind] = tuple(float(b) for b in _relative_lstsq(x, y))
+        fitted_overhead[kind] = tuple(float(b) for b in relative_lstsq(x, y))
     return FittedTerms(tuple(c[0] for c in contributions), scale, per_layer, fitted_overhead)
 
 
