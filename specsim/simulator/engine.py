@@ -139,8 +139,9 @@ class Simulation:
         step = np.zeros(B, dtype=np.int64)
         active = np.zeros(B, dtype=bool)
         member = np.zeros(B, dtype=bool)   # slots in use (static batch: the running batch's)
-        pending = np.zeros(B, dtype=np.int64)     # prompt tokens still to prefill (chunked)
-        prefilled = np.zeros(B, dtype=np.int64)   # prompt tokens prefilled so far (chunked)
+        # prompt tokens still to prefill (chunked; those prefilled: ctx − pending, ctx holding
+        # the prompt's length until its first token)
+        pending = np.zeros(B, dtype=np.int64)
         prefill_order: deque[int] = deque()       # slots awaiting prefill, by admission
         req = {name: np.full(n, np.nan) for name in ("admit", "first_token", "finish")}
         iterations = np.zeros(n, dtype=np.int64)
@@ -205,7 +206,7 @@ class Simulation:
                 take = int(min(pending[slot], budget))
                 slots.append(slot)
                 new.append(take)
-                past.append(int(prefilled[slot]))
+                past.append(int(ctx[slot] - pending[slot]))
                 budget -= take
             return slots, new, past
 
@@ -217,16 +218,18 @@ class Simulation:
             first = []
             for slot, take in zip(slots, new):
                 pending[slot] -= take
-                prefilled[slot] += take
                 if pending[slot] == 0:
                     prefill_order.remove(slot)
                     first.append(slot)
             if first:
-                first = np.array(first)
-                req["first_token"][slot_req[first]] = env.now
-                ctx[first] += 1
-                remaining[first] -= 1
-                finish(first[remaining[first] <= 0])
+                first_tokens(np.array(first))
+
+        def first_tokens(slots: np.ndarray):
+            """Prompts whose prefill ended now: each has its first token."""
+            req["first_token"][slot_req[slots]] = env.now
+            ctx[slots] += 1
+            remaining[slots] -= 1
+            finish(slots[remaining[slots] <= 0])
 
         def engine_process():
             nonlocal centres
@@ -236,7 +239,6 @@ class Simulation:
                 if admitted and cfg.prefill_chunk:
                     for slot in admitted:
                         pending[slot] = ctx[slot]
-                        prefilled[slot] = 0
                         prefill_order.append(slot)
                 elif admitted:
                     slots = np.array(admitted)
@@ -244,11 +246,7 @@ class Simulation:
                     start = env.now
                     yield env.timeout(pre.seconds)
                     log.prefill(start, pre.seconds, len(slots), memory["used"])
-                    for slot in slots:
-                        req["first_token"][slot_req[slot]] = env.now
-                    ctx[slots] += 1
-                    remaining[slots] -= 1
-                    finish(slots[remaining[slots] <= 0])
+                    first_tokens(slots)
                     continue
                 pre_s = 0.0
                 if prefill_order:
