@@ -36,13 +36,10 @@ def attention_elements(new: int, past: int = 0, window: int | None = None,
         return 0.0
     if not masked:
         if window:
-            # row at position p (1-based) reads min(p, W) keys
-            lo, hi = past + 1, past + new
-            full = max(0, min(hi, window) - lo + 1)          # rows with p <= W read p keys
-            first = lo
-            last = min(hi, window)
-            causal = (first + last) * full / 2 if full else 0.0
-            return float(causal + (new - full) * window)
+            # the row at position p (1-based) reads min(p, W) keys: rows past+1 .. W read p,
+            # the rest W
+            short = max(0, min(past + new, window) - past)
+            return float((2 * past + short + 1) * short / 2 + (new - short) * window)
         return float(new * past + new * (new + 1) / 2)
     total = past + new
     rows = masked_rows(total, window)
