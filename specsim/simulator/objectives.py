@@ -46,12 +46,6 @@ class Objective:
         v = row.get(self.field)
         return math.nan if v is None else float(v)
 
-    def better(self, a: float, b: float) -> bool:
-        """Is ``a`` better than ``b`` (a NaN is never better)?"""
-        if math.isnan(a):
-            return False
-        return math.isnan(b) or (a > b if self.maximise else a < b)
-
 
 @dataclass(frozen=True)
 class Slo:
