@@ -5,6 +5,8 @@ import shutil
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from specsim.costs import resolve_cost_source
 from specsim.costs.operator_file import OperatorTable, Point, read_operator_table
@@ -208,12 +210,12 @@ def test_what_lies_outside_the_measured_ranges_says_so(model):
     assert not any("beyond" in n for n in inside.notes)
     assert any("verify head_dim=128 group=4 q=1 collect=off: beyond the measured range" in n
                for n in beyond.notes)
-    # a model of other widths: the GEMMs' efficiency held from the nearest measured shapes
+    # a model of other widths: a GEMM beyond the measured widths grows as its roofline
     wide = OperatorCostModel(synthetic_table(), ModelSpec(
         "wide", "llama", 2, 1024, 8, 2, 128, 8192, 4096, layer_types=("full_attention",) * 2),
         HW)
     notes = wide.plain_step([4096] * 4).notes
-    assert any("gemm n=16384 k=1024: outside the measured widths" in n for n in notes)
+    assert any("gemm n=16384 k=1024: beyond the measured widths" in n for n in notes)
     # an unmeasured group: between measured ones, else the nearest, said
     odd = OperatorCostModel(synthetic_table(), ModelSpec(
         "odd", "llama", 2, 1024, 12, 2, 128, 2048, 4096, layer_types=("full_attention",) * 2),
@@ -227,6 +229,52 @@ def test_a_gemm_between_measured_widths_lies_between_them(model):
     mid, notes = model.gemm(16, 1280, 1024)
     hi, _ = model.gemm(16, 1536, 1024)
     assert lo < mid < hi and not any("outside" in n for n in notes)
+
+
+def gemm_only(time_of) -> OperatorCostModel:
+    """A cost model over a table of GEMMs alone, timed by ``time_of(n, k, m)`` seconds, on
+    widths 512..4096 (powers of two) and m 1..64."""
+    points = [Point("gemm", {"n": n, "k": k}, {"m": m}, [time_of(n, k, m) * 1e3] * 3)
+              for n in (512, 1024, 2048, 4096) for k in (512, 1024, 2048, 4096)
+              for m in (1, 4, 16, 64)]
+    prov = dict(synthetic_table().provenance)
+    return OperatorCostModel(OperatorTable(prov, synthetic_table().probe, points), SMALL, HW)
+
+
+def test_a_gemm_between_widths_is_exact_where_time_is_its_bytes_or_its_launch():
+    """Log time over log widths: a time proportional to n·k (a decode GEMM reading its
+    weights), or flat (launch-bound), is priced exactly between measured widths."""
+    bytes_bound = gemm_only(lambda n, k, m: 3e-12 * n * k * (1 + m / 64))
+    launch = gemm_only(lambda n, k, m: 4e-6)
+    for n, k in ((2560, 768), (640, 3000), (1536, 1536)):
+        for m in (1, 16, 40):
+            assert bytes_bound.gemm(m, n, k)[0] == pytest.approx(3e-12 * n * k * (1 + m / 64))
+            assert launch.gemm(m, n, k)[0] == pytest.approx(4e-6)
+
+
+def test_a_gemm_narrower_than_measured_is_held_and_a_wider_one_grows_as_its_floor():
+    model = gemm_only(lambda n, k, m: 2e-6 + 3e-12 * n * k)
+    # an MoE router (n = 32): never cheaper than the narrowest GEMM measured
+    held, notes = model.gemm(4, 32, 1024)
+    assert held == pytest.approx(model.gemm(4, 512, 1024)[0])
+    assert any("below the measured widths, the time at n=512 k=1024 held" in n for n in notes)
+    # an LM head (n far beyond): the widest measured time grown by its bytes
+    wide, notes = model.gemm(4, 65536, 2048)
+    edge = model.gemm(4, 4096, 2048)[0]
+    ratio = model._gemm_roof(4, 65536, 2048) / model._gemm_roof(4, 4096, 2048)
+    assert wide == pytest.approx(edge * ratio) and ratio > 10
+    assert any("beyond the measured widths" in n for n in notes)
+
+
+@given(n=st.integers(300, 6000), k=st.integers(300, 6000), dn=st.integers(1, 2000),
+       dk=st.integers(0, 2000), m=st.sampled_from([1, 3, 16, 50]))
+@settings(max_examples=60, deadline=None)
+def test_a_gemm_costs_no_less_for_more_weights(n, k, dn, dk, m):
+    """Priced time never falls as n or k grows, over a table rising in both above a launch
+    floor, inside the measured widths, below and beyond them."""
+    model = gemm_only(lambda n_, k_, m_: 3e-6 + 2e-12 * n_ * k_ * (1 + m_ / 32))
+    base = model.gemm(m, n, k)[0]
+    assert model.gemm(m, n + dn, k + dk)[0] >= base * (1 - 1e-9)
 
 
 # ---- the file ------------------------------------------------------------------------------

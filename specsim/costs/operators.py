@@ -31,9 +31,9 @@ Inside the measured ranges each operator is interpolated (piecewise linear in ea
 linearly between measured keys: q, group, rows); outside, a stated model, and the returned
 :class:`~specsim.costs.base.Cost` says so in ``notes``: attention and element-wise times beyond
 the largest measured point grow as the bytes (the achieved rate there held), below the smallest
-point they are held (launch-bound); a GEMM's time is its roofline over the probe's ceilings
-scaled by the efficiency measured at the nearest shapes. What the table does not hold at all is
-bytes over the probe's copy bandwidth (noted).
+point they are held (launch-bound); a GEMM between measured widths is interpolated on log
+time over log n and log k, held below the smallest width and grown as its bytes or FLOPs beyond the
+largest. What the table does not hold at all is bytes over the probe's copy bandwidth (noted).
 
 With :class:`~specsim.costs.fitted.FittedTerms` (fitted on *other* models' calibrations on the
 table's GPU) each step is corrected by its family's composition residual and the decoding
@@ -274,47 +274,58 @@ class OperatorCostModel:
             f"{_key_text(op, key)} not measured: bytes over the probe's copy bandwidth"]
 
     def gemm(self, m: float, n: int, k: int) -> tuple[float, list[str]]:
-        """A bf16 GEMM [m, k] @ [k, n]: measured at (n, k), else its roofline over the probe's
-        ceilings scaled by the efficiency measured at the nearest measured (n, k) shapes
-        (each shape priced once per model: :meth:`_gemm`)."""
+        """A bf16 GEMM [m, k] @ [k, n]: measured at (n, k), else interpolated between the
+        measured widths around it (:meth:`_gemm`; each shape priced once per model)."""
         seconds, notes = memoized(self, ("gemm", float(m), int(n), int(k)),
                                   lambda: self._gemm(float(m), int(n), int(k)))
         return seconds, list(notes)
 
     def _gemm(self, m: float, n: int, k: int) -> tuple[float, list[str]]:
+        """Between measured widths, the time is interpolated linearly in log n and log k on
+        log time (exact both where time is the weight bytes, n·k, and where it is the launch
+        alone); below the smallest measured width it is held there (a narrower GEMM is
+        launch-bound, never cheaper than its launch); beyond the largest it grows as its bytes
+        or FLOPs, whichever bounds it. VALIDATION.md measures it against the catalogue models' own shapes."""
         if m <= 0:
             return 0.0, []
         exact = self._at_key("gemm", (n, k), (m,))
         if exact is not None:
             return exact
         shapes = self.keys.get("gemm", [])
-        roof = self._gemm_roof(m, n, k)
         if not shapes:
-            return roof, [f"gemm n={n} k={k} not measured: roofline over the probe's ceilings"]
+            return self._gemm_roof(m, n, k), [
+                f"gemm n={n} k={k} not measured: roofline over the probe's ceilings"]
         ns = sorted({s[0] for s in shapes})
         ks = sorted({s[1] for s in shapes})
-        weights = []
-        for nn in _bracket(ns, n):
-            for kk in _bracket(ks, k):
-                weights.append((nn, kk, _log_weight(ns, n, nn) * _log_weight(ks, k, kk)))
+        nc, kc = min(max(n, ns[0]), ns[-1]), min(max(k, ks[0]), ks[-1])
         notes: list[str] = []
-        ratio, total = 0.0, 0.0
-        for nn, kk, w in weights:
+        log_t, total = 0.0, 0.0
+        for nn in _bracket(ns, nc):
+            for kk in _bracket(ks, kc):
+                w = _log_weight(ns, nc, nn) * _log_weight(ks, kc, kk)
+                got = self._at_key("gemm", (nn, kk), (m,))
+                if got is None or w == 0:
+                    continue
+                log_t += w * math.log(got[0])
+                total += w
+                notes += got[1]
+        if total:
+            seconds = math.exp(log_t / total)
+        else:       # no measured corner around it: the nearest shape, scaled by its roofline
+            nn, kk = min(shapes, key=lambda s: abs(math.log(s[0] / nc)) +
+                         abs(math.log(s[1] / kc)))
             got = self._at_key("gemm", (nn, kk), (m,))
-            if got is None or w == 0:
-                continue
-            ratio += w * got[0] / self._gemm_roof(m, nn, kk)
-            total += w
-            notes += got[1]
-        if total == 0:
-            nn, kk = min(shapes, key=lambda s: abs(math.log(s[0] / n)) + abs(math.log(s[1] / k)))
-            got = self._at_key("gemm", (nn, kk), (m,))
-            ratio, total = got[0] / self._gemm_roof(m, nn, kk), 1.0
-            notes += got[1]
-        if not (ns[0] <= n <= ns[-1] and ks[0] <= k <= ks[-1]):
-            notes.append(f"gemm n={n} k={k}: outside the measured widths, the nearest "
-                         f"shapes' efficiency held")
-        return roof * ratio / total, notes
+            seconds = got[0] * self._gemm_roof(m, nc, kc) / self._gemm_roof(m, nn, kk)
+            notes += got[1] + [f"gemm n={n} k={k}: no measured shape around it, the nearest "
+                               f"(n={nn} k={kk}) scaled by its bytes or FLOPs, whichever bounds it"]
+        if n > ns[-1] or k > ks[-1]:
+            seconds *= self._gemm_roof(m, n, k) / self._gemm_roof(m, nc, kc)
+            notes.append(f"gemm n={n} k={k}: beyond the measured widths, n={nc} k={kc} grown as "
+                         f"its bytes or FLOPs, whichever bounds it")
+        if n < ns[0] or k < ks[0]:
+            notes.append(f"gemm n={n} k={k}: below the measured widths, the time at n={nc} "
+                         f"k={kc} held")
+        return seconds, notes
 
     def grouped_gemm(self, rows: float, touched: float, n: int, k: int
                      ) -> tuple[float, list[str]]:
