@@ -68,3 +68,29 @@ def test_simulate_tune_and_costs_carry_the_note_in_json():
     doc = json.loads(tune.stdout)
     qwen = resolve_cost_source(load_model("qwen3-8b"), hw)
     assert doc["costs"] == qwen.note and doc["cost_validation"] == qwen.validated
+
+
+def write_run(folder, name, created, kind, model, shapes, mape):
+    """A plan and its report in ``folder``, as build_summary reads them."""
+    (folder / f"{name}-plan.json").write_text(json.dumps({"hardware": "h200",
+                                                           "created": created}))
+    setups = [{"setup": {"model": model, "mode": "forced", "batch": b, "context": c},
+               "cost_source": {"kind": kind}, "rows": [{"predict": 1.0}] * 3,
+               "all": {"predict": {"mape": mape, "worst": 2 * mape, "regret": 1.0}}}
+              for b, c in shapes]
+    (folder / f"{name}-report.json").write_text(json.dumps({"setups": setups}))
+
+
+def test_a_models_runs_are_its_latest_plans_for_each_kind_of_source(tmp_path):
+    """A later plan (re-priced by a newer table or code) replaces the earlier one's setups for
+    that model and kind of source, whatever their shapes; other models and kinds keep theirs."""
+    write_run(tmp_path, "a-old", "2026-01-01T00:00:00Z", "operators", "a",
+              [(16, 4096), (4, 65536)], 0.2)
+    write_run(tmp_path, "a-new", "2026-02-01T00:00:00Z", "operators", "a",
+              [(8, 16384), (32, 2048)], 0.05)
+    write_run(tmp_path, "a-cal", "2025-12-01T00:00:00Z", "calibration", "a", [(4, 32768)], 0.01)
+    write_run(tmp_path, "b", "2025-12-01T00:00:00Z", "operators", "b", [(2, 8192)], 0.03)
+    got = {(e["kind"], e["model"], e["batch"]): e["mape"]
+           for e in build_summary(tmp_path)["entries"]}
+    assert got == {("operators", "a", 8): 0.05, ("operators", "a", 32): 0.05,
+                   ("calibration", "a", 4): 0.01, ("operators", "b", 2): 0.03}

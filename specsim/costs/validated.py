@@ -5,9 +5,10 @@ and the line every answer prints about its own source.
 (``models/validation/*-report.json`` with their plans) by :func:`build_summary` (``python -m
 specsim.costs.validated``; a test keeps it equal to what the reports say): one entry per
 validated setup — the cost source's kind, the model, the GPU, the setup's mode, batch and
-context — with its predict MAPE, worst cell, regret and the report it came from. Where two
-reports hold the same setup, the later plan's is kept. :func:`validation_note` reads it, never
-a figure written anywhere else.
+context — with its predict MAPE, worst cell, regret and the report it came from. A model's
+runs by one kind of source on one GPU are those of its latest plan: an earlier plan priced it
+by an earlier table or code, which VALIDATION.md keeps as history, not as what an answer
+today is trusted to. :func:`validation_note` reads it, never a figure written anywhere else.
 """
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ def _kind(entry: dict) -> str:
 def build_summary(folder: str | Path) -> dict:
     """The summary of every ``*-report.json`` in ``folder`` (each beside its ``-plan.json``)."""
     folder = Path(folder)
-    chosen: dict[tuple, dict] = {}
+    chosen: dict[tuple, list[dict]] = {}
     for report_path in sorted(folder.glob("*-report.json")):
         plan_path = report_path.with_name(report_path.name.replace("-report.json",
                                                                    "-plan.json"))
@@ -48,12 +49,14 @@ def build_summary(folder: str | Path) -> dict:
                      "mape": scores["mape"], "worst": scores["worst"],
                      "regret": scores.get("regret"), "report": report_path.name,
                      "date": plan["created"]}
-            key = tuple(entry[k] for k in ("kind", "model", "hardware", "mode", "batch",
-                                            "context"))
-            if key not in chosen or chosen[key]["date"] < entry["date"]:
-                chosen[key] = entry
-    entries = sorted(chosen.values(), key=lambda e: (e["hardware"], e["kind"], e["model"],
-                                                      e["batch"], e["context"] or 0))
+            key = tuple(entry[k] for k in ("kind", "model", "hardware"))
+            if key not in chosen or chosen[key][0]["date"] < entry["date"]:
+                chosen[key] = [entry]
+            elif chosen[key][0]["date"] == entry["date"]:
+                chosen[key].append(entry)
+    entries = sorted((e for latest in chosen.values() for e in latest),
+                     key=lambda e: (e["hardware"], e["kind"], e["model"], e["batch"],
+                                    e["context"] or 0))
     return {FORMAT_KEY: 1, "entries": entries}
 
 
