@@ -1,5 +1,6 @@
 """The operator cost model: a model's steps composed from a synthetic operator table of known
 structure; the table's file format; the cost source order; the sweep run on the CPU."""
+import dataclasses
 import json
 import shutil
 
@@ -178,6 +179,18 @@ def test_selection_is_the_policys_operator_for_every_list(model):
             + selection_ms("sparsespec", 9, lists, context) / 6)
     got = model.selection([context] * batch, 0.05, "sparsespec", 3)
     assert got.seconds * 1e3 == pytest.approx(want + graph_ms(1), rel=1e-6)
+    # last-token: measured at 32 query heads a list; SMALL's 8 heads read a quarter of the
+    # gathered rows above the ranking (Vegas' summed-row operator), and a 32-head model the
+    # measured operator itself
+    ranking = selection_ms("vegas", 0, 2 * batch, context)
+    at_32 = selection_ms("last-token", 0, 2 * batch, context)
+    got = model.selection([context] * batch, 0.05, "last-token", 4)
+    assert got.seconds * 1e3 == pytest.approx(ranking + (at_32 - ranking) * 8 / 32
+                                              + graph_ms(1), rel=1e-9)
+    assert any("measured at 32 query heads, read at 8" in n for n in got.notes)
+    wide = OperatorCostModel(synthetic_table(), dataclasses.replace(SMALL, num_heads=32), HW)
+    assert wide.selection([context] * batch, 0.05, "last-token", 4).seconds * 1e3 == \
+        pytest.approx(at_32 + graph_ms(1), rel=1e-9)
     # StreamingLLM and Quest refresh nothing; Quest scores its pages inside each draft step
     assert model.selection([context] * batch, 0.05, "streamingllm", 4).seconds == 0.0
     assert model.selection([context] * batch, 0.05, "quest", 4).seconds == 0.0

@@ -502,6 +502,24 @@ class OperatorCostModel:
         key = (policy, group, rows)
         return self._priced("selection", key, (lists, context), None, interpolated=(1, 2))
 
+    def _last_token_refresh(self, lists: float, context: float) -> tuple[float, list[str]]:
+        """Last-token's refresh at the model's query heads. Its operator is measured with
+        :data:`~specsim.operator_sweep.LAST_TOKEN_HEADS` heads a list: a gather of each list's
+        last accepted row and a sum over its heads (both read every head's row), then the
+        ranking of the summed row, which is Vegas' summed-row operator at the same lists and
+        context. The part above that ranking scales with the heads."""
+        from specsim.operator_sweep import LAST_TOKEN_HEADS
+
+        measured, notes = self._selection_op("last-token", lists, context, 0)
+        heads = self.model.num_heads
+        if heads == LAST_TOKEN_HEADS or self.settings.c2q != "sum":
+            return measured, notes
+        ranking, more = self._selection_op("vegas", lists, context, 0)
+        per_head = max(measured - ranking, 0.0) / LAST_TOKEN_HEADS
+        return ranking + per_head * heads, notes + more + [
+            f"last-token refresh measured at {LAST_TOKEN_HEADS} query heads, read at {heads}: "
+            f"its gather and head sum scaled with the heads, its ranking Vegas' summed row"]
+
     def _cost(self, base: Cost, parts: dict[str, float], notes: list[str]) -> Cost:
         seconds = float(sum(parts.values()))
         said = [f"operators ({self.source})"] + list(dict.fromkeys(notes))
@@ -607,7 +625,10 @@ class OperatorCostModel:
         rows = min(k + 1, SPARSESPEC_WINDOW) if pol.name in PER_HEAD_SELECTION else 0
         lists = self.n_full * ctx.size * (m.num_kv_heads if pol.per_kv_head else 1)
         try:
-            seconds, notes = self._selection_op(pol.name, lists, float(ctx.max()), rows)
+            if pol.name == "last-token":
+                seconds, notes = self._last_token_refresh(lists, float(ctx.max()))
+            else:
+                seconds, notes = self._selection_op(pol.name, lists, float(ctx.max()), rows)
         except _Unmeasured as why:
             return _relabel(base, base.seconds, f"{why}: roofline model")
         graph, more = self._graph()
