@@ -25,9 +25,10 @@ GPU side (torch, triton and the engine's kernels; no simpy/plotly). Each operato
   ranking, Quest's page scoring and ranking of one layer's draft query; last-token's gather of
   each list's last accepted row out of the collected rows first), at s = ``selection_s``;
 - ``prefill_attention``: the engine's prefill attention of one prompt of ``prefill_tokens``
-  (``specsim.engine.attention.prefill_attention``, 8 KV heads), the causal kernel and the
-  masked path (with sinks) that window and sink layers take, at the query-key products it
-  computes (:func:`specsim.costs.prefill.attention_elements` over the query heads);
+  (``specsim.engine.attention.prefill_attention``, 8 KV heads) on each of its paths
+  (:data:`specsim.costs.prefill.PATHS`: causal; a full layer's sinks; a window of
+  ``prefill_window`` with sinks), at the query-key products it computes
+  (:func:`specsim.costs.prefill.attention_elements` over the query heads);
 - ``graph``: the replay of a CUDA graph of ``kernels`` minimal kernels with the host's wait.
 
 A point's samples are ``repeats`` replays of a CUDA graph of ``graph_inner`` calls between two
@@ -53,6 +54,7 @@ import time
 from dataclasses import dataclass, field
 
 from specsim.costs.operator_file import OperatorTable, Point, read_operator_table
+from specsim.costs.prefill import PATHS
 from specsim.errors import SpecsimError
 from specsim.settings import DEFAULT, EngineSettings, engine_provenance
 
@@ -98,6 +100,7 @@ class OperatorGrid:
     moe_hidden: list[int] = field(default_factory=lambda: [1024, 4096])
     moe_tokens: list[int] = field(default_factory=lambda: [1, 4, 16, 64, 256, 1024, 4096])
     prefill_tokens: list[int] = field(default_factory=lambda: [256, 1024, 4096, 16384])
+    prefill_window: int = 128
     max_cache_bytes: float = 24e9
     repeats: int = 5
     warmup: int = 2
@@ -115,7 +118,7 @@ class OperatorGrid:
                    selection_contexts=[64, 128], selection_rows=[3], graph_kernels=[1, 8],
                    grouped_widths=[64, 128], grouped_rows_per_expert=[1, 4], grouped_groups=[2, 4],
                    moe_experts=[4], moe_tops=[1, 2], moe_hidden=[64], moe_tokens=[1, 8],
-                   prefill_tokens=[16, 48],
+                   prefill_tokens=[16, 48], prefill_window=8,
                    repeats=2, warmup=1, inner=1, graph_inner=2, time_budget_s=None)
 
     def grid_json(self) -> dict:
@@ -234,8 +237,8 @@ def _groups(grid: OperatorGrid):
     out.append(("graph", {}, [{"kernels": n} for n in grid.graph_kernels]))
     for hd in grid.head_dims:
         for g in grid.groups:
-            for masked in (False, True):
-                out.append(("prefill_attention", {"head_dim": hd, "group": g, "masked": masked},
+            for path in PATHS:
+                out.append(("prefill_attention", {"head_dim": hd, "group": g, "path": path},
                             [{"tokens": t} for t in grid.prefill_tokens]))
     for hd in grid.head_dims:
         for paged in (False, True):
@@ -503,9 +506,10 @@ def _prefill_attention(torch, device, timer, grid, settings, key, ats):
     from specsim.engine.attention import prefill_attention
 
     dtype = _dtype(torch, device)
-    hd, group, masked = int(key["head_dim"]), int(key["group"]), bool(key["masked"])
+    hd, group, path = int(key["head_dim"]), int(key["group"]), key["path"]
     heads = PREFILL_KV_HEADS * group
-    sinks = torch.randn(heads, device=device) if masked else None
+    window = grid.prefill_window if path == "window" else None
+    sinks = torch.randn(heads, device=device) if path != "causal" else None
     for at in ats:
         t = int(at["tokens"])
         footprint = t * (heads + 2 * PREFILL_KV_HEADS) * hd * a_element(dtype)
@@ -513,9 +517,10 @@ def _prefill_attention(torch, device, timer, grid, settings, key, ats):
                    torch.randn(1, t, PREFILL_KV_HEADS, hd, device=device, dtype=dtype),
                    torch.randn(1, t, PREFILL_KV_HEADS, hd, device=device, dtype=dtype))
                   for _ in range(copies(footprint, grid))]
-        elements = attention_elements(t, 0, None, masked, sinks=masked) * heads
+        elements = attention_elements(t, 0, window, sinks is not None) * heads
         yield {"elements": elements}, timer(
-            [lambda i=i: prefill_attention(*i, sinks=sinks) for i in inputs], grid)
+            [lambda i=i: prefill_attention(*i, window=window, sinks=sinks) for i in inputs],
+            grid)
         del inputs
 
 

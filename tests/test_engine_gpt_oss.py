@@ -150,14 +150,13 @@ def layer_by_definition(layer, args: ModelArgs, h: torch.Tensor, window) -> torc
     return h + mlp
 
 
-@pytest.mark.parametrize("chunk", [None, 40])
-def test_each_layer_equals_its_definition(monkeypatch, chunk):
-    """Window and full layers through the engine's prefill attention (also cut into chunks of
-    40 mask elements), against the per-token definition; the expert weights are scaled up so
-    that the SwiGLU's clamps bite."""
-    if chunk:
-        import specsim.costs.prefill as prefill
-        monkeypatch.setattr(prefill, "PREFILL_CHUNK_ELEMENTS", chunk)
+@pytest.mark.parametrize("one_chunk_a_call", [False, True])
+def test_each_layer_equals_its_definition(monkeypatch, one_chunk_a_call):
+    """Window and full layers through the engine's prefill attention (window layers also one
+    chunk of rows per SDPA call), against the per-token definition; the expert weights are
+    scaled up so that the SwiGLU's clamps bite."""
+    if one_chunk_a_call:
+        monkeypatch.setattr(attention, "WINDOW_BLOCK_ELEMENTS", 1)
     model = gpt_oss_model(seed=4)
     args = model.args
     with torch.no_grad():

@@ -1,8 +1,11 @@
 """Prefill priced as the engine and the chunked schedulers run it: the query-key products of
-the causal and masked paths (counted against the engine's own SDPA calls), chunks that sum to
-their whole prompt, the operator model's composition from measured or unmeasured attention,
-and chunked prefill in the simulator (first tokens when a prompt's last chunk ends)."""
+the engine's causal, sink and window paths (counted against its own SDPA calls, and each path
+against the definition), chunks that sum to their whole prompt, the operator model's
+composition from measured or unmeasured attention, and chunked prefill in the simulator (first
+tokens when a prompt's last chunk ends)."""
 import dataclasses
+import json
+import math
 
 import numpy as np
 import pytest
@@ -10,12 +13,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import specsim.costs.prefill as prefill
-from specsim.costs.operator_file import Point
+from specsim.costs.operator_file import Point, read_operator_table
 from specsim.costs.operators import OperatorCostModel
-from specsim.costs.prefill import attention_elements, chunks
+from specsim.costs.prefill import attention_elements, chunks, ideal_elements
 from specsim.costs.roofline import RooflineCostModel
 from specsim.errors import SpecsimError
+from specsim.shipped import shipped_root
 from specsim.specs import load_hardware, load_model
 from test_operators import HW, SMALL, synthetic_table
 
@@ -26,43 +29,90 @@ def brute_causal(new, past, window):
 
 @settings(max_examples=80, deadline=None)
 @given(new=st.integers(1, 300), past=st.integers(0, 300),
-       window=st.one_of(st.none(), st.integers(1, 200)))
-def test_causal_products_are_each_rows_visible_keys(new, past, window):
-    assert attention_elements(new, past, window) == brute_causal(new, past, window)
+       window=st.one_of(st.none(), st.integers(1, 200)), sinks=st.booleans())
+def test_products_are_each_rows_visible_keys_or_the_window_paths_chunks(new, past, window,
+                                                                        sinks):
+    assert ideal_elements(new, past, window) == brute_causal(new, past, window)
+    got = attention_elements(new, past, window, sinks)
+    if window is None:          # the causal kernel, over one more key a row with a sink
+        assert got == brute_causal(new, past, None) + (new if sinks else 0)
+    else:                       # chunks of R = max(W, 16) rows, each over R + W − 1 keys
+        rows = max(16, window)
+        assert got == math.ceil(new / rows) * rows * (rows + window - 1 + sinks)
+        assert got >= ideal_elements(new, past, window)
 
 
 @settings(max_examples=40, deadline=None)
 @given(parts=st.lists(st.integers(1, 200), min_size=1, max_size=5),
-       window=st.one_of(st.none(), st.integers(1, 100)))
-def test_chunks_sum_to_their_whole_prompt(parts, window):
+       window=st.one_of(st.none(), st.integers(1, 100)), sinks=st.booleans())
+def test_chunks_sum_to_their_whole_prompt(parts, window, sinks):
     past = np.concatenate([[0], np.cumsum(parts)[:-1]])
-    assert sum(attention_elements(n, p, window) for n, p in zip(parts, past)) == \
-        attention_elements(sum(parts), 0, window)
+    assert sum(ideal_elements(n, p, window) for n, p in zip(parts, past)) == \
+        ideal_elements(sum(parts), 0, window)
+    assert sum(attention_elements(n, p, None, sinks) for n, p in zip(parts, past)) == \
+        attention_elements(sum(parts), 0, None, sinks)
 
 
-@pytest.mark.parametrize("window, sinks, chunk", [(None, True, 1 << 24), (None, True, 300),
-                                                  (7, False, 150), (7, True, 1 << 24)])
-def test_masked_products_are_what_the_engines_sdpa_calls_compute(monkeypatch, window, sinks,
-                                                                 chunk):
-    """Every (query row × key) element of the engine's masked prefill SDPA calls, counted,
-    is attention_elements(masked=True) (a sink is one more key a row)."""
+def definition(q, k, v, window, sinks):
+    """Prefill attention by its definition: row p attends keys p − W < n ≤ p, a sink per head
+    only in the denominator (fp32)."""
+    t, heads, dim = q.shape[1:]
+    keys = k[0].repeat_interleave(heads // k.shape[2], 1).float()
+    values = v[0].repeat_interleave(heads // k.shape[2], 1).float()
+    s = torch.einsum("thd,nhd->htn", q[0].float(), keys) / math.sqrt(dim)
+    p, n = torch.arange(t)[:, None], torch.arange(t)[None, :]
+    s = s.masked_fill(~((n <= p) & ((n > p - window) if window else True)), float("-inf"))
+    if sinks is not None:
+        s = torch.cat([s, sinks.float()[:, None, None].expand(heads, t, 1)], -1)
+    weights = torch.softmax(s, -1)[..., :t]
+    return torch.einsum("htn,nhd->thd", weights, values)[None]
+
+
+@pytest.mark.parametrize("t, window, sinks, block", [
+    (37, None, True, None), (37, 7, False, None), (37, 7, True, None), (5, 7, True, None),
+    (64, 16, True, 1), (100, 3, False, 3), (1, 7, True, None), (53, 20, True, 2)])
+def test_each_path_is_its_definition_and_computes_what_the_cost_models_count(
+        monkeypatch, t, window, sinks, block):
+    """The engine's prefill paths against the definition (a window path cut into blocks of
+    ``block`` chunks too), and every query-key product of their SDPA calls counted (a causal
+    call's rows read their keys up to the diagonal, aligned lower-right for the sink) equals
+    attention_elements."""
+    from torch.nn.attention.bias import CausalBias
+
     from specsim.engine import attention
-
-    monkeypatch.setattr(prefill, "PREFILL_CHUNK_ELEMENTS", chunk)
+    heads, dim = 4, 16
+    if block:
+        width = 24 if sinks else dim
+        monkeypatch.setattr(attention, "WINDOW_BLOCK_ELEMENTS",
+                            block * heads * (max(16, window) + window) * width)
     seen = []
     real = torch.nn.functional.scaled_dot_product_attention
 
-    def counting(q, k, v, **kw):
-        seen.append(q.shape[-2] * k.shape[-2])
-        return real(q, k, v, **kw)
+    def counting(q, k, v, attn_mask=None, is_causal=False, **kw):
+        rows, keys = q.shape[-2], k.shape[-2]
+        if is_causal or isinstance(attn_mask, CausalBias):   # row i reads i + 1 + keys − rows
+            seen.append(q.shape[0] * (rows * (rows + 1) // 2 + rows * (keys - rows)))
+        else:
+            seen.append(q.shape[0] * rows * keys)
+        return real(q, k, v, attn_mask=attn_mask, is_causal=is_causal, **kw)
 
-    monkeypatch.setattr(attention.F, "scaled_dot_product_attention", counting)
-    t, heads, groups, dim = 37, 4, 2, 16
-    q = torch.randn(1, t, heads, dim)
-    k, v = torch.randn(1, t, groups, dim), torch.randn(1, t, groups, dim)
-    attention.prefill_attention(q, k, v, window=window,
-                                sinks=torch.zeros(heads) if sinks else None)
-    assert sum(seen) == attention_elements(t, 0, window, masked=True, sinks=sinks)
+    class Counted:          # the engine's F with SDPA counted (CausalBias dispatches on the
+        scaled_dot_product_attention = staticmethod(counting)   # real function, left as is)
+
+        def __getattr__(self, name):
+            return getattr(torch.nn.functional, name)
+
+    monkeypatch.setattr(attention, "F", Counted())
+    gen = torch.Generator().manual_seed(t)
+    q = torch.randn(1, t, heads, dim, generator=gen)
+    k = torch.randn(1, t, 2, dim, generator=gen)
+    v = torch.randn(1, t, 2, dim, generator=gen)
+    sink = torch.randn(heads, generator=gen) if sinks else None
+    got = attention.prefill_attention(q, k, v, window=window, sinks=sink)
+    torch.testing.assert_close(got, definition(q, k, v, window, sink), rtol=1e-5, atol=1e-5)
+    assert sum(seen) == attention_elements(t, 0, window, sinks)
+    if block:
+        assert len(seen) == math.ceil(math.ceil(t / max(16, window)) / block)
 
 
 def test_prefill_lengths_are_checked():
@@ -84,16 +134,20 @@ def test_roofline_chunks_add_up_to_the_whole_prompts_flops(name):
     assert rf.prefill([1000], [2000]).kv_bytes > rf.prefill([1000]).kv_bytes
 
 
-def moe_free_table(with_attention: bool):
+#: The synthetic table's prefill attention per path: time per product, relative to causal.
+PATH_RATE = {"causal": 1.0, "sinks": 1.25, "window": 3.0}
+
+
+def moe_free_table(with_attention: bool, paths=PATH_RATE):
     table = synthetic_table()
     if with_attention:
-        for masked in (False, True):
+        for path in paths:
             for group in (2, 8):
                 for elements, ms in ((1e6, 0.01), (1e9, 2.0)):
                     table.points.append(Point(
                         "prefill_attention", {"head_dim": SMALL.head_dim, "group": group,
-                                              "masked": masked},
-                        {"elements": elements}, [ms * (2 if masked else 1)] * 3))
+                                              "path": path},
+                        {"elements": elements}, [ms * PATH_RATE[path]] * 3))
     return table
 
 
@@ -116,13 +170,59 @@ def test_operator_prefill_attention_is_measured_or_its_flops_with_a_note():
     assert cost.seconds > measured.prefill([2000]).seconds
 
 
-def test_a_sink_model_prices_its_prefill_on_the_masked_path():
-    sinks = dataclasses.replace(SMALL, name="sinky", attention_sinks=True)
-    plain = OperatorCostModel(moe_free_table(True), SMALL, HW).prefill_parts(
-        np.array([2000]), np.array([0]))[0]["attention"]
-    masked = OperatorCostModel(moe_free_table(True), sinks, HW).prefill_parts(
-        np.array([2000]), np.array([0]))[0]["attention"]
-    assert masked > plain
+def attention_of(model, table, prompt=2000):
+    parts, notes = OperatorCostModel(table, model, HW).prefill_parts(np.array([prompt]),
+                                                                     np.array([0]))
+    return parts["attention"], notes
+
+
+def test_each_layer_prices_its_prefill_on_its_own_path():
+    """Full layers of a sink model on the sink path, window layers on the window path at the
+    products their chunks compute; a path the table lacks priced as the causal kernel, said."""
+    sinky = dataclasses.replace(SMALL, name="sinky", attention_sinks=True)
+    windowed = dataclasses.replace(sinky, name="windowed", sliding_window=64,
+                                   layer_types=("sliding_attention", "full_attention"))
+    table = moe_free_table(True)
+    plain, _ = attention_of(SMALL, table)
+    sunk, _ = attention_of(sinky, table)
+    heads = SMALL.num_heads
+
+    def per_layer(elements, path):
+        return 1e-3 * PATH_RATE[path] * (0.01 + (elements - 1e6) / (1e9 - 1e6) * 1.99)
+
+    assert plain == pytest.approx(2 * per_layer(heads * attention_elements(2000), "causal"))
+    assert sunk == pytest.approx(2 * per_layer(heads * attention_elements(2000, 0, None, True),
+                                               "sinks"))
+    both, _ = attention_of(windowed, table)
+    assert both == pytest.approx(
+        per_layer(heads * attention_elements(2000, 0, None, True), "sinks")
+        + per_layer(heads * attention_elements(2000, 0, 64, True), "window"))
+    lacking, notes = attention_of(windowed, moe_free_table(True, paths=("causal",)))
+    assert lacking == pytest.approx(
+        per_layer(heads * attention_elements(2000, 0, None, True), "causal")
+        + per_layer(heads * attention_elements(2000, 0, 64, True), "causal"))
+    assert any("path=window not measured: priced as the causal kernel" in n for n in notes)
+
+
+def test_a_table_of_the_earlier_masked_path_keeps_its_causal_points_only(tmp_path):
+    """A table measured when sink and window layers ran one masked path: its causal points
+    read as the causal path's, its masked ones not at all, and a sink model says so."""
+    doc = json.loads((shipped_root("models") / "operators" / "h200.json").read_text())
+    doc["points"] = [p for p in doc["points"] if p["op"] != "prefill_attention"]
+    for masked in (False, True):
+        doc["points"].append({"op": "prefill_attention",
+                              "key": {"head_dim": 64, "group": 8, "masked": masked},
+                              "at": {"elements": 1e6}, "samples_ms": [0.5]})
+    path = tmp_path / "older.json"
+    path.write_text(json.dumps(doc))
+    table = read_operator_table(str(path))
+    prefill_points = [p for p in table.points if p.op == "prefill_attention"]
+    assert [p.key for p in prefill_points] == [{"head_dim": 64, "group": 8, "path": "causal"}]
+    assert table.retired_prefill_points == 1
+    priced = OperatorCostModel(table, load_model("gpt-oss-20b"), HW)
+    assert any("timed the engine's earlier masked path" in w for w in priced.warnings)
+    assert not any("masked path" in w
+                   for w in OperatorCostModel(table, load_model("qwen3-8b"), HW).warnings)
 
 
 # ---- chunked prefill in the simulator --------------------------------------------------------

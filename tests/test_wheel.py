@@ -15,6 +15,10 @@ import pytest
 
 from repo import REPO_ROOT
 
+#: One worker builds and installs the wheel for every test here (two builds of the one source
+#: tree at once share its build folders).
+pytestmark = pytest.mark.xdist_group("wheel")
+
 
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory):

@@ -415,13 +415,13 @@ class CalibratedCostModel:
     def _measured_prefill(self, prompt_lengths, past) -> Cost:
         """Each chunk from the measured one-prompt prefills, ``t(L) = a + b·L + c·E(L)``
         fitted over their lengths L (relative least squares), E the causal query-key
-        products (:func:`~specsim.costs.prefill.attention_elements`, ``L(L+1)/2`` for a whole
+        products (:func:`~specsim.costs.prefill.ideal_elements`, ``L(L+1)/2`` for a whole
         prompt): a chunk of n new positions after p cached ones costs ``a + b·n + c·E(n, p)``,
         a pass per sequence, as the engine prefills."""
-        from specsim.costs.prefill import attention_elements, chunks
+        from specsim.costs.prefill import chunks, ideal_elements
         new, before = chunks(prompt_lengths, past)
         a, b, c = self.prefill_fit
-        seconds = sum(max(a + b * n + c * attention_elements(n, p), 0.0)
+        seconds = sum(max(a + b * n + c * ideal_elements(n, p), 0.0)
                       for n, p in zip(new, before))
         lengths = [L for L, _ in self.prefills]
         total = int((new + before).max())

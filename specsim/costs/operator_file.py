@@ -60,10 +60,10 @@ OPERATORS = {
     # dispatch of ``tokens``·``top`` token-expert pairs of width ``hidden`` and their weighted
     # combine
     "moe_routing": (("experts", "top", "hidden"), ("tokens",)),
-    # one layer's prefill attention of one prompt (``prefill_attention``): the causal kernel,
-    # or (masked) the chunked masked path of window and sink layers, at ``elements`` query-key
-    # products summed over the query heads (``specsim.costs.prefill.attention_elements``)
-    "prefill_attention": (("head_dim", "group", "masked"), ("elements",)),
+    # one layer's prefill attention of one prompt (``prefill_attention``) on one of the
+    # engine's paths (``specsim.costs.prefill.PATHS``: causal, sinks, window), at ``elements``
+    # query-key products summed over the query heads (``prefill.attention_elements``)
+    "prefill_attention": (("head_dim", "group", "path"), ("elements",)),
 }
 #: Provenance every file carries (a string, a number or null each).
 PROVENANCE_FIELDS = ("gpu", "driver", "cuda", "torch", "triton", "kernel_config_hash",
@@ -157,8 +157,29 @@ def read_operator_table(path: str) -> OperatorTable:
     rows = doc.get("points")
     if not isinstance(rows, list) or not rows:
         raise _bad(path, "no points")
-    points = [_point(path, f"points[{i}]", row) for i, row in enumerate(rows)]
-    return OperatorTable(prov, probe, points, path)
+    points, retired = [], 0
+    for i, row in enumerate(rows):
+        row = _older_prefill(row)
+        if row is None:
+            retired += 1
+            continue
+        points.append(_point(path, f"points[{i}]", row))
+    table = OperatorTable(prov, probe, points, path)
+    table.retired_prefill_points = retired
+    return table
+
+
+def _older_prefill(row):
+    """A ``prefill_attention`` point of a table measured before the engine's prefill paths
+    (keyed ``masked``): its causal points are the causal path's; its masked points timed a
+    path the engine no longer runs (None: not read)."""
+    if not (isinstance(row, dict) and row.get("op") == "prefill_attention"
+            and isinstance(row.get("key"), dict) and "masked" in row["key"]):
+        return row
+    key = dict(row["key"])
+    if key.pop("masked"):
+        return None
+    return dict(row, key=dict(key, path="causal"))
 
 
 def _point(path, where: str, row) -> Point:

@@ -217,6 +217,12 @@ class OperatorCostModel:
         if eager:
             out.append(f"{len(eager)} operator(s) timed eagerly, host launches included "
                        f"(e.g. {eager[0]})")
+        retired = getattr(self.table, "retired_prefill_points", 0)
+        if retired and (m.attention_sinks or m.sliding_window):
+            out.append(f"the table's {retired} prefill_attention points of sink and window "
+                       f"layers timed the engine's earlier masked path and are not read: those "
+                       f"layers' prefill priced as the causal kernel until re-measured "
+                       f"(specsim calibrate --gpu --operators --only prefill_attention)")
         if m.is_moe:
             out.append("MoE experts priced with uniform routing (random routers' case) "
                        + ("as the engine's grouped GEMM" if "grouped_gemm" in self.keys else
@@ -655,7 +661,7 @@ class OperatorCostModel:
         token, each layer's prefill attention at the query-key products of every sequence's
         chunk (window layers over their window; sink and window layers on the masked path),
         the new K/V rows written, and the LM head over each sequence's last row."""
-        from specsim.costs.prefill import attention_elements
+        from specsim.costs.prefill import attention_elements, path
         m = self.model
         parts, notes, add = _parts()
         tokens = float(new.sum())
@@ -664,10 +670,10 @@ class OperatorCostModel:
         for layers, w in ((self.n_full, None), (self.n_sliding, window)):
             if not layers:
                 continue
-            masked = bool(w) or m.attention_sinks
-            elements = m.num_heads * sum(attention_elements(n, p, w, masked, m.attention_sinks)
+            elements = m.num_heads * sum(attention_elements(n, p, w, m.attention_sinks)
                                          for n, p in zip(new, before))
-            add("attention", self._prefill_attention(elements, masked), layers)
+            add("attention", self._prefill_attention(elements, path(w, m.attention_sinks)),
+                layers)
         kv_row = m.num_kv_heads * m.head_dim * m.dtype_bytes * 2
         add("kv append", self._elementwise(2 * tokens * kv_row), m.num_layers)
         h, out = m.hidden_size, float(new.size)
@@ -677,20 +683,26 @@ class OperatorCostModel:
         add("sampling", self._elementwise(out * m.vocab_size * (m.dtype_bytes + 4)))
         return parts, notes
 
-    def _prefill_attention(self, elements: float, masked: bool) -> tuple[float, list[str]]:
+    def _prefill_attention(self, elements: float, path: str) -> tuple[float, list[str]]:
         """One layer's prefill attention at ``elements`` query-key products (over the query
-        heads): measured, linear between the measured groups; unmeasured, its FLOPs
-        (4·head_dim per product) at the probe's matmul rate, with a note."""
+        heads) on ``path`` (:data:`specsim.costs.prefill.PATHS`): measured, linear between
+        the measured groups; a path the table lacks priced as the causal kernel's products;
+        neither measured, its FLOPs (4·head_dim per product) at the probe's matmul rate. Each
+        fallback is noted."""
         m = self.model
-        key = (m.head_dim, m.group_size, masked)
-        try:
-            return self._priced("prefill_attention", key, (max(elements, 1.0),), None,
-                                interpolated=(1,))
-        except _Unmeasured:
-            flops = 4.0 * m.head_dim * elements
-            return flops / self.matmul_rate, [
-                f"{_key_text('prefill_attention', key)} not measured: its FLOPs at the probe's "
-                f"matmul rate"]
+        notes: list[str] = []
+        for tried in dict.fromkeys((path, "causal")):
+            key = (m.head_dim, m.group_size, tried)
+            try:
+                seconds, said = self._priced("prefill_attention", key, (max(elements, 1.0),),
+                                             None, interpolated=(1,))
+                return seconds, notes + said
+            except _Unmeasured:
+                notes.append(f"{_key_text('prefill_attention', key)} not measured"
+                             + (": priced as the causal kernel's products"
+                                if tried != "causal" else ""))
+        return 4.0 * m.head_dim * elements / self.matmul_rate, notes + [
+            "prefill_attention priced as its FLOPs at the probe's matmul rate"]
 
     def iteration(self, contexts: Sequence[int], k: int, s: float, policy: str) -> IterationCost:
         """``compose_iteration`` with the policy's own verify pass; the per-iteration loop
@@ -730,7 +742,7 @@ class _Unmeasured(Exception):
 #: Key field names by operator (for notes).
 OP_KEY_NAMES = {
     "gemm": ("n", "k"), "grouped_gemm": ("n", "k"), "moe_routing": ("experts", "top", "hidden"),
-    "prefill_attention": ("head_dim", "group", "masked"),
+    "prefill_attention": ("head_dim", "group", "path"),
     "verify": ("head_dim", "group", "q", "collect"),
     "sparse": ("head_dim", "group", "per_kv_head"), "kv_append": ("head_dim", "paged"),
     "elementwise": (), "selection": ("policy", "group", "rows"), "graph": (),

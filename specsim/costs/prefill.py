@@ -1,54 +1,63 @@
 """The attention work of a prefill, as the engine computes it (no torch here: the cost models
 and the engine share these rules).
 
-A prompt without a window or sinks runs SDPA's causal kernel: new row i (of ``new`` after
-``past`` cached positions) reads ``past + i`` keys. With a window or sinks the engine runs
-:func:`specsim.engine.attention.prefill_attention`'s masked path over chunks of query rows,
-each computing its whole rectangle of (rows × the keys any of them sees), about
-:data:`PREFILL_CHUNK_ELEMENTS` elements a chunk; a window layer's chunk reads only its rows'
-keys. :func:`attention_elements` counts the query-key products either way: the axis the
+:func:`specsim.engine.attention.prefill_attention` runs one of three paths (:func:`path`):
+
+- ``causal``: SDPA's causal kernel; new row i (of ``new`` after ``past`` cached positions)
+  reads ``past + i`` keys;
+- ``sinks`` (a full layer with attention sinks): the same causal kernel over one more key, the
+  sink, put first and aligned lower-right, so each row also reads it;
+- ``window`` (a sliding-window layer, with or without sinks): the rows in chunks of
+  :func:`window_rows` R, all chunks in one batched SDPA call (blocks of them for a long
+  prompt) with one shared mask; each chunk reads its R + W − 1 keys (+ the sink), so it
+  computes R · (R + W − 1 + sink) products, the last chunk padded to R rows.
+
+:func:`attention_elements` counts the query-key products of each path: the axis the
 ``prefill_attention`` operator is measured and priced on.
 """
 from __future__ import annotations
 
 import math
 
-#: Mask elements (query rows × keys) of one chunk of a masked prefill.
-PREFILL_CHUNK_ELEMENTS = 1 << 24
+#: The prefill attention paths (:func:`path`).
+PATHS = ("causal", "sinks", "window")
 
 
-def masked_rows(length: int, window: int | None) -> int:
-    """Query rows per chunk of a masked prefill of ``length`` rows."""
-    if window:          # r rows read r + W − 1 keys (+ the sink): r·(r + W) elements
-        rows = int((math.sqrt(window * window + 4 * PREFILL_CHUNK_ELEMENTS) - window) / 2)
-    else:               # every row may read all keys
-        rows = PREFILL_CHUNK_ELEMENTS // (length + 1)
-    return max(1, min(length, rows))
+def path(window: int | None, sinks: bool) -> str:
+    """The path a layer's prefill attention runs (module doc)."""
+    return "window" if window else "sinks" if sinks else "causal"
+
+
+def window_rows(window: int) -> int:
+    """Query rows per chunk of a window layer's prefill: the window itself (each chunk then
+    computes about twice its rows' W keys), at least 16."""
+    return max(16, int(window))
 
 
 def attention_elements(new: int, past: int = 0, window: int | None = None,
-                       masked: bool = False, sinks: bool = False) -> float:
+                       sinks: bool = False) -> float:
     """Query-key products of one sequence's prefill of ``new`` positions after ``past``
-    cached ones, per query head: the causal kernel's (``masked`` False) or the masked path's
-    chunk rectangles (a window or sinks; ``sinks``: the sink is one more key a row)."""
+    cached ones, per query head, as :func:`path`'s kernel computes them (module doc)."""
     new, past = int(new), int(past)
     if new <= 0:
         return 0.0
-    if not masked:
-        if window:
-            # the row at position p (1-based) reads min(p, W) keys: rows past+1 .. W read p,
-            # the rest W
-            short = max(0, min(past + new, window) - past)
-            return float((2 * past + short + 1) * short / 2 + (new - short) * window)
-        return float(new * past + new * (new + 1) / 2)
-    total = past + new
-    rows = masked_rows(total, window)
-    elements = 0.0
-    for first in range(past, total, rows):
-        last = min(total, first + rows)
-        low = max(0, first - window + 1) if window else 0
-        elements += (last - first) * (last - low + (1 if sinks else 0))
-    return elements
+    if window:
+        rows = window_rows(window)
+        return float(math.ceil(new / rows) * rows * (rows + window - 1 + (1 if sinks else 0)))
+    return float(new * past + new * (new + 1) / 2 + (new if sinks else 0))
+
+
+def ideal_elements(new: int, past: int = 0, window: int | None = None) -> float:
+    """The fewest query-key products of one sequence's prefill, per query head: row p
+    (1-based) reads min(p, W) keys (all p without a window). What a roofline prices."""
+    new, past = int(new), int(past)
+    if new <= 0:
+        return 0.0
+    if window:
+        # rows past+1 .. W read p keys, the rest W
+        short = max(0, min(past + new, window) - past)
+        return float((2 * past + short + 1) * short / 2 + (new - short) * window)
+    return float(new * past + new * (new + 1) / 2)
 
 
 def chunks(prompt_lengths, past=None):

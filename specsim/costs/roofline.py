@@ -184,15 +184,15 @@ class RooflineCostModel:
         """Prefill of a batch of prompt chunks, ``prompt_lengths`` new positions each after
         ``past`` cached ones (default none: whole prompts): weights once, every new token's KV
         written and the cached KV read, and causal attention FLOPs ``4·head_dim·heads`` per
-        query-key product of each layer (``specsim.costs.prefill.attention_elements``)."""
-        from specsim.costs.prefill import attention_elements, chunks
+        query-key product of each layer (``specsim.costs.prefill.ideal_elements``)."""
+        from specsim.costs.prefill import chunks, ideal_elements
         lengths, before = (a.astype(float) for a in chunks(prompt_lengths, past))
         m = self.model
         tokens = float(lengths.sum())
         window = m.sliding_window or None
         n_full = sum(self._full)
-        pairs = sum(n_full * attention_elements(n, p)
-                    + (m.num_layers - n_full) * attention_elements(n, p, window)
+        pairs = sum(n_full * ideal_elements(n, p)
+                    + (m.num_layers - n_full) * ideal_elements(n, p, window)
                     for n, p in zip(lengths, before))
         attn_flops = 4.0 * m.head_dim * m.num_heads * self.head_share * pairs
         flops = tokens * m.matmul_flops_per_token() / self.tp + attn_flops

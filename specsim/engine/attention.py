@@ -3,7 +3,8 @@
 Three attention shapes feed the decoder (``model.Attend`` callables built here):
 
 - **prefill**: one sequence's prompt, causal (banded for a sliding-window layer), with torch
-  SDPA (flash on GPU and CPU; masked chunks of rows for windows and sinks); it writes
+  SDPA (causal; the sink as one more key aligned lower-right; batched chunks of rows under a
+  band mask for a window); it writes
   rows ``0..T-1`` of that sequence's cache and can collect the pre-softmax logits of the last
   ``R`` prompt rows (+ their log-sum-exp) for the first selection.
 - **verify**: q = k+1 new tokens per sequence, causal among themselves, over the full cache,
@@ -36,7 +37,6 @@ from specsim.kernels import (KVCache, append_positions, attention_mass_reference
                              sparsespec_select, streamingllm_select, vegas_select,
                              verify_attention)
 from specsim.kernels.verify_attention import MAX_Q_LEN, default_collect_rows
-from specsim.costs.prefill import masked_rows
 from specsim.policies import Policy
 
 KERNEL_HEAD_DIMS = (64, 128)
@@ -179,18 +179,23 @@ def write_prefill(cache: KVCache, layer: int, b: int, k: torch.Tensor, v: torch.
 def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
                       window: int | None = None, sinks: torch.Tensor | None = None
                       ) -> torch.Tensor:
-    """Causal self-attention of one prompt: q [1, T, H, D], k/v [1, T, G, D] (SDPA, GQA).
+    """Causal self-attention of one prompt: q [1, T, H, D], k/v [1, T, G, D] (SDPA, GQA), by
+    the path :func:`specsim.costs.prefill.path` names (the cost models count its products):
 
-    With a ``window`` W (row p sees keys ``p − W < n ≤ p``) or ``sinks`` [H] (one logit per
-    head in every row's denominator) it runs over chunks of query rows with a boolean mask of
-    (rows × their keys), about :data:`~specsim.costs.prefill.PREFILL_CHUNK_ELEMENTS` elements
-    each (:func:`~specsim.costs.prefill.masked_rows`), so that a long
-    prompt never holds a T × T mask; a window layer's chunk reads only its rows' keys. A sink
-    is SDPA's own softmax over one more key: each query gets one more dimension holding
-    ``sink_h / scale``, every real key a 0 there, and the sink key (value 0) a 1, so its
-    logit is ``sink_h`` (exact in bf16 where ``1 / scale`` is a power of two, head_dim 64).
-    K and V are repeated to every query head (SDPA's memory-efficient kernel, which takes a
-    mask, does not take grouped heads)."""
+    - no window, no sinks: SDPA's causal kernel;
+    - ``sinks`` [H] (one logit per head in every row's denominator) on a full layer: one causal
+      SDPA call over one more key, the sink, put first, the mask aligned lower-right (row i
+      reads the sink and keys 0..i), which SDPA runs on its flash kernel. The sink is SDPA's own
+      softmax over that key: each query gets one more dimension holding ``sink_h / scale``,
+      every real key a 0 there and the sink key a 1, so its logit is ``sink_h`` (exact in bf16
+      where ``1 / scale`` is a power of two, head_dim 64), its value 0;
+    - a ``window`` W (row p sees keys ``p − W < n ≤ p``), with or without sinks: the rows in
+      chunks of R = :func:`~specsim.costs.prefill.window_rows` (W), every chunk's R + W − 1 keys
+      (+ the sink) gathered as a strided view and the chunks batched into one SDPA call (blocks
+      of them for a long prompt) under one shared band mask.
+
+    K and V are repeated to every query head on the sink and window paths (the lower-right
+    flash call and the memory-efficient kernel, which takes a mask, take no grouped heads)."""
     if window is None and sinks is None:
         out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
                                              v.transpose(1, 2), is_causal=True, enable_gqa=True)
@@ -199,31 +204,66 @@ def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     groups = k.shape[2]
     scale = 1.0 / math.sqrt(dim)
     qh, kh, vh = q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1)
+    sink_key = sink_value = None
     if sinks is not None:                            # [.., D] → [.., width]: the sink column D
         width = -(-(dim + 1) // 8) * 8
         column = (sinks.float() / scale).to(q.dtype)[:, None, None].expand(heads, length, 1)
         qh = torch.cat([qh, column, qh.new_zeros(heads, length, width - dim - 1)], -1)
-        sink_key = kh.new_zeros(groups, 1, width)
+        kh, vh = F.pad(kh, (0, width - dim)), F.pad(vh, (0, width - dim))
+        sink_key = kh.new_zeros(heads, 1, width)
         sink_key[..., dim] = 1
-        kh = torch.cat([F.pad(kh, (0, width - dim)), sink_key], 1)      # the sink: key T
-        vh = torch.cat([F.pad(vh, (0, width - dim)), vh.new_zeros(groups, 1, width)], 1)
+        sink_value = vh.new_zeros(heads, 1, width)
     kh, vh = kh.repeat_interleave(heads // groups, 0), vh.repeat_interleave(heads // groups, 0)
-    out = torch.empty(heads, length, vh.shape[-1], dtype=q.dtype, device=q.device)
-    rows = masked_rows(length, window)
-    for first in range(0, length, rows):
-        last = min(length, first + rows)
-        low = max(0, first - window + 1) if window else 0
-        position = torch.arange(first, last, device=q.device)[:, None]
-        key = torch.arange(low, last, device=q.device)[None, :]
-        visible = (key <= position) & (key > position - window if window else True)
-        keys, values = kh[:, low:last], vh[:, low:last]
-        if sinks is not None:
-            keys, values = torch.cat([keys, kh[:, length:]], 1), torch.cat([values,
-                                                                             vh[:, length:]], 1)
-            visible = F.pad(visible, (0, 1), value=True)
-        out[:, first:last] = F.scaled_dot_product_attention(
-            qh[:, first:last], keys, values, attn_mask=visible, scale=scale)
+    if window is None:
+        from torch.nn.attention.bias import causal_lower_right
+        out = F.scaled_dot_product_attention(
+            qh[None], torch.cat([sink_key, kh], 1)[None], torch.cat([sink_value, vh], 1)[None],
+            attn_mask=causal_lower_right(length, length + 1), scale=scale)[0]
+    else:
+        out = _window_prefill(qh, kh, vh, window, sink_key, sink_value, scale)
     return out[..., :dim].transpose(0, 1)[None]
+
+
+#: Elements of a window prefill's gathered keys per batched SDPA call (a block of chunks).
+WINDOW_BLOCK_ELEMENTS = 1 << 26
+
+
+def _window_prefill(qh, kh, vh, window: int, sink_key, sink_value, scale: float) -> torch.Tensor:
+    """:func:`prefill_attention`'s window path: qh [H, T, E], kh/vh [H, T, E] (heads repeated),
+    the sink's key and value [H, 1, E] or None → [H, T, E]."""
+    from specsim.costs.prefill import window_rows
+
+    heads, length, width = qh.shape
+    rows = window_rows(window)
+    n = -(-length // rows)
+    span = rows + window - 1                         # keys of one chunk: cR − W + 1 .. cR + R − 1
+    pad_q = n * rows - length
+    qc = F.pad(qh, (0, 0, 0, pad_q)).view(heads, n, rows, width).transpose(0, 1)
+    # keys before position 0 and after the last are zeros, masked below (front) or seen only
+    # by padded rows (back)
+    kp = F.pad(kh, (0, 0, window - 1, pad_q)).unfold(1, span, rows).transpose(-1, -2)
+    vp = F.pad(vh, (0, 0, window - 1, pad_q)).unfold(1, span, rows).transpose(-1, -2)
+    r = torch.arange(rows, device=qh.device)[:, None]
+    j = torch.arange(span, device=qh.device)[None, :]
+    band = (j >= r) & (j <= r + window - 1)           # key cR − W + 1 + j within row cR + r's W
+    first = band & (j >= window - 1)                  # chunk 0: no keys before position 0
+    if sink_key is not None:
+        band, first = F.pad(band, (0, 1), value=True), F.pad(first, (0, 1), value=True)
+    out = qh.new_empty(n, heads, rows, width)
+    block = max(1, WINDOW_BLOCK_ELEMENTS // (heads * (span + 1) * width))
+    for c0 in range(0, n, block):
+        c1 = min(n, c0 + block)
+        keys = kp[:, c0:c1].transpose(0, 1)                       # [b, H, span, E]
+        values = vp[:, c0:c1].transpose(0, 1)
+        if sink_key is not None:
+            keys = torch.cat([keys, sink_key.expand(c1 - c0, -1, -1, -1)], 2)
+            values = torch.cat([values, sink_value.expand(c1 - c0, -1, -1, -1)], 2)
+        mask = band.expand(c1 - c0, 1, -1, -1)
+        if c0 == 0:
+            mask = torch.cat([first[None, None], mask[1:]], 0)
+        out[c0:c1] = F.scaled_dot_product_attention(qc[c0:c1], keys, values, attn_mask=mask,
+                                                    scale=scale)
+    return out.transpose(0, 1).reshape(heads, n * rows, width)[:, :length]
 
 
 def prefill_logits(q_rows: torch.Tensor, k: torch.Tensor, first_row: int,
