@@ -1,6 +1,6 @@
-"""benchmarks/bench_kernels.py exercised on the CPU (``--dry-run``: Triton's interpreter, tiny
-shapes, timings meaningless): every row it times on the GPU is produced, and its own
-correctness check (the same kernels against the torch references) passes."""
+"""benchmarks/bench_kernels.py and bench_prefill.py exercised on the CPU (``--dry-run``:
+Triton's interpreter, tiny shapes, timings meaningless): every row each times on the GPU is
+produced, and its own correctness check (against the torch references) passes."""
 import json
 import os
 import subprocess
@@ -31,3 +31,20 @@ def test_bench_kernels_dry_run(tmp_path):
     assert timed <= set(shape)
     assert all("error" not in shape[name] for name in timed)
     assert "targets:" in done.stdout
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU runs the real benchmark")
+def test_bench_prefill_dry_run(tmp_path):
+    """benchmarks/bench_prefill.py on the CPU: its correctness check of every path and peer
+    against the definition passes, and every (shape, path, implementation) row is timed."""
+    out = tmp_path / "bench_prefill.json"
+    done = subprocess.run([sys.executable, str(REPO_ROOT / "benchmarks" / "bench_prefill.py"),
+                           "--dry-run", "--repeats", "1", "--out", str(out)],
+                          capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads(out.read_text())
+    assert len(results["checks"]) == 2 * 3 * 2
+    assert all(c["max_abs_err"] < 1e-4 for c in results["checks"])
+    timed = {(r["shape"], r["path"], r["impl"]) for r in results["rows"] if r["ms"]}
+    assert len(timed) == 2 * (3 * 2 + 2)           # engine and flex; SDPA where no window

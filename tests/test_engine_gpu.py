@@ -279,7 +279,7 @@ def test_gpt_oss_greedy_self_speculation_matches_plain_on_gpu():
 def test_gpt_oss_real_scale_shapes_run():
     """gpt-oss-20b's layer shapes (two layers: one window-128, one full; 32 bf16 experts, 4 per
     token, sinks) with the default settings (fused projections, compiled layers, CUDA graphs)
-    at 32K, prefilled for real (window layers' prefill in masked chunks)."""
+    at 32K, prefilled for real (full layers on the sink path, window layers in batched chunks)."""
     import json
 
     from specsim.shipped import shipped_path
@@ -294,3 +294,30 @@ def test_gpt_oss_real_scale_shapes_run():
     assert net.fused and net.compiled
     result = engine.generate(batch, 32, k=8)
     assert result.new_tokens == 128 and result.bandwidth() > 1e10
+
+
+@pytest.mark.parametrize("window, sinks", [(None, True), (128, True), (128, False)])
+def test_prefill_paths_in_bf16_match_the_definition(window, sinks):
+    """The engine's sink and window prefill paths on the GPU in bf16 (gpt-oss's heads: 64
+    query, 8 KV, head_dim 64), against the fp32 definition."""
+    import math
+
+    from specsim.engine.attention import prefill_attention
+
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    t, heads, groups, dim = 700, 64, 8, 64
+    q = torch.randn(1, t, heads, dim, device="cuda", generator=gen)
+    k = torch.randn(1, t, groups, dim, device="cuda", generator=gen)
+    v = torch.randn(1, t, groups, dim, device="cuda", generator=gen)
+    sink = torch.randn(heads, device="cuda", generator=gen) if sinks else None
+    got = prefill_attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), window=window,
+                            sinks=sink).float()
+    keys = k[0].repeat_interleave(heads // groups, 1)
+    values = v[0].repeat_interleave(heads // groups, 1)
+    s = torch.einsum("thd,nhd->htn", q[0], keys) / math.sqrt(dim)
+    p, n = torch.arange(t, device="cuda")[:, None], torch.arange(t, device="cuda")[None, :]
+    s = s.masked_fill(~((n <= p) & ((n > p - window) if window else True)), float("-inf"))
+    if sinks:
+        s = torch.cat([s, sink[:, None, None].expand(heads, t, 1)], -1)
+    want = torch.einsum("htn,nhd->thd", torch.softmax(s, -1)[..., :t], values)[None]
+    torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
