@@ -50,7 +50,7 @@ from typing import Sequence
 import numpy as np
 
 from specsim.costs.base import Cost, IterationCost, as_contexts, compose_iteration, memoized
-from specsim.costs.operator_file import OperatorTable
+from specsim.costs.operator_file import OPERATORS, OperatorTable
 from specsim.costs.provenance import gpu_mismatch
 from specsim.costs.roofline import RooflineCostModel
 from specsim.errors import SpecsimError
@@ -740,13 +740,8 @@ class _Unmeasured(Exception):
 
 
 #: Key field names by operator (for notes).
-OP_KEY_NAMES = {
-    "gemm": ("n", "k"), "grouped_gemm": ("n", "k"), "moe_routing": ("experts", "top", "hidden"),
-    "prefill_attention": ("head_dim", "group", "path"),
-    "verify": ("head_dim", "group", "q", "collect"),
-    "sparse": ("head_dim", "group", "per_kv_head"), "kv_append": ("head_dim", "paged"),
-    "elementwise": (), "selection": ("policy", "group", "rows"), "graph": (),
-}
+#: Each operator's key field names, as its table file names them.
+OP_KEY_NAMES = {op: names for op, (names, _) in OPERATORS.items()}
 
 
 def _key_text(op: str, key: tuple) -> str:
