@@ -324,8 +324,9 @@ class OperatorCostModel:
             seconds = got[0] * self._gemm_roof(m, nc, kc) / self._gemm_roof(m, nn, kk)
             notes += got[1] + [f"gemm n={n} k={k}: no measured shape around it, the nearest "
                                f"(n={nn} k={kk}) scaled by its bytes or FLOPs, whichever bounds it"]
-        if n > ns[-1] or k > ks[-1]:
-            seconds *= self._gemm_roof(m, n, k) / self._gemm_roof(m, nc, kc)
+        if n > ns[-1] or k > ks[-1]:     # grown along the wider axes only (held below)
+            seconds *= (self._gemm_roof(m, max(n, ns[0]), max(k, ks[0]))
+                        / self._gemm_roof(m, nc, kc))
             notes.append(f"gemm n={n} k={k}: beyond the measured widths, n={nc} k={kc} grown as "
                          f"its bytes or FLOPs, whichever bounds it")
         if n < ns[0] or k < ks[0]:
