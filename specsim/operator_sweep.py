@@ -93,7 +93,9 @@ class OperatorGrid:
     selection_s: float = 0.05
     graph_kernels: list[int] = field(default_factory=lambda: [1, 64, 512])
     grouped_widths: list[int] = field(default_factory=lambda: [512, 1024, 2048, 4096, 8192])
-    grouped_rows_per_expert: list[int] = field(default_factory=lambda: [1, 2, 4, 16, 64, 256])
+    #: pairs per expert: a draft step's few (1–16), a verify's, a prefill's thousands
+    grouped_rows_per_expert: list[int] = field(
+        default_factory=lambda: [1, 2, 4, 16, 64, 256, 1024, 4096])
     grouped_groups: list[int] = field(default_factory=lambda: [2, 8, 32, 128])
     moe_experts: list[int] = field(default_factory=lambda: [8, 32, 128])
     moe_tops: list[int] = field(default_factory=lambda: [1, 2, 4, 8])
