@@ -4,7 +4,7 @@ import dataclasses
 import json
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import example, given, HealthCheck, settings
 from hypothesis import strategies as st
 
 from calibration_tables import MODEL, synthetic
@@ -127,6 +127,8 @@ json_values = st.recursive(
 
 @given(st.sampled_from(["doc", "provenance", "engine", "row", "op", "batch", "context", "q",
                         "s", "samples_ms", "sample"]), json_values)
+@example("batch", float("inf"))
+@example("context", float("nan"))
 @settings(max_examples=300, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 def test_any_value_anywhere_reads_or_is_refused_in_one_line(tmp_path, where, value):

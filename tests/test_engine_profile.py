@@ -124,6 +124,8 @@ def test_one_speculative_shape_gets_one_scale_and_says_so(tmp_path, base):
 @pytest.mark.parametrize("mutate, words", [
     (lambda d: d.update(engine="tgi"), "engine: expected one of vllm, sglang"),
     (lambda d: d["runs"][0].update(concurrency=0), "concurrency: expected an integer ≥ 1"),
+    (lambda d: d["runs"][0].update(concurrency=float("nan")), "concurrency: expected an int"),
+    (lambda d: d["runs"][4]["speculative"].update(k=float("inf")), "k: expected an integer"),
     (lambda d: d["runs"][0].update(after=d["runs"][0]["after"].replace(
         "inter_token_latency", "other")), "no inter-token latency histogram"),
     (lambda d: d["runs"][0].update(before=d["runs"][0]["after"],

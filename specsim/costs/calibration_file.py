@@ -217,7 +217,8 @@ def _list(value) -> list:
 
 def _integer(value) -> int:
     """A JSON integer (an integral number, not a boolean)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not math.isfinite(value) or value != int(value):
         raise ValueError(f"expected an integer, got {value!r:.40}")
     return int(value)
 

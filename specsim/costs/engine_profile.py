@@ -144,7 +144,8 @@ def _delta(before: dict, after: dict, name: str, where: str) -> float | None:
 
 def _whole(doc: dict, key: str, where: str, minimum: int) -> int:
     v = doc.get(key)
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or v != int(v) or v < minimum:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
+            or v != int(v) or v < minimum:
         raise ProfileError(f"{where}: {key}: expected an integer ≥ {minimum}, got {v!r}")
     return int(v)
 
