@@ -188,6 +188,12 @@ def test_selection_is_the_policys_operator_for_every_list(model):
     assert got.seconds * 1e3 == pytest.approx(ranking + (at_32 - ranking) * 8 / 32
                                               + graph_ms(1), rel=1e-9)
     assert any("measured at 32 query heads, read at 8" in n for n in got.notes)
+    no_ranking = synthetic_table()
+    no_ranking.points = [p for p in no_ranking.points if p.key.get("policy") != "vegas"]
+    alone = OperatorCostModel(no_ranking, SMALL, HW).selection([context] * batch, 0.05,
+                                                                 "last-token", 4)
+    assert alone.seconds * 1e3 == pytest.approx(at_32 + graph_ms(1), rel=1e-9)
+    assert any("the table lacks Vegas' ranking" in n for n in alone.notes)
     wide = OperatorCostModel(synthetic_table(), dataclasses.replace(SMALL, num_heads=32), HW)
     assert wide.selection([context] * batch, 0.05, "last-token", 4).seconds * 1e3 == \
         pytest.approx(at_32 + graph_ms(1), rel=1e-9)
@@ -277,6 +283,21 @@ def test_a_gemm_narrower_than_measured_is_held_and_a_wider_one_grows_as_its_floo
     ratio = model._gemm_roof(4, 65536, 2048) / model._gemm_roof(4, 4096, 2048)
     assert wide == pytest.approx(edge * ratio) and ratio > 10
     assert any("beyond the measured widths" in n for n in notes)
+
+
+def test_a_corner_the_grid_skipped_is_its_nearest_shape_grown():
+    """Widths around a shape whose weight the sweep skipped: that corner is its nearest
+    measured shape grown by its bytes, so the price still rises across it, and says so."""
+    full = gemm_only(lambda n, k, m: 3e-12 * n * k)
+    table = full.table
+    holed = OperatorCostModel(OperatorTable(table.provenance, table.probe, [
+        p for p in table.points if (p.key["n"], p.key["k"]) != (4096, 4096)]), SMALL, HW)
+    prices = [holed.gemm(4, 3000, k)[0] for k in (2048, 2500, 3000, 3500, 4000)]
+    assert all(b > a for a, b in zip(prices, prices[1:]))
+    assert prices[-1] == pytest.approx(full.gemm(4, 3000, 4000)[0], rel=0.02)
+    assert any("gemm n=4096 k=4096 not measured: n=4096 k=2048 scaled" in n
+               or "gemm n=4096 k=4096 not measured: n=2048 k=4096 scaled" in n
+               for n in holed.gemm(4, 3000, 3000)[1])
 
 
 @given(n=st.integers(300, 6000), k=st.integers(300, 6000), dn=st.integers(1, 2000),

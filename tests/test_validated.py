@@ -94,3 +94,9 @@ def test_a_models_runs_are_its_latest_plans_for_each_kind_of_source(tmp_path):
            for e in build_summary(tmp_path)["entries"]}
     assert got == {("operators", "a", 8): 0.05, ("operators", "a", 32): 0.05,
                    ("calibration", "a", 4): 0.01, ("operators", "b", 2): 0.03}
+    # two plans of one second: told apart by their reports' names, never merged
+    write_run(tmp_path, "b-second", "2025-12-01T00:00:00Z", "operators", "b", [(64, 1024)],
+              0.04)
+    got = {(e["model"], e["batch"]) for e in build_summary(tmp_path)["entries"]
+           if e["model"] == "b"}
+    assert got == {("b", 64)}

@@ -105,6 +105,8 @@ class OperatorTable:
     probe: dict
     points: list[Point]
     path: str | None = None
+    #: prefill_attention points of an older table's masked path, not read (their path is gone)
+    retired_prefill_points: int = 0
 
     @property
     def settings(self) -> EngineSettings:
@@ -164,9 +166,7 @@ def read_operator_table(path: str) -> OperatorTable:
             retired += 1
             continue
         points.append(_point(path, f"points[{i}]", row))
-    table = OperatorTable(prov, probe, points, path)
-    table.retired_prefill_points = retired
-    return table
+    return OperatorTable(prov, probe, points, path, retired_prefill_points=retired)
 
 
 def _older_prefill(row):

@@ -217,8 +217,8 @@ class OperatorCostModel:
         if eager:
             out.append(f"{len(eager)} operator(s) timed eagerly, host launches included "
                        f"(e.g. {eager[0]})")
-        retired = getattr(self.table, "retired_prefill_points", 0)
-        if retired and (m.attention_sinks or m.sliding_window):
+        retired = self.table.retired_prefill_points
+        if retired and (m.attention_sinks or self.n_sliding):
             out.append(f"the table's {retired} prefill_attention points of sink and window "
                        f"layers timed the engine's earlier masked path and are not read: those "
                        f"layers' prefill priced as the causal kernel until re-measured "
@@ -291,7 +291,8 @@ class OperatorCostModel:
         log time (exact both where time is the weight bytes, n·k, and where it is the launch
         alone); below the smallest measured width it is held there (a narrower GEMM is
         launch-bound, never cheaper than its launch); beyond the largest it grows as its bytes
-        or FLOPs, whichever bounds it. VALIDATION.md measures it against the catalogue models' own shapes."""
+        or FLOPs, whichever bounds it. A corner the grid skipped is its nearest measured shape
+        so grown. VALIDATION.md measures it against the catalogue models' own shapes."""
         if m <= 0:
             return 0.0, []
         exact = self._at_key("gemm", (n, k), (m,))
@@ -309,21 +310,20 @@ class OperatorCostModel:
         for nn in _bracket(ns, nc):
             for kk in _bracket(ks, kc):
                 w = _log_weight(ns, nc, nn) * _log_weight(ks, kc, kk)
-                got = self._at_key("gemm", (nn, kk), (m,))
-                if got is None or w == 0:
+                if w == 0:
                     continue
+                got = self._at_key("gemm", (nn, kk), (m,))
+                if got is None:     # a corner the grid skipped (its weight over the cap)
+                    near = min(shapes, key=lambda s: abs(math.log(s[0] / nn))
+                               + abs(math.log(s[1] / kk)))
+                    t, said = self._at_key("gemm", near, (m,))
+                    got = (t * self._gemm_roof(m, nn, kk) / self._gemm_roof(m, *near), said + [
+                        f"gemm n={nn} k={kk} not measured: n={near[0]} k={near[1]} scaled by "
+                        f"its bytes or FLOPs, whichever bounds it"])
                 log_t += w * math.log(got[0])
                 total += w
                 notes += got[1]
-        if total:
-            seconds = math.exp(log_t / total)
-        else:       # no measured corner around it: the nearest shape, scaled by its roofline
-            nn, kk = min(shapes, key=lambda s: abs(math.log(s[0] / nc)) +
-                         abs(math.log(s[1] / kc)))
-            got = self._at_key("gemm", (nn, kk), (m,))
-            seconds = got[0] * self._gemm_roof(m, nc, kc) / self._gemm_roof(m, nn, kk)
-            notes += got[1] + [f"gemm n={n} k={k}: no measured shape around it, the nearest "
-                               f"(n={nn} k={kk}) scaled by its bytes or FLOPs, whichever bounds it"]
+        seconds = math.exp(log_t / total)
         if n > ns[-1] or k > ks[-1]:     # grown along the wider axes only (held below)
             seconds *= (self._gemm_roof(m, max(n, ns[0]), max(k, ks[0]))
                         / self._gemm_roof(m, nc, kc))
@@ -521,7 +521,11 @@ class OperatorCostModel:
         heads = self.model.num_heads
         if heads == LAST_TOKEN_HEADS or self.settings.c2q != "sum":
             return measured, notes
-        ranking, more = self._selection_op("vegas", lists, context, 0)
+        try:
+            ranking, more = self._selection_op("vegas", lists, context, 0)
+        except _Unmeasured:
+            return measured, notes + [f"last-token refresh measured at {LAST_TOKEN_HEADS} query "
+                                      f"heads, used at {heads}: the table lacks Vegas' ranking"]
         per_head = max(measured - ranking, 0.0) / LAST_TOKEN_HEADS
         return ranking + per_head * heads, notes + more + [
             f"last-token refresh measured at {LAST_TOKEN_HEADS} query heads, read at {heads}: "
@@ -660,8 +664,9 @@ class OperatorCostModel:
                       ) -> tuple[dict[str, float], list[str]]:
         """Seconds by operator of one prefill pass: the token-proportional layers at every new
         token, each layer's prefill attention at the query-key products of every sequence's
-        chunk (window layers over their window; sink and window layers on the masked path),
-        the new K/V rows written, and the LM head over each sequence's last row."""
+        chunk on the path the engine runs it (:func:`specsim.costs.prefill.path`: causal,
+        sinks, or a window shorter than the sequence), the new K/V rows written, and the LM
+        head over each sequence's last row."""
         from specsim.costs.prefill import attention_elements, path
         m = self.model
         parts, notes, add = _parts()
@@ -671,10 +676,13 @@ class OperatorCostModel:
         for layers, w in ((self.n_full, None), (self.n_sliding, window)):
             if not layers:
                 continue
-            elements = m.num_heads * sum(attention_elements(n, p, w, m.attention_sinks)
-                                         for n, p in zip(new, before))
-            add("attention", self._prefill_attention(elements, path(w, m.attention_sinks)),
-                layers)
+            by_path: dict[str, float] = {}
+            for n, p in zip(new, before):
+                kind = path(w, m.attention_sinks, n + p)
+                by_path[kind] = by_path.get(kind, 0.0) + m.num_heads * attention_elements(
+                    n, p, w, m.attention_sinks)
+            for kind, elements in by_path.items():
+                add("attention", self._prefill_attention(elements, kind), layers)
         kv_row = m.num_kv_heads * m.head_dim * m.dtype_bytes * 2
         add("kv append", self._elementwise(2 * tokens * kv_row), m.num_layers)
         h, out = m.hidden_size, float(new.size)

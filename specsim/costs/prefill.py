@@ -5,12 +5,14 @@ and the engine share these rules).
 
 - ``causal``: SDPA's causal kernel; new row i (of ``new`` after ``past`` cached positions)
   reads ``past + i`` keys;
-- ``sinks`` (a full layer with attention sinks): the same causal kernel over one more key, the
-  sink, put first and aligned lower-right, so each row also reads it;
-- ``window`` (a sliding-window layer, with or without sinks): the rows in chunks of
-  :func:`window_rows` R, all chunks in one batched SDPA call (blocks of them for a long
-  prompt) with one shared mask; each chunk reads its R + W − 1 keys (+ the sink), so it
-  computes R · (R + W − 1 + sink) products, the last chunk padded to R rows.
+- ``sinks`` (a full layer with attention sinks, or a window layer whose window is no shorter
+  than the prompt): the same causal kernel over one more key, the sink, put first and aligned
+  lower-right, so each row also reads it;
+- ``window`` (a sliding-window layer whose window is shorter than the prompt, with or without
+  sinks): the rows in chunks of :func:`window_rows` R, all chunks in one batched SDPA call
+  (blocks of them for a long prompt) with one shared mask; each chunk reads its R + W − 1 keys
+  (+ the sink), so it computes R · (R + W − 1 + sink) products, the last chunk padded to R
+  rows.
 
 :func:`attention_elements` counts the query-key products of each path: the axis the
 ``prefill_attention`` operator is measured and priced on.
@@ -23,9 +25,15 @@ import math
 PATHS = ("causal", "sinks", "window")
 
 
-def path(window: int | None, sinks: bool) -> str:
-    """The path a layer's prefill attention runs (module doc)."""
-    return "window" if window else "sinks" if sinks else "causal"
+def path(window: int | None, sinks: bool, length: int | None = None) -> str:
+    """The path a layer's prefill attention runs (module doc) for a prompt of ``length``
+    positions in all (a window no shorter than the prompt hides nothing: causal)."""
+    return "window" if windowed(window, length) else "sinks" if sinks else "causal"
+
+
+def windowed(window: int | None, length: int | None) -> bool:
+    """Whether a window of ``window`` hides any key from a prompt of ``length`` positions."""
+    return bool(window) and (length is None or int(length) > int(window))
 
 
 def window_rows(window: int) -> int:
@@ -41,7 +49,7 @@ def attention_elements(new: int, past: int = 0, window: int | None = None,
     new, past = int(new), int(past)
     if new <= 0:
         return 0.0
-    if window:
+    if windowed(window, past + new):
         rows = window_rows(window)
         return float(math.ceil(new / rows) * rows * (rows + window - 1 + (1 if sinks else 0)))
     return float(new * past + new * (new + 1) / 2 + (new if sinks else 0))

@@ -106,7 +106,8 @@ def scaled_table(table: OperatorTable, source: HardwareSpec, target: HardwareSpe
                             [fixed + (t - fixed) * r for t in p.samples_ms]))
     provenance = dict(table.provenance, scaled_to=target.name, scaled_from=table.path)
     probe = dict(table.probe, copy_bandwidth_Bps=bw_t, bf16_matmul_flops=mm_t)
-    return OperatorTable(provenance, probe, points, table.path), notes
+    return OperatorTable(provenance, probe, points, table.path,
+                         retired_prefill_points=table.retired_prefill_points), notes
 
 
 __all__ = ["PRIOR_UNCERTAINTY", "kernel_latency_ms", "scaled_table", "target_ceilings",

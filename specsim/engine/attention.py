@@ -195,13 +195,20 @@ def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
       of them for a long prompt) under one shared band mask.
 
     K and V are repeated to every query head on the sink and window paths (the lower-right
-    flash call and the memory-efficient kernel, which takes a mask, take no grouped heads)."""
+    flash call and the memory-efficient kernel, which takes a mask, take no grouped heads); a
+    window no shorter than the prompt hides nothing, so that layer runs the causal or sink
+    path. Off the GPU, SDPA materialises the lower-right mask (T × (T + 1)) for the sinks."""
+    from specsim.costs.prefill import windowed
+
+    length, heads, dim = q.shape[1:]
+    if not windowed(window, length):
+        window = None                           # a window no shorter than the prompt
     if window is None and sinks is None:
         out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
                                              v.transpose(1, 2), is_causal=True, enable_gqa=True)
         return out.transpose(1, 2)
-    length, heads, dim = q.shape[1:]
     groups = k.shape[2]
+    rep = heads // groups
     scale = 1.0 / math.sqrt(dim)
     qh, kh, vh = q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1)
     sink_key = sink_value = None
@@ -210,15 +217,15 @@ def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
         column = (sinks.float() / scale).to(q.dtype)[:, None, None].expand(heads, length, 1)
         qh = torch.cat([qh, column, qh.new_zeros(heads, length, width - dim - 1)], -1)
         kh, vh = F.pad(kh, (0, width - dim)), F.pad(vh, (0, width - dim))
-        sink_key = kh.new_zeros(heads, 1, width)
+        sink_key = kh.new_zeros(groups, 1, width)
         sink_key[..., dim] = 1
-        sink_value = vh.new_zeros(heads, 1, width)
-    kh, vh = kh.repeat_interleave(heads // groups, 0), vh.repeat_interleave(heads // groups, 0)
+        sink_value = vh.new_zeros(groups, 1, width)
     if window is None:
         from torch.nn.attention.bias import causal_lower_right
-        out = F.scaled_dot_product_attention(
-            qh[None], torch.cat([sink_key, kh], 1)[None], torch.cat([sink_value, vh], 1)[None],
-            attn_mask=causal_lower_right(length, length + 1), scale=scale)[0]
+        keys = torch.cat([sink_key, kh], 1).repeat_interleave(rep, 0)
+        values = torch.cat([sink_value, vh], 1).repeat_interleave(rep, 0)
+        out = F.scaled_dot_product_attention(qh[None], keys[None], values[None], scale=scale,
+                                             attn_mask=causal_lower_right(length, length + 1))[0]
     else:
         out = _window_prefill(qh, kh, vh, window, sink_key, sink_value, scale)
     return out[..., :dim].transpose(0, 1)[None]
@@ -229,18 +236,21 @@ WINDOW_BLOCK_ELEMENTS = 1 << 26
 
 
 def _window_prefill(qh, kh, vh, window: int, sink_key, sink_value, scale: float) -> torch.Tensor:
-    """:func:`prefill_attention`'s window path: qh [H, T, E], kh/vh [H, T, E] (heads repeated),
-    the sink's key and value [H, 1, E] or None → [H, T, E]."""
+    """:func:`prefill_attention`'s window path: qh [H, T, E], kh/vh [G, T, E] (G KV heads),
+    the sink's key and value [G, 1, E] or None → [H, T, E]. Keys are gathered a block of
+    chunks at a time and repeated to the query heads there, so a long prompt never holds them
+    all."""
     from specsim.costs.prefill import window_rows
 
     heads, length, width = qh.shape
+    rep = heads // kh.shape[0]
     rows = window_rows(window)
     n = -(-length // rows)
     span = rows + window - 1                         # keys of one chunk: cR − W + 1 .. cR + R − 1
     pad_q = n * rows - length
     qc = F.pad(qh, (0, 0, 0, pad_q)).view(heads, n, rows, width).transpose(0, 1)
     # keys before position 0 and after the last are zeros, masked below (front) or seen only
-    # by padded rows (back)
+    # by padded rows (back); a strided view of every chunk's keys: [G, n, span, E]
     kp = F.pad(kh, (0, 0, window - 1, pad_q)).unfold(1, span, rows).transpose(-1, -2)
     vp = F.pad(vh, (0, 0, window - 1, pad_q)).unfold(1, span, rows).transpose(-1, -2)
     r = torch.arange(rows, device=qh.device)[:, None]
@@ -253,7 +263,7 @@ def _window_prefill(qh, kh, vh, window: int, sink_key, sink_value, scale: float)
     block = max(1, WINDOW_BLOCK_ELEMENTS // (heads * (span + 1) * width))
     for c0 in range(0, n, block):
         c1 = min(n, c0 + block)
-        keys = kp[:, c0:c1].transpose(0, 1)                       # [b, H, span, E]
+        keys = kp[:, c0:c1].transpose(0, 1)                       # [b, G, span, E]
         values = vp[:, c0:c1].transpose(0, 1)
         if sink_key is not None:
             keys = torch.cat([keys, sink_key.expand(c1 - c0, -1, -1, -1)], 2)
@@ -261,8 +271,9 @@ def _window_prefill(qh, kh, vh, window: int, sink_key, sink_value, scale: float)
         mask = band.expand(c1 - c0, 1, -1, -1)
         if c0 == 0:
             mask = torch.cat([first[None, None], mask[1:]], 0)
-        out[c0:c1] = F.scaled_dot_product_attention(qc[c0:c1], keys, values, attn_mask=mask,
-                                                    scale=scale)
+        out[c0:c1] = F.scaled_dot_product_attention(
+            qc[c0:c1], keys.repeat_interleave(rep, 1), values.repeat_interleave(rep, 1),
+            attn_mask=mask, scale=scale)
     return out.transpose(0, 1).reshape(heads, n * rows, width)[:, :length]
 
 
