@@ -14,7 +14,10 @@ tokens/s over plain tokens/s at the same batch and context.
 
 The engine runs with the default settings (``specsim.settings``: fused projections, compiled
 layers, ...) changed by ``--setting name=value``; ``--c2q rows,sum`` runs each speculative
-configuration once per Collect-2-Query mode in one process (one compile).
+configuration once per Collect-2-Query mode in one process (one compile). ``--peer hf`` times
+the Hugging Face peer's plain decoding at every context in the same process, beside the
+engine's (``hf_peer.py``: a StaticCache, the step compiled and captured in a CUDA graph;
+random weights of the same shapes).
 """
 from __future__ import annotations
 
@@ -62,6 +65,8 @@ def main(argv=None) -> None:
                         help="engine setting (repeatable): " + ", ".join(
                             f"{f}={'|'.join(map(str, c)).lower()}" for f, c in
                             EngineSettings.choices().items()))
+    parser.add_argument("--peer", choices=["hf"], default=None,
+                        help="also time the Hugging Face static-cache peer's plain step")
     parser.add_argument("--c2q", default=None,
                         help="each speculative configuration once per Collect-2-Query mode in "
                              "this list (rows,sum: the c2q setting's values), alternating in "
@@ -96,6 +101,8 @@ def main(argv=None) -> None:
                      "tokens_per_second": plain.tokens_per_second, "step_seconds": step,
                      "floor_seconds": floor, "timing": plain.timing})
         del engine
+        if args.peer == "hf":
+            rows.append(hf_row(config, args, context, device, step, floor))
         if trace is None:
             continue
         for s in ss:
@@ -131,6 +138,33 @@ def main(argv=None) -> None:
         json.dump({"model": args.model, "batch": args.batch, "copy_bandwidth": bandwidth,
                    "settings": settings.to_json(), "rows": rows}, fh, indent=2)
     print(f"wrote {args.out}")
+
+
+def hf_row(config: dict, args, context: int, device, engine_step: float, floor: float) -> dict:
+    """The Hugging Face peer's plain step at ``context`` (its model built once per run)."""
+    from hf_peer import StaticDecoder, hf_model, time_steps
+
+    if not hasattr(hf_row, "model"):
+        hf_row.model = hf_model(config, device, torch.bfloat16 if device.type == "cuda"
+                                else torch.float32)
+    model, hf_config = hf_row.model
+    try:
+        decoder = StaticDecoder(model, hf_config, args.batch, context + args.new_tokens + 8,
+                                graph=device.type == "cuda")
+        decoder.fill(context)
+        step = time_steps(decoder, args.new_tokens)
+    except torch.OutOfMemoryError:
+        print(f"context {context}: hf static cache: out of memory")
+        return {"context": context, "mode": "hf-plain", "note": "out of memory"}
+    finally:
+        decoder = None
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    print(f"context {context}: hf static cache {args.batch / step:.0f} tokens/s, "
+          f"{1e3 * step:.2f} ms/step, floor {floor / step:.0%}; engine/hf step "
+          f"{engine_step / step:.2f}")
+    return {"context": context, "mode": "hf-plain", "tokens_per_second": args.batch / step,
+            "step_seconds": step, "floor_seconds": floor}
 
 
 if __name__ == "__main__":

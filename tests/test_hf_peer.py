@@ -1,0 +1,51 @@
+"""The Hugging Face peer of benchmarks/bench_engine.py, on the CPU: with the engine's own
+weights, its static-cache greedy decoding gives the engine's tokens (so the peer decodes the
+same model as the engine), and a cache filled at random to a context decodes on from there."""
+import json
+import sys
+
+import pytest
+import torch
+
+from repo import REPO_ROOT
+
+pytest.importorskip("transformers")
+sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
+
+from hf_peer import StaticDecoder, hf_model, time_steps  # noqa: E402
+
+from specsim.engine import build_model, plain_decode  # noqa: E402
+from specsim.shipped import catalog_file  # noqa: E402
+
+
+def tiny(name):
+    config = json.loads(catalog_file(f"{name}/config.json").read_text())
+    config.update(num_hidden_layers=2, hidden_size=64, intermediate_size=128,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=512,
+                  bos_token_id=1, eos_token_id=2)
+    return config
+
+
+@pytest.mark.parametrize("name", ["qwen3-8b", "llama-3.1-8b"])
+def test_the_peer_decodes_the_engines_tokens(name):
+    config = tiny(name)
+    engine_model = build_model(config, dtype=torch.float32, seed=3)
+    model, hf_config = hf_model(config, "cpu", torch.float32, engine_model.state_dict())
+    prompts = torch.randint(3, 512, (2, 12), generator=torch.Generator().manual_seed(4))
+    want = plain_decode(engine_model, prompts.tolist(), 8).tokens
+    decoder = StaticDecoder(model, hf_config, 2, 32, graph=False)
+    got = [decoder.prefill(prompts)[:, 0].tolist()]
+    got += [decoder.step()[:, 0].tolist() for _ in range(7)]
+    assert [list(t) for t in zip(*got)] == [list(t) for t in want]
+
+
+def test_a_randomly_filled_cache_decodes_on_from_its_context():
+    config = tiny("qwen3-8b")
+    model, hf_config = hf_model(config, "cpu", torch.float32)
+    decoder = StaticDecoder(model, hf_config, 3, 64, graph=False)
+    decoder.fill(40)
+    assert decoder.cache_position.item() == 40
+    assert time_steps(decoder, 5) > 0
+    assert decoder.cache_position.item() == 45 and decoder.position[:, 0].tolist() == [45] * 3
+    assert decoder.cache.layers[0].keys[:, :, 40:45].abs().sum() > 0     # written by the steps
+    assert decoder.cache.layers[0].keys[:, :, 45:].abs().sum() == 0
