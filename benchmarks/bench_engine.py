@@ -85,6 +85,7 @@ def main(argv=None) -> None:
     ss = [float(s) for s in args.ss.split(",")]
     c2qs = args.c2q.split(",") if args.c2q else [settings.c2q]
     trace = read_trace(args.trace) if args.trace else None
+    peer = None                 # the Hugging Face model, built at the first context
     for context in (int(c) for c in args.contexts.split(",")):
         prompts = [[0] * context] * args.batch
         max_len = context + args.new_tokens * (max(ks) + 1) + max(ks) + 2
@@ -102,7 +103,11 @@ def main(argv=None) -> None:
                      "floor_seconds": floor, "timing": plain.timing})
         del engine
         if args.peer == "hf":
-            rows.append(hf_row(config, args, context, device, step, floor))
+            if peer is None:
+                from hf_peer import hf_model
+                peer = hf_model(config, device, torch.bfloat16 if device.type == "cuda"
+                                else torch.float32)
+            rows.append(hf_row(peer, args, context, device, step, floor))
         if trace is None:
             continue
         for s in ss:
@@ -140,14 +145,11 @@ def main(argv=None) -> None:
     print(f"wrote {args.out}")
 
 
-def hf_row(config: dict, args, context: int, device, engine_step: float, floor: float) -> dict:
-    """The Hugging Face peer's plain step at ``context`` (its model built once per run)."""
-    from hf_peer import StaticDecoder, hf_model, time_steps
+def hf_row(peer, args, context: int, device, engine_step: float, floor: float) -> dict:
+    """The Hugging Face peer's plain step at ``context``: ``peer`` is (its model, config)."""
+    from hf_peer import StaticDecoder, time_steps
 
-    if not hasattr(hf_row, "model"):
-        hf_row.model = hf_model(config, device, torch.bfloat16 if device.type == "cuda"
-                                else torch.float32)
-    model, hf_config = hf_row.model
+    model, hf_config = peer
     try:
         decoder = StaticDecoder(model, hf_config, args.batch, context + args.new_tokens + 8,
                                 graph=device.type == "cuda")
