@@ -49,3 +49,22 @@ def test_a_randomly_filled_cache_decodes_on_from_its_context():
     assert decoder.cache_position.item() == 45 and decoder.position[:, 0].tolist() == [45] * 3
     assert decoder.cache.layers[0].keys[:, :, 40:45].abs().sum() > 0     # written by the steps
     assert decoder.cache.layers[0].keys[:, :, 45:].abs().sum() == 0
+
+
+def test_bench_engine_times_the_peer_beside_the_engine(tmp_path):
+    """bench_engine.py --peer hf on the CPU (SmolLM2's shapes, a 64-token context): one row
+    for the engine's plain step and one for the peer's, each with its floor."""
+    import os
+    import subprocess
+
+    out = tmp_path / "bench.json"
+    done = subprocess.run([sys.executable, str(REPO_ROOT / "benchmarks" / "bench_engine.py"),
+                           "--model", "smollm2-135m", "--batch", "1", "--contexts", "64",
+                           "--new-tokens", "2", "--device", "cpu", "--peer", "hf",
+                           "--out", str(out)], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["mode"] for r in rows] == ["plain", "hf-plain"]
+    assert all(r["step_seconds"] > 0 and r["floor_seconds"] > 0 for r in rows)
+    assert "engine/hf step" in done.stdout
