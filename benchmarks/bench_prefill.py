@@ -67,7 +67,9 @@ def flex_peer(compiled):
             def mask(b, h, qi, ki):
                 keep = qi >= ki
                 return keep & (qi - ki < window) if window else keep
-            masks[(t, window)] = create_block_mask(mask, None, None, t, t, device=q.device)
+            # compiled on the GPU: built eagerly, a 128K mask's index grids run out of memory
+            masks[(t, window)] = create_block_mask(mask, None, None, t, t, device=q.device,
+                                                   _compile=q.is_cuda)
         out, aux = compiled(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                             block_mask=masks[(t, window)], enable_gqa=True, **LSE)
         lse = getattr(aux, "lse", aux)
