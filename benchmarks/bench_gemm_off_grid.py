@@ -12,7 +12,7 @@ On the GPU (writes the measured points, with the sweep's provenance):
 
 Anywhere (prints the error of the table's pricing, per shape and pooled):
 
-    python benchmarks/bench_gemm_off_grid.py --report benchmarks/gemm-off-grid-h200.json \\
+    python benchmarks/bench_gemm_off_grid.py --report tests/fixtures/gemm-off-grid-h200.json \\
         [--table models/operators/h200.json]
 """
 from __future__ import annotations

@@ -24,8 +24,9 @@ def test_the_catalogues_shapes_off_the_grid_are_found():
 
 
 def test_the_report_prices_every_measured_point():
+    measured = REPO_ROOT / "tests" / "fixtures" / "gemm-off-grid-h200.json"
     done = subprocess.run([sys.executable, str(REPO_ROOT / "benchmarks" / "bench_gemm_off_grid.py"),
-                           "--report", str(REPO_ROOT / "benchmarks" / "gemm-off-grid-h200.json"),
+                           "--report", str(measured),
                            "--table", str(REPO_ROOT / "models" / "operators" / "h200.json")],
                           capture_output=True, text=True, timeout=300, cwd=REPO_ROOT)
     assert done.returncode == 0, done.stderr[-2000:]
