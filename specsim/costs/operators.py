@@ -32,8 +32,8 @@ linearly between measured keys: q, group, rows); outside, a stated model, and th
 :class:`~specsim.costs.base.Cost` says so in ``notes``: attention and element-wise times beyond
 the largest measured point grow as the bytes (the achieved rate there held), below the smallest
 point they are held (launch-bound); a GEMM between measured widths is interpolated on log
-time over log n and log k, held below the smallest width and grown as its bytes or FLOPs beyond the
-largest. What the table does not hold at all is bytes over the probe's copy bandwidth (noted).
+time over log n and log k, held below the smallest width and grown as its bytes or FLOPs
+beyond the largest. What the table does not hold at all is bytes over the probe's copy bandwidth (noted).
 
 With :class:`~specsim.costs.fitted.FittedTerms` (fitted on *other* models' calibrations on the
 table's GPU) each step is corrected by its family's composition residual and the decoding
@@ -748,8 +748,7 @@ class _Unmeasured(Exception):
     """An operator the table does not hold and no stated model replaces."""
 
 
-#: Key field names by operator (for notes).
-#: Each operator's key field names, as its table file names them.
+#: Each operator's key field names (for notes), as its table file names them.
 OP_KEY_NAMES = {op: names for op, (names, _) in OPERATORS.items()}
 
 

@@ -51,9 +51,10 @@ def build_summary(folder: str | Path) -> dict:
                      "date": plan["created"]}
             key = tuple(entry[k] for k in ("kind", "model", "hardware"))
             plan_of = (entry["date"], entry["report"])       # a plan, told apart on a tie
-            if key not in chosen or (chosen[key][0]["date"], chosen[key][0]["report"]) < plan_of:
+            held = (chosen[key][0]["date"], chosen[key][0]["report"]) if key in chosen else None
+            if held is None or held < plan_of:
                 chosen[key] = [entry]
-            elif (chosen[key][0]["date"], chosen[key][0]["report"]) == plan_of:
+            elif held == plan_of:
                 chosen[key].append(entry)
     entries = sorted((e for latest in chosen.values() for e in latest),
                      key=lambda e: (e["hardware"], e["kind"], e["model"], e["batch"],

@@ -37,6 +37,7 @@ from specsim.kernels import (KVCache, append_positions, attention_mass_reference
                              sparsespec_select, streamingllm_select, vegas_select,
                              verify_attention)
 from specsim.kernels.verify_attention import MAX_Q_LEN, default_collect_rows
+from specsim.costs.prefill import window_rows, windowed
 from specsim.policies import Policy
 
 KERNEL_HEAD_DIMS = (64, 128)
@@ -174,8 +175,6 @@ def write_prefill(cache: KVCache, layer: int, b: int, k: torch.Tensor, v: torch.
         cache.page_max[layer, b, :, :pages] = torch.where(valid, rows, -inf).amax(2)
 
 
-
-
 def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
                       window: int | None = None, sinks: torch.Tensor | None = None
                       ) -> torch.Tensor:
@@ -198,8 +197,6 @@ def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     flash call and the memory-efficient kernel, which takes a mask, take no grouped heads); a
     window no shorter than the prompt hides nothing, so that layer runs the causal or sink
     path. Off the GPU, SDPA materialises the lower-right mask (T × (T + 1)) for the sinks."""
-    from specsim.costs.prefill import windowed
-
     length, heads, dim = q.shape[1:]
     if not windowed(window, length):
         window = None                           # a window no shorter than the prompt
@@ -240,8 +237,6 @@ def _window_prefill(qh, kh, vh, window: int, sink_key, sink_value, scale: float)
     the sink's key and value [G, 1, E] or None → [H, T, E]. Keys are gathered a block of
     chunks at a time and repeated to the query heads there, so a long prompt never holds them
     all."""
-    from specsim.costs.prefill import window_rows
-
     heads, length, width = qh.shape
     rep = heads // kh.shape[0]
     rows = window_rows(window)
