@@ -440,10 +440,12 @@ def test_the_sweep_writes_a_table_that_prices_a_model(swept):
         missing.notes
 
 
-def test_the_sweep_resumes_its_own_table_and_refuses_another(swept, monkeypatch):
+def test_the_sweep_resumes_its_own_table_and_refuses_another(swept, tmp_path, monkeypatch):
     import specsim.operator_sweep as S
 
-    path, table = swept
+    shared, table = swept
+    path = tmp_path / "ops.json"            # the resume writes: the shared table stays as swept
+    path.write_bytes(shared.read_bytes())
     monkeypatch.setattr(S, "MEASURES", {})         # a complete table measures nothing more
     again = S.measure_operators(S.OperatorGrid.tiny(), str(path), progress=False)
     assert len(again.points) == len(table.points) and again.provenance["resumed"]
@@ -496,8 +498,7 @@ def grouped_ms(n, k, rows, groups):
 def test_an_moe_model_is_priced_by_the_grouped_gemm_where_the_table_has_it():
     """Routed experts: the grouped GEMM of the token-expert pairs over the touched experts
     (uniform routing), linear in (pairs per touched expert, touched experts) between the
-    measured points, its weight bytes scaled from the nearest measured widths; without the
-    operator, one GEMM per touched expert."""
+    measured points; without the operator, one GEMM per touched expert."""
     import dataclasses
 
     from specsim.costs.operator_file import Point
@@ -554,6 +555,37 @@ def test_a_grouped_gemm_table_of_the_older_layout_is_read_on_its_own_axes_with_a
     assert seconds == pytest.approx(0.035e-3)
     assert any("older layout" in n and "--only grouped_gemm" in n for n in notes)
     assert priced.grouped_gemm(8, 8, 1024, 1024)[0] == pytest.approx(0.010e-3)
+
+
+def test_a_grouped_gemm_between_widths_is_read_on_log_time_as_a_gemm_is():
+    """Expert widths off the grid (Qwen3-30B-A3B's down projection, 2048 x 768): log time
+    over log widths at the same (pairs per expert, experts) point, exact where the time is
+    the touched experts' weight bytes; beyond the widest measured width grown by its floor."""
+    import dataclasses
+
+    from specsim.costs.operator_file import Point
+
+    moe = dataclasses.replace(SMALL, name="small-moe", num_experts=16, experts_per_token=4,
+                              moe_intermediate_size=512)
+    table = synthetic_table()
+
+    def weights_ms(n, k, groups):
+        return groups * n * k * 2 / 3e9
+
+    for n in (512, 1024, 2048):
+        for k in (512, 1024, 2048):
+            for groups in (4, 16):
+                for per in (1, 16):
+                    table.points.append(Point("grouped_gemm", {"n": n, "k": k},
+                                              {"rows": per * groups, "groups": groups},
+                                              [weights_ms(n, k, groups)] * 3))
+    priced = OperatorCostModel(table, moe, HW)
+    for n, k in ((2048, 768), (768, 1536), (1536, 1536)):
+        seconds, notes = priced.grouped_gemm(8 * 16, 16, n, k)
+        assert seconds == pytest.approx(weights_ms(n, k, 16) / 1e3)
+    wide, notes = priced.grouped_gemm(16, 16, 4096, 1024)
+    assert wide > priced.grouped_gemm(16, 16, 2048, 1024)[0]
+    assert any("beyond the measured widths" in n for n in notes)
 
 
 def test_an_moe_layer_is_priced_with_its_measured_routing():

@@ -287,21 +287,28 @@ class OperatorCostModel:
         return seconds, list(notes)
 
     def _gemm(self, m: float, n: int, k: int) -> tuple[float, list[str]]:
-        """Between measured widths, the time is interpolated linearly in log n and log k on
-        log time (exact both where time is the weight bytes, n·k, and where it is the launch
-        alone); below the smallest measured width it is held there (a narrower GEMM is
-        launch-bound, never cheaper than its launch); beyond the largest it grows as its bytes
-        or FLOPs, whichever bounds it. A corner the grid skipped is its nearest measured shape
-        so grown. VALIDATION.md measures it against the catalogue models' own shapes."""
+        """One GEMM of ``m`` rows [k, n], read across the measured widths
+        (``_across_widths``)."""
         if m <= 0:
             return 0.0, []
-        exact = self._at_key("gemm", (n, k), (m,))
-        if exact is not None:
-            return exact
-        shapes = self.keys.get("gemm", [])
-        if not shapes:
+        if not self.keys.get("gemm"):
             return self._gemm_roof(m, n, k), [
                 f"gemm n={n} k={k} not measured: roofline over the probe's ceilings"]
+        return self._across_widths("gemm", n, k, (m,), lambda nn, kk: self._gemm_roof(m, nn, kk))
+
+    def _across_widths(self, op: str, n: int, k: int, at: tuple, roof) -> tuple[float, list[str]]:
+        """The time of a GEMM-like operator keyed by its widths (n, k) at the point ``at`` of its
+        measured axes. Between measured widths the time is interpolated linearly in log n and
+        log k on log time (exact both where time is the weight bytes, n·k, and where it is the
+        launch alone); below the smallest measured width it is held there (a narrower GEMM is
+        launch-bound, never cheaper than its launch); beyond the largest it grows as
+        ``roof(n, k)``, its bytes or FLOPs, whichever bounds it. A corner the grid skipped is
+        its nearest measured shape so grown. VALIDATION.md measures it against the catalogue
+        models' own shapes."""
+        exact = self._at_key(op, (n, k), at)
+        if exact is not None:
+            return exact
+        shapes = self.keys[op]
         ns = sorted({s[0] for s in shapes})
         ks = sorted({s[1] for s in shapes})
         nc, kc = min(max(n, ns[0]), ns[-1]), min(max(k, ks[0]), ks[-1])
@@ -312,25 +319,24 @@ class OperatorCostModel:
                 w = _log_weight(ns, nc, nn) * _log_weight(ks, kc, kk)
                 if w == 0:
                     continue
-                got = self._at_key("gemm", (nn, kk), (m,))
+                got = self._at_key(op, (nn, kk), at)
                 if got is None:     # a corner the grid skipped (its weight over the cap)
                     near = min(shapes, key=lambda s: abs(math.log(s[0] / nn))
                                + abs(math.log(s[1] / kk)))
-                    t, said = self._at_key("gemm", near, (m,))
-                    got = (t * self._gemm_roof(m, nn, kk) / self._gemm_roof(m, *near), said + [
-                        f"gemm n={nn} k={kk} not measured: n={near[0]} k={near[1]} scaled by "
+                    t, said = self._at_key(op, near, at)
+                    got = (t * roof(nn, kk) / roof(*near), said + [
+                        f"{op} n={nn} k={kk} not measured: n={near[0]} k={near[1]} scaled by "
                         f"its bytes or FLOPs, whichever bounds it"])
                 log_t += w * math.log(got[0])
                 total += w
                 notes += got[1]
         seconds = math.exp(log_t / total)
         if n > ns[-1] or k > ks[-1]:     # grown along the wider axes only (held below)
-            seconds *= (self._gemm_roof(m, max(n, ns[0]), max(k, ks[0]))
-                        / self._gemm_roof(m, nc, kc))
-            notes.append(f"gemm n={n} k={k}: beyond the measured widths, n={nc} k={kc} grown as "
-                         f"its bytes or FLOPs, whichever bounds it")
+            seconds *= roof(max(n, ns[0]), max(k, ks[0])) / roof(nc, kc)
+            notes.append(f"{op} n={n} k={k}: beyond the measured widths, n={nc} k={kc} grown "
+                         f"as its bytes or FLOPs, whichever bounds it")
         if n < ns[0] or k < ks[0]:
-            notes.append(f"gemm n={n} k={k}: below the measured widths, the time at n={nc} "
+            notes.append(f"{op} n={n} k={k}: below the measured widths, the time at n={nc} "
                          f"k={kc} held")
         return seconds, notes
 
@@ -338,32 +344,29 @@ class OperatorCostModel:
                      ) -> tuple[float, list[str]]:
         """The grouped GEMM of ``rows`` token-expert pairs over ``touched`` experts [k, n]: the
         measured grid on (pairs per expert, experts), linear between its points (past the
-        most measured experts or pairs the time grows as them), at the nearest (n, k) widths,
-        scaled by the weight bytes ``n·k`` relative to the measured shape's. A table of the
-        older layout (points of fewer pairs than experts) is read on its (pairs, experts)
-        axes, with a note."""
-        widths = sorted({w for key in self.keys["grouped_gemm"] for w in key})
-        nn = min(widths, key=lambda w: abs(math.log(w / n)))
-        kk = min(widths, key=lambda w: abs(math.log(w / k)))
+        most measured experts or pairs the time grows as them), read across the measured
+        (n, k) widths as a plain GEMM is (``_across_widths``; its roofline: every touched
+        expert's weights, the pairs' rows in and out). A table of the older layout (points of
+        fewer pairs than experts) is read on its (pairs, experts) axes, with a note."""
+        if not self.keys.get("grouped_gemm"):
+            return self._gemm(rows / max(touched, 1.0), n, k)[0] * max(touched, 1.0), [
+                "grouped_gemm not measured: one GEMM per expert"]
         touched = max(touched, 1.0)
-        grid = self.grids.get(("grouped_gemm", (nn, kk)))
-        old = grid is not None and grid.old_layout
+        old = any(g.old_layout for (op, _), g in self.grids.items() if op == "grouped_gemm")
         at = (max(rows, 1.0), touched) if old else (max(rows / touched, 1.0), touched)
-        got = self._at_key("grouped_gemm", (nn, kk), at)
-        if got is None:
-            return self._gemm(rows / touched, n, k)[0] * touched, [
-                f"grouped_gemm n={nn} k={kk} not measured: one GEMM per expert"]
-        seconds, notes = got
+        d = self.model.dtype_bytes
+
+        def roof(nn: int, kk: int) -> float:
+            moved = d * (touched * nn * kk + rows * (nn + kk))
+            return max(moved / self.bandwidth, 2.0 * rows * nn * kk / self.matmul_rate)
+
+        seconds, notes = self._across_widths("grouped_gemm", n, k, at, roof)
         if old:
             notes = notes + [
-                f"grouped_gemm n={nn} k={kk} measured in an older layout (fewer pairs than "
-                f"experts): re-measure it with `specsim calibrate --gpu --operators --only "
-                f"grouped_gemm --out TABLE`"]
-        scale = (n * k) / (nn * kk)
-        if (nn, kk) != (n, k):
-            notes = notes + [f"grouped_gemm n={n} k={k} scaled by weight bytes from the "
-                             f"measured n={nn} k={kk}"]
-        return seconds * scale, notes
+                "grouped_gemm measured in an older layout (fewer pairs than experts): "
+                "re-measure it with `specsim calibrate --gpu --operators --only grouped_gemm "
+                "--out TABLE`"]
+        return seconds, notes
 
     def moe_routing(self, tokens: float, experts: int, top: int, hidden: int
                     ) -> tuple[float, list[str]]:
