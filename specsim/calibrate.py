@@ -109,10 +109,15 @@ class CalibrationGrid:
         return (self.only is None or family in self.only) and \
             (family != "overhead" or self.overheads)
 
-    def shape_needed(self, context: int) -> bool:
-        """Whether a shape at ``context`` has anything to measure (only the overhead
-        contexts do when the overheads alone are asked for)."""
-        return self.only is None or set(self.only) != {"overhead"} or self.overheads_at(context)
+    def shape_needed(self, batch: int, context: int) -> bool:
+        """Whether the (batch, context) shape has anything to measure: the decoding steps at
+        every shape, the loop overheads at the overhead contexts only, a prefill at the
+        smallest batch only (so ``only`` overhead or prefill visits just those shapes, and a
+        run of them is complete without the others)."""
+        fams = set(self.only) if self.only is not None else set(OP_FAMILIES)
+        return bool(fams - {"overhead", "prefill"}) \
+            or ("overhead" in fams and self.overheads_at(context)) \
+            or ("prefill" in fams and batch == min(self.batches))
 
     def overhead_contexts(self) -> list[int]:
         """Loop overheads are measured at the grid's shortest, middle and longest contexts
@@ -226,15 +231,15 @@ def measure(spec: ModelSpec, grid: CalibrationGrid, config: dict | None = None,
     engine_of = functools.partial(Engine, settings=settings)
     free = torch.cuda.mem_get_info()[0]
     ceilings = _ceilings(torch)
-    shapes = [(b, c) for b, c in shape_order(grid.batches, grid.contexts)
-              if b * (c + 64) * spec.kv_bytes_per_token < grid.memory_fraction * free
-              and grid.shape_needed(c)]
+    needed = [(b, c) for b, c in shape_order(grid.batches, grid.contexts)
+              if grid.shape_needed(b, c)]
+    shapes = [(b, c) for b, c in needed
+              if b * (c + 64) * spec.kv_bytes_per_token < grid.memory_fraction * free]
     prov = collect_provenance(spec, kernel_config_hash())
     prov["grid"] = {"batches": grid.batches, "contexts": grid.contexts, "qs": grid.qs,
                     "sparsities": grid.sparsities, "policies": grid.policies,
                     "repeats": grid.repeats,
-                    "shapes_skipped_for_memory": len(grid.batches) * len(grid.contexts)
-                    - len(shapes),
+                    "shapes_skipped_for_memory": len(needed) - len(shapes),
                     "overhead_k": list(OVERHEAD_KS) if grid.overheads else None,
                     "overhead_contexts": grid.overhead_contexts() or None,
                     "overhead_clock": "loop steps"}

@@ -331,10 +331,16 @@ def test_a_grid_can_measure_some_op_families_only(monkeypatch):
     with pytest.raises(ValueError, match="measures nothing"):
         C.CalibrationGrid(only=["overhead"], overheads=False)
     grid = C.CalibrationGrid(batches=[2], contexts=[500, 600, 700, 800], only=["overhead"])
-    assert [c for c in grid.contexts if grid.shape_needed(c)] == grid.overhead_contexts() \
+    assert [c for c in grid.contexts if grid.shape_needed(2, c)] == grid.overhead_contexts() \
         == [500, 700, 800]
-    assert all(C.CalibrationGrid(contexts=[500, 600, 700]).shape_needed(c)
+    assert all(C.CalibrationGrid(contexts=[500, 600, 700]).shape_needed(4, c)
                for c in (500, 600, 700))
+    # overheads and prefills: the overhead contexts at every batch, every context at the
+    # smallest batch (a prefill is one prompt), nothing else
+    both = C.CalibrationGrid(batches=[1, 4], contexts=[500, 600, 700, 800],
+                             only=["overhead", "prefill"])
+    needed = [(b, c) for b in both.batches for c in both.contexts if both.shape_needed(b, c)]
+    assert needed == [(1, 500), (1, 600), (1, 700), (1, 800), (4, 500), (4, 700), (4, 800)]
 
     monkeypatch.setattr(C, "_time", wall_timer())
     monkeypatch.setattr(C, "OVERHEAD_STEPS", 3)
