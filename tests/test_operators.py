@@ -740,3 +740,31 @@ def test_window_layers_are_priced_as_the_engine_runs_them():
     parts, _ = cm.forward_parts([1500] * batch, q, collect="sum")
     assert parts["attention"] * 1e3 == pytest.approx(
         verify_ms(q, "sum", 8, 1500) + verify_ms(q, "off", 8, 1500), rel=1e-9)
+
+
+@settings(max_examples=60, deadline=None)
+@given(lists=st.floats(1.0, 31.0), slope_us=st.floats(0.0, 5.0), floor_us=st.floats(5.0, 200.0))
+def test_a_selection_over_fewer_lists_than_measured_follows_its_two_smallest_points(
+        lists, slope_us, floor_us):
+    """Quest's page scoring over 2 sequences x 4 KV heads (8 lists) where the table starts at
+    32: on the line through the 32- and 128-list points, never above the 32-list time nor
+    below it shrunk in proportion; an attention kernel's grid is held there instead."""
+    from specsim.costs.operators import _grid
+
+    def points(op, key, lists_axis="lists"):
+        return [Point(op, key, {lists_axis: n, "context": c},
+                      [(floor_us + slope_us * n) * c / 65536 / 1e3] * 3)
+                for n in (32, 128, 512) for c in (16384, 65536)]
+
+    selection = _grid("selection", points("selection", {"policy": "quest", "group": 4,
+                                                        "rows": 0}))
+    t, note = selection(lists, 65536)
+    t32 = (floor_us + 32 * slope_us) / 1e6
+    line = (floor_us + lists * slope_us) / 1e6
+    assert t == pytest.approx(max(line, t32 * lists / 32))
+    assert t32 * lists / 32 - 1e-15 <= t <= t32 + 1e-15
+    assert "extrapolated along its two smallest points" in note
+    verify = _grid("verify", points("verify", {"head_dim": 128, "group": 4, "q": 1,
+                                               "collect": "off"}, "batch_kv_heads"))
+    held, note = verify(lists, 65536)
+    assert held == pytest.approx(t32) and "held at its smallest point" in note
