@@ -1,10 +1,8 @@
 """The engine's prefill attention of one prompt on each of its paths (causal; a full layer's
 attention sinks; a sliding window with sinks), against torch peers in the same run: SDPA's
-causal flash kernel over the same products (the floor the sink path runs on) and FlexAttention
-compiled (a block mask; the sinks folded in from its log-sum-exp), and for the sink path one
-candidate, SDPA's flash kernel returning its log-sum-exp with the sink folded in the same way,
-at gpt-oss-20b's heads (64 query, 8 KV, head_dim 64, window 128) and a dense model's
-(32 / 8 / 128).
+causal kernel over the same products (the floor the sink path runs on) and FlexAttention
+compiled (a block mask; the sinks folded in from its log-sum-exp), at gpt-oss-20b's heads
+(64 query, 8 KV, head_dim 64, window 128) and a dense model's (32 / 8 / 128).
 
 Correctness first: every path and peer in bf16 against the fp32 definition on a short prompt.
 Then each (heads, path, tokens) timed by CUDA events over a few calls (a call is tens of
@@ -79,24 +77,6 @@ def flex_peer(compiled):
     return run
 
 
-def flash_lse(q, k, v, window, sinks):
-    """The sink path's candidate: SDPA's flash kernel (private op, which returns the
-    log-sum-exp) at the model's own head width, the sink folded in as out · σ(lse − sink);
-    causal only (no window)."""
-    heads, groups = q.shape[2], k.shape[2]
-    qh = q.transpose(1, 2)
-    kh = k.transpose(1, 2).repeat_interleave(heads // groups, 1)
-    vh = v.transpose(1, 2).repeat_interleave(heads // groups, 1)
-    if q.is_cuda:
-        out, lse = torch.ops.aten._scaled_dot_product_flash_attention(qh, kh, vh, 0.0, True)[:2]
-    else:
-        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(qh, kh, vh, 0.0,
-                                                                              True)
-    if sinks is not None:
-        out = out * torch.sigmoid(lse - sinks.float()[None, :, None]).to(out.dtype)[..., None]
-    return out.transpose(1, 2)
-
-
 def timed(fn, repeats: int, cuda: bool) -> list[float]:
     fn()
     out = []
@@ -139,8 +119,6 @@ def main() -> None:
         for path, (window, sunk) in paths.items():
             want = definition(q, k, v, window, sinks if sunk else None)
             candidates = {"engine": prefill_attention, "flex": flex}
-            if window is None:
-                candidates["flash+lse"] = flash_lse
             for name, fn in candidates.items():
                 got = (fn(q.to(dtype), k.to(dtype), v.to(dtype), window=window,
                           sinks=sinks if sunk else None) if name == "engine" else
@@ -161,7 +139,6 @@ def main() -> None:
                 impls = {"engine": lambda: prefill_attention(q, k, v, window=window, sinks=s),
                          "flex": lambda: flex(q, k, v, window, s)}
                 if path != "window":
-                    impls["flash+lse"] = lambda: flash_lse(q, k, v, None, s)
                     impls["sdpa causal"] = lambda: F.scaled_dot_product_attention(
                         q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                         is_causal=True, enable_gqa=True)

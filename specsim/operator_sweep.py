@@ -25,9 +25,9 @@ GPU side (torch, triton and the engine's kernels; no simpy/plotly). Each operato
   ranking, Quest's page scoring and ranking of one layer's draft query; last-token's gather of
   each list's last accepted row out of the collected rows first), at s = ``selection_s``;
 - ``prefill_attention``: the engine's prefill attention of one prompt of ``prefill_tokens``
-  (``specsim.engine.attention.prefill_attention``, 8 KV heads) on each of its paths
-  (:data:`specsim.costs.prefill.PATHS`: causal; a full layer's sinks; a window of
-  ``prefill_window`` with sinks), at the query-key products it computes
+  (``specsim.engine.attention.prefill_attention``, 8 KV heads) on each of its kernels
+  (:data:`specsim.costs.prefill.OPERATOR_PATHS`: causal, which a full layer's sinks run on
+  too; a window of ``prefill_window`` with sinks), at the query-key products it computes
   (:func:`specsim.costs.prefill.attention_elements` over the query heads);
 - ``graph``: the replay of a CUDA graph of ``kernels`` minimal kernels with the host's wait.
 
@@ -54,7 +54,7 @@ import time
 from dataclasses import dataclass, field
 
 from specsim.costs.operator_file import OperatorTable, Point, read_operator_table
-from specsim.costs.prefill import PATHS
+from specsim.costs.prefill import OPERATOR_PATHS
 from specsim.errors import SpecsimError
 from specsim.settings import DEFAULT, EngineSettings, engine_provenance
 
@@ -239,7 +239,7 @@ def _groups(grid: OperatorGrid):
     out.append(("graph", {}, [{"kernels": n} for n in grid.graph_kernels]))
     for hd in grid.head_dims:
         for g in grid.groups:
-            for path in PATHS:
+            for path in OPERATOR_PATHS:
                 out.append(("prefill_attention", {"head_dim": hd, "group": g, "path": path},
                             [{"tokens": t} for t in grid.prefill_tokens]))
     for hd in grid.head_dims:

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from specsim.costs.operator_file import Point, read_operator_table
 from specsim.costs.operators import OperatorCostModel
-from specsim.costs.prefill import attention_elements, chunks, ideal_elements
+from specsim.costs.prefill import attention_elements, chunks, ideal_elements, sink_fold_bytes
 from specsim.costs.roofline import RooflineCostModel
 from specsim.errors import SpecsimError
 from specsim.shipped import shipped_root
@@ -34,8 +34,8 @@ def test_products_are_each_rows_visible_keys_or_the_window_paths_chunks(new, pas
                                                                         sinks):
     assert ideal_elements(new, past, window) == brute_causal(new, past, window)
     got = attention_elements(new, past, window, sinks)
-    if window is None or past + new <= window:  # the causal kernel (+ the sink, a key a row)
-        assert got == brute_causal(new, past, None) + (new if sinks else 0)
+    if window is None or past + new <= window:  # the causal kernel (a sink is folded after it)
+        assert got == brute_causal(new, past, None)
     else:                       # chunks of R = max(W, 16) rows, each over R + W − 1 keys
         rows = max(16, window)
         assert got == math.ceil(new / rows) * rows * (rows + window - 1 + sinks)
@@ -75,8 +75,9 @@ def definition(q, k, v, window, sinks):
 def test_each_path_is_its_definition_and_computes_what_the_cost_models_count(
         monkeypatch, t, window, sinks, block):
     """The engine's prefill paths against the definition (a window path cut into blocks of
-    ``block`` chunks too), and every query-key product of their SDPA calls counted (a causal
-    call's rows read their keys up to the diagonal, aligned lower-right for the sink) equals
+    ``block`` chunks too), and every query-key product of their kernels counted (a causal
+    call's rows read their keys up to the diagonal, aligned lower-right where it has more
+    keys than rows; the sink path's causal kernel with its log-sum-exp) equals
     attention_elements."""
     from specsim.engine import attention      # first: it sets up Triton for this machine
     from torch.nn.attention.bias import CausalBias  # noqa: E402 (imports Triton)
@@ -103,6 +104,14 @@ def test_each_path_is_its_definition_and_computes_what_the_cost_models_count(
             return getattr(torch.nn.functional, name)
 
     monkeypatch.setattr(attention, "F", Counted())
+    real_lse = attention.causal_with_lse
+
+    def counting_lse(q, k, v):
+        rows = q.shape[-2]
+        seen.append(q.shape[0] * rows * (rows + 1) // 2)
+        return real_lse(q, k, v)
+
+    monkeypatch.setattr(attention, "causal_with_lse", counting_lse)
     gen = torch.Generator().manual_seed(t)
     q = torch.randn(1, t, heads, dim, generator=gen)
     k = torch.randn(1, t, 2, dim, generator=gen)
@@ -179,8 +188,10 @@ def attention_of(model, table, prompt=2000):
 
 
 def test_each_layer_prices_its_prefill_on_its_own_path():
-    """Full layers of a sink model on the sink path, window layers on the window path at the
-    products their chunks compute; a path the table lacks priced as the causal kernel, said."""
+    """Full layers of a sink model on the causal kernel and the sink's fold (an element-wise
+    pass over the output), window layers on the window kernel at the products their chunks
+    compute; a kernel the table lacks priced as the causal one, said. A table's points of the
+    sink path as it once ran (its own kernel) are not read."""
     sinky = dataclasses.replace(SMALL, name="sinky", attention_sinks=True)
     windowed = dataclasses.replace(sinky, name="windowed", sliding_window=64,
                                    layer_types=("sliding_attention", "full_attention"))
@@ -193,15 +204,20 @@ def test_each_layer_prices_its_prefill_on_its_own_path():
         return 1e-3 * PATH_RATE[path] * (0.01 + (elements - 1e6) / (1e9 - 1e6) * 1.99)
 
     assert plain == pytest.approx(2 * per_layer(heads * attention_elements(2000), "causal"))
-    assert sunk == pytest.approx(2 * per_layer(heads * attention_elements(2000, 0, None, True),
-                                               "sinks"))
+    priced = OperatorCostModel(table, sinky, HW)
+    fold = priced._elementwise(sink_fold_bytes(2000, heads, SMALL.head_dim, SMALL.dtype_bytes))[0]
+    assert sunk == pytest.approx(2 * per_layer(heads * attention_elements(2000), "causal"))
+    parts, _ = priced.prefill_parts(np.array([2000]), np.array([0]))
+    assert parts["sink fold"] == pytest.approx(2 * fold) and fold > 0
+    assert "sink fold" not in OperatorCostModel(table, SMALL, HW).prefill_parts(
+        np.array([2000]), np.array([0]))[0]
     both, _ = attention_of(windowed, table)
     assert both == pytest.approx(
-        per_layer(heads * attention_elements(2000, 0, None, True), "sinks")
+        per_layer(heads * attention_elements(2000), "causal")
         + per_layer(heads * attention_elements(2000, 0, 64, True), "window"))
     lacking, notes = attention_of(windowed, moe_free_table(True, paths=("causal",)))
     assert lacking == pytest.approx(
-        per_layer(heads * attention_elements(2000, 0, None, True), "causal")
+        per_layer(heads * attention_elements(2000), "causal")
         + per_layer(heads * attention_elements(2000, 0, 64, True), "causal"))
     assert any("path=window not measured: priced as the causal kernel" in n for n in notes)
 
@@ -215,6 +231,10 @@ def test_a_table_of_the_earlier_masked_path_keeps_its_causal_points_only(tmp_pat
         doc["points"].append({"op": "prefill_attention",
                               "key": {"head_dim": 64, "group": 8, "masked": masked},
                               "at": {"elements": 1e6}, "samples_ms": [0.5]})
+    # the sink path's own kernel, which a full sink layer no longer runs: dropped, unsaid
+    doc["points"].append({"op": "prefill_attention",
+                          "key": {"head_dim": 64, "group": 8, "path": "sinks"},
+                          "at": {"elements": 1e6}, "samples_ms": [0.9]})
     path = tmp_path / "older.json"
     path.write_text(json.dumps(doc))
     table = read_operator_table(str(path))

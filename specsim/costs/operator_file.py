@@ -61,8 +61,8 @@ OPERATORS = {
     # combine
     "moe_routing": (("experts", "top", "hidden"), ("tokens",)),
     # one layer's prefill attention of one prompt (``prefill_attention``) on one of the
-    # engine's paths (``specsim.costs.prefill.PATHS``: causal, sinks, window), at ``elements``
-    # query-key products summed over the query heads (``prefill.attention_elements``)
+    # engine's kernels (``specsim.costs.prefill.OPERATOR_PATHS``: causal, window), at
+    # ``elements`` query-key products summed over the query heads (``attention_elements``)
     "prefill_attention": (("head_dim", "group", "path"), ("elements",)),
 }
 #: Provenance every file carries (a string, a number or null each).
@@ -164,17 +164,23 @@ def read_operator_table(path: str) -> OperatorTable:
         row = _older_prefill(row)
         if row is None:
             retired += 1
+        if not row:
             continue
         points.append(_point(path, f"points[{i}]", row))
     return OperatorTable(prov, probe, points, path, retired_prefill_points=retired)
 
 
 def _older_prefill(row):
-    """A ``prefill_attention`` point of a table measured before the engine's prefill paths
-    (keyed ``masked``): its causal points are the causal path's; its masked points timed a
-    path the engine no longer runs (None: not read)."""
+    """A ``prefill_attention`` point of a table measured before the engine's current prefill
+    kernels: keyed ``masked`` (its causal points are the causal path's; its masked points
+    timed a path the engine no longer runs: None, not read and counted as retired), or on the
+    ``sinks`` path, which now runs the causal kernel (``False``: not read, nothing lost)."""
     if not (isinstance(row, dict) and row.get("op") == "prefill_attention"
-            and isinstance(row.get("key"), dict) and "masked" in row["key"]):
+            and isinstance(row.get("key"), dict)):
+        return row
+    if row["key"].get("path") == "sinks":
+        return False
+    if "masked" not in row["key"]:
         return row
     key = dict(row["key"])
     if key.pop("masked"):

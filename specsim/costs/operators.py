@@ -690,10 +690,11 @@ class OperatorCostModel:
                       ) -> tuple[dict[str, float], list[str]]:
         """Seconds by operator of one prefill pass: the token-proportional layers at every new
         token, each layer's prefill attention at the query-key products of every sequence's
-        chunk on the path the engine runs it (:func:`specsim.costs.prefill.path`: causal,
-        sinks, or a window shorter than the sequence), the new K/V rows written, and the LM
-        head over each sequence's last row."""
-        from specsim.costs.prefill import attention_elements, path
+        chunk on the kernel the engine runs it on (:func:`specsim.costs.prefill.path`: causal,
+        sinks — the causal kernel and the sink's fold — or a window shorter than the
+        sequence), the new K/V rows written, and the LM head over each sequence's last row."""
+        from specsim.costs.prefill import (attention_elements, operator_path, path,
+                                           sink_fold_bytes)
         m = self.model
         parts, notes, add = _parts()
         tokens = float(new.sum())
@@ -703,12 +704,18 @@ class OperatorCostModel:
             if not layers:
                 continue
             by_path: dict[str, float] = {}
+            folded = 0.0
             for n, p in zip(new, before):
                 kind = path(w, m.attention_sinks, n + p)
+                folded += n if kind == "sinks" else 0
+                kind = operator_path(kind)
                 by_path[kind] = by_path.get(kind, 0.0) + m.num_heads * attention_elements(
                     n, p, w, m.attention_sinks)
             for kind, elements in by_path.items():
                 add("attention", self._prefill_attention(elements, kind), layers)
+            if folded:
+                add("sink fold", self._elementwise(sink_fold_bytes(
+                    folded, m.num_heads, m.head_dim, m.dtype_bytes)), layers)
         kv_row = m.num_kv_heads * m.head_dim * m.dtype_bytes * 2
         add("kv append", self._elementwise(2 * tokens * kv_row), m.num_layers)
         h, out = m.hidden_size, float(new.size)
@@ -720,7 +727,7 @@ class OperatorCostModel:
 
     def _prefill_attention(self, elements: float, path: str) -> tuple[float, list[str]]:
         """One layer's prefill attention at ``elements`` query-key products (over the query
-        heads) on ``path`` (:data:`specsim.costs.prefill.PATHS`): measured, linear between
+        heads) on ``path`` (:data:`specsim.costs.prefill.OPERATOR_PATHS`): measured, linear between
         the measured groups; a path the table lacks priced as the causal kernel's products;
         neither measured, its FLOPs (4·head_dim per product) at the probe's matmul rate. Each
         fallback is noted."""

@@ -6,8 +6,9 @@ and the engine share these rules).
 - ``causal``: SDPA's causal kernel; new row i (of ``new`` after ``past`` cached positions)
   reads ``past + i`` keys;
 - ``sinks`` (a full layer with attention sinks, or a window layer whose window is no shorter
-  than the prompt): the same causal kernel over one more key, the sink, put first and aligned
-  lower-right, so each row also reads it;
+  than the prompt): the same causal kernel, returning its log-sum-exp, and one element-wise
+  pass folding the sink into every output row (:func:`sink_fold_bytes`): the causal kernel's
+  products, priced as that kernel plus the pass;
 - ``window`` (a sliding-window layer whose window is shorter than the prompt, with or without
   sinks): the rows in chunks of :func:`window_rows` R, all chunks in one batched SDPA call
   (blocks of them for a long prompt) with one shared mask; each chunk reads its R + W − 1 keys
@@ -15,7 +16,8 @@ and the engine share these rules).
   rows.
 
 :func:`attention_elements` counts the query-key products of each path: the axis the
-``prefill_attention`` operator is measured and priced on.
+``prefill_attention`` operator is measured and priced on, on the kernels of
+:data:`OPERATOR_PATHS`.
 """
 from __future__ import annotations
 
@@ -23,6 +25,19 @@ import math
 
 #: The prefill attention paths (:func:`path`).
 PATHS = ("causal", "sinks", "window")
+#: The kernels the ``prefill_attention`` operator times: the sink path runs the causal one.
+OPERATOR_PATHS = ("causal", "window")
+
+
+def operator_path(kind: str) -> str:
+    """The ``prefill_attention`` kernel a path runs on (:data:`OPERATOR_PATHS`)."""
+    return "window" if kind == "window" else "causal"
+
+
+def sink_fold_bytes(tokens: float, heads: int, head_dim: int, dtype_bytes: int) -> float:
+    """Bytes of the sink path's fold over ``tokens`` rows of one layer: each head's output
+    row read and written, its fp32 log-sum-exp read."""
+    return float(tokens) * heads * (2 * head_dim * dtype_bytes + 4)
 
 
 def path(window: int | None, sinks: bool, length: int | None = None) -> str:
@@ -45,14 +60,15 @@ def window_rows(window: int) -> int:
 def attention_elements(new: int, past: int = 0, window: int | None = None,
                        sinks: bool = False) -> float:
     """Query-key products of one sequence's prefill of ``new`` positions after ``past``
-    cached ones, per query head, as :func:`path`'s kernel computes them (module doc)."""
+    cached ones, per query head, as :func:`path`'s kernel computes them (module doc; ``sinks``
+    adds a key to each window chunk only)."""
     new, past = int(new), int(past)
     if new <= 0:
         return 0.0
     if windowed(window, past + new):
         rows = window_rows(window)
         return float(math.ceil(new / rows) * rows * (rows + window - 1 + (1 if sinks else 0)))
-    return float(new * past + new * (new + 1) / 2 + (new if sinks else 0))
+    return float(new * past + new * (new + 1) / 2)
 
 
 def ideal_elements(new: int, past: int = 0, window: int | None = None) -> float:

@@ -3,8 +3,8 @@
 Three attention shapes feed the decoder (``model.Attend`` callables built here):
 
 - **prefill**: one sequence's prompt, causal (banded for a sliding-window layer), with torch
-  SDPA (causal; the sink as one more key aligned lower-right; batched chunks of rows under a
-  band mask for a window); it writes
+  SDPA (causal; with sinks the causal kernel's log-sum-exp folding the sink in; batched chunks
+  of rows under a band mask for a window); it writes
   rows ``0..T-1`` of that sequence's cache and can collect the pre-softmax logits of the last
   ``R`` prompt rows (+ their log-sum-exp) for the first selection.
 - **verify**: q = k+1 new tokens per sequence, causal among themselves, over the full cache,
@@ -182,21 +182,19 @@ def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     the path :func:`specsim.costs.prefill.path` names (the cost models count its products):
 
     - no window, no sinks: SDPA's causal kernel;
-    - ``sinks`` [H] (one logit per head in every row's denominator) on a full layer: one causal
-      SDPA call over one more key, the sink, put first, the mask aligned lower-right (row i
-      reads the sink and keys 0..i), which SDPA runs on its flash kernel. The sink is SDPA's own
-      softmax over that key: each query gets one more dimension holding ``sink_h / scale``,
-      every real key a 0 there and the sink key a 1, so its logit is ``sink_h`` (exact in bf16
-      where ``1 / scale`` is a power of two, head_dim 64), its value 0;
+    - ``sinks`` [H] (one logit per head in every row's denominator) on a full layer: the causal
+      kernel returning its log-sum-exp (:func:`causal_with_lse`), each output row then scaled
+      by σ(lse − sink_h), which is the softmax with the sink in its denominator;
     - a ``window`` W (row p sees keys ``p − W < n ≤ p``), with or without sinks: the rows in
       chunks of R = :func:`~specsim.costs.prefill.window_rows` (W), every chunk's R + W − 1 keys
       (+ the sink) gathered as a strided view and the chunks batched into one SDPA call (blocks
-      of them for a long prompt) under one shared band mask.
+      of them for a long prompt) under one shared band mask. The sink there is SDPA's own
+      softmax over one more key: each query gets one more dimension holding ``sink_h / scale``,
+      every real key a 0 there and the sink key a 1, so its logit is ``sink_h``, its value 0.
 
-    K and V are repeated to every query head on the sink and window paths (the lower-right
-    flash call and the memory-efficient kernel, which takes a mask, take no grouped heads); a
-    window no shorter than the prompt hides nothing, so that layer runs the causal or sink
-    path. Off the GPU, SDPA materialises the lower-right mask (T × (T + 1)) for the sinks."""
+    K and V are repeated to every query head on the window path (the memory-efficient kernel,
+    which takes a mask, takes no grouped heads); a window no shorter than the prompt hides
+    nothing, so that layer runs the causal or sink path."""
     length, heads, dim = q.shape[1:]
     if not windowed(window, length):
         window = None                           # a window no shorter than the prompt
@@ -204,8 +202,11 @@ def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
         out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
                                              v.transpose(1, 2), is_causal=True, enable_gqa=True)
         return out.transpose(1, 2)
+    if window is None:                          # sinks on a full layer
+        out, lse = causal_with_lse(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+        out = out * torch.sigmoid(lse - sinks.float()[None, :, None]).to(out.dtype)[..., None]
+        return out.transpose(1, 2)
     groups = k.shape[2]
-    rep = heads // groups
     scale = 1.0 / math.sqrt(dim)
     qh, kh, vh = q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1)
     sink_key = sink_value = None
@@ -217,15 +218,53 @@ def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
         sink_key = kh.new_zeros(groups, 1, width)
         sink_key[..., dim] = 1
         sink_value = vh.new_zeros(groups, 1, width)
-    if window is None:
-        from torch.nn.attention.bias import causal_lower_right
-        keys = torch.cat([sink_key, kh], 1).repeat_interleave(rep, 0)
-        values = torch.cat([sink_value, vh], 1).repeat_interleave(rep, 0)
-        out = F.scaled_dot_product_attention(qh[None], keys[None], values[None], scale=scale,
-                                             attn_mask=causal_lower_right(length, length + 1))[0]
-    else:
-        out = _window_prefill(qh, kh, vh, window, sink_key, sink_value, scale)
+    out = _window_prefill(qh, kh, vh, window, sink_key, sink_value, scale)
     return out[..., :dim].transpose(0, 1)[None]
+
+
+#: Which kernel :func:`causal_with_lse` found to run, by (device type, dtype, head_dim, whether
+#: K/V have fewer heads than q): "cudnn", "cudnn-repeated" or "flash".
+_LSE_KERNELS: dict[tuple, str] = {}
+
+
+def causal_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Causal attention that also returns each row's log-sum-exp of its scaled scores:
+    q [B, H, T, D], k/v [B, G, T, D] → (out [B, H, T, D], lse [B, H, T] fp32). On the GPU
+    cuDNN's kernel, the one SDPA runs plain causal attention on (at the same rate:
+    BENCHMARKS.md), with K/V at their own heads where it takes them, else repeated; the flash
+    kernel where cuDNN's is not built; off the GPU the flash kernel's CPU form."""
+    heads, groups = q.shape[1], k.shape[1]
+    key = (q.device.type, q.dtype, q.shape[-1], groups != heads)
+
+    def repeated():
+        return (k.repeat_interleave(heads // groups, 1), v.repeat_interleave(heads // groups, 1))
+
+    if q.device.type != "cuda":
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            q, *repeated(), 0.0, True)[:2]
+        return out, lse.reshape(out.shape[:3]).float()
+    cudnn = torch.ops.aten._scaled_dot_product_cudnn_attention
+
+    def run(name: str):
+        if name == "cudnn":
+            out, lse = cudnn(q, k, v, None, True, 0.0, True)[:2]
+        elif name == "cudnn-repeated":
+            out, lse = cudnn(q, *repeated(), None, True, 0.0, True)[:2]
+        else:
+            out, lse = torch.ops.aten._scaled_dot_product_flash_attention(
+                q, *repeated(), 0.0, True)[:2]
+        _LSE_KERNELS[key] = name
+        return out, lse.reshape(out.shape[:3]).float()
+
+    if key in _LSE_KERNELS:
+        return run(_LSE_KERNELS[key])
+    for name in ("cudnn", "cudnn-repeated"):
+        try:
+            return run(name)
+        except (RuntimeError, NotImplementedError):
+            continue
+    return run("flash")
 
 
 #: Elements of a window prefill's gathered keys per batched SDPA call (a block of chunks).
