@@ -18,6 +18,16 @@ configuration once per Collect-2-Query mode in one process (one compile). ``--pe
 the Hugging Face peer's plain decoding at every context in the same process, beside the
 engine's (``hf_peer.py``: a StaticCache, the step compiled and captured in a CUDA graph;
 random weights of the same shapes).
+
+``--phases`` adds, at every context, each policy's forced run (``--ks``' and ``--ss``' first
+values, every iteration accepting k/2) split by phase: time per draft step, per verify pass,
+per iteration for selection and the loop's fixed cost, the bytes each moves (weights and the
+KV rows it reads) and the fraction of its floor, each floor measured in the same run: the
+copy bandwidth for streamed bytes (weights, whole-cache reads) and a gather of random token
+rows of one KV head's row size for a draft's selected rows (a selection's bytes are the
+roofline model's). Each phase's share of the iteration is printed beside it.
+
+    python benchmarks/bench_engine.py --contexts 2048,32768,131072 --batch 4 --phases --peer hf
 """
 from __future__ import annotations
 
@@ -49,6 +59,81 @@ def copy_bandwidth(device, gib: float = 4.0) -> float:
     return 2 * a.numel() * a.element_size() / sorted(times[2:])[len(times[2:]) // 2]
 
 
+def gather_bandwidth(device, row_bytes: int, rows: int, fraction: float = 0.05) -> float:
+    """Bytes/s (read + written) of gathering a sorted random ``fraction`` of ``rows`` rows of
+    ``row_bytes`` each: the access a sparse draft step makes of its selected KV rows, median
+    of 10."""
+    cache = torch.empty(rows, row_bytes // 2, dtype=torch.bfloat16, device=device)
+    picked = torch.randperm(rows, device=device)[:max(1, int(rows * fraction))].sort().values
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    times = []
+    for _ in range(12):
+        sync()
+        t0 = time.perf_counter()
+        torch.index_select(cache, 0, picked)
+        sync()
+        times.append(time.perf_counter() - t0)
+    return 2 * picked.numel() * row_bytes / sorted(times[2:])[len(times[2:]) // 2]
+
+
+POLICIES = ("vegas", "sparsespec", "streamingllm", "quest", "last-token")
+
+
+def phase_rows(model, args, settings, context: int, stream: float, gather: float) -> list:
+    """Each policy's forced run at ``context`` split by phase against its floors (module
+    doc); prints one table and returns its rows."""
+    import numpy as np
+
+    from specsim.costs.roofline import RooflineCostModel
+    from specsim.specs import load_hardware, load_model
+    from specsim.traces.format import RequestTrace
+
+    roof = RooflineCostModel(load_model(args.model), load_hardware("h200"))
+
+    k, s = int(args.ks.split(",")[0]), float(args.ss.split(",")[0])
+    m, n = k // 2, args.iterations
+    print(f"  phases at {context}, batch {args.batch}, k={k} (m={m} accepted), s={s}; floors: "
+          f"stream {stream / 1e12:.2f} TB/s, gather {gather / 1e12:.2f} TB/s")
+    print(f"  {'policy':>12} {'phase':>9} {'ms':>8} {'MB':>9} {'floor ms':>9} {'floor/time':>10}"
+          f" {'share':>6}")
+    rows = []
+    for policy in args.policies.split(","):
+        traces = [RequestTrace(str(b), policy, s, context + np.arange(n) * (m + 1),
+                               np.full(n, k), np.full(n, m)) for b in range(args.batch)]
+        ids = forced_prompts(traces, model.args.vocab_size, length=context)
+        engine = Engine(model, batch=args.batch, policy=policy, s=s, k_max=k,
+                        max_len=cache_positions(context, n * (m + 1) + 1, k),
+                        beyond_max_position=True, settings=settings)
+        warm = [RequestTrace(t.id, policy, s, t.context[:3], t.k[:3], t.m[:3])
+                for t in traces]
+        engine.generate(ids, 1, forced=warm, prefill="random")     # compile, capture
+        run = engine.generate(ids, 1, forced=traces, prefill="random")
+        weights = engine.weight_bytes
+        units = {"draft": run.forwards.get("draft", 0), "verify": run.forwards.get("verify", 0),
+                 "selection": run.iterations, "other": run.iterations}
+        total = run.decode_seconds
+        for phase, count in units.items():
+            seconds = run.timing.get(phase, 0.0)
+            if not count or not seconds:
+                continue
+            moved = run.bytes_moved.get(phase, 0.0) / count
+            if phase == "selection":       # what the refresh reads (the engine counts none)
+                moved = roof.selection([context] * args.batch, s, policy, k).bytes
+            if phase == "draft":          # weights streamed, the selected rows gathered
+                floor = weights / stream + max(moved - weights, 0.0) / gather
+            else:
+                floor = moved / stream
+            row = {"context": context, "mode": "phase", "policy": policy, "phase": phase,
+                   "k": k, "s": s, "seconds": seconds / count, "bytes": moved,
+                   "floor_seconds": floor, "share": seconds / total}
+            rows.append(row)
+            fraction = f"{floor * count / seconds:10.0%}" if moved else f"{'–':>10}"
+            print(f"  {policy:>12} {phase:>9} {1e3 * seconds / count:8.3f} {moved / 1e6:9.1f} "
+                  f"{1e3 * floor:9.3f} {fraction} {seconds / total:6.1%}")
+        del engine
+    return rows
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="qwen3-8b")
@@ -67,6 +152,12 @@ def main(argv=None) -> None:
                             EngineSettings.choices().items()))
     parser.add_argument("--peer", choices=["hf"], default=None,
                         help="also time the Hugging Face static-cache peer's plain step")
+    parser.add_argument("--phases", action="store_true",
+                        help="also split each policy's forced run by phase against its floors")
+    parser.add_argument("--policies", default=",".join(POLICIES),
+                        help="policies of --phases (comma-separated)")
+    parser.add_argument("--iterations", type=int, default=16,
+                        help="forced iterations a --phases run times")
     parser.add_argument("--c2q", default=None,
                         help="each speculative configuration once per Collect-2-Query mode in "
                              "this list (rows,sum: the c2q setting's values), alternating in "
@@ -108,6 +199,11 @@ def main(argv=None) -> None:
                 peer = hf_model(config, device, torch.bfloat16 if device.type == "cuda"
                                 else torch.float32)
             rows.append(hf_row(peer, args, context, device, step, floor))
+        if args.phases:
+            row_bytes = model.args.head_dim * 2
+            cached = args.batch * context * model.args.num_kv_heads
+            gather = gather_bandwidth(device, row_bytes, min(cached, 1 << 24))
+            rows += phase_rows(model, args, settings, context, bandwidth, gather)
         if trace is None:
             continue
         for s in ss:

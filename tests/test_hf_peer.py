@@ -68,3 +68,29 @@ def test_bench_engine_times_the_peer_beside_the_engine(tmp_path):
     assert [r["mode"] for r in rows] == ["plain", "hf-plain"]
     assert all(r["step_seconds"] > 0 and r["floor_seconds"] > 0 for r in rows)
     assert "engine/hf step" in done.stdout
+
+
+def test_bench_engine_splits_each_policy_by_phase_against_its_floors(tmp_path):
+    """bench_engine.py --phases on the CPU: for each policy asked, a row per phase with its time,
+    bytes and floor (the draft's weights streamed and its selected rows gathered, verify
+    streamed), and the phases' shares of the iteration summing to the whole."""
+    import os
+    import subprocess
+
+    out = tmp_path / "bench.json"
+    done = subprocess.run([sys.executable, str(REPO_ROOT / "benchmarks" / "bench_engine.py"),
+                           "--model", "smollm2-135m", "--batch", "1", "--contexts", "128",
+                           "--new-tokens", "2", "--device", "cpu", "--phases", "--ks", "2",
+                           "--ss", "0.1", "--policies", "vegas,quest", "--iterations", "2",
+                           "--out", str(out)], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = [r for r in json.loads(out.read_text())["rows"] if r["mode"] == "phase"]
+    for policy in ("vegas", "quest"):
+        mine = {r["phase"]: r for r in rows if r["policy"] == policy}
+        assert {"draft", "verify", "other"} <= set(mine), mine.keys()
+        assert all(mine[p]["floor_seconds"] > 0 and mine[p]["bytes"] > 0
+                   for p in ("draft", "verify"))
+        assert mine["draft"]["bytes"] < mine["verify"]["bytes"]     # a sparse read
+        assert sum(r["share"] for r in mine.values()) == pytest.approx(1.0, abs=0.02)
+    assert "floor/time" in done.stdout
