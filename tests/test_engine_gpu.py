@@ -159,6 +159,7 @@ def test_forced_acceptance_adds_no_host_sync(model, policy):
         assert i1 > i0, (mode, i0, i1)
         syncs[mode] = (s1 - s0) / (i1 - i0)
     assert syncs["forced"] <= syncs["free"] + 0.05, syncs
+    assert syncs["free"] <= 1.05, syncs         # one host synchronisation an iteration at most
 
 
 @pytest.mark.parametrize("policy", ["quest", "sparsespec"])
