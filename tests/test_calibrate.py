@@ -253,11 +253,9 @@ def test_overheads_are_measured_at_three_contexts():
     assert C.CalibrationGrid(contexts=[1024, 2048], overheads=False).overhead_contexts() == []
 
 
-def test_measure_end_to_end_on_the_cpu(tmp_path, monkeypatch):
-    """The whole `specsim calibrate --gpu` flow on a tiny model with the CUDA-only parts
-    stubbed: every op the cost model needs is measured (per-policy overheads at k = 2 and the
-    largest, all-row verifies, SparseSpec-L's refresh by rows), the checkpoint is the final
-    file, and the calibrated model built from it prices an iteration."""
+def calibrate_on_the_cpu(monkeypatch, overhead_steps: int) -> None:
+    """`specsim calibrate --gpu`'s CUDA-only parts stubbed: the model built on the CPU in
+    fp32, ample memory, a fixed copy bandwidth, wall-clock timing, short overhead loops."""
     import torch
 
     import specsim.calibrate as C
@@ -267,12 +265,21 @@ def test_measure_end_to_end_on_the_cpu(tmp_path, monkeypatch):
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *a: (10**12, 10**12))
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
     monkeypatch.setattr(C, "_ceilings", lambda torch_: {"copy_bandwidth_Bps": 4e12})
-    monkeypatch.setattr(C, "OVERHEAD_STEPS", 3)
-
+    monkeypatch.setattr(C, "OVERHEAD_STEPS", overhead_steps)
     monkeypatch.setattr(C, "_time", wall_timer())
     real_build = M.build_model
-    monkeypatch.setattr(E, "build_model", lambda config, **kw: real_build(
-        config, **{**kw, "device": "cpu", "dtype": torch.float32}))
+    monkeypatch.setattr(E, "build_model", lambda cfg, **kw: real_build(
+        cfg, **{**kw, "device": "cpu", "dtype": torch.float32}))
+
+
+def test_measure_end_to_end_on_the_cpu(tmp_path, monkeypatch):
+    """The whole `specsim calibrate --gpu` flow on a tiny model with the CUDA-only parts
+    stubbed: every op the cost model needs is measured (per-policy overheads at k = 2 and the
+    largest, all-row verifies, SparseSpec-L's refresh by rows), the checkpoint is the final
+    file, and the calibrated model built from it prices an iteration."""
+    import specsim.calibrate as C
+
+    calibrate_on_the_cpu(monkeypatch, overhead_steps=3)
     tiny = dict(model_type="llama", vocab_size=128, hidden_size=64, num_hidden_layers=2,
                 num_attention_heads=4, num_key_value_heads=2, intermediate_size=96,
                 max_position_embeddings=8192, tie_word_embeddings=True)
@@ -424,25 +431,14 @@ def test_calibration_runs_on_moe_and_gpt_oss_models(tmp_path, monkeypatch, kind)
     """`specsim calibrate --gpu`'s flow on a tiny Qwen3-MoE (routed experts) and a tiny
     gpt-oss (sinks, window layers, YaRN, biased experts), the CUDA-only parts stubbed: every
     shape measured, prefills included, and the file prices an iteration of its own model."""
-    import torch
-
     import specsim.calibrate as C
-    import specsim.engine as E
-    from specsim.engine import model as M
     from specsim.specs import model_spec_from_config
     from test_engine_gpt_oss import TINY_GPT_OSS
     from test_engine_moe import TINY_MOE
 
     config = {"qwen3_moe": TINY_MOE, "gpt_oss": TINY_GPT_OSS}[kind]
     spec = model_spec_from_config(config, name=f"tiny-{kind}")
-    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *a: (10**12, 10**12))
-    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
-    monkeypatch.setattr(C, "_ceilings", lambda torch_: {"copy_bandwidth_Bps": 4e12})
-    monkeypatch.setattr(C, "OVERHEAD_STEPS", 2)
-    monkeypatch.setattr(C, "_time", wall_timer())
-    real_build = M.build_model
-    monkeypatch.setattr(E, "build_model", lambda cfg, **kw: real_build(
-        cfg, **{**kw, "device": "cpu", "dtype": torch.float32}))
+    calibrate_on_the_cpu(monkeypatch, overhead_steps=2)
     grid = C.CalibrationGrid(batches=[1, 2], contexts=[200, 400], qs=[1, 3],
                              sparsities=[0.1], policies=["vegas", "streamingllm"],
                              repeats=2, warmup=1)
