@@ -24,8 +24,8 @@ values, every iteration accepting k/2) split by phase: time per draft step, per 
 per iteration for selection and the loop's fixed cost, the bytes each moves (weights and the
 KV rows it reads) and the fraction of its floor, each floor measured in the same run: the
 copy bandwidth for streamed bytes (weights, whole-cache reads) and a gather of random token
-rows of one KV head's row size for a draft's selected rows (a selection's bytes are the
-roofline model's). Each phase's share of the iteration is printed beside it.
+rows of one KV head's row size for a draft's selected rows (a selection's bytes, and what a
+draft reads besides its rows, such as Quest's page bounds, are the roofline model's). Each phase's share of the iteration is printed beside it.
 
     python benchmarks/bench_engine.py --contexts 2048,32768,131072 --batch 4 --phases --peer hf
 """
@@ -119,13 +119,18 @@ def phase_rows(model, args, settings, context: int, stream: float, gather: float
             moved = run.bytes_moved.get(phase, 0.0) / count
             if phase == "selection":       # what the refresh reads (the engine counts none)
                 moved = roof.selection([context] * args.batch, s, policy, k).bytes
-            if phase == "draft":          # weights streamed, the selected rows gathered
-                floor = weights / stream + max(moved - weights, 0.0) / gather
+            if phase == "draft":          # weights streamed, the selected rows gathered,
+                # and what the policy reads besides (Quest's page bounds), streamed
+                extra = roof.draft_step([context] * args.batch, s, policy).other_bytes
+                moved += extra
+                floor = weights / stream + max(moved - extra - weights, 0.0) / gather \
+                    + extra / stream
             else:
                 floor = moved / stream
             row = {"context": context, "mode": "phase", "policy": policy, "phase": phase,
                    "k": k, "s": s, "seconds": seconds / count, "bytes": moved,
-                   "floor_seconds": floor, "share": seconds / total}
+                   "floor_seconds": floor, "share": seconds / total,
+                   "gather_bandwidth": gather}
             rows.append(row)
             fraction = f"{floor * count / seconds:10.0%}" if moved else f"{'–':>10}"
             print(f"  {policy:>12} {phase:>9} {1e3 * seconds / count:8.3f} {moved / 1e6:9.1f} "
