@@ -85,6 +85,7 @@ def phase_rows(model, args, settings, context: int, stream: float, gather: float
     import numpy as np
 
     from specsim.costs.roofline import RooflineCostModel
+    from specsim.policies import get_policy
     from specsim.specs import load_hardware, load_model
     from specsim.traces.format import RequestTrace
 
@@ -98,6 +99,7 @@ def phase_rows(model, args, settings, context: int, stream: float, gather: float
           f" {'share':>6}")
     rows = []
     for policy in args.policies.split(","):
+        rescored = get_policy(policy).rescore_every_draft
         traces = [RequestTrace(str(b), policy, s, context + np.arange(n) * (m + 1),
                                np.full(n, k), np.full(n, m)) for b in range(args.batch)]
         ids = forced_prompts(traces, model.args.vocab_size, length=context)
@@ -117,11 +119,14 @@ def phase_rows(model, args, settings, context: int, stream: float, gather: float
             if not count or not seconds:
                 continue
             moved = run.bytes_moved.get(phase, 0.0) / count
-            if phase == "selection":       # what the refresh reads (the engine counts none)
-                moved = roof.selection([context] * args.batch, s, policy, k).bytes
+            scoring = roof.selection([context] * args.batch, s, policy, k).bytes
+            if phase == "selection":       # what the refresh reads (the engine counts none);
+                moved = 0.0 if rescored else scoring    # Quest's scoring is in its drafts
             if phase == "draft":          # weights streamed, the selected rows gathered,
-                # and what the policy reads besides (Quest's page bounds), streamed
-                extra = roof.draft_step([context] * args.batch, s, policy).other_bytes
+                # and what the policy reads besides, streamed: Quest's page bounds, which it
+                # scores at every draft step (the roofline counts them with its selection)
+                extra = roof.draft_step([context] * args.batch, s, policy).other_bytes \
+                    + (scoring / k if rescored else 0.0)
                 moved += extra
                 floor = weights / stream + max(moved - extra - weights, 0.0) / gather \
                     + extra / stream
