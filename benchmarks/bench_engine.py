@@ -25,7 +25,8 @@ per iteration for selection and the loop's fixed cost, the bytes each moves (wei
 KV rows it reads) and the fraction of its floor, each floor measured in the same run: the
 copy bandwidth for streamed bytes (weights, whole-cache reads) and a gather of random token
 rows of one KV head's row size for a draft's selected rows (a selection's bytes, and what a
-draft reads besides its rows, such as Quest's page bounds, are the roofline model's). Each phase's share of the iteration is printed beside it.
+draft reads besides its rows, such as Quest's page bounds, are the roofline model's). Each
+phase's share of the iteration is printed beside it.
 
     python benchmarks/bench_engine.py --contexts 2048,32768,131072 --batch 4 --phases --peer hf
 """

@@ -31,9 +31,11 @@ Inside the measured ranges each operator is interpolated (piecewise linear in ea
 linearly between measured keys: q, group, rows); outside, a stated model, and the returned
 :class:`~specsim.costs.base.Cost` says so in ``notes``: attention and element-wise times beyond
 the largest measured point grow as the bytes (the achieved rate there held), below the smallest
-point they are held (launch-bound); a GEMM between measured widths is interpolated on log
-time over log n and log k, held below the smallest width and grown as its bytes or FLOPs
-beyond the largest. What the table does not hold at all is bytes over the probe's copy bandwidth (noted).
+point they are held (launch-bound), but a selection over fewer lists than measured follows its
+two smallest points; a GEMM, or an MoE layer's grouped GEMM, between measured widths is
+interpolated on log time over log n and log k, held below the smallest width and grown as its
+bytes or FLOPs beyond the largest. What the table does not hold at all is bytes over the
+probe's copy bandwidth (noted).
 
 With :class:`~specsim.costs.fitted.FittedTerms` (fitted on *other* models' calibrations on the
 table's GPU) each step is corrected by its family's composition residual and the decoding
@@ -727,10 +729,10 @@ class OperatorCostModel:
 
     def _prefill_attention(self, elements: float, path: str) -> tuple[float, list[str]]:
         """One layer's prefill attention at ``elements`` query-key products (over the query
-        heads) on ``path`` (:data:`specsim.costs.prefill.OPERATOR_PATHS`): measured, linear between
-        the measured groups; a path the table lacks priced as the causal kernel's products;
-        neither measured, its FLOPs (4·head_dim per product) at the probe's matmul rate. Each
-        fallback is noted."""
+        heads) on ``path`` (:data:`specsim.costs.prefill.OPERATOR_PATHS`): measured, linear
+        between the measured groups; a path the table lacks priced as the causal kernel's
+        products; neither measured, its FLOPs (4·head_dim per product) at the probe's matmul
+        rate. Each fallback is noted."""
         m = self.model
         notes: list[str] = []
         for tried in dict.fromkeys((path, "causal")):
