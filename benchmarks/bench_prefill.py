@@ -1,8 +1,9 @@
 """The engine's prefill attention of one prompt on each of its paths (causal; a full layer's
 attention sinks; a sliding window with sinks), against torch peers in the same run: SDPA's
 causal kernel over the same products (the floor the sink path runs on) and FlexAttention
-compiled (a block mask; the sinks folded in from its log-sum-exp), at gpt-oss-20b's heads
-(64 query, 8 KV, head_dim 64, window 128) and a dense model's (32 / 8 / 128).
+compiled (a block mask; the sinks folded in from its log-sum-exp; on the window path also the
+time to build that mask for a new prompt length), at gpt-oss-20b's heads (64 query, 8 KV,
+head_dim 64, window 128) and a dense model's (32 / 8 / 128).
 
 Correctness first: every path and peer in bf16 against the fp32 definition on a short prompt.
 Then each (heads, path, tokens) timed by CUDA events over a few calls (a call is tens of
@@ -59,21 +60,27 @@ def flex_peer(compiled):
 
     masks = {}
 
+    def build(t, window, device):
+        """The block mask of a ``t``-token prompt (what an engine on FlexAttention builds for
+        each new prompt length)."""
+        def mask(b, h, qi, ki):
+            keep = qi >= ki
+            return keep & (qi - ki < window) if window else keep
+        # compiled on the GPU: built eagerly, a 128K mask's index grids run out of memory
+        return create_block_mask(mask, None, None, t, t, device=device,
+                                 _compile=device.type == "cuda")
+
     def run(q, k, v, window, sinks):
         t = q.shape[1]
         if (t, window) not in masks:
-            def mask(b, h, qi, ki):
-                keep = qi >= ki
-                return keep & (qi - ki < window) if window else keep
-            # compiled on the GPU: built eagerly, a 128K mask's index grids run out of memory
-            masks[(t, window)] = create_block_mask(mask, None, None, t, t, device=q.device,
-                                                   _compile=q.is_cuda)
+            masks[(t, window)] = build(t, window, q.device)
         out, aux = compiled(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                             block_mask=masks[(t, window)], enable_gqa=True, **LSE)
         lse = getattr(aux, "lse", aux)
         if sinks is not None:
             out = out * torch.sigmoid(lse - sinks.float()[None, :, None]).to(out.dtype)[..., None]
         return out.transpose(1, 2)
+    run.build = build
     return run
 
 
@@ -138,7 +145,9 @@ def main() -> None:
                                  t * window - window * (window - 1) / 2)
                 impls = {"engine": lambda: prefill_attention(q, k, v, window=window, sinks=s),
                          "flex": lambda: flex(q, k, v, window, s)}
-                if path != "window":
+                if path == "window":        # the mask a new prompt length needs, built
+                    impls["flex mask"] = lambda: flex.build(t, window, q.device)
+                else:
                     impls["sdpa causal"] = lambda: F.scaled_dot_product_attention(
                         q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                         is_causal=True, enable_gqa=True)
@@ -152,9 +161,11 @@ def main() -> None:
                     finally:
                         if cuda:
                             torch.cuda.empty_cache()
+                    work = name != "flex mask"      # building a mask computes no products
                     rows.append({"shape": shape, "path": path, "tokens": t, "impl": name,
-                                 "ms": ms, "products": products if name == "engine" else ideal,
-                                 "tflops": 4 * dim * ideal / (ms * 1e-3) / 1e12})
+                                 "ms": ms, "products": (products if name == "engine" else ideal)
+                                 if work else None,
+                                 "tflops": 4 * dim * ideal / (ms * 1e-3) / 1e12 if work else None})
             del q, k, v
     env = {"gpu": torch.cuda.get_device_name() if cuda else "cpu", "torch": torch.__version__,
            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}

@@ -47,5 +47,6 @@ def test_bench_prefill_dry_run(tmp_path):
     assert len(results["checks"]) == 2 * 3 * 2              # engine and flex, every path
     assert all(c["max_abs_err"] < 1e-4 for c in results["checks"])
     timed = {(r["shape"], r["path"], r["impl"]) for r in results["rows"] if r["ms"]}
-    # engine and flex on every path; SDPA's causal kernel where no window
-    assert len(timed) == 2 * (3 * 2 + 2)
+    # engine and flex on every path; SDPA's causal kernel where no window; building flex's
+    # mask for a new prompt length on the window path
+    assert len(timed) == 2 * (3 * 2 + 2 + 1)
