@@ -69,7 +69,7 @@ def free_setup(name, model, batch, policies, ks, ss, weights, prompts_file, requ
     cycled. The plan names the file and its sha256 instead of copying the token ids."""
     from specsim.engine.prompts import DEFAULT_SET
     from specsim.engine.record import read_prompt_ids
-    from specsim.validate import Setup, _sha, repo_file
+    from specsim.validate import Setup, file_sha, repo_file
 
     found, named = repo_file(prompts_file)
     wanted = prompt_ids or {p[0] for p in DEFAULT_SET}
@@ -82,7 +82,7 @@ def free_setup(name, model, batch, policies, ks, ss, weights, prompts_file, requ
     # the tokens as read here (the plan records only the file and its sha256)
     return Setup(name, model, "free", batch, policies, ks, ss,
                  prompts=[t for _, t in cycled], prompt_ids=[n for n, _ in cycled],
-                 weights=weights, prompts_file=named, prompts_sha256=_sha(found))
+                 weights=weights, prompts_file=named, prompts_sha256=file_sha(found))
 
 
 def default_setups(policies, ks_forced, ks_free, ss, batch_free, context, weights,
@@ -333,7 +333,7 @@ def report_cmd(plan_path, measured, md_out, as_json):
     from specsim.atomic import write_text_atomic
     from specsim.traces.format import read_trace
     from specsim.errors import SpecsimError
-    from specsim.validate import (FORMAT_KEY, MEASURED_KEY, _sha, markdown, read_json,
+    from specsim.validate import (FORMAT_KEY, MEASURED_KEY, file_sha, markdown, read_json,
                                   repo_file, report)
     plan_file = _found(plan_path, "plan")
     measured_file = _found(_measured_for(plan_path, measured), "measurements")
@@ -346,7 +346,7 @@ def report_cmd(plan_path, measured, md_out, as_json):
     except SpecsimError:
         trace_file = None
     if trace_file:
-        if _sha(trace_file) == plan.get("trace_sha256"):
+        if file_sha(trace_file) == plan.get("trace_sha256"):
             trace = read_trace(trace_file)
         else:
             echo(f"note: {plan['trace']} is not the trace the plan was made with; "

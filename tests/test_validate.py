@@ -7,6 +7,8 @@ import numpy as np
 import pytest
 
 from specsim import validate as V
+from specsim.validate import planning as validate_plan
+from specsim.validate import reporting as validate_report
 from specsim.errors import SpecsimError
 
 TRACE = "traces/smollm2-135m-greedy.jsonl"
@@ -146,7 +148,7 @@ def test_plan_then_cpu_measurement_round_trip(tmp_path, tiny):
     old = dict(row)
     old.pop("loop_s")
     whole = 1e3 * (row["wall_s"] - row["split_s"].get("prefill", 0.0)) / row["iterations"]
-    assert sum(V._measured_split(old).values()) == pytest.approx(whole)
+    assert sum(validate_report._measured_split(old).values()) == pytest.approx(whole)
     assert measured["draft"] == pytest.approx(1e3 * row["split_s"]["draft"] / row["iterations"])
     # one prompt of the setup's context prefilled for real, beside the plan's price of it
     assert plan["setups"][0]["prefill"]["tokens"] == 256
@@ -230,13 +232,13 @@ def test_free_setup_runs_its_prompts_as_a_continuous_batch(tmp_path, tiny):
     cfg = entry["configs"][0]
     # 7 iteration tokens per answer: the last iteration's surplus drafts are not emitted
     assert 1.0 < cfg["emitted_per_iteration_predicted"] < cfg["tokens_per_iteration_predicted"]
-    static = V._simulate(TRACE, tiny, "h200", 5, [len(p) for p in prompts], 8,
+    static = validate_plan._simulate(TRACE, tiny, "h200", 5, [len(p) for p in prompts], 8,
                          "streamingllm", 0.1, 2)
-    continuous = V._simulate(TRACE, tiny, "h200", 2, [len(p) for p in prompts], 8,
+    continuous = validate_plan._simulate(TRACE, tiny, "h200", 2, [len(p) for p in prompts], 8,
                              "streamingllm", 0.1, 2)
     assert cfg["simulate"] == pytest.approx(continuous["decode_throughput"])
     assert continuous["mean_batch"] < static["mean_batch"] == pytest.approx(5.0)
-    assert [list(c) for c in V._full_batches(setup)] == [[304, 264], [334, 284]]
+    assert [list(c) for c in validate_plan._full_batches(setup)] == [[304, 264], [334, 284]]
     got = V.measure(plan, repeats=1, progress=False, device="cpu")
     row = got["setups"][0]["configs"][0]
     assert 0 < row["steady_iterations"] < row["iterations"]
@@ -412,7 +414,7 @@ def test_report_counts_the_answers_that_decoded_as_the_trace_recorded(tmp_path):
     plan, got = fake({("vegas", 0.1, 4): 100.0, ("vegas", 0.1, 2): 90.0},
                      {("vegas", 0.1, 4): 100.0, ("vegas", 0.1, 2): 95.0}, mode="free")
     plan["setups"][0]["setup"]["prompt_ids"] = ["a", "b", "a"]
-    plan["trace"], plan["trace_sha256"] = str(trace), V._sha(str(trace))
+    plan["trace"], plan["trace_sha256"] = str(trace), V.file_sha(str(trace))
     at_k4, at_k2 = got["setups"][0]["configs"]
     # a: 3 iterations of 10/3 tokens as recorded (twice); b: another text (3 iterations too,
     # but 2.5 tokens each where the record has 2)
@@ -525,7 +527,7 @@ def test_plan_command_names_the_shipped_prompts_and_trace(tmp_path, monkeypatch)
     assert V.Setup(**free).prompts[0][:1] and plan["setups"][1]["configs"][0]["predict"] > 0
     for entry, model in zip(plan["setups"], ("qwen3-8b", "smollm2-135m")):  # the costs' file
         assert entry["calibration"] == f"models/calibrations/h200/{model}.json"
-        assert entry["calibration_sha256"] == V._sha(V.repo_file(entry["calibration"])[0])
+        assert entry["calibration_sha256"] == V.file_sha(V.repo_file(entry["calibration"])[0])
 
 
 def test_report_finds_the_shipped_run_and_its_trace_from_any_directory(tmp_path, monkeypatch):

@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specsim import validate as V
+from specsim.validate import planning as validate_plan
 from specsim.cli import validate_cmd as C
 from specsim.cli.main import cli, main
 from specsim.costs.source import resolve_cost_source
@@ -115,7 +116,7 @@ def test_plan_holds_exactly_the_setups_asked_for(tmp_path):
     assert entry["cost_source"]["kind"] == "calibration"
     assert entry["cost_source"]["path"] == entry["calibration"] == \
         "models/calibrations/h200/qwen3-8b.json"
-    assert entry["calibration_sha256"] == V._sha(V.repo_file(entry["calibration"])[0])
+    assert entry["calibration_sha256"] == V.file_sha(V.repo_file(entry["calibration"])[0])
 
 
 def test_a_config_json_model_without_calibration_plans_and_runs_on_the_cpu(tmp_path):
@@ -170,8 +171,8 @@ def test_free_running_setups_of_the_traces_model_use_the_same_costs(tmp_path):
     trace = V.repo_file(C.defaults.TRACE)[0]
     args = (trace, "smollm2-135m", "h200", 8, prompts, setup["max_new_tokens"], "vegas", 0.05,
             2, setup["prompt_ids"])
-    assert cfg["simulate"] == V._simulate(*args, costs="roofline")["decode_throughput"]
-    assert cfg["simulate"] != V._simulate(*args, costs="auto")["decode_throughput"]
+    assert cfg["simulate"] == validate_plan._simulate(*args, costs="roofline")["decode_throughput"]
+    assert cfg["simulate"] != validate_plan._simulate(*args, costs="auto")["decode_throughput"]
 
 
 def test_without_setup_options_the_plan_holds_the_shipped_setups(tmp_path):
