@@ -26,7 +26,8 @@ KV rows it reads) and the fraction of its floor, each floor measured in the same
 copy bandwidth for streamed bytes (weights, whole-cache reads) and a gather of random token
 rows of one KV head's row size for a draft's selected rows (a selection's bytes, and what a
 draft reads besides its rows, such as Quest's page bounds, are the roofline model's). Each
-phase's share of the iteration is printed beside it.
+phase's share of the iteration is printed beside it, and the loop's host time an iteration
+(its wall time less its waits for the GPU: it overlaps the GPU's work).
 
     python benchmarks/bench_engine.py --contexts 2048,32768,131072 --batch 4 --phases --peer hf
 """
@@ -141,6 +142,12 @@ def phase_rows(model, args, settings, context: int, stream: float, gather: float
             fraction = f"{floor * count / seconds:10.0%}" if moved else f"{'–':>10}"
             print(f"  {policy:>12} {phase:>9} {1e3 * seconds / count:8.3f} {moved / 1e6:9.1f} "
                   f"{1e3 * floor:9.3f} {fraction} {seconds / total:6.1%}")
+        host = run.host_seconds / max(run.iterations, 1)      # overlaps the GPU: no share
+        rows.append({"context": context, "mode": "phase", "policy": policy, "phase": "host",
+                     "k": k, "s": s, "seconds": host, "bytes": 0.0, "floor_seconds": 0.0,
+                     "share": None, "gather_bandwidth": gather})
+        print(f"  {policy:>12} {'host':>9} {1e3 * host:8.3f}   (the loop's own CPU time an "
+              f"iteration, beside the GPU's)")
         del engine
     return rows
 

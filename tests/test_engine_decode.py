@@ -738,3 +738,32 @@ def test_summed_collect_2_query_through_the_kernel():
         assert runs[mode].tokens == expected
     assert [t.m.tolist() for t in runs["sum"].traces] == \
         [t.m.tolist() for t in runs["rows"].traces]
+
+
+def test_host_time_is_the_loops_wall_time_less_its_waits(tiny, ragged, monkeypatch):
+    """A generate call reports its loop's own CPU time: the iterations' wall time less the time
+    blocked in the one device-to-host read an iteration (a plain step's tokens; a speculative
+    iteration's packed results). A read made to wait 20 ms is left out of it."""
+    import time as clock
+    from contextlib import contextmanager
+
+    from specsim.engine import run as run_module
+
+    engine = Engine(tiny, batch=3, max_len=800, policy="vegas", s=0.1, k_max=4)
+    for speculative in (True, False):
+        fast = engine.generate(ragged, 12, k=4, speculative=speculative)
+        assert 0 < fast.host_seconds <= sum(sec for sec, _, _ in fast.steps)
+    real = run_module.Run.waiting
+
+    @contextmanager
+    def slow_read(self):            # every read now waits 20 ms more for "the GPU"
+        with real(self):
+            clock.sleep(0.02)
+            yield
+
+    monkeypatch.setattr(run_module.Run, "waiting", slow_read)
+    for speculative in (True, False):
+        slow = engine.generate(ragged, 12, k=4, speculative=speculative)
+        walls = sum(sec for sec, _, _ in slow.steps)
+        assert walls - slow.host_seconds >= 0.02 * slow.iterations
+        assert 0 < slow.host_seconds < walls

@@ -110,6 +110,9 @@ class Generation:
     steps: list[tuple[float, int, int]] = field(default_factory=list)
     batch: int = 0                          # slots (0: one per prompt, as a static batch)
     request_iterations: list[int] = field(default_factory=list)   # per prompt (speculative)
+    #: the decode loop's own CPU time (its wall time less its waits for the GPU's results);
+    #: it overlaps the GPU's work, so it is not a phase
+    host_seconds: float = 0.0
 
     @property
     def new_tokens(self) -> int:
@@ -325,7 +328,8 @@ class Engine:
                           prefill=(prefill if isinstance(prefill, PrefillState) else keep)
                           if keep_prefill else None, proxy=run.proxy,
                           steps=run.steps, batch=self.batch,
-                          request_iterations=[len(r["k"]) for r in run.rows])
+                          request_iterations=[len(r["k"]) for r in run.rows],
+                          host_seconds=run.host_seconds)
 
 
 @contextlib.contextmanager

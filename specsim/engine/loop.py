@@ -119,7 +119,9 @@ class PlainLoop(Decoding):
                 self.cache.rollback((~run.active_t).int())
                 x0 = torch.where(run.active_t, token, x0)
                 run.count_plain(engine.weight_bytes, engine.kv_bytes_per_token)
-                run.step_plain(token.tolist())
+                with run.waiting():
+                    tokens = token.tolist()
+                run.step_plain(tokens)
             self.refill(x0)
 
 
@@ -260,7 +262,9 @@ class SpeculativeLoop(Decoding):
             packed = torch.cat([m[:, None].double(), token[:, None].double(),
                                 self.drafts[:, :k_iter].double(),
                                 self.entropies[:, :k_iter].double(),
-                                accept.double()], 1).cpu().numpy()
+                                accept.double()], 1)
+            with run.waiting():
+                packed = packed.cpu().numpy()
             ids = packed[:, :2 + k_iter].astype(np.int64)
             m_h, token_h, drafts_h = ids[:, 0].tolist(), ids[:, 1].tolist(), ids[:, 2:]
             entropy_h = packed[:, 2 + k_iter:2 + 2 * k_iter]

@@ -5,6 +5,7 @@ slot, forward passes and bytes moved, and the loop's per-iteration clock.
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -42,6 +43,8 @@ class Run:
         self.proxy: ProxyRecords | None = None
         self.steps: list[tuple[float, int, int]] = []
         self._mark = time.perf_counter()   # the decode loop's start (mark() resets it)
+        #: seconds the loop spent blocked in its device-to-host reads (waiting for the GPU)
+        self.host_wait = 0.0
 
     def _live(self, first_token: int) -> bool:
         return self.max_new > 1 and first_token not in self.eos
@@ -74,6 +77,21 @@ class Run:
         if self.x0.is_cuda:
             torch.cuda.synchronize(self.x0.device)
         self._mark = time.perf_counter()
+
+    @contextmanager
+    def waiting(self):
+        """Around the iteration's one device-to-host read: the time the host spends there
+        waiting for the GPU, which the loop's wall time less it (``host_seconds``) leaves out."""
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.host_wait += time.perf_counter() - t0
+
+    @property
+    def host_seconds(self) -> float:
+        """The decode loop's own CPU time: its iterations' wall time less the reads' waits."""
+        return max(sum(sec for sec, _, _ in self.steps) - self.host_wait, 0.0)
 
     def _log_step(self, active_before: int, emitted: int) -> None:
         # each step's host read waits for the iteration's GPU work: end − previous end is the
