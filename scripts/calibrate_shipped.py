@@ -39,9 +39,9 @@ def main():
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--only", default=None,
                         help="comma-separated op families to measure (plain, verify, draft, "
-                             "selection, overhead), e.g. 'overhead' after a change to the "
-                             "loop's host code; put them into a file with specsim calibrate "
-                             "--merge NEW OLD --replace FAMILIES")
+                             "selection, overhead, prefill), e.g. 'overhead,prefill' after a "
+                             "change to the loop's host code; put them into a file with "
+                             "specsim calibrate --merge NEW OLD --replace FAMILIES")
     parser.add_argument("--budget-s", default="200",
                         help="seconds per model: one for all, or one per model (comma-separated)")
     parser.add_argument("--contexts", default=None,
