@@ -100,7 +100,9 @@ class OperatorGrid:
     moe_experts: list[int] = field(default_factory=lambda: [8, 32, 128])
     moe_tops: list[int] = field(default_factory=lambda: [1, 2, 4, 8])
     moe_hidden: list[int] = field(default_factory=lambda: [1024, 4096])
-    moe_tokens: list[int] = field(default_factory=lambda: [1, 4, 16, 64, 256, 1024, 4096])
+    #: tokens a routed layer takes at once: a decode step's few, a prefill's tens of thousands
+    moe_tokens: list[int] = field(
+        default_factory=lambda: [1, 4, 16, 64, 256, 1024, 4096, 16384, 65536])
     prefill_tokens: list[int] = field(default_factory=lambda: [256, 1024, 4096, 16384])
     prefill_window: int = 128
     max_cache_bytes: float = 24e9
