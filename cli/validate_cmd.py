@@ -1,8 +1,6 @@
 """`specsim validate`: predicted vs measured throughput on the GPU (plan → --gpu → report)."""
 from __future__ import annotations
 
-import os
-
 import click
 
 from specsim.cli import defaults
@@ -40,9 +38,14 @@ def _measured_for(plan_path: str, measured: str | None) -> str:
     if measured:
         return measured
     if plan_path.endswith("-plan.json"):
+        from specsim.validate import repo_file
         sibling = plan_path[: -len("plan.json")] + "measured.json"
-        if plan_path.replace("\\", "/") in SHIPPED_PLANS or os.path.exists(sibling):
-            return sibling             # the run's own measurements, beside its plan
+        try:                           # the run's own measurements, beside its plan here or
+            repo_file(sibling)         # in the shipped data
+        except SpecsimError:
+            pass
+        else:
+            return sibling
     return DEFAULT_MEASURED
 
 

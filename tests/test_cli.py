@@ -343,5 +343,10 @@ def test_shipped_files_are_found_by_their_repository_names_from_any_folder(tmp_p
     plan = str(shipped_path("models/validation/h200-qwen3-8b-plan.json"))
     got = run(cli, ["validate", "report", "--plan", plan])
     assert got.exit_code == 0 and "qwen3-8b, batch 4, context 32768" in got.output
+    # any shipped plan, named as in VALIDATION.md from another folder, finds its measurements
+    got = run(cli, ["validate", "report", "--plan",
+                    "models/validation/h200-qwen3-30b-a3b-ops-long-plan.json"])
+    assert got.exit_code == 0, got.output
+    assert "qwen3-30b-a3b, batch 2, context 131072" in got.output
     got = run(cli, ["predict", "--model", "nope.json"])
     assert "model config nope.json: no such file" in str(got.exception)
