@@ -244,13 +244,12 @@ def causal_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
             q, *repeated(), 0.0, True)[:2]
         return out, lse.reshape(out.shape[:3]).float()
-    cudnn = torch.ops.aten._scaled_dot_product_cudnn_attention
 
     def run(name: str):
-        if name == "cudnn":
-            out, lse = cudnn(q, k, v, None, True, 0.0, True)[:2]
-        elif name == "cudnn-repeated":
-            out, lse = cudnn(q, *repeated(), None, True, 0.0, True)[:2]
+        if name.startswith("cudnn"):
+            cudnn = torch.ops.aten._scaled_dot_product_cudnn_attention
+            kv = (k, v) if name == "cudnn" else repeated()
+            out, lse = cudnn(q, *kv, None, True, 0.0, True)[:2]
         else:
             out, lse = torch.ops.aten._scaled_dot_product_flash_attention(
                 q, *repeated(), 0.0, True)[:2]
@@ -262,8 +261,8 @@ def causal_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     for name in ("cudnn", "cudnn-repeated"):
         try:
             return run(name)
-        except (RuntimeError, NotImplementedError):
-            continue
+        except (RuntimeError, NotImplementedError, AttributeError, TypeError):
+            continue            # not built for this GPU, or another torch's signature
     return run("flash")
 
 
