@@ -46,19 +46,25 @@ from specsim.shipped import catalog_file
 from specsim.traces.format import read_trace
 
 
+def median_seconds(fn, device, runs: int = 10) -> float:
+    """Median wall time of ``fn`` over ``runs`` calls after two warm-up calls, each between
+    two device synchronisations."""
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    times = []
+    for _ in range(runs + 2):
+        sync()
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - t0)
+    return sorted(times[2:])[runs // 2]
+
+
 def copy_bandwidth(device, gib: float = 4.0) -> float:
     """Bytes/s of a device-to-device copy (read + write), median of 10."""
     a = torch.empty(int(gib * 2**30) // 2, dtype=torch.bfloat16, device=device)
     b = torch.empty_like(a)
-    times = []
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    for _ in range(12):
-        sync()
-        t0 = time.perf_counter()
-        b.copy_(a)
-        sync()
-        times.append(time.perf_counter() - t0)
-    return 2 * a.numel() * a.element_size() / sorted(times[2:])[len(times[2:]) // 2]
+    return 2 * a.numel() * a.element_size() / median_seconds(lambda: b.copy_(a), device)
 
 
 def gather_bandwidth(device, row_bytes: int, rows: int, fraction: float = 0.05) -> float:
@@ -67,15 +73,8 @@ def gather_bandwidth(device, row_bytes: int, rows: int, fraction: float = 0.05) 
     of 10."""
     cache = torch.empty(rows, row_bytes // 2, dtype=torch.bfloat16, device=device)
     picked = torch.randperm(rows, device=device)[:max(1, int(rows * fraction))].sort().values
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    times = []
-    for _ in range(12):
-        sync()
-        t0 = time.perf_counter()
-        torch.index_select(cache, 0, picked)
-        sync()
-        times.append(time.perf_counter() - t0)
-    return 2 * picked.numel() * row_bytes / sorted(times[2:])[len(times[2:]) // 2]
+    return 2 * picked.numel() * row_bytes / median_seconds(
+        lambda: torch.index_select(cache, 0, picked), device)
 
 
 POLICIES = ("vegas", "sparsespec", "streamingllm", "quest", "last-token")

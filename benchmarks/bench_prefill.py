@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from specsim.costs.prefill import attention_elements
-from specsim.engine.attention import prefill_attention
+from specsim.engine.attention import fold_sinks, prefill_attention
 
 SHAPES = {"gpt-oss (64/8, d64)": (64, 8, 64), "dense (32/8, d128)": (32, 8, 128)}
 WINDOW = 128
@@ -78,7 +78,7 @@ def flex_peer(compiled):
                             block_mask=masks[(t, window)], enable_gqa=True, **LSE)
         lse = getattr(aux, "lse", aux)
         if sinks is not None:
-            out = out * torch.sigmoid(lse - sinks.float()[None, :, None]).to(out.dtype)[..., None]
+            out = fold_sinks(out, lse, sinks)
         return out.transpose(1, 2)
     run.build = build
     return run

@@ -286,9 +286,9 @@ def test_a_gemm_narrower_than_measured_is_held_and_a_wider_one_grows_as_its_floo
 
 
 def test_a_corner_the_grid_skipped_is_its_nearest_shape_grown():
-    """Widths around a shape whose weight is over the sweep's cap (so the table lacks it):
-    that corner is its nearest measured shape grown by its bytes, so the price still rises
-    across it, and says so."""
+    """Widths on either side of a shape whose weight is over the sweep's cap (so the table
+    lacks it): that corner is its nearest measured shape grown by its bytes, so the price
+    still rises across it, and says so."""
     full = gemm_only(lambda n, k, m: 3e-12 * n * k)
     table = full.table
     holed = OperatorCostModel(OperatorTable(table.provenance, table.probe, [

@@ -68,7 +68,7 @@ def attention_elements(new: int, past: int = 0, window: int | None = None,
     if windowed(window, past + new):
         rows = window_rows(window)
         return float(math.ceil(new / rows) * rows * (rows + window - 1 + (1 if sinks else 0)))
-    return float(new * past + new * (new + 1) / 2)
+    return ideal_elements(new, past)                # the causal kernel: each row's own keys
 
 
 def ideal_elements(new: int, past: int = 0, window: int | None = None) -> float:

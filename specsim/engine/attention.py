@@ -204,8 +204,7 @@ def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
         return out.transpose(1, 2)
     if window is None:                          # sinks on a full layer
         out, lse = causal_with_lse(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
-        out = out * torch.sigmoid(lse - sinks.float()[None, :, None]).to(out.dtype)[..., None]
-        return out.transpose(1, 2)
+        return fold_sinks(out, lse, sinks).transpose(1, 2)
     groups = k.shape[2]
     scale = 1.0 / math.sqrt(dim)
     qh, kh, vh = q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1)
@@ -220,6 +219,13 @@ def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
         sink_value = vh.new_zeros(groups, 1, width)
     out = _window_prefill(qh, kh, vh, window, sink_key, sink_value, scale)
     return out[..., :dim].transpose(0, 1)[None]
+
+
+def fold_sinks(out: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:
+    """Attention ``out`` [B, H, T, D] without sinks, given its rows' log-sum-exp ``lse``
+    [B, H, T], as with one sink logit per head ``sinks`` [H] in every row's denominator:
+    out · σ(lse − sink_h)."""
+    return out * torch.sigmoid(lse.float() - sinks.float()[None, :, None]).to(out.dtype)[..., None]
 
 
 #: Which kernel :func:`causal_with_lse` found to run, by (device type, dtype, head_dim, whether
@@ -279,7 +285,7 @@ def _window_prefill(qh, kh, vh, window: int, sink_key, sink_value, scale: float)
     rep = heads // kh.shape[0]
     rows = window_rows(window)
     n = -(-length // rows)
-    span = rows + window - 1                         # keys of one chunk: cR − W + 1 .. cR + R − 1
+    span = rows + window - 1       # keys of one chunk: cR − W + 1 .. cR + R − 1
     pad_q = n * rows - length
     qc = F.pad(qh, (0, 0, 0, pad_q)).view(heads, n, rows, width).transpose(0, 1)
     # keys before position 0 and after the last are zeros, masked below (front) or seen only
