@@ -24,7 +24,7 @@ values, every iteration accepting k/2) split by phase: time per draft step, per 
 per iteration for selection and the loop's fixed cost, the bytes each moves (weights and the
 KV rows it reads) and the fraction of its floor, each floor measured in the same run: the
 copy bandwidth for streamed bytes (weights, whole-cache reads) and a gather of random token
-rows of one KV head's row size for a draft's selected rows (a selection's bytes, and what a
+rows of one KV head's row size for a draft's selected rows (a refresh's bytes, and what a
 draft reads besides its rows, such as Quest's page bounds, are the roofline model's). Each
 phase's share of the iteration is printed beside it, and the loop's host time an iteration
 (its wall time less its waits for the GPU: it overlaps the GPU's work).
@@ -121,8 +121,9 @@ def phase_rows(model, args, settings, context: int, stream: float, gather: float
                 continue
             moved = run.bytes_moved.get(phase, 0.0) / count
             scoring = roof.selection([context] * args.batch, s, policy, k).bytes
-            if phase == "selection":       # what the refresh reads (the engine counts none);
-                moved = 0.0 if rescored else scoring    # Quest's scoring is in its drafts
+            if phase == "selection":       # what the refresh moves (the engine counts none;
+                # Quest's scoring is in its drafts, the collected logits' writes in verify)
+                moved = roof.refresh_bytes([context] * args.batch, s, policy, k)
             if phase == "draft":          # weights streamed, the selected rows gathered,
                 # and what the policy reads besides, streamed: Quest's page bounds, which it
                 # scores at every draft step (the roofline counts them with its selection)

@@ -22,8 +22,8 @@ GPU side (torch, triton and the engine's kernels; no simpy/plotly). Each operato
   moving a given number of bytes;
 - ``selection``: each policy's refresh of every list through ``specsim.kernels.selection``
   (Vegas and last-token from the collected logits, SparseSpec-L's attention mass and per-KV-head
-  ranking, Quest's page scoring and ranking of one layer's draft query; last-token's gather of
-  each list's last accepted row out of the collected rows first), at s = ``selection_s``;
+  ranking, Quest's page scoring and ranking of one layer's draft query; last-token's sum of each
+  list's last accepted row over the heads first), at s = ``selection_s``;
 - ``prefill_attention``: the engine's prefill attention of one prompt of ``prefill_tokens``
   (``specsim.engine.attention.prefill_attention``, 8 KV heads) on each of its kernels
   (:data:`specsim.costs.prefill.OPERATOR_PATHS`: causal, which a full layer's sinks run on
@@ -352,13 +352,17 @@ def a_element(dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
 
 
-def resumable(path: str, prov: dict) -> OperatorTable | None:
+def resumable(path: str, prov: dict, only: tuple[str, ...] = ()) -> OperatorTable | None:
     """The table in ``path`` when this run may resume it, None when there is none; a table
-    measured otherwise is refused with what differs (one line), never overwritten."""
+    measured otherwise is refused with what differs (one line), never overwritten. A run that
+    re-measures ``only`` some operators may follow a change to the kernels' source (the
+    operators that change names are the ones it re-measures; the provenance keeps both
+    hashes)."""
     if not os.path.exists(path):
         return None
     have = read_operator_table(path)
-    differ = [f for f in RESUME_FIELDS if have.provenance.get(f) != prov.get(f)]
+    fields = [f for f in RESUME_FIELDS if not (only and f == "kernel_config_hash")]
+    differ = [f for f in fields if have.provenance.get(f) != prov.get(f)]
     if differ:
         raise SpecsimError(f"{path} holds an operator table measured otherwise "
                            f"({', '.join(differ)}): not resuming it and not overwriting it; "
@@ -371,8 +375,9 @@ def measure_operators(grid: OperatorGrid, out: str, *, settings: EngineSettings 
                       only: tuple[str, ...] = ()) -> OperatorTable:
     """Measure ``grid`` on ``device`` (default: this machine's GPU, else its CPU) into
     ``out`` (module doc). ``only``: measure these operators alone, anew: a resumed table drops
-    their points first (after a change to how they are timed or to their grid's axes, which a
-    resume does not revisit) and keeps every other operator's as it is."""
+    their points first (after a change to how they are timed, to their grid's axes, which a
+    resume does not revisit, or to their kernels) and keeps every other operator's as it
+    is."""
     unknown = [op for op in only if op not in MEASURES]
     if unknown:
         raise SpecsimError(f"unknown operator(s) {', '.join(unknown)}: the operators are "
@@ -382,7 +387,7 @@ def measure_operators(grid: OperatorGrid, out: str, *, settings: EngineSettings 
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     timer = _Timer(torch, device, settings)
     prov = provenance(grid, settings, device)
-    prior = resumable(out, prov)
+    prior = resumable(out, prov, only)
     if prior is not None:
         points = [p for p in prior.points if p.op not in only]
         ceilings = prior.probe
@@ -391,8 +396,11 @@ def measure_operators(grid: OperatorGrid, out: str, *, settings: EngineSettings 
         done = {(p.op, p.key_tuple) for p in points}
         timer.eager = list(prior.provenance.get("timed_eagerly", []))
         seconds = [g for g in prior.provenance.get("group_seconds", []) if g[0] not in only]
+        again = {"operators": list(only), "date": prov.get("date")}
+        if prior.provenance.get("kernel_config_hash") != prov.get("kernel_config_hash"):
+            again["kernel_config_hash_before"] = prior.provenance.get("kernel_config_hash")
         prov["remeasured"] = list(prior.provenance.get("remeasured", [])) + (
-            [{"operators": list(only), "date": prov.get("date")}] if only else [])
+            [again] if only else [])
     else:
         points, ceilings, done = [], probe(torch, device, timer, grid), set()
         seconds = []
@@ -689,14 +697,13 @@ def _selection(torch, device, timer, grid, settings, key, ats):
                 logits = torch.randn(lists, heads, rows, context, device=device,
                                      dtype=_dtype(torch, device))
             if policy.name == "last-token":
-                # the engine gathers each list's last accepted row out of the collected rows
-                # ([lists, heads, rows, n] → [lists, heads, 1, n]) before ranking it
-                pick = torch.randint(0, LAST_TOKEN_ROWS, (lists, 1, 1, 1), device=device)
-                index = pick.expand(lists, logits.shape[1], 1, context)
+                # the engine sums each list's last accepted row over the heads in one pass
+                # ([lists, heads, rows, n] → fp32 [lists, 1, 1, n]) and ranks that
+                pick = torch.randint(0, LAST_TOKEN_ROWS, (lists,), device=device)
 
                 def select(x):
-                    return S.vegas_select(torch.gather(x, 2, index), lengths, s,
-                                          max_context=context, policy=policy,
+                    return S.vegas_select(S.picked_row_sum(x, pick, lengths, context),
+                                          lengths, s, max_context=context, policy=policy,
                                           ranking=settings.ranking)
             else:
                 def select(x):

@@ -106,8 +106,17 @@ def test_selection_costs_by_policy():
     assert "summed over every head" in summed.notes[0] and "× 4 heads" in vegas.notes[0]
     with pytest.raises(ValueError, match="c2q"):
         RooflineCostModel(spec, hw(), c2q="both")
+    # last-token ranks by one row (its last accepted token's), written and read
     last = cm.selection([1000], 0.1, "last-token", 4)
-    assert last.other_bytes < vegas.other_bytes
+    assert last.other_bytes == 2 * (4 * 1000 * 2 * 2) + 2 * (1000 * 2 * 4) + 288 * 2 * 4
+    # the refresh's own bytes: the selection's less what the verify pass writes for it
+    assert cm.refresh_bytes([1000], 0.1, "vegas", 4) == vegas.other_bytes - 2 * 4 * 1000 * 2 * 2
+    assert RooflineCostModel(spec, hw()).refresh_bytes([1000], 0.1, "vegas", 4) == \
+        summed.other_bytes - 2 * (1000 * 2 * 4)
+    assert cm.refresh_bytes([1000], 0.1, "last-token", 4) == \
+        cm.refresh_bytes([1000], 0.1, "last-token", 8) == last.other_bytes - 4 * 1000 * 2 * 2
+    assert cm.refresh_bytes([1000], 0.1, "quest", 4) == 0.0
+    assert cm.refresh_bytes([1000], 0.1, "streamingllm", 4) == 0.0
     # only Vegas' refresh reads a summed row: the others are priced the same either way
     for name in ("last-token", "sparsespec", "quest"):
         assert RooflineCostModel(spec, hw()).selection([1000], 0.1, name, 4).other_bytes == \
@@ -115,6 +124,8 @@ def test_selection_costs_by_policy():
     sparse = cm.selection([1000], 0.1, "sparsespec", 4)   # min(16, k+1) = 5 rows, per KV head
     assert sparse.other_bytes == (2 * (5 * 4 * 1000 * 2 * 2) + 2 * (2 * 1000 * 2 * 4)
                                   + 100 * 2 * 2 * 4)
+    assert cm.refresh_bytes([1000], 0.1, "sparsespec", 4) == \
+        sparse.other_bytes - 5 * 4 * 1000 * 2 * 2
     quest2, quest4 = (cm.selection([1000], 0.1, "quest", k) for k in (2, 4))
     assert quest4.other_bytes == pytest.approx(2 * quest2.other_bytes)   # every draft step
 

@@ -50,3 +50,20 @@ def test_compiled_and_fused_model_decodes_the_same_tokens():
     model.fuse_projections()
     model.compile_layers()
     assert plain_decode(model, prompts, 8).tokens == expected
+
+
+def test_compiled_layers_keep_more_shape_variants_than_dynamos_default():
+    """A process running many engines meets more compiled variants of a layer half than
+    dynamo keeps by default (8), past which it ran the rest eagerly."""
+    import torch._dynamo
+
+    from specsim.engine.model import RECOMPILE_LIMIT
+
+    before = torch._dynamo.config.recompile_limit
+    try:
+        torch._dynamo.config.recompile_limit = 8
+        model = build_model(config("qwen3"), weights="random", seed=1)
+        model.compile_layers()
+        assert torch._dynamo.config.recompile_limit == RECOMPILE_LIMIT > 8
+    finally:
+        torch._dynamo.config.recompile_limit = before

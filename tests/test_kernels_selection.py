@@ -15,7 +15,8 @@ import pytest  # noqa: E402
 import seeding  # noqa: E402
 
 from specsim.kernels import (KVCache, append_positions, attention_mass,  # noqa: E402
-                             attention_mass_reference, page_bounds_reference, quest_select,
+                             attention_mass_reference, page_bounds_reference, picked_row_sum,
+                             picked_row_sum_reference, quest_select,
                              selected_counts, sparsespec_select, streamingllm_select,
                              vegas_select)
 from specsim.policies import POLICIES, get_policy  # noqa: E402
@@ -182,6 +183,42 @@ def test_attention_mass_matches_reference():
     for b, length in enumerate(lengths.tolist()):
         torch.testing.assert_close(mass[b, :, :length], ref[b, :, :length], rtol=1e-5,
                                    atol=1e-6)
+
+
+@pytest.mark.parametrize("summer", [picked_row_sum, picked_row_sum_reference])
+def test_picked_row_sum_is_each_lists_row_summed_over_heads(summer):
+    """Each list's picked row summed over every head (12: not a multiple of the kernel's head
+    block), read from a slice of a larger buffer as the engine passes it; a pick past the
+    collected rows takes the last; 0 past each length, whatever the buffer holds there."""
+    lists, heads, rows, n, max_context = 4, 12, 3, 2500, 2100
+    buffer = torch.randn(lists, heads, rows + 2, n, generator=make_generator(30),
+                         device=DEVICE).half()
+    lengths = torch.tensor([1, 1024, 1025, 2100], dtype=torch.int32, device=DEVICE)
+    for b, length in enumerate(lengths.tolist()):
+        buffer[b, :, :, length:] = float("nan")           # stale entries past the length
+    logits = buffer[:, :, :rows]
+    pick = torch.tensor([0, 2, 1, 7], device=DEVICE)
+    out = summer(logits, pick, lengths, max_context)
+    assert out.shape == (lists, 1, 1, max_context) and out.dtype == torch.float32
+    for b, length in enumerate(lengths.tolist()):
+        row = min(int(pick[b]), rows - 1)
+        want = logits[b, :, row, :length].double().sum(0)
+        torch.testing.assert_close(out[b, 0, 0, :length].double(), want, rtol=1e-5, atol=1e-4)
+        assert torch.all(out[b, 0, 0, length:] == 0)
+
+
+def test_last_token_ranks_its_picked_row_as_vegas_ranks_one_row():
+    """The summed row ranks as the row itself would: same lists as Vegas on that one row."""
+    lists, heads, rows = len(LENGTHS), 4, 3
+    logits = torch.randn(lists, heads, rows, MAX_LEN, generator=make_generator(31),
+                         device=DEVICE)
+    lengths = torch.tensor(LENGTHS, dtype=torch.int32, device=DEVICE)
+    pick = torch.tensor([2, 0, 1][:lists] + [1] * max(0, lists - 3), device=DEVICE)
+    summed = picked_row_sum(logits, pick, lengths, 1000)
+    one_row = torch.stack([logits[b, :, int(pick[b])] for b in range(lists)])[:, :, None]
+    got = vegas_select(summed, lengths, 0.1, max_context=1000, ranking="topk")
+    want = vegas_select(one_row, lengths, 0.1, max_context=1000, ranking="topk")
+    assert lists_as_sets(*got) == lists_as_sets(*want)
 
 
 @pytest.mark.parametrize("ranking", ["topk", "radix"])

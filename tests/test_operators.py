@@ -486,7 +486,17 @@ def test_only_remeasures_those_operators_and_keeps_the_others(swept, tmp_path, m
     kept = [p.to_json() for p in again.points if p.op != "selection"]
     assert kept == [p.to_json() for p in table.points if p.op != "selection"]
     assert again.provenance["remeasured"][-1]["operators"] == ["selection"]
+    assert "kernel_config_hash_before" not in again.provenance["remeasured"][-1]
     assert again.provenance["complete"]
+    # after a change to the kernels' source only a run naming its operators resumes the table
+    monkeypatch.setattr(S, "_kernel_hash", lambda: "changed")
+    with pytest.raises(SpecsimError, match=r"measured otherwise \(kernel_config_hash\)"):
+        S.measure_operators(S.OperatorGrid.tiny(), str(copy), progress=False)
+    after = S.measure_operators(S.OperatorGrid.tiny(), str(copy), progress=False,
+                                only=("selection",))
+    assert after.provenance["kernel_config_hash"] == "changed"
+    assert after.provenance["remeasured"][-1]["kernel_config_hash_before"] == \
+        again.provenance["kernel_config_hash"]
     with pytest.raises(SpecsimError, match="unknown operator"):
         S.measure_operators(S.OperatorGrid.tiny(), str(copy), progress=False, only=("moe",))
 

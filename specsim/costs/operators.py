@@ -539,8 +539,8 @@ class OperatorCostModel:
 
     def _last_token_refresh(self, lists: float, context: float) -> tuple[float, list[str]]:
         """Last-token's refresh at the model's query heads. Its operator is measured with
-        :data:`~specsim.operator_sweep.LAST_TOKEN_HEADS` heads a list: a gather of each list's
-        last accepted row and a sum over its heads (both read every head's row), then the
+        :data:`~specsim.operator_sweep.LAST_TOKEN_HEADS` heads a list: each list's last
+        accepted row summed over its heads (one pass reading every head's row), then the
         ranking of the summed row, which is Vegas' summed-row operator at the same lists and
         context. The part above that ranking scales with the heads."""
         from specsim.operator_sweep import LAST_TOKEN_HEADS
@@ -557,7 +557,7 @@ class OperatorCostModel:
         per_head = max(measured - ranking, 0.0) / LAST_TOKEN_HEADS
         return ranking + per_head * heads, notes + more + [
             f"last-token refresh measured at {LAST_TOKEN_HEADS} query heads, read at {heads}: "
-            f"its gather and head sum scaled with the heads, its ranking Vegas' summed row"]
+            f"its head sum scaled with the heads, its ranking Vegas' summed row"]
 
     def _cost(self, base: Cost, parts: dict[str, float], notes: list[str]) -> Cost:
         seconds = float(sum(parts.values()))

@@ -123,7 +123,7 @@ class RooflineCostModel:
 
         - vegas / last-token: the verify pass writes the pre-softmax logits of the collected
           rows (bf16, every query head, every key, full-attention layers); selection reads them,
-          averages over heads (fp32 scores per position), ranks (top-k) and writes indices.
+          sums over heads (fp32 scores per position), ranks (top-k) and writes indices.
           Vegas with ``c2q="sum"`` (the engine's default): the verify pass writes the rows'
           sum over every head instead, one fp32 row per sequence (zeroed, then added into by
           the KV heads in L2, then written), which the refresh ranks as it is.
@@ -133,14 +133,17 @@ class RooflineCostModel:
           head and score it against the query; rank pages; write page indices.
         - streamingllm, full: nothing to compute (the window is arithmetic).
         """
-        ctx = as_contexts(contexts)
+        return self._selection(as_contexts(contexts), s, policy, k)[0]
+
+    def _selection(self, ctx: np.ndarray, s: float, policy: str, k: int) -> tuple[Cost, float]:
+        """:meth:`selection`'s cost and, of its bytes, what the refresh moves."""
         pol = get_policy(policy)
         m, ov = self.model, self.overheads
         n_full = sum(self._full)
         heads = m.num_heads * self.head_share
         kv_heads = m.num_kv_heads * self.kv_head_share
         if pol.name in ("full", "streamingllm"):
-            return Cost(0.0, bound="overhead", notes=(f"{pol.name}: no selection work",))
+            return Cost(0.0, bound="overhead", notes=(f"{pol.name}: no selection work",)), 0.0
         selected = pol.selected_array(ctx, s)
         total_ctx = float(ctx.sum())
         if pol.rescore_every_draft:  # quest
@@ -153,6 +156,7 @@ class RooflineCostModel:
             other = k * per_step
             flops *= k
             launches = k
+            refresh = 0.0
             note = f"quest: page metadata of {pages:.0f} pages scored at each of k={k} draft steps"
         else:
             rows = (min(SPARSESPEC_WINDOW, k + 1) if pol.per_kv_head
@@ -162,10 +166,11 @@ class RooflineCostModel:
             scores = lists * total_ctx * n_full * SCORE_BYTES
             idx = float(selected.sum()) * lists * n_full * INDEX_BYTES
             if summed:     # the scores themselves: zeroed, written (verify), read (refresh)
-                other = 3 * scores + idx
+                written, refresh = 2 * scores, scores + idx
             else:          # logits written in verify and read, scores written and read
-                collected = rows * heads * total_ctx * n_full * LOGIT_BYTES
-                other = 2 * collected + 2 * scores + idx
+                written = rows * heads * total_ctx * n_full * LOGIT_BYTES
+                refresh = written + 2 * scores + idx
+            other = written + refresh
             flops = 0.0
             launches = 1
             note = (f"{pol.name}: {rows} collected row(s) "
@@ -177,7 +182,13 @@ class RooflineCostModel:
         overhead = launches * ov.selection
         return Cost(max(memory_s, compute_s) + overhead, other_bytes=other, flops=flops,
                     overhead_s=overhead, bound="memory" if memory_s >= compute_s else "compute",
-                    notes=(note,))
+                    notes=(note,)), refresh
+
+    def refresh_bytes(self, contexts: Sequence[int], s: float, policy: str, k: int) -> float:
+        """Bytes the refresh after a verify moves: :meth:`selection`'s less what the verify
+        pass writes for it (the collected logits or the summed row); Quest's page scoring runs
+        in its draft steps: 0."""
+        return self._selection(as_contexts(contexts), s, policy, k)[1]
 
     def prefill(self, prompt_lengths: Sequence[int], past: Sequence[int] | None = None
                 ) -> Cost:

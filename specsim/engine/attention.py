@@ -32,7 +32,8 @@ import math
 import torch
 import torch.nn.functional as F
 
-from specsim.kernels import (KVCache, append_positions, attention_mass_reference, plan_sparse,
+from specsim.kernels import (KVCache, append_positions, attention_mass_reference,
+                             picked_row_sum, picked_row_sum_reference, plan_sparse,
                              plan_verify, quest_select, selected_counts, sparse_attention,
                              sparsespec_select, streamingllm_select, vegas_select,
                              verify_attention)
@@ -393,6 +394,13 @@ class AttentionBackend:
             return sparsespec_select(logits, lengths, s, num_kv_heads, lse=lse, policy=policy,
                                      ranking=ranking)
         return sparsespec_select_torch(logits, lse, lengths, s, num_kv_heads, policy)
+
+    def picked_row_sum(self, logits, pick, lengths, max_context=None):
+        """Each list's picked collected row summed over the heads, fp32 [N, 1, 1, n] (the
+        last-token policy's scores): one Triton pass on the GPU, torch elsewhere."""
+        if self.use_triton:
+            return picked_row_sum(logits, pick, lengths, max_context)
+        return picked_row_sum_reference(logits, pick, lengths, max_context)
 
 
 __all__ = ["AttentionBackend", "KVCache", "MAX_Q_LEN", "append_positions",

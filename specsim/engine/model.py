@@ -499,6 +499,10 @@ def combine(out: torch.Tensor, pairs: Pairs) -> torch.Tensor:
     return token_major.view(-1, pairs.top, out.shape[-1]).sum(1)
 
 
+#: Compiled variants a compiled layer half may keep (``Transformer.compile_layers``).
+RECOMPILE_LIMIT = 64
+
+
 class DecoderLayer(nn.Module):
     def __init__(self, args: ModelArgs, layer: int = 0):
         super().__init__()
@@ -564,6 +568,14 @@ class Transformer(nn.Module):
         batch and query length. A second call changes nothing."""
         if self.compiled:
             return
+        # size-1 dimensions still specialise (batch 1, one query token), and prefill, verify
+        # and draft shapes differ: a process that runs many engines (a calibration, a
+        # validation, a benchmark) meets more variants than dynamo's default limit of 8, past
+        # which the layers fell back to eager, unfused, for the rest of the process
+        import torch._dynamo
+
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit,
+                                                   RECOMPILE_LIMIT)
         for layer in self.model.layers:
             layer.before_attention = torch.compile(layer.before_attention, dynamic=True)
             layer.after_attention = torch.compile(layer.after_attention, dynamic=True)

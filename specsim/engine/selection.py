@@ -199,17 +199,15 @@ class DraftSelection:
             chosen, counts = chosen.expand(layers, -1, -1), counts.expand(layers, -1)
         elif self.kind in ("vegas", "vegas-all", "last-token"):
             logits = self.logits if self.summed else self.logits[:, :, :, :rows]
+            logits = logits.flatten(0, 1)                  # [L·B, H, rows, n] (a view)
             if self.kind == "last-token":
-                # each sequence's row of its last accepted token, gathered in one pass into a
-                # contiguous [L, B, H, 1, n] (indexing a permuted view, then reshaping it,
-                # copied the rows twice)
-                pick = last_row.long().clamp(0, rows - 1)
-                index = pick.view(1, batch, 1, 1, 1).expand(layers, batch, logits.shape[2], 1,
-                                                            logits.shape[-1])
-                logits = torch.gather(logits, 3, index)
+                # each sequence's row of its last accepted token summed over the heads in one
+                # pass (fp32 [L·B, 1, 1, n]), which the ranking takes as it is
+                logits = self.backend.picked_row_sum(logits, last_row.repeat(layers),
+                                                     folded_lengths, n)
             chosen, counts = attention.vegas_select(
-                logits.reshape(layers * batch, *logits.shape[2:]), folded_lengths, self.s,
-                max_context=n, policy=self.policy, ranking=self.ranking)
+                logits, folded_lengths, self.s, max_context=n, policy=self.policy,
+                ranking=self.ranking)
         elif self.kind == "sparsespec":
             logits = self.logits[:, :, :, :rows].reshape(layers * batch, -1, rows, n)
             lse = self.lse[:, :, :, lse_rows].reshape(layers * batch, -1, rows)

@@ -140,6 +140,60 @@ def vegas_select(logits: torch.Tensor, lengths: torch.Tensor, s: float, *,
 
 
 @triton.jit
+def _picked_row_sum_kernel(Logits, Pick, Lengths, Out, stride_gb, stride_gh, stride_gr,
+                           stride_ob, max_context, HEADS: tl.constexpr,
+                           HEAD_BLOCK: tl.constexpr, BLOCK: tl.constexpr):
+    b = tl.program_id(0).to(tl.int64)
+    length = tl.load(Lengths + b)
+    position = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    in_row = position < max_context
+    pos_ok = (position < length) & in_row
+    base = Logits + b * stride_gb + tl.load(Pick + b).to(tl.int64) * stride_gr
+    total = tl.zeros([BLOCK], tl.float32)
+    if tl.program_id(1) * BLOCK < length:     # blocks past the length read nothing
+        for h0 in range(0, HEADS, HEAD_BLOCK):
+            head = h0 + tl.arange(0, HEAD_BLOCK)
+            s = tl.load(base + head[:, None] * stride_gh + position[None, :],
+                        mask=(head < HEADS)[:, None] & pos_ok[None, :], other=0.0)
+            total += tl.sum(s.to(tl.float32), 0)
+    tl.store(Out + b * stride_ob + position, total, mask=in_row)
+
+
+def picked_row_sum(logits: torch.Tensor, pick: torch.Tensor, lengths: torch.Tensor,
+                   max_context: int | None = None) -> torch.Tensor:
+    """One collected row per list summed over every head, in one pass: ``logits`` [N, heads,
+    rows, ≥ max len] (last dim contiguous), ``pick`` [N] the row of each list; returns fp32
+    [N, 1, 1, max_context] (what ``vegas_select`` ranks as it is), 0 past each length.
+
+    What the last-token policy ranks by: the row of each sequence's last accepted token. Reads
+    the picked row of every head once and writes 4 bytes a position, where gathering the rows
+    and summing them read and wrote the heads' rows twice more."""
+    count, heads, rows, n = logits.shape
+    max_context = max_context or n
+    assert logits.stride(-1) == 1
+    out = torch.empty(count, 1, 1, max_context, dtype=torch.float32, device=logits.device)
+    block = 1024
+    _picked_row_sum_kernel[(count, triton.cdiv(max_context, block))](
+        logits, pick.clamp(0, rows - 1).to(torch.int32), lengths, out, *logits.stride()[:3],
+        out.stride(0), max_context, HEADS=heads,
+        HEAD_BLOCK=min(8, triton.next_power_of_2(heads)), BLOCK=block, num_warps=4)
+    return out
+
+
+def picked_row_sum_reference(logits: torch.Tensor, pick: torch.Tensor, lengths: torch.Tensor,
+                             max_context: int | None = None) -> torch.Tensor:
+    """torch version of ``picked_row_sum`` (also its CPU path)."""
+    count, heads, rows, n = logits.shape
+    max_context = max_context or n
+    index = pick.long().clamp(0, rows - 1).view(count, 1, 1, 1).expand(count, heads, 1,
+                                                                        max_context)
+    total = torch.gather(logits[..., :max_context], 2, index).sum(1, keepdim=True,
+                                                                  dtype=torch.float32)
+    valid = torch.arange(max_context, device=logits.device) < lengths.long().view(-1, 1, 1, 1)
+    return torch.where(valid, total, 0.0)
+
+
+@triton.jit
 def _attention_mass_kernel(Logits, Lse, Lengths, Mass,
                            stride_gb, stride_gh, stride_gw,
                            stride_lb, stride_lh, stride_lw,
@@ -282,5 +336,6 @@ def append_positions(indices: torch.Tensor, counts: torch.Tensor,
     counts += 1
 
 
-__all__ = ["append_positions", "attention_mass", "attention_mass_reference", "quest_select",
-           "selected_counts", "sparsespec_select", "streamingllm_select", "vegas_select"]
+__all__ = ["append_positions", "attention_mass", "attention_mass_reference", "picked_row_sum",
+           "picked_row_sum_reference", "quest_select", "selected_counts", "sparsespec_select",
+           "streamingllm_select", "vegas_select"]
