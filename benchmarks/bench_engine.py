@@ -30,6 +30,11 @@ phase's share of the iteration is printed beside it, and the loop's host time an
 (its wall time less its waits for the GPU: it overlaps the GPU's work).
 
     python benchmarks/bench_engine.py --contexts 2048,32768,131072 --batch 4 --phases --peer hf
+
+``--batch`` takes several sizes (every batch at every context; a cell that does not fit in
+memory is skipped with a note); the output is rewritten after every cell, and the run ends
+with its Markdown tables, which ``--table OUT.json [...]`` prints again from saved outputs
+(several runs' outputs into one table: a model, batch or context per run).
 """
 from __future__ import annotations
 
@@ -80,7 +85,8 @@ def gather_bandwidth(device, row_bytes: int, rows: int, fraction: float = 0.05) 
 POLICIES = ("vegas", "sparsespec", "streamingllm", "quest", "last-token")
 
 
-def phase_rows(model, args, settings, context: int, stream: float, gather: float) -> list:
+def phase_rows(model, args, settings, batch: int, context: int, stream: float,
+               gather: float) -> list:
     """Each policy's forced run at ``context`` split by phase against its floors (module
     doc); prints one table and returns its rows."""
     import numpy as np
@@ -94,7 +100,7 @@ def phase_rows(model, args, settings, context: int, stream: float, gather: float
 
     k, s = int(args.ks.split(",")[0]), float(args.ss.split(",")[0])
     m, n = k // 2, args.iterations
-    print(f"  phases at {context}, batch {args.batch}, k={k} (m={m} accepted), s={s}; floors: "
+    print(f"  phases at {context}, batch {batch}, k={k} (m={m} accepted), s={s}; floors: "
           f"stream {stream / 1e12:.2f} TB/s, gather {gather / 1e12:.2f} TB/s")
     print(f"  {'policy':>12} {'phase':>9} {'ms':>8} {'MB':>9} {'floor ms':>9} {'floor/time':>10}"
           f" {'share':>6}")
@@ -102,9 +108,9 @@ def phase_rows(model, args, settings, context: int, stream: float, gather: float
     for policy in args.policies.split(","):
         rescored = get_policy(policy).rescore_every_draft
         traces = [RequestTrace(str(b), policy, s, context + np.arange(n) * (m + 1),
-                               np.full(n, k), np.full(n, m)) for b in range(args.batch)]
+                               np.full(n, k), np.full(n, m)) for b in range(batch)]
         ids = forced_prompts(traces, model.args.vocab_size, length=context)
-        engine = Engine(model, batch=args.batch, policy=policy, s=s, k_max=k,
+        engine = Engine(model, batch=batch, policy=policy, s=s, k_max=k,
                         max_len=cache_positions(context, n * (m + 1) + 1, k),
                         beyond_max_position=True, settings=settings)
         warm = [RequestTrace(t.id, policy, s, t.context[:3], t.k[:3], t.m[:3])
@@ -120,21 +126,21 @@ def phase_rows(model, args, settings, context: int, stream: float, gather: float
             if not count or not seconds:
                 continue
             moved = run.bytes_moved.get(phase, 0.0) / count
-            scoring = roof.selection([context] * args.batch, s, policy, k).bytes
+            scoring = roof.selection([context] * batch, s, policy, k).bytes
             if phase == "selection":       # what the refresh moves (the engine counts none;
                 # Quest's scoring is in its drafts, the collected logits' writes in verify)
-                moved = roof.refresh_bytes([context] * args.batch, s, policy, k)
+                moved = roof.refresh_bytes([context] * batch, s, policy, k)
             if phase == "draft":          # weights streamed, the selected rows gathered,
                 # and what the policy reads besides, streamed: Quest's page bounds, which it
                 # scores at every draft step (the roofline counts them with its selection)
-                extra = roof.draft_step([context] * args.batch, s, policy).other_bytes \
+                extra = roof.draft_step([context] * batch, s, policy).other_bytes \
                     + (scoring / k if rescored else 0.0)
                 moved += extra
                 floor = weights / stream + max(moved - extra - weights, 0.0) / gather \
                     + extra / stream
             else:
                 floor = moved / stream
-            row = {"context": context, "mode": "phase", "policy": policy, "phase": phase,
+            row = {"batch": batch, "context": context, "mode": "phase", "policy": policy, "phase": phase,
                    "k": k, "s": s, "seconds": seconds / count, "bytes": moved,
                    "floor_seconds": floor, "share": seconds / total,
                    "gather_bandwidth": gather}
@@ -143,7 +149,8 @@ def phase_rows(model, args, settings, context: int, stream: float, gather: float
             print(f"  {policy:>12} {phase:>9} {1e3 * seconds / count:8.3f} {moved / 1e6:9.1f} "
                   f"{1e3 * floor:9.3f} {fraction} {seconds / total:6.1%}")
         host = run.host_seconds / max(run.iterations, 1)      # overlaps the GPU: no share
-        rows.append({"context": context, "mode": "phase", "policy": policy, "phase": "host",
+        rows.append({"batch": batch, "context": context, "mode": "phase", "policy": policy,
+                     "phase": "host",
                      "k": k, "s": s, "seconds": host, "bytes": 0.0, "floor_seconds": 0.0,
                      "share": None, "gather_bandwidth": gather})
         print(f"  {policy:>12} {'host':>9} {1e3 * host:8.3f}   (the loop's own CPU time an "
@@ -155,7 +162,9 @@ def phase_rows(model, args, settings, context: int, stream: float, gather: float
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="qwen3-8b")
-    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--batch", default="4",
+                        help="batch sizes (comma-separated): every batch at every context; a "
+                             "cell that does not fit in memory is skipped with a note")
     parser.add_argument("--contexts", default="32768,131072")
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--trace", default=None, help="specsim trace to replay (forced m)")
@@ -180,7 +189,12 @@ def main(argv=None) -> None:
                         help="each speculative configuration once per Collect-2-Query mode in "
                              "this list (rows,sum: the c2q setting's values), alternating in "
                              "one process (one compile); default: the settings' own")
+    parser.add_argument("--table", nargs="+", metavar="JSON", default=None,
+                        help="print the Markdown tables of these runs' outputs and stop (no GPU)")
     args = parser.parse_args(argv)
+    if args.table:
+        print(render_tables([json.loads(open(path).read()) for path in args.table]))
+        return
     device = torch.device(args.device)
     settings = EngineSettings.parse(args.setting)
     config = json.loads(catalog_file(f"{args.model}/config.json").read_text())
@@ -190,96 +204,171 @@ def main(argv=None) -> None:
     print(f"{args.model}, random bf16 weights; copy bandwidth {bandwidth / 1e12:.2f} TB/s; "
           f"engine settings {settings.to_json()}")
     rows = []
+    cells = [(int(b), int(c)) for b in args.batch.split(",") for c in args.contexts.split(",")]
     ks = [int(k) for k in args.ks.split(",")]
     ss = [float(s) for s in args.ss.split(",")]
     c2qs = args.c2q.split(",") if args.c2q else [settings.c2q]
     trace = read_trace(args.trace) if args.trace else None
-    peer = None                 # the Hugging Face model, built at the first context
-    for context in (int(c) for c in args.contexts.split(",")):
-        prompts = [[0] * context] * args.batch
-        max_len = context + args.new_tokens * (max(ks) + 1) + max(ks) + 2
-        engine = Engine(model, batch=args.batch, max_len=max_len, policy="full", k_max=1,
-                        beyond_max_position=True, settings=settings)
-        engine.generate(prompts, 4, speculative=False, prefill="random")  # warm-up, graphs
-        plain = engine.generate(prompts, args.new_tokens, speculative=False, prefill="random")
-        step = plain.decode_seconds / plain.iterations
-        floor = (engine.weight_bytes + args.batch * (context + args.new_tokens / 2)
-                 * engine.kv_bytes_per_token) / bandwidth
-        print(f"context {context}: plain {plain.tokens_per_second:.0f} tokens/s, "
-              f"{1e3 * step:.2f} ms/step, floor {1e3 * floor:.2f} ms ({floor / step:.0%})")
-        rows.append({"context": context, "mode": "plain",
-                     "tokens_per_second": plain.tokens_per_second, "step_seconds": step,
-                     "floor_seconds": floor, "timing": plain.timing})
-        del engine
-        if args.peer == "hf":
-            if peer is None:
-                from hf_peer import hf_model
-                peer = hf_model(config, device, torch.bfloat16 if device.type == "cuda"
-                                else torch.float32)
-            rows.append(hf_row(peer, args, context, device, step, floor))
-        if args.phases:
-            row_bytes = model.args.head_dim * 2
-            cached = args.batch * context * model.args.num_kv_heads
-            gather = gather_bandwidth(device, row_bytes, min(cached, 1 << 24))
-            rows += phase_rows(model, args, settings, context, bandwidth, gather)
-        if trace is None:
-            continue
-        for s in ss:
-            requests = [r for r in trace.requests if r.policy == args.policy and r.s == s]
-            if not requests:
-                print(f"  s={s}: no {args.policy} requests in the trace")
-                continue
-            for k, c2q in [(k, c) for k in ks for c in c2qs]:
-                chosen = [truncate_trace(requests[b % len(requests)], k)
-                          for b in range(args.batch)]
-                ids = forced_prompts(chosen, model.args.vocab_size, length=context)
-                need = cache_positions(context, max(t.tokens for t in chosen) + 1, k)
-                spec_engine = Engine(model, batch=args.batch, max_len=need, policy=args.policy,
-                                     s=s, k_max=k, beyond_max_position=True,
-                                     settings=settings.replace(c2q=c2q))
-                warm = [truncate_trace(t, k) for t in chosen]
-                for t in warm:   # a short replay first: compiles kernels, captures graphs
-                    t.k, t.m, t.context = t.k[:3], t.m[:3], t.context[:3]
-                spec_engine.generate(ids, 1, forced=warm, prefill="random")
-                result = spec_engine.generate(ids, 1, forced=chosen, prefill="random")
-                speedup = result.tokens_per_second / plain.tokens_per_second
-                print(f"  s={s} k={k} c2q {c2q}: {result.tokens_per_second:.0f} tokens/s, "
-                      f"{result.tokens_per_iteration:.2f} tokens/iteration, "
-                      f"speedup {speedup:.2f}x, split "
-                      + ", ".join(f"{p} {v:.3f}s" for p, v in result.timing.items()))
-                rows.append({"context": context, "mode": args.policy, "s": s, "k": k,
-                             "c2q": c2q,
-                             "tokens_per_second": result.tokens_per_second,
-                             "tokens_per_iteration": result.tokens_per_iteration,
-                             "speedup": speedup, "timing": result.timing})
-                del spec_engine
-    with open(args.out, "w") as fh:
-        json.dump({"model": args.model, "batch": args.batch, "copy_bandwidth": bandwidth,
-                   "settings": settings.to_json(), "rows": rows}, fh, indent=2)
+    peers: dict = {}            # the Hugging Face model, built at the first cell
+    for batch, context in cells:
+        try:
+            rows += cell_rows(model, config, args, settings, batch, context, bandwidth, ks,
+                              ss, c2qs, trace, peers)
+        except torch.OutOfMemoryError:
+            print(f"batch {batch}, context {context}: out of memory, skipped")
+            rows.append({"batch": batch, "context": context, "mode": "plain",
+                         "note": "out of memory"})
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        # after every cell: a run cut short keeps what it measured
+        with open(args.out, "w") as fh:
+            json.dump({"model": args.model, "batches": sorted({b for b, _ in cells}),
+                       "copy_bandwidth": bandwidth, "settings": settings.to_json(),
+                       "rows": rows}, fh, indent=2)
     print(f"wrote {args.out}")
+    print(render_tables([json.loads(open(args.out).read())]))
 
 
-def hf_row(peer, args, context: int, device, engine_step: float, floor: float) -> dict:
+def _pct(x) -> str:
+    return "–" if x is None else f"{x:.0%}"
+
+
+def render_tables(docs: list[dict]) -> str:
+    """Markdown tables of one or more runs' JSON: the plain step against its floor and the
+    Hugging Face peer's, then each policy's phases (time against floor; selection's and the
+    fixed cost's shares of the iteration; the loop's host time)."""
+    plain = ["| model | batch | context | engine ms/step | floor ms | floor/time | HF peer "
+             "ms/step | engine/HF |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    phases = ["| model | batch | context | policy | draft step floor/time | verify floor/time "
+              "| selection floor/time | selection share | fixed share | host ms/iteration |",
+              "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
+    for doc in docs:
+        rows = doc["rows"]
+        cells = sorted({(r.get("batch"), r["context"]) for r in rows})
+        for batch, context in cells:
+            here = [r for r in rows if r.get("batch") == batch and r["context"] == context]
+            eng = next((r for r in here if r["mode"] == "plain"), None)
+            hf = next((r for r in here if r["mode"] == "hf-plain"), None)
+            if eng is not None and "step_seconds" in eng:
+                peer = "–" if hf is None else hf.get("note") or f"{1e3 * hf['step_seconds']:.2f}"
+                ratio = "–" if hf is None or "step_seconds" not in hf else \
+                    f"{eng['step_seconds'] / hf['step_seconds']:.2f}"
+                plain.append(f"| {doc['model']} | {batch} | {context} | "
+                             f"{1e3 * eng['step_seconds']:.2f} | "
+                             f"{1e3 * eng['floor_seconds']:.2f} | "
+                             f"{_pct(eng['floor_seconds'] / eng['step_seconds'])} | {peer} | "
+                             f"{ratio} |")
+            elif eng is not None:
+                plain.append(f"| {doc['model']} | {batch} | {context} | {eng['note']} | | | | |")
+            for policy in dict.fromkeys(r["policy"] for r in here if r["mode"] == "phase"):
+                mine = {r["phase"]: r for r in here
+                        if r["mode"] == "phase" and r["policy"] == policy}
+
+                def fraction(phase):
+                    r = mine.get(phase)
+                    if r is None or not r["bytes"] or not r["seconds"]:
+                        return "–"
+                    return _pct(r["floor_seconds"] / r["seconds"])
+
+                def share(phase):
+                    return _pct(mine[phase]["share"]) if phase in mine else "–"
+
+                host = "–" if "host" not in mine else f"{1e3 * mine['host']['seconds']:.3f}"
+                phases.append(f"| {doc['model']} | {batch} | {context} | {policy} | "
+                              f"{fraction('draft')} | {fraction('verify')} | "
+                              f"{fraction('selection')} | {share('selection')} | "
+                              f"{share('other')} | "
+                              f"{host} |")
+    return "\n".join(plain + [""] + phases)
+
+
+def cell_rows(model, config, args, settings, batch: int, context: int, bandwidth: float, ks,
+              ss, c2qs, trace, peers: dict) -> list:
+    """Everything asked for at one (batch, context): the plain step against its floor, the
+    peer's, each policy's phases, the trace's speculative replays."""
+    rows = []
+    device = model.lm_head.weight.device
+    prompts = [[0] * context] * batch
+    max_len = context + args.new_tokens * (max(ks) + 1) + max(ks) + 2
+    engine = Engine(model, batch=batch, max_len=max_len, policy="full", k_max=1,
+                    beyond_max_position=True, settings=settings)
+    engine.generate(prompts, 4, speculative=False, prefill="random")  # warm-up, graphs
+    plain = engine.generate(prompts, args.new_tokens, speculative=False, prefill="random")
+    step = plain.decode_seconds / plain.iterations
+    floor = (engine.weight_bytes + batch * (context + args.new_tokens / 2)
+             * engine.kv_bytes_per_token) / bandwidth
+    print(f"batch {batch}, context {context}: plain {plain.tokens_per_second:.0f} tokens/s, "
+          f"{1e3 * step:.2f} ms/step, floor {1e3 * floor:.2f} ms ({floor / step:.0%})")
+    rows.append({"batch": batch, "context": context, "mode": "plain",
+                 "tokens_per_second": plain.tokens_per_second, "step_seconds": step,
+                 "floor_seconds": floor, "timing": plain.timing})
+    del engine
+    if args.peer == "hf":
+        if "hf" not in peers:
+            from hf_peer import hf_model
+            peers["hf"] = hf_model(config, device, torch.bfloat16 if device.type == "cuda"
+                                   else torch.float32)
+        rows.append(hf_row(peers["hf"], args, batch, context, device, step, floor))
+    if args.phases:
+        row_bytes = model.args.head_dim * 2
+        cached = batch * context * model.args.num_kv_heads
+        gather = gather_bandwidth(device, row_bytes, min(cached, 1 << 24))
+        rows += phase_rows(model, args, settings, batch, context, bandwidth, gather)
+    if trace is None:
+        return rows
+    for s in ss:
+        requests = [r for r in trace.requests if r.policy == args.policy and r.s == s]
+        if not requests:
+            print(f"  s={s}: no {args.policy} requests in the trace")
+            continue
+        for k, c2q in [(k, c) for k in ks for c in c2qs]:
+            chosen = [truncate_trace(requests[b % len(requests)], k) for b in range(batch)]
+            ids = forced_prompts(chosen, model.args.vocab_size, length=context)
+            need = cache_positions(context, max(t.tokens for t in chosen) + 1, k)
+            spec_engine = Engine(model, batch=batch, max_len=need, policy=args.policy, s=s,
+                                 k_max=k, beyond_max_position=True,
+                                 settings=settings.replace(c2q=c2q))
+            warm = [truncate_trace(t, k) for t in chosen]
+            for t in warm:   # a short replay first: compiles kernels, captures graphs
+                t.k, t.m, t.context = t.k[:3], t.m[:3], t.context[:3]
+            spec_engine.generate(ids, 1, forced=warm, prefill="random")
+            result = spec_engine.generate(ids, 1, forced=chosen, prefill="random")
+            speedup = result.tokens_per_second / plain.tokens_per_second
+            print(f"  s={s} k={k} c2q {c2q}: {result.tokens_per_second:.0f} tokens/s, "
+                  f"{result.tokens_per_iteration:.2f} tokens/iteration, "
+                  f"speedup {speedup:.2f}x, split "
+                  + ", ".join(f"{p} {v:.3f}s" for p, v in result.timing.items()))
+            rows.append({"batch": batch, "context": context, "mode": args.policy, "s": s,
+                         "k": k, "c2q": c2q, "tokens_per_second": result.tokens_per_second,
+                         "tokens_per_iteration": result.tokens_per_iteration,
+                         "speedup": speedup, "timing": result.timing})
+            del spec_engine
+    return rows
+
+
+def hf_row(peer, args, batch: int, context: int, device, engine_step: float,
+           floor: float) -> dict:
     """The Hugging Face peer's plain step at ``context``: ``peer`` is (its model, config)."""
     from hf_peer import StaticDecoder, time_steps
 
     model, hf_config = peer
     try:
-        decoder = StaticDecoder(model, hf_config, args.batch, context + args.new_tokens + 8,
+        decoder = StaticDecoder(model, hf_config, batch, context + args.new_tokens + 8,
                                 graph=device.type == "cuda")
         decoder.fill(context)
         step = time_steps(decoder, args.new_tokens)
     except torch.OutOfMemoryError:
-        print(f"context {context}: hf static cache: out of memory")
-        return {"context": context, "mode": "hf-plain", "note": "out of memory"}
+        print(f"batch {batch}, context {context}: hf static cache: out of memory")
+        return {"batch": batch, "context": context, "mode": "hf-plain", "note": "out of memory"}
     finally:
         decoder = None
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    print(f"context {context}: hf static cache {args.batch / step:.0f} tokens/s, "
+    print(f"batch {batch}, context {context}: hf static cache {batch / step:.0f} tokens/s, "
           f"{1e3 * step:.2f} ms/step, floor {floor / step:.0%}; engine/hf step "
           f"{engine_step / step:.2f}")
-    return {"context": context, "mode": "hf-plain", "tokens_per_second": args.batch / step,
+    return {"batch": batch, "context": context, "mode": "hf-plain",
+            "tokens_per_second": batch / step,
             "step_seconds": step, "floor_seconds": floor}
 
 

@@ -52,22 +52,33 @@ def test_a_randomly_filled_cache_decodes_on_from_its_context():
 
 
 def test_bench_engine_times_the_peer_beside_the_engine(tmp_path):
-    """bench_engine.py --peer hf on the CPU (SmolLM2's shapes, a 64-token context): one row
-    for the engine's plain step and one for the peer's, each with its floor."""
+    """bench_engine.py --peer hf on the CPU (SmolLM2's shapes, a 64-token context, batches 1
+    and 2): per cell one row for the engine's plain step and one for the peer's, each with its
+    floor, and the Markdown table of them, printed again by --table from the output alone."""
     import os
     import subprocess
 
     out = tmp_path / "bench.json"
-    done = subprocess.run([sys.executable, str(REPO_ROOT / "benchmarks" / "bench_engine.py"),
-                           "--model", "smollm2-135m", "--batch", "1", "--contexts", "64",
-                           "--new-tokens", "2", "--device", "cpu", "--peer", "hf",
-                           "--out", str(out)], capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+    script = str(REPO_ROOT / "benchmarks" / "bench_engine.py")
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    done = subprocess.run([sys.executable, script, "--model", "smollm2-135m", "--batch", "1,2",
+                           "--contexts", "64", "--new-tokens", "2", "--device", "cpu",
+                           "--peer", "hf", "--out", str(out)], capture_output=True, text=True,
+                          timeout=600, env=env)
     assert done.returncode == 0, done.stderr[-2000:]
     rows = json.loads(out.read_text())["rows"]
-    assert [r["mode"] for r in rows] == ["plain", "hf-plain"]
+    assert [(r["batch"], r["mode"]) for r in rows] == [(1, "plain"), (1, "hf-plain"),
+                                                       (2, "plain"), (2, "hf-plain")]
     assert all(r["step_seconds"] > 0 and r["floor_seconds"] > 0 for r in rows)
     assert "engine/hf step" in done.stdout
+    table = [line for line in done.stdout.splitlines() if line.startswith("| smollm2-135m |")]
+    assert [line.split("|")[2:4] for line in table] == [[" 1 ", " 64 "], [" 2 ", " 64 "]]
+    for line, (eng, hf) in zip(table, [rows[:2], rows[2:]]):
+        assert line.split("|")[-2].strip() == f"{eng['step_seconds'] / hf['step_seconds']:.2f}"
+    again = subprocess.run([sys.executable, script, "--table", str(out)], capture_output=True,
+                           text=True, timeout=120, env=env)
+    assert again.returncode == 0 and [line for line in again.stdout.splitlines()
+                                      if line.startswith("| smollm2-135m |")] == table
 
 
 def test_bench_engine_splits_each_policy_by_phase_against_its_floors(tmp_path):
@@ -101,4 +112,10 @@ def test_bench_engine_splits_each_policy_by_phase_against_its_floors(tmp_path):
         assert sum(r["share"] for r in mine.values() if r["share"] is not None) == \
             pytest.approx(1.0, abs=0.02)
         assert 0 < mine["host"]["seconds"]          # the loop's own CPU time an iteration
+        # its row of the phase table: the verify's fraction of its floor, the fixed share
+        line = next(x for x in done.stdout.splitlines()
+                    if x.startswith(f"| smollm2-135m | 1 | 128 | {policy} |"))
+        cells = [c.strip() for c in line.split("|")]
+        assert cells[6] == f"{verify['floor_seconds'] / verify['seconds']:.0%}"
+        assert cells[9] == f"{mine['other']['share']:.0%}"
     assert "floor/time" in done.stdout
