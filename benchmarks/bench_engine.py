@@ -39,6 +39,7 @@ with its Markdown tables, which ``--table OUT.json [...]`` prints again from sav
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import time
 
@@ -73,13 +74,54 @@ def copy_bandwidth(device, gib: float = 4.0) -> float:
 
 
 def gather_bandwidth(device, row_bytes: int, rows: int, fraction: float = 0.05) -> float:
-    """Bytes/s (read + written) of gathering a sorted random ``fraction`` of ``rows`` rows of
-    ``row_bytes`` each: the access a sparse draft step makes of its selected KV rows, median
-    of 10."""
-    cache = torch.empty(rows, row_bytes // 2, dtype=torch.bfloat16, device=device)
+    """Bytes/s read by gathering a sorted random ``fraction`` of ``rows`` rows of ``row_bytes``
+    each: the access a sparse draft step makes of its selected KV rows. On a GPU a Triton
+    kernel reads the rows and sums them (nothing written back but one row per program), the
+    best of a few tilings, median of 10 each; elsewhere ``index_select`` (a dry run)."""
+    cache = torch.randn(rows, row_bytes // 2, device=device).to(torch.bfloat16)
     picked = torch.randperm(rows, device=device)[:max(1, int(rows * fraction))].sort().values
-    return 2 * picked.numel() * row_bytes / median_seconds(
-        lambda: torch.index_select(cache, 0, picked), device)
+    moved = picked.numel() * row_bytes
+    if device.type != "cuda":
+        return 2 * moved / median_seconds(lambda: torch.index_select(cache, 0, picked), device)
+    import triton
+
+    kernel, width = _gather_sum_kernel(), cache.shape[1]
+    best = 0.0
+    for block, iters in ((32, 4), (32, 16), (64, 8), (128, 4)):
+        programs = triton.cdiv(picked.numel(), block * iters)
+        out = torch.empty(programs, width, dtype=torch.float32, device=device)
+
+        def run():
+            kernel[(programs,)](cache, picked, out, picked.numel(), width, block, iters)
+        run()
+        want = cache.index_select(0, picked).float().sum(0)
+        if not torch.allclose(out.sum(0), want, rtol=1e-3, atol=1e-2 * want.abs().max().item()):
+            raise RuntimeError("the gather probe's kernel sums the wrong rows")
+        best = max(best, moved / median_seconds(run, device))
+    return best
+
+
+def _gather_sum_kernel():
+    """Triton kernel: program p sums the rows ``src[idx[j]]`` of its ``BLOCK·ITERS`` indices
+    into ``out[p]`` (fp32): a read-only gather of whole rows."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def gather_sum(src, idx, out, n, D: tl.constexpr, BLOCK: tl.constexpr,
+                   ITERS: tl.constexpr):
+        pid = tl.program_id(0)
+        cols = tl.arange(0, D)
+        acc = tl.zeros([BLOCK, D], dtype=tl.float32)
+        for it in range(ITERS):
+            offs = (pid * ITERS + it) * BLOCK + tl.arange(0, BLOCK)
+            mask = offs < n
+            rows = tl.load(idx + offs, mask=mask, other=0).to(tl.int64)
+            acc += tl.load(src + rows[:, None] * D + cols[None, :], mask=mask[:, None],
+                           other=0.0).to(tl.float32)
+        tl.store(out + pid * D + cols, tl.sum(acc, axis=0))
+
+    return gather_sum
 
 
 POLICIES = ("vegas", "sparsespec", "streamingllm", "quest", "last-token")
@@ -110,13 +152,22 @@ def phase_rows(model, args, settings, batch: int, context: int, stream: float,
         traces = [RequestTrace(str(b), policy, s, context + np.arange(n) * (m + 1),
                                np.full(n, k), np.full(n, m)) for b in range(batch)]
         ids = forced_prompts(traces, model.args.vocab_size, length=context)
-        engine = Engine(model, batch=batch, policy=policy, s=s, k_max=k,
-                        max_len=cache_positions(context, n * (m + 1) + 1, k),
-                        beyond_max_position=True, settings=settings)
         warm = [RequestTrace(t.id, policy, s, t.context[:3], t.k[:3], t.m[:3])
                 for t in traces]
-        engine.generate(ids, 1, forced=warm, prefill="random")     # compile, capture
-        run = engine.generate(ids, 1, forced=traces, prefill="random")
+        engine = None
+        try:
+            engine = Engine(model, batch=batch, policy=policy, s=s, k_max=k,
+                            max_len=cache_positions(context, n * (m + 1) + 1, k),
+                            beyond_max_position=True, settings=settings)
+            engine.generate(ids, 1, forced=warm, prefill="random")     # compile, capture
+            run = engine.generate(ids, 1, forced=traces, prefill="random")
+        except torch.OutOfMemoryError:
+            engine = None
+            release_memory()
+            print(f"  {policy:>12} out of memory, skipped")
+            rows.append({"batch": batch, "context": context, "mode": "phase", "policy": policy,
+                         "note": "out of memory"})
+            continue
         weights = engine.weight_bytes
         units = {"draft": run.forwards.get("draft", 0), "verify": run.forwards.get("verify", 0),
                  "selection": run.iterations, "other": run.iterations}
@@ -155,8 +206,17 @@ def phase_rows(model, args, settings, batch: int, context: int, stream: float,
                      "share": None, "gather_bandwidth": gather})
         print(f"  {policy:>12} {'host':>9} {1e3 * host:8.3f}   (the loop's own CPU time an "
               f"iteration, beside the GPU's)")
-        del engine
+        del engine, run
+        release_memory()
     return rows
+
+
+def release_memory() -> None:
+    """Free what nothing references any more (graphs and compiled steps hold tensors in
+    cycles) and hand the allocator's cache back, so the next engine's cache fits."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def main(argv=None) -> None:
@@ -209,17 +269,17 @@ def main(argv=None) -> None:
     ss = [float(s) for s in args.ss.split(",")]
     c2qs = args.c2q.split(",") if args.c2q else [settings.c2q]
     trace = read_trace(args.trace) if args.trace else None
-    peers: dict = {}            # the Hugging Face model, built at the first cell
     for batch, context in cells:
         try:
-            rows += cell_rows(model, config, args, settings, batch, context, bandwidth, ks,
-                              ss, c2qs, trace, peers)
+            cell_rows(model, config, args, settings, batch, context, bandwidth, ks, ss, c2qs,
+                      trace, rows)
         except torch.OutOfMemoryError:
-            print(f"batch {batch}, context {context}: out of memory, skipped")
-            rows.append({"batch": batch, "context": context, "mode": "plain",
+            print(f"batch {batch}, context {context}: out of memory, the rest skipped")
+            rows.append({"batch": batch, "context": context, "mode": "note",
                          "note": "out of memory"})
+        release_memory()
         if device.type == "cuda":
-            torch.cuda.empty_cache()
+            print(f"  held between cells: {torch.cuda.memory_allocated(device) / 2**30:.1f} GiB")
         # after every cell: a run cut short keeps what it measured
         with open(args.out, "w") as fh:
             json.dump({"model": args.model, "batches": sorted({b for b, _ in cells}),
@@ -247,7 +307,8 @@ def render_tables(docs: list[dict]) -> str:
         cells = sorted({(r.get("batch"), r["context"]) for r in rows})
         for batch, context in cells:
             here = [r for r in rows if r.get("batch") == batch and r["context"] == context]
-            eng = next((r for r in here if r["mode"] == "plain"), None)
+            eng = next((r for r in here if r["mode"] == "plain"), None) \
+                or next((r for r in here if r["mode"] == "note"), None)
             hf = next((r for r in here if r["mode"] == "hf-plain"), None)
             if eng is not None and "step_seconds" in eng:
                 peer = "–" if hf is None else hf.get("note") or f"{1e3 * hf['step_seconds']:.2f}"
@@ -261,8 +322,13 @@ def render_tables(docs: list[dict]) -> str:
             elif eng is not None:
                 plain.append(f"| {doc['model']} | {batch} | {context} | {eng['note']} | | | | |")
             for policy in dict.fromkeys(r["policy"] for r in here if r["mode"] == "phase"):
-                mine = {r["phase"]: r for r in here
-                        if r["mode"] == "phase" and r["policy"] == policy}
+                ours = [r for r in here if r["mode"] == "phase" and r["policy"] == policy]
+                note = next((r["note"] for r in ours if "note" in r), None)
+                if note:
+                    phases.append(f"| {doc['model']} | {batch} | {context} | {policy} | "
+                                  f"{note} | | | | | |")
+                    continue
+                mine = {r["phase"]: r for r in ours}
 
                 def fraction(phase):
                     r = mine.get(phase)
@@ -283,10 +349,10 @@ def render_tables(docs: list[dict]) -> str:
 
 
 def cell_rows(model, config, args, settings, batch: int, context: int, bandwidth: float, ks,
-              ss, c2qs, trace, peers: dict) -> list:
-    """Everything asked for at one (batch, context): the plain step against its floor, the
-    peer's, each policy's phases, the trace's speculative replays."""
-    rows = []
+              ss, c2qs, trace, rows: list) -> None:
+    """Everything asked for at one (batch, context), appended to ``rows`` as it is measured:
+    the plain step against its floor, each policy's phases, the peer's plain step (its model
+    built for the cell and freed after it), the trace's speculative replays."""
     device = model.lm_head.weight.device
     prompts = [[0] * context] * batch
     max_len = context + args.new_tokens * (max(ks) + 1) + max(ks) + 2
@@ -303,19 +369,25 @@ def cell_rows(model, config, args, settings, batch: int, context: int, bandwidth
                  "tokens_per_second": plain.tokens_per_second, "step_seconds": step,
                  "floor_seconds": floor, "timing": plain.timing})
     del engine
-    if args.peer == "hf":
-        if "hf" not in peers:
-            from hf_peer import hf_model
-            peers["hf"] = hf_model(config, device, torch.bfloat16 if device.type == "cuda"
-                                   else torch.float32)
-        rows.append(hf_row(peers["hf"], args, batch, context, device, step, floor))
-    if args.phases:
+    if args.phases:           # before the peer: its model and graphs need memory besides
+        # the gather floor: one draft step's selected rows of every layer's K and V as one
+        # gather (what a single kernel would reach; per-layer gathers at a short context
+        # are launch-bound, which is not the bandwidth floor)
         row_bytes = model.args.head_dim * 2
-        cached = batch * context * model.args.num_kv_heads
-        gather = gather_bandwidth(device, row_bytes, min(cached, 1 << 24))
+        cached = batch * context * model.args.num_kv_heads * 2 * model.args.num_layers
+        gather = gather_bandwidth(device, row_bytes, min(cached, 1 << 24),
+                                  fraction=float(args.ss.split(",")[0]))
         rows += phase_rows(model, args, settings, batch, context, bandwidth, gather)
+        release_memory()
+    if args.peer == "hf":
+        from hf_peer import hf_model
+        peer = hf_model(config, device, torch.bfloat16 if device.type == "cuda"
+                        else torch.float32)
+        rows.append(hf_row(peer, args, batch, context, device, step, floor))
+        del peer
+        release_memory()
     if trace is None:
-        return rows
+        return
     for s in ss:
         requests = [r for r in trace.requests if r.policy == args.policy and r.s == s]
         if not requests:
@@ -343,7 +415,6 @@ def cell_rows(model, config, args, settings, batch: int, context: int, bandwidth
                          "tokens_per_iteration": result.tokens_per_iteration,
                          "speedup": speedup, "timing": result.timing})
             del spec_engine
-    return rows
 
 
 def hf_row(peer, args, batch: int, context: int, device, engine_step: float,
@@ -362,6 +433,7 @@ def hf_row(peer, args, batch: int, context: int, device, engine_step: float,
         return {"batch": batch, "context": context, "mode": "hf-plain", "note": "out of memory"}
     finally:
         decoder = None
+        gc.collect()          # the captured graph and compiled step hold the static cache
         if device.type == "cuda":
             torch.cuda.empty_cache()
     print(f"batch {batch}, context {context}: hf static cache {batch / step:.0f} tokens/s, "

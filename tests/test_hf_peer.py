@@ -119,3 +119,20 @@ def test_bench_engine_splits_each_policy_by_phase_against_its_floors(tmp_path):
         assert cells[6] == f"{verify['floor_seconds'] / verify['seconds']:.0%}"
         assert cells[9] == f"{mine['other']['share']:.0%}"
     assert "floor/time" in done.stdout
+
+
+def test_the_gather_floors_kernel_sums_exactly_the_picked_rows(monkeypatch):
+    """The gather probe's Triton kernel (interpreted on the CPU): each program's row is the sum
+    of the rows its indices pick, the last program masked where the indices run out."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    import bench_engine
+
+    gen = torch.Generator().manual_seed(0)
+    src = torch.randn(300, 16, generator=gen).to(torch.float16)
+    idx = torch.randperm(300, generator=gen)[:37].sort().values
+    block, iters = 4, 2
+    programs = -(-idx.numel() // (block * iters))
+    out = torch.empty(programs, 16)
+    bench_engine._gather_sum_kernel()[(programs,)](src, idx, out, idx.numel(), 16, block, iters)
+    want = torch.stack([src[chunk].float().sum(0) for chunk in idx.split(block * iters)])
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-4)
