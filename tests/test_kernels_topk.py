@@ -101,7 +101,7 @@ def test_matches_the_torch_topk_path_of_vegas():
     lengths = torch.tensor([900, 455, 600], device=DEVICE)
     counts = torch.tensor([300, 300, 256], device=DEVICE)
     chosen = _top_positions(score, lengths, 0, 64, 300)
-    want, want_counts = _finish(chosen, counts, span=900)
+    want, want_counts = _finish(chosen, counts, ranked=True)
     got, got_counts = radix_top_positions(score, lengths, counts, 300, 0, 64)
     assert torch.equal(got_counts, want_counts)
     for r in range(3):
@@ -121,7 +121,7 @@ def test_realistic_shapes_on_the_gpu():
         capacity = int(np.ceil(n * s))
         chosen = _top_positions(score, lengths, 4, 64, capacity)
         want, want_counts = _finish(chosen, counts.view(-1, *([1] * (len(lead) - 1)))
-                                    .expand(lead), span=n)
+                                    .expand(lead), ranked=True)
         got, got_counts = radix_top_positions(score, lengths, counts, capacity, 4, 64)
         assert torch.equal(got_counts, want_counts)
         mask = torch.arange(capacity, device=DEVICE) < want_counts[..., None]

@@ -58,14 +58,14 @@ def ranking_for(policy: str, ranking: str = "best",
     return resolve_ranking(policy, ranking)
 
 
-def _ranked_lists(score, lengths, counts, capacity, keep_first, keep_last, ranking, span):
+def _ranked_lists(score, lengths, counts, capacity, keep_first, keep_last, ranking):
     """Ascending top lists [..., capacity] and counts: torch ranking + ``_finish``, or the
     radix kernel (``ranking``: resolved by :func:`ranking_for`)."""
     if ranking == "radix":
         from specsim.kernels.topk_select import radix_top_positions
         return radix_top_positions(score, lengths, counts, capacity, keep_first, keep_last)
     chosen = _top_positions(score, lengths, keep_first, keep_last, capacity)
-    return _finish(chosen, counts, span=span)
+    return _finish(chosen, counts, ranked=True)
 
 
 def selected_counts(policy: Policy, lengths: torch.Tensor, s: float) -> torch.Tensor:
@@ -85,26 +85,21 @@ def selected_counts(policy: Policy, lengths: torch.Tensor, s: float) -> torch.Te
     return torch.minimum(context, budget).clamp(min=0)
 
 
-def _finish(chosen: torch.Tensor, counts: torch.Tensor, span: int | None = None
+def _finish(chosen: torch.Tensor, counts: torch.Tensor, *, ranked: bool = False
             ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sort each list's first ``counts`` entries ascending and pad the rest with 0 (int32).
+    """Each list's first ``counts`` entries ascending, the rest padded with 0 (int32).
 
-    With ``span`` (every position < span) the lists are ordered without a sort: mark the chosen
-    positions in a [..., span] mask, and a prefix sum over it gives each one its slot. Without
-    ``span`` the lists must already be sorted.
+    ``ranked``: the lists are best first (``torch.topk``'s order) and are sorted here: the
+    entries past each count become the largest integer, so one sort of the
+    capacity-long rows puts the kept positions first in order (cheaper than numbering them
+    through a mask over the whole row: BENCHMARKS.md). Otherwise the lists must already be
+    ascending.
     """
     capacity = chosen.shape[-1]
     valid = torch.arange(capacity, device=chosen.device) < counts[..., None]
-    if span is not None:
-        lead = chosen.shape[:-1]
-        present = torch.zeros(*lead, span + 1, dtype=torch.bool, device=chosen.device)
-        present.scatter_(-1, torch.where(valid, chosen.long(), span), True)
-        present = present[..., :span]
-        slot = torch.where(present, present.cumsum(-1) - 1, capacity)
-        position = torch.arange(span, device=chosen.device, dtype=torch.int32).expand(*lead, span)
-        ordered = torch.zeros(*lead, capacity + 1, dtype=torch.int32, device=chosen.device)
-        ordered.scatter_(-1, slot, position)   # unchosen positions land in the spare column
-        return ordered[..., :capacity], counts.to(torch.int32)
+    if ranked:
+        last = torch.iinfo(chosen.dtype).max
+        chosen = torch.where(valid, chosen, last).sort(dim=-1).values
     return torch.where(valid, chosen, 0).to(torch.int32), counts.to(torch.int32)
 
 
@@ -136,7 +131,7 @@ def vegas_select(logits: torch.Tensor, lengths: torch.Tensor, s: float, *,
     counts = selected_counts(policy, lengths, s)
     capacity = policy.selected(max_context, s)
     return _ranked_lists(score, lengths, counts, capacity, 0, policy.recent,
-                         ranking_for(policy.name, ranking, score.device), max_context)
+                         ranking_for(policy.name, ranking, score.device))
 
 
 @triton.jit
@@ -272,7 +267,7 @@ def sparsespec_select(logits: torch.Tensor, lengths: torch.Tensor, s: float, num
     counts = selected_counts(policy, lengths, s)[:, None].expand(-1, num_kv_heads)
     capacity = policy.selected(max_context, s)
     return _ranked_lists(mass, lengths, counts, capacity, policy.sink, policy.recent,
-                         ranking_for(policy.name, ranking, mass.device), max_context)
+                         ranking_for(policy.name, ranking, mass.device))
 
 
 def streamingllm_select(lengths: torch.Tensor, s: float, *, max_context: int,
@@ -317,7 +312,7 @@ def quest_select(q: torch.Tensor, page_min: torch.Tensor, page_max: torch.Tensor
     chosen_pages = torch.minimum((counts + size - 1) // size, page_count)          # [batch]
     capacity_pages = math.ceil(policy.selected(max_context, s) / size)
     top, _ = _ranked_lists(score, page_count, chosen_pages[:, None].expand(-1, kv_heads),
-                           capacity_pages, 0, 1, ranking, pages)
+                           capacity_pages, 0, 1, ranking)
     # The newest page is the largest selected page, so it comes last; cut it at the length.
     position = (top.long()[..., None] * size + torch.arange(size, device=q.device)).flatten(-2)
     tokens = ((chosen_pages - 1).clamp(min=0) * size
