@@ -34,7 +34,8 @@ phase's share of the iteration is printed beside it, and the loop's host time an
 ``--batch`` takes several sizes (every batch at every context; a cell that does not fit in
 memory is skipped with a note); the output is rewritten after every cell, and the run ends
 with its Markdown tables, which ``--table OUT.json [...]`` prints again from saved outputs
-(several runs' outputs into one table: a model, batch or context per run).
+(several runs' outputs into one table: a model, batch or context per run; a later output's
+rows replace an earlier one's of the same cell and kind, as after re-running some policies).
 """
 from __future__ import annotations
 
@@ -250,7 +251,9 @@ def main(argv=None) -> None:
                              "this list (rows,sum: the c2q setting's values), alternating in "
                              "one process (one compile); default: the settings' own")
     parser.add_argument("--table", nargs="+", metavar="JSON", default=None,
-                        help="print the Markdown tables of these runs' outputs and stop (no GPU)")
+                        help="print the Markdown tables of these runs' outputs and stop (no "
+                             "GPU); a later file's rows replace an earlier file's of the same "
+                             "model, batch, context and kind (plain, peer, a policy's phases)")
     args = parser.parse_args(argv)
     if args.table:
         print(render_tables([json.loads(open(path).read()) for path in args.table]))
@@ -294,58 +297,72 @@ def _pct(x) -> str:
 
 
 def render_tables(docs: list[dict]) -> str:
-    """Markdown tables of one or more runs' JSON: the plain step against its floor and the
-    Hugging Face peer's, then each policy's phases (time against floor; selection's and the
-    fixed cost's shares of the iteration; the loop's host time)."""
+    """Markdown tables of one or more runs' JSON: the plain step against its floor beside the
+    Hugging Face peer's, then each policy's phases (ms a draft step, a verify and a selection;
+    the first two against their floors, selection's and the fixed cost's shares of the
+    iteration; the loop's host time). A later run's rows replace an earlier one's of the same
+    model, batch, context and kind (plain, peer, or a policy's phases): a re-run after a change."""
+    groups: dict = {}                 # (model, batch, context) -> {kind: rows}
+    for doc in docs:
+        fresh: dict = {}
+        for r in doc["rows"]:
+            kind = ("phase", r["policy"]) if r["mode"] == "phase" else r["mode"]
+            fresh.setdefault((doc["model"], r.get("batch"), r["context"]), {}) \
+                .setdefault(kind, []).append(r)
+        for cell, kinds in fresh.items():
+            groups.setdefault(cell, {}).update(kinds)
+    order = list(dict.fromkeys(doc["model"] for doc in docs))
     plain = ["| model | batch | context | engine ms/step | floor ms | floor/time | HF peer "
              "ms/step | engine/HF |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
-    phases = ["| model | batch | context | policy | draft step floor/time | verify floor/time "
-              "| selection floor/time | selection share | fixed share | host ms/iteration |",
-              "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
-    for doc in docs:
-        rows = doc["rows"]
-        cells = sorted({(r.get("batch"), r["context"]) for r in rows})
-        for batch, context in cells:
-            here = [r for r in rows if r.get("batch") == batch and r["context"] == context]
-            eng = next((r for r in here if r["mode"] == "plain"), None) \
-                or next((r for r in here if r["mode"] == "note"), None)
-            hf = next((r for r in here if r["mode"] == "hf-plain"), None)
-            if eng is not None and "step_seconds" in eng:
-                peer = "–" if hf is None else hf.get("note") or f"{1e3 * hf['step_seconds']:.2f}"
-                ratio = "–" if hf is None or "step_seconds" not in hf else \
-                    f"{eng['step_seconds'] / hf['step_seconds']:.2f}"
-                plain.append(f"| {doc['model']} | {batch} | {context} | "
-                             f"{1e3 * eng['step_seconds']:.2f} | "
-                             f"{1e3 * eng['floor_seconds']:.2f} | "
-                             f"{_pct(eng['floor_seconds'] / eng['step_seconds'])} | {peer} | "
-                             f"{ratio} |")
-            elif eng is not None:
-                plain.append(f"| {doc['model']} | {batch} | {context} | {eng['note']} | | | | |")
-            for policy in dict.fromkeys(r["policy"] for r in here if r["mode"] == "phase"):
-                ours = [r for r in here if r["mode"] == "phase" and r["policy"] == policy]
-                note = next((r["note"] for r in ours if "note" in r), None)
-                if note:
-                    phases.append(f"| {doc['model']} | {batch} | {context} | {policy} | "
-                                  f"{note} | | | | | |")
-                    continue
-                mine = {r["phase"]: r for r in ours}
-
-                def fraction(phase):
-                    r = mine.get(phase)
-                    if r is None or not r["bytes"] or not r["seconds"]:
-                        return "–"
-                    return _pct(r["floor_seconds"] / r["seconds"])
-
-                def share(phase):
-                    return _pct(mine[phase]["share"]) if phase in mine else "–"
-
-                host = "–" if "host" not in mine else f"{1e3 * mine['host']['seconds']:.3f}"
-                phases.append(f"| {doc['model']} | {batch} | {context} | {policy} | "
-                              f"{fraction('draft')} | {fraction('verify')} | "
-                              f"{fraction('selection')} | {share('selection')} | "
-                              f"{share('other')} | "
-                              f"{host} |")
+    phases = ["| model | batch | context | policy | draft step ms (floor/time) | verify ms "
+              "(floor/time) | selection ms (share) | fixed share | host ms |",
+              "|---|---:|---:|---|---:|---:|---:|---:|---:|"]
+    for (model, batch, context), kinds in sorted(groups.items(), key=lambda g: (
+            order.index(g[0][0]), g[0][1] or 0, g[0][2])):
+        head = f"| {model} | {batch} | {context} |"
+        eng = (kinds.get("plain") or kinds.get("note") or [None])[0]
+        hf = (kinds.get("hf-plain") or [None])[0]
+        if eng is not None and "step_seconds" in eng:
+            peer = "–" if hf is None else hf.get("note") or f"{1e3 * hf['step_seconds']:.2f}"
+            ratio = "–" if hf is None or "step_seconds" not in hf else \
+                f"{eng['step_seconds'] / hf['step_seconds']:.2f}"
+            plain.append(f"{head} {1e3 * eng['step_seconds']:.2f} | "
+                         f"{1e3 * eng['floor_seconds']:.2f} | "
+                         f"{_pct(eng['floor_seconds'] / eng['step_seconds'])} | {peer} | "
+                         f"{ratio} |")
+        elif eng is not None:
+            plain.append(f"{head} {eng['note']} | | | | |")
+        for kind, ours in kinds.items():
+            if not isinstance(kind, tuple):
+                continue
+            policy = kind[1]
+            note = next((r["note"] for r in ours if "note" in r), None)
+            if note:
+                phases.append(f"{head} {policy} | {note} | | | | |")
+                continue
+            mine = {r["phase"]: r for r in ours}
+            phases.append(f"{head} {policy} | {_against_floor(mine.get('draft'))} | "
+                          f"{_against_floor(mine.get('verify'))} | "
+                          f"{_with_share(mine.get('selection'))} | "
+                          f"{_pct(mine['other']['share']) if 'other' in mine else '–'} | "
+                          + ("–" if "host" not in mine else f"{1e3 * mine['host']['seconds']:.1f}")
+                          + " |")
     return "\n".join(plain + [""] + phases)
+
+
+def _against_floor(row) -> str:
+    """"ms (floor/time)" of a phase row; "–" for a phase not run."""
+    if row is None or not row["seconds"]:
+        return "–"
+    fraction = _pct(row["floor_seconds"] / row["seconds"]) if row["bytes"] else "–"
+    return f"{1e3 * row['seconds']:.2f} ({fraction})"
+
+
+def _with_share(row) -> str:
+    """"ms (share of the iteration)" of a selection row."""
+    if row is None or not row["seconds"]:
+        return "–"
+    return f"{1e3 * row['seconds']:.2f} ({row['share']:.1%})"
 
 
 def cell_rows(model, config, args, settings, batch: int, context: int, bandwidth: float, ks,

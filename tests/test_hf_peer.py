@@ -116,8 +116,9 @@ def test_bench_engine_splits_each_policy_by_phase_against_its_floors(tmp_path):
         line = next(x for x in done.stdout.splitlines()
                     if x.startswith(f"| smollm2-135m | 1 | 128 | {policy} |"))
         cells = [c.strip() for c in line.split("|")]
-        assert cells[6] == f"{verify['floor_seconds'] / verify['seconds']:.0%}"
-        assert cells[9] == f"{mine['other']['share']:.0%}"
+        assert cells[6] == (f"{1e3 * verify['seconds']:.2f} "
+                            f"({verify['floor_seconds'] / verify['seconds']:.0%})")
+        assert cells[8] == f"{mine['other']['share']:.0%}"
     assert "floor/time" in done.stdout
 
 
@@ -136,3 +137,31 @@ def test_the_gather_floors_kernel_sums_exactly_the_picked_rows(monkeypatch):
     bench_engine._gather_sum_kernel()[(programs,)](src, idx, out, idx.numel(), 16, block, iters)
     want = torch.stack([src[chunk].float().sum(0) for chunk in idx.split(block * iters)])
     torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-4)
+
+
+def test_a_later_run_replaces_the_rows_it_measured_again():
+    """--table over two outputs: the second run's phases of a policy at a cell replace the
+    first run's, its plain step replaces the first's, and what it did not measure (the peer,
+    the other policy) stays from the first."""
+    import bench_engine
+
+    def phase(policy, name, ms):
+        return {"batch": 4, "context": 1024, "mode": "phase", "policy": policy, "phase": name,
+                "seconds": ms / 1e3, "bytes": 1.0, "floor_seconds": ms / 2e3, "share": 0.25}
+
+    first = {"model": "m", "rows": [
+        {"batch": 4, "context": 1024, "mode": "plain", "step_seconds": 0.010,
+         "floor_seconds": 0.008},
+        {"batch": 4, "context": 1024, "mode": "hf-plain", "step_seconds": 0.020,
+         "floor_seconds": 0.008},
+        phase("vegas", "selection", 3.0), phase("quest", "selection", 5.0)]}
+    second = {"model": "m", "rows": [
+        {"batch": 4, "context": 1024, "mode": "plain", "step_seconds": 0.016,
+         "floor_seconds": 0.008},
+        phase("vegas", "selection", 1.0)]}
+    lines = bench_engine.render_tables([first, second]).splitlines()
+    plain = [x for x in lines if x.startswith("| m | 4 | 1024 | 16.00 |")]
+    assert len(plain) == 1 and plain[0].split("|")[-2].strip() == "0.80"   # 16 ms / the peer's 20
+    selection = {x.split("|")[4].strip(): x.split("|")[7].strip()
+                 for x in lines if x.startswith("| m | 4 | 1024 |") and x.count("|") == 10}
+    assert selection == {"vegas": "1.00 (25.0%)", "quest": "5.00 (25.0%)"}
