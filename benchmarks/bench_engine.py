@@ -23,9 +23,10 @@ random weights of the same shapes).
 values, every iteration accepting k/2) split by phase: time per draft step, per verify pass,
 per iteration for selection and the loop's fixed cost, the bytes each moves (weights and the
 KV rows it reads) and the fraction of its floor, each floor measured in the same run: the
-copy bandwidth for streamed bytes (weights, whole-cache reads) and a gather of random token
-rows of one KV head's row size for a draft's selected rows (a refresh's bytes, and what a
-draft reads besides its rows, such as Quest's page bounds, are the roofline model's). Each
+copy bandwidth for streamed bytes (weights, whole-cache reads) and, for a draft's selected
+rows, a read-only Triton gather of a sorted random s-fraction of token rows (one KV head's
+row size) out of as many as the cache holds over every layer (at most 2^24). A refresh's
+bytes, and what a draft reads besides its rows (Quest's page bounds), are the roofline's. Each
 phase's share of the iteration is printed beside it, and the loop's host time an iteration
 (its wall time less its waits for the GPU: it overlaps the GPU's work).
 
