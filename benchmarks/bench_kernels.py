@@ -174,7 +174,8 @@ def run_shape(args, head_dim, context, best, results, t0):
     # verify, our kernel
     verify_us = {}
     variants = (("", "off", ()), (" +c2q", "c2q-sep", None), (" +c2q main-tile", "c2q-main", None),
-                (" +c2q sum", "c2q-sum", None), (" +all", "all", "all"))
+                (" +c2q sum", "c2q-sum", None), (" +all", "all", "all"),
+                (" +all head-sum", "all-head-sum", "all"))
     for q_len in args.q_lens:
         for suffix, mode, collect in variants:
             if q_len not in ((8, 16) if suffix else (q_len,)):
@@ -183,12 +184,13 @@ def run_shape(args, head_dim, context, best, results, t0):
             try:
                 rows_collect = tuple(range(q_len)) if collect == "all" else collect
                 config = best_config(best, head_dim, q_len, group,
-                                     "off" if mode == "c2q-sum" else mode)
+                                     "off" if mode in ("c2q-sum", "all-head-sum") else mode)
                 plan = plan_verify(batch, heads, kv_heads, head_dim, q_len, context,
                                    collect_rows=rows_collect,
                                    collect_separate={"c2q-sep": True,
                                                      "c2q-main": False}.get(mode),
-                                   collect_sum=mode == "c2q-sum", **config)
+                                   collect_sum=mode == "c2q-sum",
+                                   collect_head_sum=mode == "all-head-sum", **config)
                 q = torch.randn(batch, q_len, heads, head_dim, device=DEVICE, dtype=DTYPE)
                 out = torch.empty_like(q)
                 logits = new_logits_buffer(plan, context, device=DEVICE) \
@@ -358,11 +360,15 @@ def check_correctness(batch, head_dim, context):
     lengths = torch.tensor([context - 3 * i for i in range(batch)], dtype=torch.int32,
                            device=DEVICE)
     errors = {}
-    # (q, separate tile, summed row per sequence)
+    # (q, separate tile, summed: "sum" a row per sequence, "heads" a row per collected row,
+    # every row collected)
     for q_len, separate, summed in ((1, None, False), (8, True, False), (8, False, False),
-                                    (16, True, False), (8, None, True), (16, None, True)):
-        plan = plan_verify(batch, heads, kv_heads, head_dim, q_len, context, collect_rows=None,
-                           collect_separate=separate, collect_sum=summed)
+                                    (16, True, False), (8, None, "sum"), (16, None, "sum"),
+                                    (8, None, "heads")):
+        plan = plan_verify(batch, heads, kv_heads, head_dim, q_len, context,
+                           collect_rows=tuple(range(q_len)) if summed == "heads" else None,
+                           collect_separate=separate, collect_sum=summed == "sum",
+                           collect_head_sum=summed == "heads")
         q = torch.randn(batch, q_len, heads, head_dim, device=DEVICE, dtype=DTYPE)
         out = torch.full_like(q, float("nan"))
         logits = new_logits_buffer(plan, context, device=DEVICE).fill_(float("nan"))
@@ -370,10 +376,10 @@ def check_correctness(batch, head_dim, context):
         ref, ref_logits, _ = verify_attention_reference(q, k, v, lengths,
                                                         collect_rows=plan.collect_rows)
         if summed:
-            ref_logits = summed_logits(ref_logits)
+            ref_logits = summed_logits(ref_logits, rows=summed == "sum")
         written = torch.cat([logits[b, ..., :n] for b, n in enumerate(lengths.tolist())], -1)
         expect = torch.cat([ref_logits[b, ..., :n] for b, n in enumerate(lengths.tolist())], -1)
-        tile = {True: " sep", False: " main"}.get(separate, "") + (" sum" if summed else "")
+        tile = {True: " sep", False: " main"}.get(separate, "") + (f" {summed}" if summed else "")
         errors[f"verify q={q_len}{tile}"] = relative_error(out, ref)
         errors[f"logits q={q_len}{tile}"] = relative_error(written, expect)
         assert torch.isfinite(out).all() and torch.isfinite(written).all()

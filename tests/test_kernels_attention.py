@@ -116,13 +116,16 @@ def test_verify_collect_two_rows(case, separate):
     assert plan.collect_separate == separate
 
 
+@pytest.mark.parametrize("per_row", [False, True], ids=["sum", "head-sum"])
 @pytest.mark.parametrize("rows", [None, "all"], ids=["collect-2-query", "all-rows"])
 @pytest.mark.parametrize("case", VERIFY_CASES)
-def test_verify_collect_sum(case, rows):
+def test_verify_collect_sum(case, rows, per_row):
     """collect_sum: one fp32 row per sequence, Σ over every query head and the collected rows
-    of the scaled logits (what Vegas ranks by), from the collecting tile, added across the KV
-    heads; equal to the reference's logits summed, zero past each length (the buffer is zeroed
-    by the call, whatever it held), attention outputs unchanged."""
+    of the scaled logits (what Vegas ranks by); collect_head_sum: one fp32 row per collected
+    row, Σ over every query head (what ranking by the last accepted token's row needs). From
+    the collecting tile, added across the KV heads; equal to the reference's logits summed,
+    zero past each length (the buffer is zeroed by the call, whatever it held), attention
+    outputs unchanged."""
     heads, kv_heads, head_dim, q_len, lengths, num_splits, block_n = case
     lengths = [max(q_len, n) for n in lengths]
     batch, max_len = len(lengths), max(lengths) + 3
@@ -132,25 +135,27 @@ def test_verify_collect_sum(case, rows):
     length_tensor = torch.tensor(lengths, dtype=torch.int32, device=DEVICE)
     collect = tuple(range(q_len)) if rows == "all" else None
     plan = plan_verify(batch, heads, kv_heads, head_dim, q_len, max(lengths), device=DEVICE,
-                       collect_rows=collect, collect_sum=True, block_n=block_n,
-                       num_splits=num_splits)
+                       collect_rows=collect, collect_sum=not per_row,
+                       collect_head_sum=per_row, block_n=block_n, num_splits=num_splits)
     # Collect-2-Query's rows from the separate tile, all rows from the main one
-    assert plan.collect_sum and plan.collect_separate == (rows != "all" and q_len > 1)
+    assert plan.collect_sum != per_row and plan.collect_head_sum == per_row
+    assert plan.collect_separate == (rows != "all" and q_len > 1)
     every = tuple(range(16))
     assert not plan_verify(batch, heads, kv_heads, head_dim, 16, 64, device=DEVICE,
                            collect_rows=every, collect_separate=True).collect_separate
     scores = new_logits_buffer(plan, max_len, device=DEVICE).fill_(float("nan"))
-    assert scores.shape == (batch, 1, 1, max_len) and scores.dtype == torch.float32
+    width = len(plan.collect_rows) if per_row else 1
+    assert scores.shape == (batch, 1, width, max_len) and scores.dtype == torch.float32
     out = torch.full_like(q, float("nan"))
     verify_attention(q, k, v, length_tensor, plan, out=out, logits=scores)
     ref_out, ref_logits, _ = verify_attention_reference(q, k, v, length_tensor,
                                                         collect_rows=plan.collect_rows)
     assert relative_error(out, ref_out) < TOLERANCE
-    expected = summed_logits(ref_logits)
+    expected = summed_logits(ref_logits, rows=not per_row)
     # the sums' error relative to the size of what they add (a short row's sum of many
     # heads' logits can cancel to far less than its terms; fp32's error scales with the terms)
-    magnitude = summed_logits(ref_logits.abs())
-    assert expected.shape == (batch, 1, 1, max_len)
+    magnitude = summed_logits(ref_logits.abs(), rows=not per_row)
+    assert expected.shape == (batch, 1, width, max_len)
 
     def sum_error(b, length):
         return float((scores[b, :, :, :length] - expected[b, :, :, :length]).norm()
@@ -160,13 +165,16 @@ def test_verify_collect_sum(case, rows):
         assert torch.isfinite(scores[b, :, :, :length]).all()
         assert sum_error(b, length) < TOLERANCE
         assert (scores[b, :, :, length:] == 0).all(), "wrote past the length"
-    # a second call adds nothing to the first's sums (the call zeroes the row first)
+    # a second call adds nothing to the first's sums (the call zeroes the rows first)
     verify_attention(q, k, v, length_tensor, plan, out=out, logits=scores)
     for b, length in enumerate(lengths):
         assert sum_error(b, length) < TOLERANCE
     with pytest.raises(ValueError, match="collect_rows"):
         plan_verify(batch, heads, kv_heads, head_dim, q_len, 64, device=DEVICE,
-                    collect_sum=True)
+                    collect_sum=not per_row, collect_head_sum=per_row)
+    with pytest.raises(ValueError, match="not both"):
+        plan_verify(batch, heads, kv_heads, head_dim, q_len, 64, device=DEVICE,
+                    collect_rows=collect, collect_sum=True, collect_head_sum=True)
 
 
 @pytest.mark.parametrize("case", VERIFY_CASES)

@@ -27,8 +27,11 @@ the newest tokens, which every selection policy keeps in its recent window). Ent
 With ``collect_sum`` it writes instead what Vegas ranks by, one fp32 row per sequence,
 ``logits[b, 0, 0, n] = Σ_h Σ_i s_{collect_rows[i], n}`` over every query head: each program
 adds its KV head's share by fp32 atomic adds (in L2) into the row, which ``verify_attention``
-zeroes first (entries at ``n ≥ L_b`` stay 0). The order of the adds varies from run to run,
-so the last bits of the sums may too.
+zeroes first (entries at ``n ≥ L_b`` stay 0). With ``collect_head_sum`` it writes one fp32 row
+per collected row, ``logits[b, 0, i, n] = Σ_h s_{collect_rows[i], n}``, the same way: what a
+ranking by a row chosen after the verify (the last accepted token's) reads, at a head's
+fraction of the per-head rows' bytes. The order of the adds varies from run to run, so the
+last bits of the sums may too.
 
 Layouts. ``q``: [batch, q, num_heads, head_dim] (any strides, last dim contiguous).
 KV cache: ``k_cache``/``v_cache`` [batch, kv_heads, max_len, head_dim] (see ``kv_cache``),
@@ -67,19 +70,29 @@ def default_collect_rows(q_len: int) -> tuple[int, ...]:
 
 
 @triton.jit
-def _store_collected(s, k, q_c, c_ptrs, c_ok, keys, key_ok, sm_scale,
+def _store_collected(s, k, q_c, c_ptrs, c_ok, c_slot, stride_gr, keys, key_ok, sm_scale,
                      COLLECT_SEPARATE: tl.constexpr, COLLECT_SUM: tl.constexpr,
-                     MASK_KEYS: tl.constexpr):
+                     N_COLLECT: tl.constexpr, MASK_KEYS: tl.constexpr):
     """Write one key block's collected logits: the separate tile's dot (``q_c``) or the main
-    tile's raw scores ``s``, scaled; per-head rows at ``c_ptrs`` [rows] or, with COLLECT_SUM,
+    tile's raw scores ``s``, scaled; per-head rows at ``c_ptrs`` [rows]; with COLLECT_SUM 1
     their sum over the rows added atomically into the sequence's row (``c_ptrs``: one pointer;
-    the other KV heads' programs add theirs); keys under ``key_ok`` only when MASK_KEYS (whole
-    blocks store unmasked along the keys: vectorised)."""
+    the other KV heads' programs add theirs); with COLLECT_SUM 2 each collected row's sum over
+    this KV head's query heads added into that row's fp32 row (slot ``c_slot``, ``stride_gr``
+    apart); keys under ``key_ok`` only when MASK_KEYS (whole blocks store unmasked along the
+    keys: vectorised)."""
     if COLLECT_SEPARATE:
         s_c = tl.dot(q_c, tl.trans(k))
     else:
         s_c = s
-    if COLLECT_SUM:
+    if COLLECT_SUM == 2:
+        if MASK_KEYS:
+            ok = key_ok
+        else:
+            ok = keys >= 0
+        for i in tl.static_range(N_COLLECT):
+            row = tl.sum(tl.where((c_ok & (c_slot == i))[:, None], s_c, 0.0), 0) * sm_scale
+            tl.atomic_add(c_ptrs + i * stride_gr + keys, row, mask=ok, sem="relaxed")
+    elif COLLECT_SUM:
         # an eighth of a per-KV-head row's DRAM bytes at 8 KV heads: the adds meet in L2
         # (H200, hd128 128K q8: 1.027x off, a row per KV head 1.061x). Whole blocks add under
         # an always-true mask: unmasked, the hd128 q = 16 tile compiles to 176 B of spills
@@ -159,7 +172,7 @@ def _verify_kernel(Q, K, V, Lengths, Out, Lse, PartOut, PartLse, Logits, Sinks,
             c_head = head
             q_c = q                                  # (unused: the main tile's own scores)
         if COLLECT_SUM:
-            c_ptrs = Logits + b * stride_gb          # one row per sequence
+            c_ptrs = Logits + b * stride_gb          # one row per sequence (or per slot)
         else:
             c_ptrs = Logits + b * stride_gb + c_head * stride_gh + c_slot * stride_gr
 
@@ -182,8 +195,8 @@ def _verify_kernel(Q, K, V, Lengths, Out, Lse, PartOut, PartLse, Logits, Sinks,
         k = tl.load(k_base + keys[:, None] * stride_kt + dims[None, :])
         s = tl.dot(q, tl.trans(k))
         if COLLECT_MASK != 0:
-            _store_collected(s, k, q_c, c_ptrs, c_ok, keys, keys, sm_scale, COLLECT_SEPARATE,
-                             COLLECT_SUM, False)
+            _store_collected(s, k, q_c, c_ptrs, c_ok, c_slot, stride_gr, keys, keys, sm_scale,
+                             COLLECT_SEPARATE, COLLECT_SUM, N_COLLECT, False)
         v = tl.load(v_base + keys[:, None] * stride_vt + dims[None, :])
         acc, m_i, l_i = softmax_update(acc, m_i, l_i, s, qk_scale, v)
     # The rest (at most a block or two): split boundary and causal mask.
@@ -194,8 +207,8 @@ def _verify_kernel(Q, K, V, Lengths, Out, Lse, PartOut, PartLse, Logits, Sinks,
                     other=0.0)
         s = tl.dot(q, tl.trans(k))
         if COLLECT_MASK != 0:        # before the causal mask: raw logits
-            _store_collected(s, k, q_c, c_ptrs, c_ok, keys, key_ok, sm_scale, COLLECT_SEPARATE,
-                             COLLECT_SUM, True)
+            _store_collected(s, k, q_c, c_ptrs, c_ok, c_slot, stride_gr, keys, key_ok,
+                             sm_scale, COLLECT_SEPARATE, COLLECT_SUM, N_COLLECT, True)
         visible = (keys[None, :] <= q_pos[:, None]) & key_ok[None, :]
         if WINDOW > 0:
             visible = visible & (keys[None, :] > q_pos[:, None] - WINDOW)
@@ -238,6 +251,7 @@ class VerifyPlan:
     partial_lse: torch.Tensor | None = field(repr=False, default=None)
     collect_sum: bool = False
     window: int = 0          # sliding window W (0: full attention)
+    collect_head_sum: bool = False
 
     @property
     def group(self) -> int:
@@ -315,7 +329,7 @@ def plan_verify(batch: int, num_heads: int, num_kv_heads: int, head_dim: int, q_
                 num_splits: int | None = None, num_warps: int | None = None,
                 num_stages: int | None = None, programs_per_sm: float | None = None,
                 element_size: int = 2, collect_sum: bool = False,
-                window: int | None = None) -> VerifyPlan:
+                window: int | None = None, collect_head_sum: bool = False) -> VerifyPlan:
     """Plan verify launches for sequences of up to ``max_context`` keys.
 
     ``window`` W: a sliding-window layer's verify (rows see their last W keys; the chunks cut
@@ -327,7 +341,10 @@ def plan_verify(batch: int, num_heads: int, num_kv_heads: int, head_dim: int, q_
     of per-head logits, one fp32 row per sequence: the sum over every query head and the
     collected rows (what Vegas ranks by), ``Σ_{h, r} scale·q_{r,h}·k_n`` (the collecting tile's
     logits summed over its rows, from the separate tile or the main one as for per-head logits,
-    added across the KV heads atomically; ``new_logits_buffer`` sizes it). Block sizes, warps,
+    added across the KV heads atomically; ``new_logits_buffer`` sizes it). ``collect_head_sum``:
+    one fp32 row per collected row and sequence, its logits summed over every query head
+    (``Σ_h scale·q_{r,h}·k_n``, added across the KV heads the same way): what ranking by one
+    row chosen after the verify (the last accepted token's) needs. Block sizes, warps,
     stages and programs per multiprocessor default to ``DEFAULT_CONFIGS``; pass them to
     override.
     ``element_size``: bytes per cache element (4 for fp32 caches: fewer stages / smaller key
@@ -349,8 +366,12 @@ def plan_verify(batch: int, num_heads: int, num_kv_heads: int, head_dim: int, q_
     collect_rows = tuple(sorted(set(int(r) for r in collect_rows)))
     if any(not 0 <= r < q_len for r in collect_rows):
         raise ValueError(f"collect_rows {collect_rows} outside 0..{q_len - 1}")
-    if collect_sum and not collect_rows:
-        raise ValueError("collect_sum sums collected rows: give collect_rows")
+    if (collect_sum or collect_head_sum) and not collect_rows:
+        raise ValueError("collect_sum and collect_head_sum sum collected rows: give "
+                         "collect_rows")
+    if collect_sum and collect_head_sum:
+        raise ValueError("collect_sum (over heads and rows) or collect_head_sum (over heads, "
+                         "per row): not both")
     if collect_separate is None:
         collect_separate = 0 < len(collect_rows) < q_len
     # a separate tile packs its row numbers 4 bits each into collect_tokens' signed 64 bits:
@@ -366,7 +387,8 @@ def plan_verify(batch: int, num_heads: int, num_kv_heads: int, head_dim: int, q_
     rows = max(16, next_power_of_2(group * q_len))
     # the summed row (the separate tile's small dot summed over its rows) runs within 4-5% of
     # off on the plain tile's configs (H200, hd128 q8)
-    mode = "off" if not collect_rows else "sum" if collect_sum else \
+    # (the per-row head sums take the summed row's configurations)
+    mode = "off" if not collect_rows else "sum" if collect_sum or collect_head_sum else \
         "separate" if collect_separate else "main"
     base_mode = "off" if mode == "sum" else mode     # programs per SM: the plain tile's
     default = DEFAULT_CONFIGS.get((head_dim, rows, base_mode), FALLBACK_CONFIG)
@@ -400,7 +422,7 @@ def plan_verify(batch: int, num_heads: int, num_kv_heads: int, head_dim: int, q_
                                              device)
     return VerifyPlan(batch, num_heads, num_kv_heads, head_dim, q_len, collect_rows, split,
                       block_m, num_warps, num_stages, collect_separate, partial_out,
-                      partial_lse, bool(collect_sum), window)
+                      partial_lse, bool(collect_sum), window, bool(collect_head_sum))
 
 
 def launch_constexprs(plan: VerifyPlan, *, write_lse: bool, has_sinks: bool = False) -> dict:
@@ -410,7 +432,9 @@ def launch_constexprs(plan: VerifyPlan, *, write_lse: bool, has_sinks: bool = Fa
                 DIRECT_OUTPUT=plan.split.num_splits == 1, WRITE_LSE=write_lse,
                 COLLECT_MASK=plan.collect_mask, COLLECT_SEPARATE=plan.collect_separate,
                 N_COLLECT=max(1, len(plan.collect_rows)), COLLECT_TOKENS=plan.collect_tokens,
-                BLOCK_C=plan.block_c, COLLECT_SUM=plan.collect_sum, WINDOW=plan.window,
+                BLOCK_C=plan.block_c,
+                COLLECT_SUM=2 if plan.collect_head_sum else int(plan.collect_sum),
+                WINDOW=plan.window,
                 HAS_SINKS=has_sinks)
 
 
@@ -426,8 +450,9 @@ def verify_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     not exceed the ``max_context`` the plan was made for (not checked: that would synchronise).
     When the plan collects rows, pass ``logits`` [batch, num_heads, len(collect_rows), ≥ max
     length] (``new_logits_buffer``); the kernel writes the collected rows into it (with
-    ``collect_sum``: fp32 [batch, 1, 1, ≥ max length], their sum per sequence; zeroed here
-    first, the whole buffer). ``lse``
+    ``collect_sum``: fp32 [batch, 1, 1, ≥ max length], their sum per sequence; with
+    ``collect_head_sum``: fp32 [batch, 1, len(collect_rows), ≥ max length], each row's sum over
+    the heads; both zeroed here first, the whole buffer). ``lse``
     [batch, num_heads, q] fp32, when given, receives each row's natural log-sum-exp (with
     ``sinks``, fp32 [num_heads], the sink term included).
     ``collect_rows`` is used only when ``plan`` is None (a plan is then made on the spot).
@@ -455,6 +480,10 @@ def verify_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
             assert logits.shape[1:3] == (1, 1) and logits.dtype == torch.float32, \
                 "collect_sum: fp32 [batch, 1, 1, n]"
             logits.zero_()          # the KV heads' programs add into it
+        elif plan.collect_head_sum:
+            assert logits.shape[1:3] == (1, len(plan.collect_rows)) and \
+                logits.dtype == torch.float32, "collect_head_sum: fp32 [batch, 1, rows, n]"
+            logits.zero_()
         else:
             assert logits.shape[2] == len(plan.collect_rows)
     else:
@@ -488,9 +517,11 @@ def new_logits_buffer(plan: VerifyPlan, max_len: int, *,
                       dtype: torch.dtype | None = None) -> torch.Tensor:
     """A ``[batch, num_heads, len(collect_rows), max_len]`` buffer for collected logits: bf16,
     or fp32 under the interpreter (which has no bf16 arithmetic); for a ``collect_sum`` plan
-    fp32 ``[batch, 1, 1, max_len]``."""
-    if plan.collect_sum:
-        return torch.empty(plan.batch, 1, 1, max_len, dtype=torch.float32,
+    fp32 ``[batch, 1, 1, max_len]``, for a ``collect_head_sum`` one fp32
+    ``[batch, 1, len(collect_rows), max_len]``."""
+    if plan.collect_sum or plan.collect_head_sum:
+        rows = len(plan.collect_rows) if plan.collect_head_sum else 1
+        return torch.empty(plan.batch, 1, rows, max_len, dtype=torch.float32,
                            device=default_device(device))
     if dtype is None:
         dtype = torch.float32 if INTERPRETED else torch.bfloat16
@@ -498,10 +529,11 @@ def new_logits_buffer(plan: VerifyPlan, max_len: int, *,
                        dtype=dtype, device=default_device(device))
 
 
-def summed_logits(logits: torch.Tensor) -> torch.Tensor:
+def summed_logits(logits: torch.Tensor, *, rows: bool = True) -> torch.Tensor:
     """Per-head collected logits [batch, heads, rows, n] summed over every query head and the
-    rows, in fp32: [batch, 1, 1, n] (what ``collect_sum`` writes)."""
-    return logits.float().sum((1, 2), keepdim=True)
+    rows, in fp32: [batch, 1, 1, n] (what ``collect_sum`` writes); with ``rows=False`` over
+    the heads only: [batch, 1, rows, n] (what ``collect_head_sum`` writes)."""
+    return logits.float().sum((1, 2) if rows else 1, keepdim=True)
 
 
 def verify_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
