@@ -26,8 +26,13 @@ from dataclasses import dataclass, field, fields
 from specsim.errors import SpecsimError
 
 
-def _choice(default, choices: tuple, meaning: str):
-    return field(default=default, metadata={"choices": choices, "meaning": meaning})
+def _choice(default, choices: tuple, meaning: str, *, hashed_at_default: bool = True):
+    """A setting: its default (first of ``choices``), what each choice means and the
+    measurement behind the default. ``hashed_at_default=False`` for a setting added after
+    files were recorded: at its default it is left out of :meth:`EngineSettings.stable_hash`,
+    so those files' hashes still match the engine that runs as they did."""
+    return field(default=default, metadata={"choices": choices, "meaning": meaning,
+                                            "hashed_at_default": hashed_at_default})
 
 
 @dataclass(frozen=True)
@@ -40,6 +45,14 @@ class EngineSettings:
         "verify costs 2.5% over StreamingLLM's at engine level); rows: Collect-2-Query's two "
         "bf16 rows per query head, summed by the refresh (the proxy check always collects "
         "rows). The rankings are the same up to rounding")
+    #: What last-token's verify pass writes for its refresh.
+    last_token_rows: str = _choice(
+        "heads", ("heads", "sum"),
+        "heads: every query head's collected rows in bf16, the last accepted token's row "
+        "summed over the heads by the refresh (H200, Qwen3-8B shapes, batch 4, 128K, k = 2: "
+        "last-token's verify 27.3 ms against Vegas' 23.3); sum: each collected row summed over "
+        "the query heads by the verify kernel, fp32 (collect_head_sum), the refresh picking "
+        "the row. The rankings are the same up to rounding", hashed_at_default=False)
     #: How SparseSpec-L's, Quest's and the other policies' lists are ranked.
     ranking: str = _choice(
         "best", ("best", "topk"),
@@ -81,10 +94,16 @@ class EngineSettings:
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
 
+    def hashed(self) -> dict:
+        """What :meth:`stable_hash` covers: every setting, less those added after files were
+        recorded (``hashed_at_default=False``) where they hold their default."""
+        return {f.name: getattr(self, f.name) for f in fields(self)
+                if f.metadata["hashed_at_default"] or getattr(self, f.name) != f.default}
+
     def stable_hash(self) -> str:
-        """16 hex digits of the settings' canonical JSON: equal settings, equal hash, on every
-        machine and Python."""
-        text = json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))
+        """16 hex digits of the canonical JSON of :meth:`hashed`: equal settings, equal hash,
+        on every machine and Python."""
+        text = json.dumps(self.hashed(), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     def replace(self, **changes) -> "EngineSettings":
@@ -200,8 +219,10 @@ LEGACY_ENVIRONMENT = {"SPECSIM_C2Q": "c2q", "SPECSIM_RANKING": "ranking",
                       "SPECSIM_COMBINE": "combine", "SPECSIM_LINEAR": "linear"}
 
 #: How runs went before each setting was recorded in ``provenance.engine``: Collect-2-Query's
-#: rows, torch.topk, torch cache writes, chunks per multiprocessor, the model as loaded.
-LEGACY_DEFAULTS = {"c2q": "rows", "ranking": "topk", "shared_kv_strides": False,
+#: rows, last-token's per-head rows, torch.topk, torch cache writes, chunks per
+#: multiprocessor, the model as loaded.
+LEGACY_DEFAULTS = {"c2q": "rows", "last_token_rows": "heads", "ranking": "topk",
+                   "shared_kv_strides": False,
                    "cuda_graphs": True, "fuse_projections": False, "compile_layers": False,
                    "fused_append": False, "verify_splits": "sm", "combine": "loop",
                    "linear": "torch"}

@@ -329,12 +329,15 @@ def test_adaptive_k_stop_rule():
     assert moved.rejected == pytest.approx(0.9 * 3.0 + 0.1 * 2.9)
 
 
-def check_prefill_reuse(model, prompts, policy: str, new_tokens: int):
+def check_prefill_reuse(model, prompts, policy: str, new_tokens: int,
+                        settings: EngineSettings = EngineSettings()):
     """A run keeping its prefill, then the last two prompts again from that prefill on a
     smaller engine: the same tokens and acceptance. Returns the first run."""
-    first = Engine(model, batch=3, max_len=760, policy=policy, s=0.1, k_max=4)
+    first = Engine(model, batch=3, max_len=760, policy=policy, s=0.1, k_max=4,
+                   settings=settings)
     a = first.generate(prompts, new_tokens, k=4, keep_prefill=True)
-    other = Engine(model, batch=2, max_len=760, policy=policy, s=0.1, k_max=4)
+    other = Engine(model, batch=2, max_len=760, policy=policy, s=0.1, k_max=4,
+                   settings=settings)
     b = other.generate(prompts[1:], new_tokens, k=4, prefill=a.prefill.subset([1, 2]))
     assert b.tokens == a.tokens[1:]
     assert [t.m.tolist() for t in b.traces] == [t.m.tolist() for t in a.traces[1:]]
@@ -694,18 +697,24 @@ def test_radix_ranking_in_the_engine_gives_the_same_run(tiny, ragged, plain_ragg
         [t.m.tolist() for t in runs["topk"].traces]
 
 
+def check_modes_agree(model, prompts, new_tokens: int, policy: str, setting: str,
+                      expected: list, **options) -> None:
+    """Each choice of ``setting`` decodes losslessly (every answer a prefix of ``expected``,
+    plain decoding's) and accepts exactly as the others do: the same lists up to rounding."""
+    runs = [speculative_decode(model, prompts, new_tokens, policy=SMALL[policy],
+                               settings=EngineSettings(**{setting: mode}), **options)
+            for mode in EngineSettings.choices()[setting]]
+    for run in runs:
+        assert all(a == b[:len(a)] for a, b in zip(run.tokens, expected))
+    assert len({str([t.m.tolist() for t in run.traces]) for run in runs}) == 1
+
+
 def test_summed_collect_2_query_gives_the_same_run(tiny, ragged, plain_ragged):
     """c2q=sum: Vegas' verify writes one summed row per sequence instead of two rows per
     query head; the refresh ranks the same positions, so the run is lossless and accepts
     exactly as with the rows (torch path); the buffer is [layers, B, 1, 1, n] fp32."""
     rows = EngineSettings(c2q="rows")
-    runs = {}
-    for mode in ("rows", "sum"):
-        runs[mode] = speculative_decode(tiny, ragged, 24, policy=SMALL["vegas"], k=4, s=0.1,
-                                        settings=EngineSettings(c2q=mode))
-        assert all(a == b[:len(a)] for a, b in zip(runs[mode].tokens, plain_ragged.tokens))
-    assert [t.m.tolist() for t in runs["sum"].traces] == \
-        [t.m.tolist() for t in runs["rows"].traces]
+    check_modes_agree(tiny, ragged, 24, "vegas", "c2q", plain_ragged.tokens, k=4, s=0.1)
     # a kept prefill (its rows recorded for every policy) feeds the summed buffer alike
     kept = check_prefill_reuse(tiny, ragged, "vegas", 24)
     by_rows = Engine(tiny, batch=3, max_len=760, policy="vegas", s=0.1, k_max=4,
@@ -731,13 +740,32 @@ def test_summed_collect_2_query_through_the_kernel():
     model = build_model(config, seed=2, std=0.1)
     prompts = prompts_of((70, 93), vocab=128)
     expected = plain_decode(model, prompts, 10).tokens
-    runs = {}
-    for mode in ("rows", "sum"):
-        runs[mode] = speculative_decode(model, prompts, 10, policy=SMALL["vegas"], k=3, s=0.3,
-                                        use_triton=True, settings=EngineSettings(c2q=mode))
-        assert runs[mode].tokens == expected
-    assert [t.m.tolist() for t in runs["sum"].traces] == \
-        [t.m.tolist() for t in runs["rows"].traces]
+    for policy, setting in (("vegas", "c2q"), ("last-token", "last_token_rows")):
+        check_modes_agree(model, prompts, 10, policy, setting, expected, k=3, s=0.3,
+                          use_triton=True)
+
+
+def test_head_summed_last_token_rows_give_the_same_run(tiny, ragged, plain_ragged):
+    """last_token_rows=sum: last-token's verify writes each collected row summed over the
+    query heads ([layers, B, 1, k + 1, n] fp32) instead of every head's rows; the refresh
+    picks the last accepted token's row as it is, so the run is lossless and accepts exactly
+    as with per-head rows (torch path), from a kept prefill too."""
+    summed = EngineSettings(last_token_rows="sum")
+    check_modes_agree(tiny, ragged, 24, "last-token", "last_token_rows", plain_ragged.tokens,
+                      k=4, s=0.1)
+    kept = check_prefill_reuse(tiny, ragged, "last-token", 24, summed)
+    by_heads = Engine(tiny, batch=3, max_len=760, policy="last-token", s=0.1,
+                      k_max=4).generate(ragged, 24, k=4)
+    assert [t.m.tolist() for t in kept.traces] == [t.m.tolist() for t in by_heads.traces]
+    engine = Engine(tiny, batch=2, max_len=256, policy="last-token", s=0.1, k_max=4,
+                    settings=summed)
+    assert engine.selection.head_summed and engine.selection.logits.shape == (
+        tiny.args.num_layers, 2, 1, 5, 256)
+    assert engine.selection.logits.dtype == torch.float32
+    assert not Engine(tiny, batch=2, max_len=256, policy="last-token", s=0.1,
+                      k_max=4).selection.head_summed
+    assert not Engine(tiny, batch=2, max_len=256, policy="vegas", s=0.1, k_max=4,
+                      settings=summed).selection.head_summed
 
 
 def test_host_time_is_the_loops_wall_time_less_its_waits(tiny, ragged, monkeypatch):

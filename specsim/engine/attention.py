@@ -67,11 +67,13 @@ def verify_attention_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            lengths: torch.Tensor, *, collect_rows: tuple[int, ...] = (),
                            logits: torch.Tensor | None = None, lse: torch.Tensor | None = None,
                            collect_sum: bool = False, sinks: torch.Tensor | None = None,
-                           window: int | None = None) -> torch.Tensor:
+                           window: int | None = None, collect_head_sum: bool = False
+                           ) -> torch.Tensor:
     """Verify attention, batched: q [B, T, H, D] at positions ``p = L_b − T + t`` over keys
     ``n ≤ p`` (with ``window`` W: ``p − W < n ≤ p``), each head's sink logit ``sinks`` [H]
     joining the softmax. Writes ``logits[b, h, i, n] = scale·q_{rows[i]}·k_n`` (no causal
-    mask; with ``collect_sum`` their sum over heads and rows into ``logits[b, 0, 0, n]``) for
+    mask; with ``collect_sum`` their sum over heads and rows into ``logits[b, 0, 0, n]``, with
+    ``collect_head_sum`` each row's sum over the heads into ``logits[b, 0, i, n]``) for
     ``n < max L`` and ``lse`` [B, H, T] (the sink included) when given (as the kernel does).
     Reads the lengths on the host, so it is not CUDA-graph capturable."""
     batch, q_len, heads, dim = q.shape
@@ -85,6 +87,8 @@ def verify_attention_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     s = s.view(batch, groups, group, q_len, n)
     if collect_rows and collect_sum:    # [B, 1, 1, n]: summed over every head and the rows
         logits[:, 0, 0, :n] = s[:, :, :, list(collect_rows)].sum((1, 2, 3))
+    elif collect_rows and collect_head_sum:          # [B, 1, rows, n]: over the heads
+        logits[:, 0, :, :n] = s[:, :, :, list(collect_rows)].sum((1, 2))
     elif collect_rows:
         logits[..., :n] = s[:, :, :, list(collect_rows)].reshape(batch, heads, -1, n)
     position = lengths.long()[:, None] - q_len + torch.arange(q_len, device=q.device)
@@ -357,7 +361,7 @@ class AttentionBackend:
         return self.use_triton and (q_len is None or q_len <= MAX_Q_LEN)
 
     def verify(self, q, k_cache, v_cache, lengths, *, collect_rows=(), logits=None, lse=None,
-               collect_sum=False, sinks=None, window=None):
+               collect_sum=False, sinks=None, window=None, collect_head_sum=False):
         """Full (or, with ``window``, sliding-window) attention of q [B, T, H, D] over the
         cache, each head's sink logit ``sinks`` (fp32 [H]) in the softmax. A window layer's
         verify is the kernel's window option: its chunks cut the last W + T − 1 keys (static
@@ -365,18 +369,21 @@ class AttentionBackend:
         it with T = 1 (the window is its exact draft set)."""
         q_len = q.shape[1]
         collect_sum = bool(collect_sum and collect_rows)
+        collect_head_sum = bool(collect_head_sum and collect_rows)
         if not self.use_triton or q_len > MAX_Q_LEN:
             return verify_attention_torch(q, k_cache, v_cache, lengths, collect_rows=collect_rows,
                                           logits=logits, lse=lse, collect_sum=collect_sum,
-                                          sinks=sinks, window=window)
-        key = (q_len, tuple(collect_rows), collect_sum, window)
+                                          sinks=sinks, window=window,
+                                          collect_head_sum=collect_head_sum)
+        key = (q_len, tuple(collect_rows), collect_sum, window, collect_head_sum)
         plan = self._verify_plans.get(key)
         if plan is None:
             plan = self._verify_plans[key] = plan_verify(*self.shape, q_len, self.max_len,
                                                          device=self.device,
                                                          collect_rows=collect_rows,
                                                          element_size=k_cache.element_size(),
-                                                         collect_sum=collect_sum, window=window)
+                                                         collect_sum=collect_sum, window=window,
+                                                         collect_head_sum=collect_head_sum)
         return verify_attention(q.contiguous(), k_cache, v_cache, lengths, plan,
                                 logits=logits if collect_rows else None, lse=lse, sinks=sinks)
 

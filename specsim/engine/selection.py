@@ -69,7 +69,8 @@ class DraftSelection:
                  num_heads: int, num_kv_heads: int, max_len: int, k_max: int,
                  backend: attention.AttentionBackend, logits_dtype: torch.dtype,
                  device: torch.device, proxy_check: bool = False, c2q: str = "sum",
-                 ranking: str = "best", layers: tuple[int, ...] | None = None):
+                 ranking: str = "best", layers: tuple[int, ...] | None = None,
+                 last_token_rows: str = "heads"):
         self.policy = get_policy(policy) if isinstance(policy, str) else policy
         self.s, self.backend = s, backend
         #: the model layers that draft from lists (default: all ``num_layers``), slot by slot
@@ -83,12 +84,18 @@ class DraftSelection:
         self.proxy: ProxyCheck | None = None
         if c2q not in ("rows", "sum"):
             raise SpecsimError(f"c2q must be rows or sum, got {c2q!r}")
+        if last_token_rows not in ("heads", "sum"):
+            raise SpecsimError(f"last_token_rows must be heads or sum, got {last_token_rows!r}")
         #: how the lists are ranked (``EngineSettings.ranking``)
         self.ranking = ranking
         #: Vegas' verify writes the summed row per sequence (``EngineSettings.c2q`` "sum": one
         #: fp32 row, the collected rows' logits summed over every query head; "rows": the two
         #: rows per query head, which the refresh sums; the same ranking up to rounding)
         self.summed = self.kind == "vegas" and c2q == "sum" and not proxy_check
+        #: last-token's verify writes each collected row summed over the query heads
+        #: (``EngineSettings.last_token_rows`` "sum": fp32 [B, 1, rows, n]; "heads": every
+        #: head's rows, which the refresh sums for the picked row)
+        self.head_summed = self.kind == "last-token" and last_token_rows == "sum"
         if proxy_check and self.kind not in ("vegas", "vegas-all"):
             raise SpecsimError(f"the proxy check compares Vegas' two collected rows with all "
                                f"verify rows; it runs with vegas or vegas-all, not "
@@ -103,9 +110,9 @@ class DraftSelection:
         if self.kind in COLLECTING:
             rows = {"vegas": 2, "vegas-all": k_max + 1, "last-token": k_max + 1,
                     "sparsespec": SPARSESPEC_WINDOW}[self.kind]
-            if self.summed:
-                self.logits = torch.zeros(num_layers, batch, 1, 1, max_len,
-                                          dtype=torch.float32, device=device)
+            if self.summed or self.head_summed:
+                self.logits = torch.zeros(num_layers, batch, 1, rows if self.head_summed else 1,
+                                          max_len, dtype=torch.float32, device=device)
             else:
                 self.logits = torch.zeros(num_layers, batch, num_heads, rows, max_len,
                                           dtype=logits_dtype, device=device)
@@ -145,7 +152,7 @@ class DraftSelection:
 
     def layer_logits(self, layer: int, rows: int) -> torch.Tensor:
         """Where verify writes its collected rows for ``layer`` (a listed one): [B, H, rows,
-        max_len] (summed: [B, 1, 1, max_len])."""
+        max_len] (summed: [B, 1, 1, max_len]; summed over the heads: [B, 1, rows, max_len])."""
         layer = self._slots[layer]
         if self.proxy is not None:
             return self.proxy.logits[layer, :, :, :rows]
@@ -163,6 +170,10 @@ class DraftSelection:
         length = logits.shape[-1]
         if self.summed:
             self.logits[layer, b, :, :, :length] = summed_logits(logits[None, :, -rows:])[0]
+            return
+        if self.head_summed:
+            self.logits[layer, b, :, :rows, :length] = summed_logits(
+                logits[None, :, -rows:], rows=False)[0]
             return
         self.logits[layer, b, :, :rows, :length] = logits[:, -rows:].to(self.logits.dtype)
         if self.lse is not None:

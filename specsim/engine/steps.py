@@ -55,7 +55,8 @@ class Steps:
             lse = selection.layer_lse(layer, q_len) if rows else None
             return backend.verify(q, cache.k(layer), cache.v(layer), cache.lengths,
                                   collect_rows=rows, logits=logits, lse=lse,
-                                  collect_sum=selection.summed, sinks=sinks[layer])
+                                  collect_sum=selection.summed,
+                                  collect_head_sum=selection.head_summed, sinks=sinks[layer])
         return attend
 
     def _draft_attend(self):
