@@ -88,6 +88,7 @@ def gather_bandwidth(device, row_bytes: int, rows: int, fraction: float = 0.05) 
     import triton
 
     kernel, width = _gather_sum_kernel(), cache.shape[1]
+    want = cache.index_select(0, picked).float().sum(0)
     best = 0.0
     for block, iters in ((32, 4), (32, 16), (64, 8), (128, 4)):
         programs = triton.cdiv(picked.numel(), block * iters)
@@ -96,7 +97,6 @@ def gather_bandwidth(device, row_bytes: int, rows: int, fraction: float = 0.05) 
         def run():
             kernel[(programs,)](cache, picked, out, picked.numel(), width, block, iters)
         run()
-        want = cache.index_select(0, picked).float().sum(0)
         if not torch.allclose(out.sum(0), want, rtol=1e-3, atol=1e-2 * want.abs().max().item()):
             raise RuntimeError("the gather probe's kernel sums the wrong rows")
         best = max(best, moved / median_seconds(run, device))
@@ -156,7 +156,6 @@ def phase_rows(model, args, settings, batch: int, context: int, stream: float,
         ids = forced_prompts(traces, model.args.vocab_size, length=context)
         warm = [RequestTrace(t.id, policy, s, t.context[:3], t.k[:3], t.m[:3])
                 for t in traces]
-        engine = None
         try:
             engine = Engine(model, batch=batch, policy=policy, s=s, k_max=k,
                             max_len=cache_positions(context, n * (m + 1) + 1, k),
@@ -396,7 +395,6 @@ def cell_rows(model, config, args, settings, batch: int, context: int, bandwidth
         gather = gather_bandwidth(device, row_bytes, min(cached, 1 << 24),
                                   fraction=float(args.ss.split(",")[0]))
         rows += phase_rows(model, args, settings, batch, context, bandwidth, gather)
-        release_memory()
     if args.peer == "hf":
         from hf_peer import hf_model
         peer = hf_model(config, device, torch.bfloat16 if device.type == "cuda"
@@ -451,9 +449,7 @@ def hf_row(peer, args, batch: int, context: int, device, engine_step: float,
         return {"batch": batch, "context": context, "mode": "hf-plain", "note": "out of memory"}
     finally:
         decoder = None
-        gc.collect()          # the captured graph and compiled step hold the static cache
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+        release_memory()      # the captured graph and compiled step hold the static cache
     print(f"batch {batch}, context {context}: hf static cache {batch / step:.0f} tokens/s, "
           f"{1e3 * step:.2f} ms/step, floor {floor / step:.0%}; engine/hf step "
           f"{engine_step / step:.2f}")

@@ -168,12 +168,10 @@ class DraftSelection:
         if layer is None or self.logits is None:
             return
         length = logits.shape[-1]
-        if self.summed:
-            self.logits[layer, b, :, :, :length] = summed_logits(logits[None, :, -rows:])[0]
-            return
-        if self.head_summed:
-            self.logits[layer, b, :, :rows, :length] = summed_logits(
-                logits[None, :, -rows:], rows=False)[0]
+        if self.summed or self.head_summed:
+            width = rows if self.head_summed else 1
+            self.logits[layer, b, :, :width, :length] = summed_logits(
+                logits[None, :, -rows:], rows=self.summed)[0]
             return
         self.logits[layer, b, :, :rows, :length] = logits[:, -rows:].to(self.logits.dtype)
         if self.lse is not None:

@@ -5,8 +5,9 @@ when the rows have many pages: ``quest_select_fused``.
 
 What the selection policies need from "top-K" is not a ranking but a *set*, delivered as the
 ascending position list the sparse draft kernel reads. ``torch.topk`` followed by sorting the
-winners (``selection._finish``) makes several passes over every row and launches many kernels; ``torch.topk``'s time also jumps with
-the row length (it changes algorithm), which the calibration cannot interpolate. This kernel
+winners (``selection._finish``) makes several passes over every row and launches many
+kernels; ``torch.topk``'s time also jumps with the row length (it changes algorithm), which the
+calibration cannot interpolate. This kernel
 finds the K-th largest key of each row exactly by radix select — four passes, each a 256-bin
 histogram of one byte of the keys that still tie with the threshold — and then writes the
 positions above the threshold (and the first ones equal to it, to make K) in position order,
@@ -214,8 +215,8 @@ def radix_top_positions(score: torch.Tensor, lengths: torch.Tensor, counts: torc
     are always in; positions ≥ length never. ``counts`` [...] (or [batch]) are clamped to the
     length and must not exceed ``capacity``.
 
-    The same sets as ``selection._finish(selection._top_positions(...), counts, ranked=True)`` up to
-    ties (here: the lowest positions), in one launch."""
+    The same sets as ``selection._finish(selection._top_positions(...), counts, ranked=True)``
+    up to ties (here: the lowest positions), in one launch."""
     n = score.shape[-1]
     lead = score.shape[:-1]
     batch = lengths.shape[0]
