@@ -23,6 +23,7 @@ from specsim.engine import (AdaptiveK, Engine, SamplingParams, build_model, forc
                             plain_decode, speculative_decode)
 from specsim.engine.sampling import probabilities, sample
 from specsim.errors import SpecsimError
+from specsim.kernels.selection import vegas_select
 from specsim.policies import Policy
 from specsim.settings import EngineSettings
 from specsim.traces.format import make_header, read_trace, write_trace
@@ -740,32 +741,46 @@ def test_summed_collect_2_query_through_the_kernel():
     model = build_model(config, seed=2, std=0.1)
     prompts = prompts_of((70, 93), vocab=128)
     expected = plain_decode(model, prompts, 10).tokens
-    for policy, setting in (("vegas", "c2q"), ("last-token", "last_token_rows")):
-        check_modes_agree(model, prompts, 10, policy, setting, expected, k=3, s=0.3,
-                          use_triton=True)
+    check_modes_agree(model, prompts, 10, "vegas", "c2q", expected, k=3, s=0.3,
+                      use_triton=True)
+    # last-token's head-summed rows from the kernel (collect_head_sum) decode as the torch
+    # path's sums of its per-head logits
+    runs = [speculative_decode(model, prompts, 10, policy=SMALL["last-token"], k=3, s=0.3,
+                               use_triton=triton) for triton in (True, False)]
+    assert runs[0].tokens == runs[1].tokens
+    assert [t.m.tolist() for t in runs[0].traces] == [t.m.tolist() for t in runs[1].traces]
 
 
-def test_head_summed_last_token_rows_give_the_same_run(tiny, ragged, plain_ragged):
-    """last_token_rows=sum: last-token's verify writes each collected row summed over the
-    query heads ([layers, B, 1, k + 1, n] fp32) instead of every head's rows; the refresh
-    picks the last accepted token's row as it is, so the run is lossless and accepts exactly
-    as with per-head rows (torch path), from a kept prefill too."""
-    summed = EngineSettings(last_token_rows="sum")
-    check_modes_agree(tiny, ragged, 24, "last-token", "last_token_rows", plain_ragged.tokens,
-                      k=4, s=0.1)
-    kept = check_prefill_reuse(tiny, ragged, "last-token", 24, summed)
-    by_heads = Engine(tiny, batch=3, max_len=760, policy="last-token", s=0.1,
-                      k_max=4).generate(ragged, 24, k=4)
-    assert [t.m.tolist() for t in kept.traces] == [t.m.tolist() for t in by_heads.traces]
-    engine = Engine(tiny, batch=2, max_len=256, policy="last-token", s=0.1, k_max=4,
-                    settings=summed)
-    assert engine.selection.head_summed and engine.selection.logits.shape == (
-        tiny.args.num_layers, 2, 1, 5, 256)
-    assert engine.selection.logits.dtype == torch.float32
-    assert not Engine(tiny, batch=2, max_len=256, policy="last-token", s=0.1,
+def test_last_token_ranks_the_head_sum_of_its_last_accepted_row(tiny, ragged, plain_ragged):
+    """last-token's verify writes each collected row summed over the query heads ([layers, B,
+    1, k + 1, n] fp32); the refresh ranks each sequence's last accepted row of it: lossless,
+    the same from a kept prefill, and the lists those of that row summed from every head's
+    logits in fp32."""
+    run = speculative_decode(tiny, ragged, 24, policy=SMALL["last-token"], k=4, s=0.1)
+    assert all(a == b[:len(a)] for a, b in zip(run.tokens, plain_ragged.tokens))
+    check_prefill_reuse(tiny, ragged, "last-token", 24)
+    engine = Engine(tiny, batch=2, max_len=256, policy="last-token", s=0.1, k_max=4)
+    selection = engine.selection
+    assert selection.head_summed and not selection.summed
+    assert selection.logits.shape == (tiny.args.num_layers, 2, 1, 5, 256)
+    assert selection.logits.dtype == torch.float32
+    heads, generator = tiny.args.num_heads, torch.Generator().manual_seed(5)
+    per_head = torch.randn(2, heads, 5, 200, generator=generator)   # [B, H, rows, n]
+    for layer in range(tiny.args.num_layers):
+        for b in range(2):
+            selection.store_prefill_rows(layer, b, per_head[b], torch.zeros(heads, 5), 5)
+    lengths, last_row = torch.tensor([200, 170], dtype=torch.int32), torch.tensor([3, 1])
+    selection.refresh(lengths, 5, last_row)
+    picked = per_head[torch.arange(2), :, last_row].sum(1)           # [B, n]
+    chosen, counts = vegas_select(picked[:, None, None], lengths, 0.1, max_context=256,
+                                  policy=selection.policy, ranking=selection.ranking)
+    for layer in range(tiny.args.num_layers):
+        assert selection.counts[layer].tolist() == counts.tolist()
+        for b, count in enumerate(counts.tolist()):
+            assert sorted(selection.indices[layer, b, :count].tolist()) == \
+                sorted(chosen[b, :count].tolist())
+    assert not Engine(tiny, batch=2, max_len=256, policy="vegas", s=0.1,
                       k_max=4).selection.head_summed
-    assert not Engine(tiny, batch=2, max_len=256, policy="vegas", s=0.1, k_max=4,
-                      settings=summed).selection.head_summed
 
 
 def test_host_time_is_the_loops_wall_time_less_its_waits(tiny, ragged, monkeypatch):

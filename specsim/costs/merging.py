@@ -23,6 +23,7 @@ SETTING_FAMILIES = {
     "ranking": ("selection", "draft"),              # each refresh; Quest's draft ranks pages
     "verify_splits": ("plain", "verify"),           # full-attention passes' chunks of keys
     "c2q": ("verify", "selection:vegas"),           # what Vegas' verify writes, its refresh
+    "last_token_rows": ("verify:last-token", "selection:last-token"),   # likewise last-token's
     "shared_kv_strides": ("plain", "verify", "draft"),   # how the attention kernels read V
 }
 

@@ -14,6 +14,7 @@ CHOICE_WORDS = {
     "ranking": "{} ranking",
     "verify_splits": {"sm": "chunks per multiprocessor", "waves": "whole-wave chunks"},
     "c2q": {"sum": "summed Collect-2-Query", "rows": None},
+    "last_token_rows": {"sum": None, "heads": "last-token's per-head rows"},
     "shared_kv_strides": {True: "V addressed by K's strides", False: None},
     "cuda_graphs": {True: None, False: "eager launches"},
     "fuse_projections": {True: None, False: "unfused projections"},

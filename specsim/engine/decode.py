@@ -205,7 +205,7 @@ class Engine:
             num_kv_heads=args.num_kv_heads, max_len=self.max_len, k_max=k_max,
             backend=self.backend, logits_dtype=self.dtype, device=self.device,
             proxy_check=proxy_check, c2q=settings.c2q,
-            last_token_rows=settings.last_token_rows, ranking=settings.ranking,
+            ranking=settings.ranking,
             layers=args.full_layers)
         self.steps = Steps(model, self.cache, self.backend, self.selection, batch=batch,
                            k_max=k_max,

@@ -69,8 +69,7 @@ class DraftSelection:
                  num_heads: int, num_kv_heads: int, max_len: int, k_max: int,
                  backend: attention.AttentionBackend, logits_dtype: torch.dtype,
                  device: torch.device, proxy_check: bool = False, c2q: str = "sum",
-                 ranking: str = "best", layers: tuple[int, ...] | None = None,
-                 last_token_rows: str = "heads"):
+                 ranking: str = "best", layers: tuple[int, ...] | None = None):
         self.policy = get_policy(policy) if isinstance(policy, str) else policy
         self.s, self.backend = s, backend
         #: the model layers that draft from lists (default: all ``num_layers``), slot by slot
@@ -84,18 +83,15 @@ class DraftSelection:
         self.proxy: ProxyCheck | None = None
         if c2q not in ("rows", "sum"):
             raise SpecsimError(f"c2q must be rows or sum, got {c2q!r}")
-        if last_token_rows not in ("heads", "sum"):
-            raise SpecsimError(f"last_token_rows must be heads or sum, got {last_token_rows!r}")
         #: how the lists are ranked (``EngineSettings.ranking``)
         self.ranking = ranking
         #: Vegas' verify writes the summed row per sequence (``EngineSettings.c2q`` "sum": one
         #: fp32 row, the collected rows' logits summed over every query head; "rows": the two
         #: rows per query head, which the refresh sums; the same ranking up to rounding)
         self.summed = self.kind == "vegas" and c2q == "sum" and not proxy_check
-        #: last-token's verify writes each collected row summed over the query heads
-        #: (``EngineSettings.last_token_rows`` "sum": fp32 [B, 1, rows, n]; "heads": every
-        #: head's rows, which the refresh sums for the picked row)
-        self.head_summed = self.kind == "last-token" and last_token_rows == "sum"
+        #: last-token's verify writes each collected row summed over the query heads (fp32
+        #: [B, 1, rows, n]), the refresh picking the last accepted token's row
+        self.head_summed = self.kind == "last-token"
         if proxy_check and self.kind not in ("vegas", "vegas-all"):
             raise SpecsimError(f"the proxy check compares Vegas' two collected rows with all "
                                f"verify rows; it runs with vegas or vegas-all, not "
@@ -210,8 +206,8 @@ class DraftSelection:
             logits = self.logits if self.summed else self.logits[:, :, :, :rows]
             logits = logits.flatten(0, 1)                  # [L·B, H, rows, n] (a view)
             if self.kind == "last-token":
-                # each sequence's row of its last accepted token summed over the heads in one
-                # pass (fp32 [L·B, 1, 1, n]), which the ranking takes as it is
+                # each sequence's row of its last accepted token (summed over the heads by
+                # the verify kernel): fp32 [L·B, 1, 1, n], ranked as it is
                 logits = self.backend.picked_row_sum(logits, last_row.repeat(layers),
                                                      folded_lengths, n)
             chosen, counts = attention.vegas_select(
