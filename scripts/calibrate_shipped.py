@@ -51,6 +51,10 @@ def main():
                              "1024,1536,2048,3072,4096,6144,8192)")
     parser.add_argument("--batches", default=None,
                         help="comma-separated batch sizes instead of the model's grid")
+    parser.add_argument("--qs", default=None,
+                        help="comma-separated verify query counts instead of the model's grid "
+                             "(e.g. 16 alone when only the policies' own verify passes, "
+                             "timed at fixed q up to the largest, are re-measured)")
     parser.add_argument("--setting", action="append", default=[], metavar="NAME=VALUE",
                         help="engine setting (repeatable; specsim calibrate --help lists them)")
     args = parser.parse_args()
@@ -69,6 +73,8 @@ def main():
             shape["contexts"] = [int(c) for c in args.contexts.split(",")]
         if args.batches:
             shape["batches"] = [int(b) for b in args.batches.split(",")]
+        if args.qs:
+            shape["qs"] = [int(q) for q in args.qs.split(",")]
         grid = CalibrationGrid(**shape, sparsities=[float(s) for s in
                                                           args.sparsities.split(",")],
                                policies=args.policies.split(","), repeats=args.repeats,

@@ -14,7 +14,8 @@ GPU side (torch, triton and the engine's kernels; no simpy/plotly). Each operato
   the token-expert pairs by expert, the weighted combine) for each (experts, top, hidden);
 - ``verify``: ``specsim.kernels.verify_attention`` with its planner's launch (``plan_verify``:
   whole waves and splits over this GPU's multiprocessors) for each head_dim, GQA group, q and
-  collection (off; Vegas' summed row; every row), at ``batch·KV heads`` rows and contexts;
+  collection (off; Vegas' summed row; every row per head; every row summed over the heads, as
+  last-token's verify writes it), at ``batch·KV heads`` rows and contexts;
 - ``sparse``: ``sparse_attention`` with ``plan_sparse`` over lists of ``selected`` random
   positions, one list per sequence or per KV head;
 - ``kv_append``: the cache's fused one-position append (with Quest's page bounds or not);
@@ -22,8 +23,8 @@ GPU side (torch, triton and the engine's kernels; no simpy/plotly). Each operato
   moving a given number of bytes;
 - ``selection``: each policy's refresh of every list through ``specsim.kernels.selection``
   (Vegas and last-token from the collected logits, SparseSpec-L's attention mass and per-KV-head
-  ranking, Quest's page scoring and ranking of one layer's draft query; last-token's sum of each
-  list's last accepted row over the heads first), at s = ``selection_s``;
+  ranking, Quest's page scoring and ranking of one layer's draft query; last-token's pick of
+  each list's last accepted row from its head-summed rows first), at s = ``selection_s``;
 - ``prefill_attention``: the engine's prefill attention of one prompt of ``prefill_tokens``
   (``specsim.engine.attention.prefill_attention``, 8 KV heads) on each of its kernels
   (:data:`specsim.costs.prefill.OPERATOR_PATHS`: causal, which a full layer's sinks run on
@@ -79,7 +80,7 @@ class OperatorGrid:
     head_dims: list[int] = field(default_factory=lambda: [128, 64])
     groups: list[int] = field(default_factory=lambda: [3, 4, 5, 8])
     qs: list[int] = field(default_factory=lambda: [1, 3, 5, 9, 16])
-    collects: list[str] = field(default_factory=lambda: ["off", "sum", "all"])
+    collects: list[str] = field(default_factory=lambda: ["off", "sum", "all", "rows"])
     batch_kv_heads: list[int] = field(default_factory=lambda: [4, 16, 64, 256])
     contexts: list[int] = field(default_factory=lambda: [1024, 4096, 16384, 65536, 131072])
     selected: list[int] = field(default_factory=lambda: [256, 1024, 4096, 16384])
@@ -624,11 +625,11 @@ def _verify(torch, device, timer, grid, settings, key, ats):
         caches = [(k, v)] + [(torch.randn_like(k), torch.randn_like(v)) for _ in
                              range(copies(2 * k.numel() * k.element_size(), grid) - 1)]
         heads = kv_heads * group
-        rows = () if collect == "off" else tuple(range(q)) if collect == "all" else \
-            default_collect_rows(q)
+        rows = () if collect == "off" else tuple(range(q)) if collect in ("all", "rows") \
+            else default_collect_rows(q)
         plan = plan_verify(batch, heads, kv_heads, hd, q, context, device=device,
                            collect_rows=rows, element_size=k.element_size(),
-                           collect_sum=collect == "sum")
+                           collect_sum=collect == "sum", collect_head_sum=collect == "rows")
         query = torch.randn(batch, q, heads, hd, device=device, dtype=k.dtype)
         lengths = torch.full((batch,), context, dtype=torch.int32, device=device)
         logits = new_logits_buffer(plan, context, device=device) if rows else None
@@ -670,7 +671,7 @@ def _selection_bytes(policy: str, key: dict, lists: int, context: int) -> float:
     if policy == "vegas":
         return 4.0 * lists * context
     if policy == "last-token":
-        return 2.0 * lists * LAST_TOKEN_HEADS * LAST_TOKEN_ROWS * context
+        return 4.0 * lists * LAST_TOKEN_ROWS * context
     if policy == "sparsespec":
         return 2.0 * lists * key["group"] * key["rows"] * context
     from specsim.policies import get_policy                # quest: min and max per page
@@ -689,16 +690,10 @@ def _selection(torch, device, timer, grid, settings, key, ats):
             continue                # more collected logits than any model's refresh holds
         if policy.name in ("vegas", "last-token"):
             lengths = torch.full((lists,), context, dtype=torch.int32, device=device)
-            if policy.name == "vegas" and settings.c2q == "sum":
-                logits = torch.randn(lists, 1, 1, context, device=device)
-            else:
-                heads = LAST_TOKEN_HEADS
-                rows = 2 if policy.name == "vegas" else LAST_TOKEN_ROWS
-                logits = torch.randn(lists, heads, rows, context, device=device,
-                                     dtype=_dtype(torch, device))
             if policy.name == "last-token":
-                # the engine sums each list's last accepted row over the heads in one pass
-                # ([lists, heads, rows, n] → fp32 [lists, 1, 1, n]) and ranks that
+                # the verify pass wrote each collected row summed over the heads (fp32
+                # [lists, 1, rows, n]); the refresh picks each list's last accepted row
+                logits = torch.randn(lists, 1, LAST_TOKEN_ROWS, context, device=device)
                 pick = torch.randint(0, LAST_TOKEN_ROWS, (lists,), device=device)
 
                 def select(x):
@@ -706,6 +701,12 @@ def _selection(torch, device, timer, grid, settings, key, ats):
                                           lengths, s, max_context=context, policy=policy,
                                           ranking=settings.ranking)
             else:
+                if settings.c2q == "sum":
+                    logits = torch.randn(lists, 1, 1, context, device=device)
+                else:
+                    logits = torch.randn(lists, ROWS_HEADS, 2, context, device=device,
+                                         dtype=_dtype(torch, device))
+
                 def select(x):
                     return S.vegas_select(x, lengths, s, max_context=context, policy=policy,
                                           ranking=settings.ranking)
@@ -742,9 +743,9 @@ def _selection(torch, device, timer, grid, settings, key, ats):
                  for lo, hi in [(x, x + 1) for x in _copies(torch, page_min, grid)]], grid)
 
 
-#: Heads and collected rows of the logits buffer the last-token selection is timed on (a model
-#: of 32 heads collecting every row of a verify pass at k = 8).
-LAST_TOKEN_HEADS, LAST_TOKEN_ROWS = 32, 9
+#: Query heads of Vegas' per-head rows (c2q=rows) and rows of last-token's head-summed buffer
+#: the selections are timed on (a model of 32 heads; every row of a verify pass at k = 8).
+ROWS_HEADS, LAST_TOKEN_ROWS = 32, 9
 
 
 def _copies(torch, x, grid) -> list:

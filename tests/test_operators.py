@@ -42,7 +42,7 @@ def append_ms(bkv, paged):
 
 
 def verify_ms(q, collect, bkv, context):
-    extra = {"off": 0.0, "sum": 0.02, "all": 0.05}[collect]
+    extra = {"off": 0.0, "sum": 0.02, "all": 0.05, "rows": 0.03}[collect]
     return 0.003 + extra * q + bkv * context * 1e-7 * (1 + 0.01 * q)
 
 
@@ -78,7 +78,8 @@ def synthetic_table(path=None) -> OperatorTable:
         for bkv in BKV:
             add("kv_append", {"head_dim": 128, "paged": paged}, {"batch_kv_heads": bkv},
                 append_ms(bkv, paged))
-    for collect, qs in (("off", (1, 2, 3, 5)), ("sum", (2, 3, 5)), ("all", (2, 3, 5))):
+    for collect, qs in (("off", (1, 2, 3, 5)), ("sum", (2, 3, 5)), ("all", (2, 3, 5)),
+                        ("rows", (2, 3, 5))):
         for q in qs:
             for bkv in BKV:
                 for c in CONTEXTS:
@@ -157,6 +158,12 @@ def test_verify_and_draft_steps_are_the_sums_of_theirs(model):
     assert (model.verify([context] * 4, q).seconds
             - model.policy_verify([context] * 4, q, "streamingllm").seconds) * 1e3 == \
         pytest.approx(saved, rel=1e-9)
+    # last-token's collects every row summed over the heads, SparseSpec-L's every head's rows
+    for policy, collect in (("last-token", "rows"), ("sparsespec", "all")):
+        extra = 2 * (verify_ms(q, collect, 8, context) - verify_ms(q, "sum", 8, context))
+        assert (model.policy_verify([context] * 4, q, policy).seconds
+                - model.verify([context] * 4, q).seconds) * 1e3 == \
+            pytest.approx(extra, rel=1e-9)
     # a draft step attends to Vegas' selected positions (5% of 4096 → 256 ranked + 32 recent)
     selected = 288
     sparse = np.interp(selected, SELECTED, [sparse_ms(False, 8, n) for n in SELECTED])
@@ -179,24 +186,14 @@ def test_selection_is_the_policys_operator_for_every_list(model):
             + selection_ms("sparsespec", 9, lists, context) / 6)
     got = model.selection([context] * batch, 0.05, "sparsespec", 3)
     assert got.seconds * 1e3 == pytest.approx(want + graph_ms(1), rel=1e-6)
-    # last-token: measured at 32 query heads a list; SMALL's 8 heads read a quarter of the
-    # gathered rows above the ranking (Vegas' summed-row operator), and a 32-head model the
-    # measured operator itself
-    ranking = selection_ms("vegas", 0, 2 * batch, context)
-    at_32 = selection_ms("last-token", 0, 2 * batch, context)
-    got = model.selection([context] * batch, 0.05, "last-token", 4)
-    assert got.seconds * 1e3 == pytest.approx(ranking + (at_32 - ranking) * 8 / 32
-                                              + graph_ms(1), rel=1e-9)
-    assert any("measured at 32 query heads, read at 8" in n for n in got.notes)
-    no_ranking = synthetic_table()
-    no_ranking.points = [p for p in no_ranking.points if p.key.get("policy") != "vegas"]
-    alone = OperatorCostModel(no_ranking, SMALL, HW).selection([context] * batch, 0.05,
-                                                                 "last-token", 4)
-    assert alone.seconds * 1e3 == pytest.approx(at_32 + graph_ms(1), rel=1e-9)
-    assert any("the table lacks Vegas' ranking" in n for n in alone.notes)
-    wide = OperatorCostModel(synthetic_table(), dataclasses.replace(SMALL, num_heads=32), HW)
-    assert wide.selection([context] * batch, 0.05, "last-token", 4).seconds * 1e3 == \
-        pytest.approx(at_32 + graph_ms(1), rel=1e-9)
+    # last-token: its verify summed each row over the heads, so its refresh (the picked
+    # row, then its ranking) is the measured operator at any number of heads
+    at_lists = selection_ms("last-token", 0, 2 * batch, context)
+    for heads in (8, 32):
+        wide = OperatorCostModel(synthetic_table(), dataclasses.replace(SMALL, num_heads=heads),
+                                 HW)
+        assert wide.selection([context] * batch, 0.05, "last-token", 4).seconds * 1e3 == \
+            pytest.approx(at_lists + graph_ms(1), rel=1e-9)
     # StreamingLLM and Quest refresh nothing; Quest scores its pages inside each draft step
     assert model.selection([context] * batch, 0.05, "streamingllm", 4).seconds == 0.0
     assert model.selection([context] * batch, 0.05, "quest", 4).seconds == 0.0

@@ -70,7 +70,7 @@ ELEMENTWISE_PER_LAYER = {
     "residual": lambda m: 3 * m.hidden_size,
 }
 #: What each policy's verify pass collects (the ``verify`` operator's ``collect`` key).
-COLLECT = {"vegas": "sum", "vegas-all": "all", "last-token": "all", "sparsespec": "all",
+COLLECT = {"vegas": "sum", "vegas-all": "all", "last-token": "rows", "sparsespec": "all",
            "streamingllm": "off", "quest": "off", "full": "off"}
 #: Head dim of the keys Quest's page scoring is measured with (``operator_sweep``).
 QUEST_HEAD_DIM = 128
@@ -537,28 +537,6 @@ class OperatorCostModel:
         key = (policy, group, rows)
         return self._priced("selection", key, (lists, context), None, interpolated=(1, 2))
 
-    def _last_token_refresh(self, lists: float, context: float) -> tuple[float, list[str]]:
-        """Last-token's refresh at the model's query heads. Its operator is measured with
-        :data:`~specsim.operator_sweep.LAST_TOKEN_HEADS` heads a list: each list's last
-        accepted row summed over its heads (one pass reading every head's row), then the
-        ranking of the summed row, which is Vegas' summed-row operator at the same lists and
-        context. The part above that ranking scales with the heads."""
-        from specsim.operator_sweep import LAST_TOKEN_HEADS
-
-        measured, notes = self._selection_op("last-token", lists, context, 0)
-        heads = self.model.num_heads
-        if heads == LAST_TOKEN_HEADS or self.settings.c2q != "sum":
-            return measured, notes
-        try:
-            ranking, more = self._selection_op("vegas", lists, context, 0)
-        except _Unmeasured:
-            return measured, notes + [f"last-token refresh measured at {LAST_TOKEN_HEADS} query "
-                                      f"heads, used at {heads}: the table lacks Vegas' ranking"]
-        per_head = max(measured - ranking, 0.0) / LAST_TOKEN_HEADS
-        return ranking + per_head * heads, notes + more + [
-            f"last-token refresh measured at {LAST_TOKEN_HEADS} query heads, read at {heads}: "
-            f"its head sum scaled with the heads, its ranking Vegas' summed row"]
-
     def _cost(self, base: Cost, parts: dict[str, float], notes: list[str]) -> Cost:
         seconds = float(sum(parts.values()))
         said = [f"operators ({self.source})"] + list(dict.fromkeys(notes))
@@ -664,10 +642,7 @@ class OperatorCostModel:
         rows = min(k + 1, SPARSESPEC_WINDOW) if pol.name in PER_HEAD_SELECTION else 0
         lists = self.n_full * ctx.size * (m.num_kv_heads if pol.per_kv_head else 1)
         try:
-            if pol.name == "last-token":
-                seconds, notes = self._last_token_refresh(lists, float(ctx.max()))
-            else:
-                seconds, notes = self._selection_op(pol.name, lists, float(ctx.max()), rows)
+            seconds, notes = self._selection_op(pol.name, lists, float(ctx.max()), rows)
         except _Unmeasured as why:
             return _relabel(base, base.seconds, f"{why}: roofline model")
         graph, more = self._graph()
