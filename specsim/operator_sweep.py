@@ -24,7 +24,8 @@ GPU side (torch, triton and the engine's kernels; no simpy/plotly). Each operato
 - ``selection``: each policy's refresh of every list through ``specsim.kernels.selection``
   (Vegas and last-token from the collected logits, SparseSpec-L's attention mass and per-KV-head
   ranking, Quest's page scoring and ranking of one layer's draft query; last-token's pick of
-  each list's last accepted row from its head-summed rows first), at s = ``selection_s``;
+  each list's last accepted row from its head-summed rows first), at each s of
+  ``selection_s``;
 - ``prefill_attention``: the engine's prefill attention of one prompt of ``prefill_tokens``
   (``specsim.engine.attention.prefill_attention``, 8 KV heads) on each of its kernels
   (:data:`specsim.costs.prefill.OPERATOR_PATHS`: causal, which a full layer's sinks run on
@@ -64,7 +65,7 @@ RESUME_FIELDS = ("gpu", "driver", "cuda", "torch", "triton", "kernel_config_hash
                  "method")
 #: The grid's fields that say how a point is timed (``method`` in the provenance): a table
 #: resumes under a grid that measures more or other groups, never one that times otherwise.
-METHOD_FIELDS = ("repeats", "warmup", "inner", "graph_inner", "selection_s")
+METHOD_FIELDS = ("repeats", "warmup", "inner", "graph_inner")
 
 
 @dataclass
@@ -91,7 +92,8 @@ class OperatorGrid:
     selection_contexts: list[int] = field(default_factory=lambda: [1024, 4096, 16384, 65536,
                                                                    131072])
     selection_rows: list[int] = field(default_factory=lambda: [3, 9, 16])
-    selection_s: float = 0.05
+    #: fractions s each selection keeps (its winners are sorted: the time grows with s)
+    selection_s: list[float] = field(default_factory=lambda: [0.03, 0.1])
     graph_kernels: list[int] = field(default_factory=lambda: [1, 64, 512])
     grouped_widths: list[int] = field(default_factory=lambda: [512, 1024, 2048, 4096, 8192])
     #: pairs per expert: a draft step's few (1–16), a verify's, a prefill's thousands
@@ -277,14 +279,15 @@ def _selection_groups(grid, policy):
     at = [{"lists": n, "context": c} for n in grid.selection_lists
           for c in grid.selection_contexts]
     if policy in ("vegas", "last-token"):
-        return [("selection", {"policy": policy, "group": 0, "rows": 0}, at)]
-    if policy == "sparsespec":
-        return [("selection", {"policy": policy, "group": g, "rows": r}, at)
-                for g in grid.groups for r in grid.selection_rows]
-    if policy == "quest":
-        return [("selection", {"policy": policy, "group": g, "rows": 0}, at)
-                for g in grid.groups]
-    raise SpecsimError(f"no selection operator for policy '{policy}'")
+        keys = [(0, 0)]
+    elif policy == "sparsespec":
+        keys = [(g, r) for g in grid.groups for r in grid.selection_rows]
+    elif policy == "quest":
+        keys = [(g, 0) for g in grid.groups]
+    else:
+        raise SpecsimError(f"no selection operator for policy '{policy}'")
+    return [("selection", {"policy": policy, "group": g, "rows": r, "s": s}, at)
+            for s in grid.selection_s for g, r in keys]
 
 
 def _kernel_hash() -> str:
@@ -363,12 +366,21 @@ def resumable(path: str, prov: dict, only: tuple[str, ...] = ()) -> OperatorTabl
         return None
     have = read_operator_table(path)
     fields = [f for f in RESUME_FIELDS if not (only and f == "kernel_config_hash")]
-    differ = [f for f in fields if have.provenance.get(f) != prov.get(f)]
+    differ = [f for f in fields if _resumed_as(f, have.provenance) != _resumed_as(f, prov)]
     if differ:
         raise SpecsimError(f"{path} holds an operator table measured otherwise "
                            f"({', '.join(differ)}): not resuming it and not overwriting it; "
                            f"remove it or write to another file")
     return have
+
+
+def _resumed_as(name: str, prov: dict):
+    """Provenance field ``name`` as a resume compares it: an older table's ``method`` named the
+    one s its selections were timed at, which its points now carry in their keys."""
+    value = prov.get(name)
+    if name == "method" and isinstance(value, dict):
+        value = {k: v for k, v in value.items() if k != "selection_s"}
+    return value
 
 
 def measure_operators(grid: OperatorGrid, out: str, *, settings: EngineSettings = DEFAULT,
@@ -683,7 +695,7 @@ def _selection(torch, device, timer, grid, settings, key, ats):
     from specsim.policies import get_policy
 
     policy = get_policy(key["policy"])
-    s = grid.selection_s
+    s = key["s"]
     for at in ats:
         lists, context = int(at["lists"]), int(at["context"])
         if _selection_bytes(policy.name, key, lists, context) > grid.max_cache_bytes:

@@ -1,6 +1,7 @@
 """The operator cost model: a model's steps composed from a synthetic operator table of known
 structure; the table's file format; the cost source order; the sweep run on the CPU."""
 import dataclasses
+import itertools
 import json
 import shutil
 
@@ -50,14 +51,16 @@ def sparse_ms(per, bkv, selected):
     return 0.004 + bkv * selected * (1.2e-7 if per else 1e-7)
 
 
-def selection_ms(policy, rows, lists, context):
+def selection_ms(policy, rows, lists, context, s=0.05):
+    """Linear in s (the sorted winners), so the table's s = 0.03 and 0.1 interpolate it."""
     scale = {"vegas": 1e-8, "last-token": 1.5e-8, "sparsespec": 3e-8 * (1 + rows / 16),
              "quest": 2e-8}[policy]
-    return 0.01 + lists * context * scale
+    return 0.01 + lists * context * scale * (1 + 4 * s)
 
 
 BKV, CONTEXTS, SELECTED = (2, 8, 32), (1024, 4096, 16384, 65536), (256, 1024, 4096)
 LISTS = (2, 64, 512)
+SELECTION_S = (0.03, 0.1)
 
 
 def synthetic_table(path=None) -> OperatorTable:
@@ -92,11 +95,12 @@ def synthetic_table(path=None) -> OperatorTable:
                     {"batch_kv_heads": bkv, "selected": n}, sparse_ms(per, bkv, n))
     for policy, group, rows_list in (("vegas", 0, (0,)), ("last-token", 0, (0,)),
                                      ("sparsespec", 4, (3, 9, 16)), ("quest", 4, (0,))):
-        for rows in rows_list:
+        for rows, s in itertools.product(rows_list, SELECTION_S):
             for lists in LISTS:
                 for c in CONTEXTS:
-                    add("selection", {"policy": policy, "group": group, "rows": rows},
-                        {"lists": lists, "context": c}, selection_ms(policy, rows, lists, c))
+                    add("selection", {"policy": policy, "group": group, "rows": rows, "s": s},
+                        {"lists": lists, "context": c},
+                        selection_ms(policy, rows, lists, c, s))
     prov = {"gpu": "NVIDIA H200", "driver": "580", "cuda": "12.8", "torch": "2.13",
             "triton": "3.6", "kernel_config_hash": "abc", "date": "2026-12-02T00:00:00Z",
             "complete": True, "timing": "cuda graph replay",
@@ -200,6 +204,44 @@ def test_selection_is_the_policys_operator_for_every_list(model):
     quest = model.draft_step([context] * batch, 0.05, "quest").seconds
     assert quest - model.draft_step([context] * batch, 0.05, "sparsespec").seconds > \
         2 * selection_ms("quest", 0, batch * 2, context) / 1e3 * 0.5
+
+
+@given(st.floats(0.01, 0.2))
+def test_selection_follows_s_between_the_measured_and_holds_beyond(s):
+    """The refresh sorts its s·C winners: priced linearly in s between the table's fractions
+    (0.03, 0.1), held at the nearest beyond them, and said so."""
+    model = OperatorCostModel(synthetic_table(), SMALL, HW)
+    batch, context = 4, 16384
+    got = model.selection([context] * batch, s, "vegas", 4)
+    held = min(max(s, SELECTION_S[0]), SELECTION_S[-1])
+    assert got.seconds * 1e3 == pytest.approx(
+        selection_ms("vegas", 0, 2 * batch, context, held) + graph_ms(1), rel=1e-9)
+    assert any("held at the nearest measured s=" in n for n in got.notes) == (held != s)
+
+
+def test_an_older_table_times_its_selections_at_its_one_s(tmp_path):
+    """A table measured before selections were keyed by s (its ``method.selection_s``, else
+    0.05) reads with that s in their keys; other s are held at it, with a note."""
+    table = synthetic_table()
+    table.points = [p for p in table.points if p.op != "selection" or p.key["s"] == 0.1]
+    doc = table.to_json()
+    for row in doc["points"]:
+        if row["op"] == "selection":
+            del row["key"]["s"]
+    for method, s in (({"selection_s": 0.1}, 0.1), (None, 0.05)):
+        if method:
+            doc["provenance"]["method"] = method
+        else:
+            doc["provenance"].pop("method", None)
+        path = tmp_path / f"old-{s}.json"
+        path.write_text(json.dumps(doc))
+        old = read_operator_table(str(path))
+        assert {p.key["s"] for p in old.points if p.op == "selection"} == {s}
+    old = OperatorCostModel(read_operator_table(str(tmp_path / "old-0.1.json")), SMALL, HW)
+    got = old.selection([16384] * 4, 0.03, "vegas", 4)
+    assert got.seconds * 1e3 == pytest.approx(
+        selection_ms("vegas", 0, 8, 16384, 0.1) + graph_ms(1), rel=1e-9)
+    assert any("held at the nearest measured s=0.1" in n for n in got.notes)
 
 
 @pytest.mark.parametrize("policy", ["vegas", "sparsespec", "quest", "streamingllm",
@@ -433,7 +475,7 @@ def test_the_sweep_writes_a_table_that_prices_a_model(swept):
     # a policy whose selection the table lacks is the roofline's, and says so
     missing = cm.selection([100, 100], 0.1, "last-token", 2)
     assert missing.seconds == cm.roofline.selection([100, 100], 0.1, "last-token", 2).seconds
-    assert "selection policy=last-token group=0 rows=0 not measured: roofline model" in \
+    assert "selection policy=last-token group=0 rows=0 s=0.1 not measured: roofline model" in \
         missing.notes
 
 
@@ -455,6 +497,21 @@ def test_the_sweep_resumes_its_own_table_and_refuses_another(swept, tmp_path, mo
                                         for op in ("verify",)})
     S.measure_operators(wider, str(path), progress=False)
     assert measured == ["verify"] * (len(S._groups(wider)) - len(S._groups(S.OperatorGrid.tiny())))
+    # an older table, its selections timed at its method's one s, resumes: the grid's s are
+    # new groups
+    doc = json.loads(path.read_text())
+    doc["provenance"]["method"]["selection_s"] = 0.05
+    for row in doc["points"]:
+        if row["op"] == "selection":
+            del row["key"]["s"]
+    older = tmp_path / "older.json"
+    older.write_text(json.dumps(doc))
+    keys = []
+    monkeypatch.setattr(S, "MEASURES", {"selection": lambda *a: keys.append(a[-2]) or []})
+    resumed = S.measure_operators(S.OperatorGrid.tiny(), str(older), progress=False)
+    assert sorted(k["s"] for k in keys) == sorted(
+        g[1]["s"] for g in S._groups(S.OperatorGrid.tiny()) if g[0] == "selection")
+    assert {p.key["s"] for p in resumed.points if p.op == "selection"} == {0.05}
     # one that times points otherwise is refused
     other = S.OperatorGrid.tiny()
     other.repeats = 3

@@ -47,9 +47,10 @@ OPERATORS = {
     # one compiled element-wise kernel (norm, rotary, SwiGLU, residual, casts) moving ``bytes``
     "elementwise": ((), ("bytes",)),
     # one policy's selection for every list of a step at once (lists = layers·batch, times KV
-    # heads for per-KV-head policies), over a buffer of ``context`` positions; group and rows
+    # heads for per-KV-head policies), over a buffer of ``context`` positions, keeping a
+    # fraction ``s`` of it (its winners are sorted: the time grows with s); group and rows
     # (ranked verify rows) where the policy's cost depends on them, else 0
-    "selection": (("policy", "group", "rows"), ("lists", "context")),
+    "selection": (("policy", "group", "rows", "s"), ("lists", "context")),
     # replay of a CUDA graph holding ``kernels`` minimal kernels, with the host's wait
     "graph": ((), ("kernels",)),
     # the MoE layers' grouped GEMM (``torch._grouped_mm``): ``rows`` token-expert pairs spread
@@ -65,6 +66,8 @@ OPERATORS = {
     # ``elements`` query-key products summed over the query heads (``attention_elements``)
     "prefill_attention": (("head_dim", "group", "path"), ("elements",)),
 }
+#: The one fraction s that tables measured before selections were keyed by s timed them at.
+LEGACY_SELECTION_S = 0.05
 #: Provenance every file carries (a string, a number or null each).
 PROVENANCE_FIELDS = ("gpu", "driver", "cuda", "torch", "triton", "kernel_config_hash",
                      "engine", "date", "complete")
@@ -160,14 +163,26 @@ def read_operator_table(path: str) -> OperatorTable:
     if not isinstance(rows, list) or not rows:
         raise _bad(path, "no points")
     points, retired = [], 0
+    # a table measured before selections were keyed by s timed them all at its method's one s
+    method = prov.get("method") if isinstance(prov.get("method"), dict) else {}
+    older_s = method.get("selection_s", LEGACY_SELECTION_S)
     for i, row in enumerate(rows):
-        row = _older_prefill(row)
+        row = _older_selection(_older_prefill(row), older_s)
         if row is None:
             retired += 1
         if not row:
             continue
         points.append(_point(path, f"points[{i}]", row))
     return OperatorTable(prov, probe, points, path, retired_prefill_points=retired)
+
+
+def _older_selection(row, s: float):
+    """A ``selection`` point of a table that timed every selection at one fraction ``s`` (its
+    ``method.selection_s``), keyed by it."""
+    if (isinstance(row, dict) and row.get("op") == "selection"
+            and isinstance(row.get("key"), dict) and "s" not in row["key"]):
+        return dict(row, key=dict(row["key"], s=s))
+    return row
 
 
 def _older_prefill(row):

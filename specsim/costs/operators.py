@@ -492,7 +492,7 @@ class OperatorCostModel:
                 add("attention", self._sparse(pol.per_kv_head, batch, selected), self.n_full)
                 if pol.rescore_every_draft:
                     add("selection", self._selection_op("quest", batch * m.num_kv_heads,
-                                                        float(ctx.max()), 0), self.n_full)
+                                                        float(ctx.max()), 0, s), self.n_full)
                     if hd != QUEST_HEAD_DIM:
                         notes.append(f"quest page scoring measured at head_dim "
                                      f"{QUEST_HEAD_DIM}, used at {hd}")
@@ -531,11 +531,11 @@ class OperatorCostModel:
         smallest = min(a[0] for a in grid.values)
         return grid.values[(smallest,)], []
 
-    def _selection_op(self, policy: str, lists: float, context: float, rows: int
+    def _selection_op(self, policy: str, lists: float, context: float, rows: int, s: float
                       ) -> tuple[float, list[str]]:
         group = self.model.group_size if policy in PER_HEAD_SELECTION + ("quest",) else 0
-        key = (policy, group, rows)
-        return self._priced("selection", key, (lists, context), None, interpolated=(1, 2))
+        key = (policy, group, rows, s)
+        return self._priced("selection", key, (lists, context), None, interpolated=(1, 2, 3))
 
     def _cost(self, base: Cost, parts: dict[str, float], notes: list[str]) -> Cost:
         seconds = float(sum(parts.values()))
@@ -642,7 +642,7 @@ class OperatorCostModel:
         rows = min(k + 1, SPARSESPEC_WINDOW) if pol.name in PER_HEAD_SELECTION else 0
         lists = self.n_full * ctx.size * (m.num_kv_heads if pol.per_kv_head else 1)
         try:
-            seconds, notes = self._selection_op(pol.name, lists, float(ctx.max()), rows)
+            seconds, notes = self._selection_op(pol.name, lists, float(ctx.max()), rows, s)
         except _Unmeasured as why:
             return _relabel(base, base.seconds, f"{why}: roofline model")
         graph, more = self._graph()
