@@ -21,7 +21,7 @@ from scipy import stats
 import specsim.engine.decode as decode
 from specsim.engine import (AdaptiveK, Engine, SamplingParams, build_model, forced_prompts,
                             plain_decode, speculative_decode)
-from specsim.engine.sampling import probabilities, sample
+from specsim.engine.sampling import GREEDY, choose, next_token, probabilities, sample
 from specsim.errors import SpecsimError
 from specsim.kernels.selection import vegas_select
 from specsim.policies import Policy
@@ -211,6 +211,16 @@ def test_sampling_distribution_equals_plain(small_vocab, policy, k, s):
     assert chi_square(counts, exact) > 1e-3
     tv = 0.5 * sum(abs(counts.get(key, 0) / SAMPLES - p) for key, p in exact.items())
     assert tv < 0.06
+
+
+@pytest.mark.parametrize("params", [GREEDY, SAMPLING], ids=["greedy", "sampled"])
+def test_next_token_draws_what_choose_draws(params):
+    """The token alone (the plain step, prefill, refills) is ``choose``'s token: the argmax
+    when greedy, else the same draw from the same generator state."""
+    logits = torch.randn(5, 3, 50, generator=torch.Generator().manual_seed(3))
+    token, probs = choose(logits, params, torch.Generator().manual_seed(9))
+    assert torch.equal(next_token(logits, params, torch.Generator().manual_seed(9)), token)
+    assert probs.shape == logits.shape
 
 
 def test_sampling_test_rejects_an_uncorrected_draft(small_vocab, monkeypatch):

@@ -53,7 +53,7 @@ from specsim.engine.loop import PlainLoop, SpeculativeLoop, Transfers
 from specsim.engine.model import Transformer
 from specsim.engine.prefill import Prefill, PrefillState
 from specsim.engine.run import Run
-from specsim.engine.sampling import GREEDY, SamplingParams, choose
+from specsim.engine.sampling import GREEDY, SamplingParams, next_token
 from specsim.engine.selection import DraftSelection, ProxyRecords
 from specsim.engine.steps import Steps
 from specsim.engine.timing import PhaseTimer
@@ -310,7 +310,7 @@ class Engine:
             with timer.phase("prefill"):
                 logits = self.prefiller.fill(prompts[:self.batch], prefill, keep,
                                              min(len(p) for p in prompts))
-                x0, _ = choose(logits, sampling, generator)
+                x0 = next_token(logits, sampling, generator)
             run = Run(self.batch, prompts, max_new_tokens, x0,
                       set(int(t) for t in eos_token_ids), request_ids, source=prefill,
                       keep=keep, forced=forced)

@@ -23,7 +23,7 @@ import torch
 
 from specsim.engine.run import Run
 from specsim.engine.sampling import (SamplingParams, accept_greedy, accept_speculative,
-                                     choose, entropy, probabilities)
+                                     choose, entropy, next_token, probabilities)
 from specsim.engine.timing import PhaseTimer
 from specsim.traces.format import RequestTrace
 
@@ -90,7 +90,7 @@ class Decoding:
                 for b in slots:
                     r = run.next_request()
                     logits = prefill.fill_slot(b, r, run.prompts[r], run.source, run.keep)
-                    token, _ = choose(logits[None], self.sampling, self.generator)
+                    token = next_token(logits[None], self.sampling, self.generator)
                     x0[b] = token[0]
                     run.start(b, r, int(token[0]))
                     refilled.append(b)
@@ -115,7 +115,7 @@ class PlainLoop(Decoding):
                 self.steps.verify_input(1)[:, 0] = x0
                 logits = self.steps.verify(1, collect=False)[:, 0]
             with timer.phase("other"):
-                token, _ = choose(logits, self.sampling, self.generator)
+                token = next_token(logits, self.sampling, self.generator)
                 self.cache.rollback((~run.active_t).int())
                 x0 = torch.where(run.active_t, token, x0)
                 run.count_plain(engine.weight_bytes, engine.kv_bytes_per_token)

@@ -84,6 +84,14 @@ def choose(logits: torch.Tensor, params: SamplingParams, generator=None
     return token, probs
 
 
+def next_token(logits: torch.Tensor, params: SamplingParams, generator=None) -> torch.Tensor:
+    """The token ``choose`` draws, without the distribution where nothing needs it: greedy
+    takes the argmax alone (the plain step's vocabulary softmax, 39 µs of a 5.4 ms Qwen3-8B
+    step at batch 4, 2K, H200, is not computed)."""
+    return logits.argmax(-1) if params.greedy else sample(probabilities(logits, params),
+                                                         generator)
+
+
 def entropy(probs: torch.Tensor) -> torch.Tensor:
     """H = −Σ p log p in nats (0·log 0 = 0)."""
     return -(probs * probs.clamp_min(1e-30).log()).sum(-1)
@@ -136,4 +144,4 @@ def accept_speculative(drafts: torch.Tensor, draft_probs: torch.Tensor,
 
 
 __all__ = ["GREEDY", "PRESETS", "SamplingParams", "accept_greedy", "accept_speculative",
-           "choose", "entropy", "leading_accepted", "probabilities", "sample"]
+           "choose", "entropy", "leading_accepted", "next_token", "probabilities", "sample"]
