@@ -219,7 +219,7 @@ def _drafter_group(trace: Trace, costs: CostModel, opts: PredictOptions, notes: 
     from specsim.drafters import DrafterCosts, source_kind
 
     first = (trace.requests or trace.histograms)[0]
-    policy, s = first.policy, first.s
+    policy = first.policy
     wrapped = _profiled(DrafterCosts(costs, drafter), opts)
     priced_by = source_kind(costs)
     where = {"trace": "recorded in the trace", "--drafter": "given by --drafter",

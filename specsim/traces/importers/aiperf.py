@@ -36,7 +36,7 @@ import os
 from specsim.errors import TraceError, quote
 from specsim.traces.format import HistogramTrace, RequestTrace, Trace
 from specsim.traces.importers.common import (FieldReader, check_k, check_policy, check_sparsity,
-                                             import_header, json_objects, validated, warn)
+                                             import_header, json_objects, warn)
 from specsim.traces.importers.vllm_requests import RequestLine
 
 NAME = "aiperf"
