@@ -366,7 +366,8 @@ def resumable(path: str, prov: dict, only: tuple[str, ...] = ()) -> OperatorTabl
         return None
     have = read_operator_table(path)
     fields = [f for f in RESUME_FIELDS if not (only and f == "kernel_config_hash")]
-    differ = [f for f in fields if _resumed_as(f, have.provenance) != _resumed_as(f, prov)]
+    differ = [f for f in fields if _resumed_as(f, have.provenance, only)
+              != _resumed_as(f, prov, only)]
     if differ:
         raise SpecsimError(f"{path} holds an operator table measured otherwise "
                            f"({', '.join(differ)}): not resuming it and not overwriting it; "
@@ -374,12 +375,19 @@ def resumable(path: str, prov: dict, only: tuple[str, ...] = ()) -> OperatorTabl
     return have
 
 
-def _resumed_as(name: str, prov: dict):
+def _resumed_as(name: str, prov: dict, only: tuple[str, ...] = ()):
     """Provenance field ``name`` as a resume compares it: an older table's ``method`` named the
-    one s its selections were timed at, which its points now carry in their keys."""
+    one s its selections were timed at, which its points now carry in their keys; what
+    ``ranking=best`` resolves to (``engine.best_ranking``, older tables: the legacy one) counts
+    unless the run re-measures the selections it ranks."""
     value = prov.get(name)
     if name == "method" and isinstance(value, dict):
         value = {k: v for k, v in value.items() if k != "selection_s"}
+    if name == "engine" and isinstance(value, dict):
+        from specsim.policies import LEGACY_BEST_RANKING
+        value = {**value, "best_ranking": value.get("best_ranking", LEGACY_BEST_RANKING)}
+        if "selection" in only:
+            value.pop("best_ranking")
     return value
 
 

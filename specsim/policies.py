@@ -87,14 +87,20 @@ SPARSESPEC_WINDOW = 16
 #: Quest's fused page selection (its SmolLM2 loop at batch 32, 4K, k = 4: 23.6 vs 37.9 ms per
 #: iteration); ``torch.topk`` for the rest (Vegas: 182 vs 207 µs).
 BEST_RANKING = {"sparsespec": "radix", "quest": "radix"}
+#: What "best" resolved to for files that do not record it (``provenance.engine.best_ranking``
+#: is recorded with every run since).
+LEGACY_BEST_RANKING = {"sparsespec": "radix", "quest": "radix"}
+#: The policies whose lists a ranking orders (StreamingLLM's window is arithmetic).
+RANKED_POLICIES = ("vegas", "vegas-all", "last-token", "sparsespec", "quest")
 
 
-def resolve_ranking(policy: str, ranking: str | None) -> str:
+def resolve_ranking(policy: str, ranking: str | None, best: dict | None = None) -> str:
     """The ranking ``policy``'s lists are built with under the setting ``ranking`` ("best"
-    resolved by ``BEST_RANKING``; None, as in calibrations measured before the setting was
-    recorded: topk, the only ranking then)."""
+    resolved by ``best``, default ``BEST_RANKING``, as a file records it; None, as in
+    calibrations measured before the setting was recorded: topk, the only ranking then)."""
     ranking = ranking or "topk"
-    return BEST_RANKING.get(policy, "topk") if ranking == "best" else ranking
+    best = BEST_RANKING if best is None else best
+    return best.get(policy, "topk") if ranking == "best" else ranking
 
 
 def get_policy(name: str) -> Policy:

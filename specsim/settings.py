@@ -195,9 +195,10 @@ RETIRED = {
 
 #: ``provenance.engine`` keys that state how the engine ran, not choices: the chained greedy
 #: drafts, the draft timing's chain length, the cache padding (positions a multiple of
-#: ``cache_align`` where the model allows), and the retired settings older files record.
+#: ``cache_align`` where the model allows), the retired settings older files record, and what
+#: ``ranking="best"`` resolved to per policy (``specsim.policies.BEST_RANKING``).
 ENGINE_FACTS = ("draft_chain", "draft_timed_as_chain_of", "cache_align", "fused_append",
-                "verify_splits")
+                "verify_splits", "best_ranking")
 
 #: Environment variable that chose each setting in runs recorded before this object existed
 #: (how an old file's notes name them), mapped to the setting or retired setting.
@@ -234,12 +235,16 @@ def retired_settings(engine: dict) -> dict[str, tuple]:
 
 def engine_provenance(settings: "EngineSettings", **facts) -> dict:
     """What a calibration records as its ``provenance.engine``: ``facts`` of the engine
-    (:data:`ENGINE_FACTS`), the retired settings as the engine runs them now, each setting
-    under its own key (as older files name them), and the settings object with its hash."""
+    (:data:`ENGINE_FACTS`), what "best" ranking resolves to per policy, the retired settings
+    as the engine runs them now, each setting under its own key (as older files name them),
+    and the settings object with its hash."""
     unknown = sorted(set(facts) - set(ENGINE_FACTS))
     if unknown:
         raise ValueError(f"not engine facts: {', '.join(unknown)}")
-    return {"draft_chain": True, **facts, "fused_append": RETIRED["fused_append"][0],
+    from specsim.policies import BEST_RANKING
+
+    return {"draft_chain": True, **facts, "best_ranking": dict(BEST_RANKING),
+            "fused_append": RETIRED["fused_append"][0],
             "verify_splits": RETIRED["verify_splits"][0], **settings.to_json(),
             "settings": settings.to_json(), "settings_hash": settings.stable_hash()}
 

@@ -108,8 +108,11 @@ def test_a_merge_takes_no_op_an_engine_choice_changes(name):
         assert set(skipped) == {op for op in steps if touches(families, op)}
     else:
         assert set(skipped) <= {op for op in steps if touches(families, op)}
-    assert merged.provenance["merged"][-1]["settings_differ"] == {
-        name: [other_value(name, now[name]), now[name]]}
+    differ = merged.provenance["merged"][-1]["settings_differ"]
+    assert differ[name] == [other_value(name, now[name]), now[name]]
+    # beside the setting, the policies it ranks otherwise (ranking:<policy>) and nothing else
+    assert set(differ) - {name} == ({f"ranking:{p}" for p in ("quest", "sparsespec")}
+                                    if name == "ranking" else set())
 
 
 def test_a_ranking_difference_skips_only_the_policies_it_ranks_otherwise():
@@ -121,6 +124,34 @@ def test_a_ranking_difference_skips_only_the_policies_it_ranks_otherwise():
     taken = {m.op for m in merged.measurements[len(new.measurements):]}
     assert {"selection:vegas", "draft:vegas", "verify:quest"} <= taken
     assert not taken & {"selection:sparsespec", "selection:quest", "draft:quest"}
+
+
+def test_what_best_resolved_to_is_read_from_each_file(monkeypatch):
+    """Files record what ``ranking=best`` resolved to per policy (``best_ranking``; files
+    that do not, ``LEGACY_BEST_RANKING``). When it changes, rows of a policy ranked
+    otherwise are neither merged nor kept beside the new ones, and the summary says so."""
+    import specsim.costs.provenance as P
+    from specsim.costs.provenance import engine_summary
+    from specsim.policies import LEGACY_BEST_RANKING
+    from specsim.settings import engine_provenance
+
+    new, old = runs()
+    recorded = engine_provenance(EngineSettings())
+    assert recorded["best_ranking"] == P.BEST_RANKING == LEGACY_BEST_RANKING
+    flipped = dict(LEGACY_BEST_RANKING, sparsespec="topk")
+    monkeypatch.setattr(P, "BEST_RANKING", flipped)
+    here = engine(new, ranking="best", best_ranking=flipped)
+    there = engine(old, ranking="best")           # an older file: what best meant then
+    merged = merge_calibrations(here, there, "x")
+    info = merged.provenance["merged"][-1]
+    assert info["settings_differ"] == {"ranking:sparsespec": ["radix", "topk"]}
+    assert info["ops_skipped"] == {"selection:sparsespec": "ranked by radix there, topk here"}
+    with pytest.raises(SpecsimError, match="replace all of selection:sparsespec"):
+        replace_ops(there, here, ["verify"], "x")
+    swapped = replace_ops(there, here, ["selection"], "x")
+    assert swapped.engine["best_ranking"] == flipped
+    assert "sparsespec ranked by radix" in engine_summary(there)
+    assert "ranked by" not in engine_summary(swapped)
 
 
 def test_a_merge_respects_how_drafts_were_timed_and_caches_padded():

@@ -501,6 +501,7 @@ def test_the_sweep_resumes_its_own_table_and_refuses_another(swept, tmp_path, mo
     # new groups
     doc = json.loads(path.read_text())
     doc["provenance"]["method"]["selection_s"] = 0.05
+    del doc["provenance"]["engine"]["best_ranking"]    # older: best as it resolved then
     for row in doc["points"]:
         if row["op"] == "selection":
             del row["key"]["s"]
@@ -512,6 +513,16 @@ def test_the_sweep_resumes_its_own_table_and_refuses_another(swept, tmp_path, mo
     assert sorted(k["s"] for k in keys) == sorted(
         g[1]["s"] for g in S._groups(S.OperatorGrid.tiny()) if g[0] == "selection")
     assert {p.key["s"] for p in resumed.points if p.op == "selection"} == {0.05}
+    # once "best" resolves otherwise, only a run that re-measures the selections resumes
+    import specsim.policies as P
+    best = P.BEST_RANKING
+    monkeypatch.setattr(P, "BEST_RANKING", dict(best, sparsespec="topk"))
+    with pytest.raises(SpecsimError, match=r"measured otherwise \(engine\)"):
+        S.measure_operators(S.OperatorGrid.tiny(), str(older), progress=False)
+    again = S.measure_operators(S.OperatorGrid.tiny(), str(older), progress=False,
+                                only=("selection",))
+    assert again.provenance["engine"]["best_ranking"]["sparsespec"] == "topk"
+    monkeypatch.setattr(P, "BEST_RANKING", best)
     # one that times points otherwise is refused
     other = S.OperatorGrid.tiny()
     other.repeats = 3

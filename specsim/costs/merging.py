@@ -11,9 +11,9 @@ so a reader can tell which rows came from which run.
 from __future__ import annotations
 
 from specsim.costs.calibration_file import OP_FAMILIES, STEP_KINDS, Calibration, Measurement
-from specsim.costs.provenance import engine_choices
+from specsim.costs.provenance import engine_choices, rankings
 from specsim.errors import SpecsimError
-from specsim.policies import resolve_ranking
+from specsim.policies import LEGACY_BEST_RANKING
 
 #: The op families (or single ops, ``family:policy``) each engine choice (a setting, or a
 #: retired setting older files ran otherwise) changes the timing of. A choice not named here
@@ -29,6 +29,9 @@ SETTING_FAMILIES = {
 
 
 def setting_families(name: str) -> tuple[str, ...]:
+    if name.startswith("ranking:"):          # one policy's resolved ranking: its refresh
+        policy = name.split(":", 1)[1]       # (and Quest's draft steps, which rank pages)
+        return (f"selection:{policy}",) + (("draft:quest",) if policy == "quest" else ())
     return SETTING_FAMILIES.get(name, OP_FAMILIES)
 
 
@@ -41,8 +44,12 @@ def choice_differences(a: Calibration, b: Calibration) -> dict[str, tuple]:
     """``{name: (a's value, b's value)}`` for every engine choice (a setting, or a retired
     setting an older file ran otherwise) the two files' engines differ in."""
     x, y = engine_choices(a), engine_choices(b)
-    return {name: (x.get(name), y.get(name)) for name in sorted(set(x) | set(y))
-            if x.get(name) != y.get(name)}
+    out = {name: (x.get(name), y.get(name)) for name in sorted(set(x) | set(y))
+           if x.get(name) != y.get(name)}
+    # each policy's ranking as its file resolved "best" (what it resolves to may change)
+    ra, rb = rankings(x.get("ranking"), a.engine), rankings(y.get("ranking"), b.engine)
+    out.update({f"ranking:{p}": (ra[p], rb[p]) for p in ra if ra[p] != rb[p]})
+    return out
 
 
 def _same_model_and_gpu(a: Calibration, b: Calibration) -> None:
@@ -55,16 +62,13 @@ def _same_model_and_gpu(a: Calibration, b: Calibration) -> None:
 
 def _setting_reason(name: str, op: str, there, here) -> str | None:
     """Why ``op``'s rows timed with setting ``name`` = ``there`` do not fit a file timed with
-    ``here``, or None where the setting does not change ``op``. Ranking is resolved per policy
-    (``best`` ranks some policies' lists as ``topk`` does)."""
-    if name == "ranking":
-        family, _, policy = op.partition(":")
-        if not policy or not (family == "selection" or (family == "draft" and policy == "quest")):
-            return None
-        a, b = resolve_ranking(policy, there), resolve_ranking(policy, here)
-        return None if a == b else f"ranked by {a} there, {b} here"
-    if not touches(setting_families(name), op):
+    ``here``, or None where the setting does not change ``op``. The ranking setting speaks
+    through each policy's resolved ranking (``ranking:<policy>``: ``best`` ranks some
+    policies' lists as ``topk`` does, and what it resolves to is recorded per file)."""
+    if name == "ranking" or not touches(setting_families(name), op):
         return None
+    if name.startswith("ranking:"):
+        return f"ranked by {there} there, {here} here"
     return f"{name}={there!r} there, {here!r} here"
 
 
@@ -203,8 +207,9 @@ def _engine_as_in(engine: dict, new: Calibration) -> dict:
     kept."""
     choices = engine_choices(new)
     out = {k: v for k, v in engine.items()
-           if k not in choices and k not in ("settings", "settings_hash")}
+           if k not in choices and k not in ("settings", "settings_hash", "best_ranking")}
     out.update(choices)
+    out["best_ranking"] = dict(new.engine.get("best_ranking", LEGACY_BEST_RANKING))
     out["settings"] = new.settings.to_json()
     out["settings_hash"] = new.settings.stable_hash()
     return out

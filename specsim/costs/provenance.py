@@ -3,6 +3,7 @@ in words, and warnings where it is used away from where it was measured."""
 from __future__ import annotations
 
 from specsim.costs.calibration_file import Calibration
+from specsim.policies import BEST_RANKING, LEGACY_BEST_RANKING, RANKED_POLICIES, resolve_ranking
 from specsim.settings import RETIRED, EngineSettings, retired_settings
 from specsim.specs import ModelSpec
 
@@ -37,6 +38,14 @@ def current_choices() -> dict:
     return {**EngineSettings().to_json(), **{name: now for name, (now, _) in RETIRED.items()}}
 
 
+def rankings(ranking: str | None, engine: dict | None = None) -> dict[str, str]:
+    """Each ranked policy's ranking under setting ``ranking``: "best" resolved as the file's
+    ``provenance.engine`` records it (files that do not: :data:`LEGACY_BEST_RANKING`), or,
+    without ``engine``, as the engine resolves it now."""
+    best = BEST_RANKING if engine is None else engine.get("best_ranking", LEGACY_BEST_RANKING)
+    return {policy: resolve_ranking(policy, ranking, best) for policy in RANKED_POLICIES}
+
+
 def engine_summary(calibration: Calibration) -> str:
     """The engine choices a calibration timed, as a cost note says them (``fused cache
     append, best ranking, whole-wave chunks, summed Collect-2-Query``)."""
@@ -53,6 +62,10 @@ def engine_summary(calibration: Calibration) -> str:
             said = how.get(value, f"{name}={value}")
         if said:
             words.append(said)
+    if choices["ranking"] == now["ranking"]:      # "best" resolved otherwise than it is now
+        ran = rankings(choices["ranking"], calibration.engine)
+        words += [f"{policy} ranked by {how}" for policy, how in ran.items()
+                  if how != rankings(now["ranking"])[policy]]
     return ", ".join(words)
 
 
