@@ -71,22 +71,22 @@ def default_collect_rows(q_len: int) -> tuple[int, ...]:
 
 
 @triton.jit
-def _store_collected(s, k, q_c, q_lo, c_ptrs, c_ok, c_slot, stride_gr, keys, key_ok, sm_scale,
+def _store_collected(s, k, q_c, q_lo, c_ptrs, c_ok, keys, key_ok, sm_scale,
                      COLLECT_SEPARATE: tl.constexpr, COLLECT_SUM: tl.constexpr,
-                     N_COLLECT: tl.constexpr, SLOTS: tl.constexpr, MASK_KEYS: tl.constexpr):
+                     MASK_KEYS: tl.constexpr):
     """Write one key block's collected logits: the separate tile's dot (``q_c``) or the main
     tile's raw scores ``s``, scaled; per-head rows at ``c_ptrs`` [rows]; with COLLECT_SUM 1
     their sum over the rows added atomically into the sequence's row (``c_ptrs``: one pointer;
     the other KV heads' programs add theirs); with COLLECT_SUM 2 each collected row's sum over
-    this KV head's query heads added into that row's fp32 row (slot ``c_slot``, ``stride_gr``
-    apart) from the rows' queries summed over those heads (``q_c`` + ``q_lo``, two 16-bit
+    this KV head's query heads added into that row's fp32 row (``c_ptrs`` [slots]) from the
+    rows' queries summed over those heads (``q_c`` + ``q_lo``, two 16-bit
     parts of the fp32 sum); keys under ``key_ok`` only when MASK_KEYS (whole blocks store
     unmasked along the keys: vectorised)."""
     if COLLECT_SUM == 2:
         # Σ_h q_h·k = (Σ_h q_h)·k: one row per slot from two small dots with the loaded keys
         # (its first 16 bits and the rest: the fp32 sum's precision); summing the tile's
-        # rows by a masked sum per slot ran 7x the per-head rows' time at 16 rows, by a dot
-        # with a one-hot matrix out of shared memory (H200, hd128 128K)
+        # rows by a masked sum per slot ran 7x the per-head rows' time at 16 rows; a dot of
+        # the tile with a one-hot matrix ran out of shared memory there (H200, hd128 128K)
         s_c = tl.dot(q_c, tl.trans(k)) + tl.dot(q_lo, tl.trans(k))
     elif COLLECT_SEPARATE:
         s_c = tl.dot(q_c, tl.trans(k))
@@ -219,8 +219,8 @@ def _verify_kernel(Q, K, V, Lengths, Out, Lse, PartOut, PartLse, Logits, Sinks,
         k = tl.load(k_base + keys[:, None] * stride_kt + dims[None, :])
         s = tl.dot(q, tl.trans(k))
         if COLLECT_MASK != 0:
-            _store_collected(s, k, q_c, q_lo, c_ptrs, c_ok, c_slot, stride_gr, keys, keys,
-                             sm_scale, COLLECT_SEPARATE, COLLECT_SUM, N_COLLECT, SLOTS, False)
+            _store_collected(s, k, q_c, q_lo, c_ptrs, c_ok, keys, keys, sm_scale,
+                             COLLECT_SEPARATE, COLLECT_SUM, False)
         v = tl.load(v_base + keys[:, None] * stride_vt + dims[None, :])
         acc, m_i, l_i = softmax_update(acc, m_i, l_i, s, qk_scale, v)
     # The rest (at most a block or two): split boundary and causal mask.
@@ -231,8 +231,8 @@ def _verify_kernel(Q, K, V, Lengths, Out, Lse, PartOut, PartLse, Logits, Sinks,
                     other=0.0)
         s = tl.dot(q, tl.trans(k))
         if COLLECT_MASK != 0:        # before the causal mask: raw logits
-            _store_collected(s, k, q_c, q_lo, c_ptrs, c_ok, c_slot, stride_gr, keys, key_ok,
-                             sm_scale, COLLECT_SEPARATE, COLLECT_SUM, N_COLLECT, SLOTS, True)
+            _store_collected(s, k, q_c, q_lo, c_ptrs, c_ok, keys, key_ok, sm_scale,
+                             COLLECT_SEPARATE, COLLECT_SUM, True)
         visible = (keys[None, :] <= q_pos[:, None]) & key_ok[None, :]
         if WINDOW > 0:
             visible = visible & (keys[None, :] > q_pos[:, None] - WINDOW)
