@@ -384,8 +384,8 @@ def _resumed_as(name: str, prov: dict, only: tuple[str, ...] = ()):
     if name == "method" and isinstance(value, dict):
         value = {k: v for k, v in value.items() if k != "selection_s"}
     if name == "engine" and isinstance(value, dict):
-        from specsim.policies import LEGACY_BEST_RANKING
-        value = {**value, "best_ranking": value.get("best_ranking", LEGACY_BEST_RANKING)}
+        from specsim.policies import recorded_best_ranking
+        value = {**value, "best_ranking": recorded_best_ranking(value)}
         if "selection" in only:
             value.pop("best_ranking")
     return value

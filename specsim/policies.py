@@ -90,6 +90,14 @@ BEST_RANKING = {"sparsespec": "radix", "quest": "radix"}
 #: What "best" resolved to for files that do not record it (``provenance.engine.best_ranking``
 #: is recorded with every run since).
 LEGACY_BEST_RANKING = {"sparsespec": "radix", "quest": "radix"}
+
+
+def recorded_best_ranking(engine: dict) -> dict:
+    """What "best" resolved to per policy in the run whose ``provenance.engine`` is
+    ``engine`` (:data:`LEGACY_BEST_RANKING` where it does not record it)."""
+    return dict(engine.get("best_ranking", LEGACY_BEST_RANKING))
+
+
 #: The policies whose lists a ranking orders (StreamingLLM's window is arithmetic).
 RANKED_POLICIES = ("vegas", "vegas-all", "last-token", "sparsespec", "quest")
 

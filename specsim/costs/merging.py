@@ -13,7 +13,7 @@ from __future__ import annotations
 from specsim.costs.calibration_file import OP_FAMILIES, STEP_KINDS, Calibration, Measurement
 from specsim.costs.provenance import engine_choices, rankings
 from specsim.errors import SpecsimError
-from specsim.policies import LEGACY_BEST_RANKING
+from specsim.policies import recorded_best_ranking
 
 #: The op families (or single ops, ``family:policy``) each engine choice (a setting, or a
 #: retired setting older files ran otherwise) changes the timing of. A choice not named here
@@ -209,7 +209,7 @@ def _engine_as_in(engine: dict, new: Calibration) -> dict:
     out = {k: v for k, v in engine.items()
            if k not in choices and k not in ("settings", "settings_hash", "best_ranking")}
     out.update(choices)
-    out["best_ranking"] = dict(new.engine.get("best_ranking", LEGACY_BEST_RANKING))
+    out["best_ranking"] = recorded_best_ranking(new.engine)
     out["settings"] = new.settings.to_json()
     out["settings_hash"] = new.settings.stable_hash()
     return out

@@ -3,7 +3,8 @@ in words, and warnings where it is used away from where it was measured."""
 from __future__ import annotations
 
 from specsim.costs.calibration_file import Calibration
-from specsim.policies import BEST_RANKING, LEGACY_BEST_RANKING, RANKED_POLICIES, resolve_ranking
+from specsim.policies import (BEST_RANKING, RANKED_POLICIES, recorded_best_ranking,
+                              resolve_ranking)
 from specsim.settings import RETIRED, EngineSettings, retired_settings
 from specsim.specs import ModelSpec
 
@@ -42,7 +43,7 @@ def rankings(ranking: str | None, engine: dict | None = None) -> dict[str, str]:
     """Each ranked policy's ranking under setting ``ranking``: "best" resolved as the file's
     ``provenance.engine`` records it (files that do not: :data:`LEGACY_BEST_RANKING`), or,
     without ``engine``, as the engine resolves it now."""
-    best = BEST_RANKING if engine is None else engine.get("best_ranking", LEGACY_BEST_RANKING)
+    best = BEST_RANKING if engine is None else recorded_best_ranking(engine)
     return {policy: resolve_ranking(policy, ranking, best) for policy in RANKED_POLICIES}
 
 
@@ -63,9 +64,9 @@ def engine_summary(calibration: Calibration) -> str:
         if said:
             words.append(said)
     if choices["ranking"] == now["ranking"]:      # "best" resolved otherwise than it is now
-        ran = rankings(choices["ranking"], calibration.engine)
+        ran, current = rankings(choices["ranking"], calibration.engine), rankings(now["ranking"])
         words += [f"{policy} ranked by {how}" for policy, how in ran.items()
-                  if how != rankings(now["ranking"])[policy]]
+                  if how != current[policy]]
     return ", ".join(words)
 
 
