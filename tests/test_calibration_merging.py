@@ -136,9 +136,8 @@ def test_what_best_resolved_to_is_read_from_each_file(monkeypatch):
     from specsim.settings import engine_provenance
 
     new, old = runs()
-    recorded = engine_provenance(EngineSettings())
-    assert recorded["best_ranking"] == P.BEST_RANKING == LEGACY_BEST_RANKING
-    flipped = dict(LEGACY_BEST_RANKING, sparsespec="topk")
+    assert engine_provenance(EngineSettings())["best_ranking"] == P.BEST_RANKING
+    flipped = dict(LEGACY_BEST_RANKING, sparsespec="topk")    # what best resolves to here
     monkeypatch.setattr(P, "BEST_RANKING", flipped)
     here = engine(new, ranking="best", best_ranking=flipped)
     there = engine(old, ranking="best")           # an older file: what best meant then

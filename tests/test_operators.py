@@ -509,20 +509,22 @@ def test_the_sweep_resumes_its_own_table_and_refuses_another(swept, tmp_path, mo
     older.write_text(json.dumps(doc))
     keys = []
     monkeypatch.setattr(S, "MEASURES", {"selection": lambda *a: keys.append(a[-2]) or []})
+    import specsim.policies as P
+    monkeypatch.setattr(P, "BEST_RANKING", P.LEGACY_BEST_RANKING)     # as it resolved then
     resumed = S.measure_operators(S.OperatorGrid.tiny(), str(older), progress=False)
     assert sorted(k["s"] for k in keys) == sorted(
         g[1]["s"] for g in S._groups(S.OperatorGrid.tiny()) if g[0] == "selection")
     assert {p.key["s"] for p in resumed.points if p.op == "selection"} == {0.05}
     # once "best" resolves otherwise, only a run that re-measures the selections resumes
-    import specsim.policies as P
-    best = P.BEST_RANKING
-    monkeypatch.setattr(P, "BEST_RANKING", dict(best, sparsespec="topk"))
+    flipped = {p: "topk" if how == "radix" else "radix"
+               for p, how in P.LEGACY_BEST_RANKING.items()}
+    monkeypatch.setattr(P, "BEST_RANKING", flipped)
     with pytest.raises(SpecsimError, match=r"measured otherwise \(engine\)"):
         S.measure_operators(S.OperatorGrid.tiny(), str(older), progress=False)
     again = S.measure_operators(S.OperatorGrid.tiny(), str(older), progress=False,
                                 only=("selection",))
-    assert again.provenance["engine"]["best_ranking"]["sparsespec"] == "topk"
-    monkeypatch.setattr(P, "BEST_RANKING", best)
+    assert again.provenance["engine"]["best_ranking"] == flipped
+    monkeypatch.undo()
     # one that times points otherwise is refused
     other = S.OperatorGrid.tiny()
     other.repeats = 3
