@@ -51,12 +51,16 @@ def poisoned(fn):
 
 
 def check(score, lengths, counts, capacity, keep_first=0, keep_last=0, block=256):
-    idx, cnt = poisoned(lambda: radix_top_positions(score, lengths, counts, capacity,
-                                                    keep_first, keep_last, block=block))
+    """Both ways of ranking (one program per row; programs per block of ``block`` of a
+    row, several blocks per row here) give the reference's lists and counts."""
     ref, ref_cnt = reference(score, lengths, counts, capacity, keep_first, keep_last)
-    assert idx.dtype == torch.int32 and idx.shape == ref.shape
-    assert np.array_equal(cnt.cpu().numpy(), ref_cnt)
-    assert np.array_equal(idx.cpu().numpy(), ref), (idx, ref)
+    for chunked in (False, True):
+        idx, cnt = poisoned(lambda: radix_top_positions(
+            score, lengths, counts, capacity, keep_first, keep_last, block=block,
+            chunked=chunked))
+        assert idx.dtype == torch.int32 and idx.shape == ref.shape
+        assert np.array_equal(cnt.cpu().numpy(), ref_cnt), chunked
+        assert np.array_equal(idx.cpu().numpy(), ref), (chunked, idx, ref)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
@@ -176,7 +180,7 @@ def test_fused_quest_selection_matches_the_torch_path(dtype, group, head_dim, sp
     """Quest in one kernel (page scores, top pages with the newest kept, their positions cut
     at the length) gives the torch path's lists and counts: ragged lengths (1, a page, a page
     + 1, not a page multiple, the whole buffer), s from one page to every page; the pages
-    scored by the ranking program itself or by a separate launch over blocks of pages
+    scored and ranked by one program per row or by launches over blocks of pages
     (``split``: many pages), here in blocks of 16, so that several blocks and a partial one
     occur."""
     from specsim.kernels.selection import quest_select, selected_counts
@@ -200,7 +204,7 @@ def test_fused_quest_selection_matches_the_torch_path(dtype, group, head_dim, sp
         budget = selected_counts(get_policy("quest"), lengths.to(DEVICE), s)
         got, got_counts = poisoned(lambda: quest_select_fused(
             q, low, high, lengths.to(DEVICE), budget, max_context=max_context,
-            page_size=page, capacity=capacity, split=split, block_pages=16))
+            page_size=page, capacity=capacity, split=split, block_pages=16, block=16))
         assert torch.equal(got_counts, want_counts.to(torch.int32)), s
         assert torch.equal(got, want), s
 

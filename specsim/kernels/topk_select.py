@@ -1,7 +1,6 @@
-"""Top-K positions of score rows as sorted lists, in one kernel: radix select + ordered compaction.
+"""Top-K positions of score rows as sorted lists: radix select + ordered compaction.
 
-Also Quest's whole selection (page scores, top pages, their positions) in one launch, or two
-when the rows have many pages: ``quest_select_fused``.
+Also Quest's whole selection (page scores, top pages, their positions): ``quest_select_fused``.
 
 What the selection policies need from "top-K" is not a ranking but a *set*, delivered as the
 ascending position list the sparse draft kernel reads. ``torch.topk`` followed by sorting the
@@ -11,7 +10,9 @@ calibration cannot interpolate. This kernel
 finds the K-th largest key of each row exactly by radix select — four passes, each a 256-bin
 histogram of one byte of the keys that still tie with the threshold — and then writes the
 positions above the threshold (and the first ones equal to it, to make K) in position order,
-so the list comes out sorted with no sort. One program per row.
+so the list comes out sorted with no sort. One program per row for short rows; long rows
+(few of them: one per sequence or per KV head) are spread over programs per block of the row,
+one launch per pass (``_chunked_select``).
 
 Keys: a score's fp32 bits as int32, with the low 31 bits of negative numbers flipped, order as
 the floats do (−0 just below +0). Positions that must be kept (the first ``keep_first`` and the
@@ -26,8 +27,11 @@ import torch
 from specsim.kernels._runtime import tl, triton
 
 _FORCED_KEY = 0x7FFFFFFF        # INT32_MAX: above every float's key
-#: Quest: rows with more pages than this are scored by a separate, wider launch.
+#: Quest: rows with more pages than this are scored and ranked by launches over blocks of
+#: pages.
 SPLIT_PAGES = 256
+#: Rows longer than this are ranked by launches over blocks of the row (``_chunked_select``).
+CHUNKED_FROM = 4096
 
 
 @triton.jit
@@ -44,35 +48,49 @@ def _radix_threshold(Score, row_off, length, want, keep_first, keep_last,
                      BLOCK: tl.constexpr):
     """The ``want``-th largest key of a row's first ``length`` scores (radix select, one byte
     per pass, most significant first), and how many keys equal to it are among the top."""
-    bins = tl.arange(0, 256)
     remaining = want
     prefix = tl.zeros([], tl.int32)           # the threshold's bytes chosen so far
     for p in tl.static_range(4):
-        shift = 24 - 8 * p
         hist = tl.zeros([256], tl.int32)
         for start in range(0, length, BLOCK):
             pos = start + tl.arange(0, BLOCK)
             valid = pos < length
             key = _key_of(Score, row_off, pos, valid, length, keep_first, keep_last)
-            if p == 0:
-                match = valid
-                digit = ((key >> 24) & 0xFF) ^ 0x80
-            else:
-                match = valid & ((key >> (shift + 8)) == (prefix >> (shift + 8)))
-                digit = (key >> shift) & 0xFF
+            digit, match = _digit(key, valid, prefix, p)
             hist += tl.histogram(digit, 256, mask=match)
-        # count of candidates with digit >= d, for every d; the threshold's digit is the
-        # largest d where that count reaches what is still wanted
-        total = tl.sum(hist, 0)
-        at_least = total - tl.cumsum(hist, 0) + hist
-        d = tl.max(tl.where(at_least >= remaining, bins, -1), 0)
-        above = tl.sum(tl.where(bins > d, hist, 0), 0)
-        remaining = remaining - above
-        if p == 0:
-            prefix = (d ^ 0x80) << 24
-        else:
-            prefix = prefix | (d << shift)
+        prefix, remaining = _decide(hist, p, prefix, remaining)
     return prefix, remaining
+
+
+@triton.jit
+def _decide(hist, p: tl.constexpr, prefix, remaining):
+    """After pass ``p``'s histogram of one byte of the candidates' keys: the threshold's byte
+    (the largest digit d whose count of candidates with digit ≥ d reaches what is still
+    wanted) added to ``prefix``, and what is still wanted among the keys equal to it."""
+    bins = tl.arange(0, 256)
+    total = tl.sum(hist, 0)
+    at_least = total - tl.cumsum(hist, 0) + hist
+    d = tl.max(tl.where(at_least >= remaining, bins, -1), 0)
+    remaining = remaining - tl.sum(tl.where(bins > d, hist, 0), 0)
+    if p == 0:
+        prefix = (d ^ 0x80) << 24
+    else:
+        prefix = prefix | (d << (24 - 8 * p))
+    return prefix, remaining
+
+
+@triton.jit
+def _digit(key, valid, prefix, p: tl.constexpr):
+    """Pass ``p``'s byte of each key (the sign-flipped top byte first) and which keys are
+    still candidates (their higher bytes equal the threshold's so far)."""
+    shift = 24 - 8 * p
+    if p == 0:
+        match = valid
+        digit = ((key >> 24) & 0xFF) ^ 0x80
+    else:
+        match = valid & ((key >> (shift + 8)) == (prefix >> (shift + 8)))
+        digit = (key >> shift) & 0xFF
+    return digit, match
 
 
 @triton.jit
@@ -124,6 +142,147 @@ def _radix_select_kernel(Score, Lengths, Counts, Out, n, stride_row, stride_out,
     _zero_from(Out, out_off, taken, capacity, OUT_BLOCK)
 
 
+# ---- the same selection with each row spread over many programs: one launch per radix
+# pass (each program adds its block's byte histogram to its row's, and replays the
+# decisions of the passes before from their histograms), one that counts each block's
+# winners, one that writes them at their ranks. Rows are few (a sequence, or one per KV
+# head) and long, so one program per row leaves most of the GPU idle.
+
+@triton.jit
+def _row_want(Lengths, Counts, row, rows_per_seq, counts_div, n, PAGE: tl.constexpr):
+    """A row's length in tokens (at most its ``n`` items of ``PAGE`` tokens), its items, how
+    many items it keeps (``Counts``: tokens, ``counts_div`` rows per count) and the tokens
+    its list holds (the newest page cut at the length)."""
+    length = tl.minimum(tl.load(Lengths + row // rows_per_seq), n * PAGE)
+    items = (length + PAGE - 1) // PAGE
+    want = tl.minimum((tl.load(Counts + row // counts_div).to(tl.int32) + PAGE - 1) // PAGE,
+                      items)
+    tokens = tl.where(want > 0, (want - 1) * PAGE + length - (items - 1) * PAGE, 0)
+    return items, want, tokens
+
+
+@triton.jit
+def _replay(Hist, row, rows, want, PASSES: tl.constexpr):
+    """The threshold's bytes and what is still wanted after ``PASSES`` passes, from those
+    passes' histograms of the row (``Hist`` [4, rows, 256])."""
+    bins = tl.arange(0, 256)
+    remaining = want
+    prefix = tl.zeros([], tl.int32)
+    for p in tl.static_range(PASSES):
+        hist = tl.load(Hist + (p * rows + row) * 256 + bins)
+        prefix, remaining = _decide(hist, p, prefix, remaining)
+    return prefix, remaining
+
+
+@triton.jit
+def _chunk_pass_kernel(Score, Lengths, Counts, Hist, n, stride_row, rows, rows_per_seq,
+                       counts_div, keep_first, keep_last,
+                       PASS: tl.constexpr, PAGE: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    start = tl.program_id(1) * BLOCK
+    items, want, _ = _row_want(Lengths, Counts, row, rows_per_seq, counts_div, n, PAGE)
+    if (start < items) & (want > 0):
+        prefix, remaining = _replay(Hist, row, rows, want, PASS)
+        pos = start + tl.arange(0, BLOCK)
+        valid = pos < items
+        key = _key_of(Score, row.to(tl.int64) * stride_row, pos, valid, items, keep_first,
+                      keep_last)
+        digit, match = _digit(key, valid, prefix, PASS)
+        hist = tl.histogram(digit, 256, mask=match)
+        tl.atomic_add(Hist + (PASS * rows + row) * 256 + tl.arange(0, 256), hist,
+                      mask=hist > 0)
+
+
+@triton.jit
+def _chunk_block(Score, Lengths, Counts, Hist, row, start, n, stride_row, rows, rows_per_seq,
+                 counts_div, keep_first, keep_last, PAGE: tl.constexpr, BLOCK: tl.constexpr):
+    """One block of a row after the four passes: its positions, keys, validity, the row's
+    threshold, ties to take, items wanted and tokens listed."""
+    items, want, tokens = _row_want(Lengths, Counts, row, rows_per_seq, counts_div, n, PAGE)
+    threshold, ties = _replay(Hist, row, rows, want, 4)
+    pos = start + tl.arange(0, BLOCK)
+    valid = pos < items
+    key = _key_of(Score, row.to(tl.int64) * stride_row, pos, valid, items, keep_first,
+                  keep_last)
+    return pos, key, valid, threshold, ties, want, tokens
+
+
+@triton.jit
+def _chunk_count_kernel(Score, Lengths, Counts, Hist, Tally, n, stride_row, rows,
+                        rows_per_seq, counts_div, keep_first, keep_last, chunks,
+                        PAGE: tl.constexpr, BLOCK: tl.constexpr):
+    """Each block's keys above the threshold and equal to it (``Tally`` [rows, chunks, 2])."""
+    row = tl.program_id(0)
+    chunk = tl.program_id(1)
+    pos, key, valid, threshold, _, _, _ = _chunk_block(
+        Score, Lengths, Counts, Hist, row, chunk * BLOCK, n, stride_row, rows, rows_per_seq,
+        counts_div, keep_first, keep_last, PAGE, BLOCK)
+    at = Tally + (row * chunks + chunk) * 2
+    tl.store(at, tl.sum((valid & (key > threshold)).to(tl.int32), 0))
+    tl.store(at + 1, tl.sum((valid & (key == threshold)).to(tl.int32), 0))
+
+
+@triton.jit
+def _chunk_write_kernel(Score, Lengths, Counts, Hist, Tally, Out, CountsOut, n, stride_row,
+                        stride_out, capacity, rows, rows_per_seq, counts_div, keep_first,
+                        keep_last, chunks, PAGE: tl.constexpr, BLOCK: tl.constexpr,
+                        CHUNKS: tl.constexpr, OUT_BLOCK: tl.constexpr):
+    """The block's winners at their ranks (the blocks before it: their tallies), as
+    positions (pages: each page's ``PAGE`` positions, the newest cut at the length), and the
+    list's padding in this block's share of the slots."""
+    row = tl.program_id(0)
+    chunk = tl.program_id(1)
+    pos, key, valid, threshold, ties, want, tokens = _chunk_block(
+        Score, Lengths, Counts, Hist, row, chunk * BLOCK, n, stride_row, rows, rows_per_seq,
+        counts_div, keep_first, keep_last, PAGE, BLOCK)
+    before = tl.arange(0, CHUNKS)
+    tally = Tally + (row * chunks + before) * 2
+    above = tl.sum(tl.load(tally, mask=before < chunk, other=0), 0)
+    tied = tl.sum(tl.load(tally + 1, mask=before < chunk, other=0), 0)
+    take, rank, _, _ = _winners(key, valid, threshold, ties, tied,
+                                above + tl.minimum(tied, ties), want)
+    out_off = row.to(tl.int64) * stride_out
+    if PAGE == 1:
+        tl.store(Out + out_off + rank, pos.to(tl.int32), mask=take)
+    else:
+        within = tl.arange(0, PAGE)
+        slot = rank[:, None] * PAGE + within[None, :]
+        tl.store(Out + out_off + slot, (pos[:, None] * PAGE + within[None, :]).to(tl.int32),
+                 mask=take[:, None] & (slot < tokens))
+    share = BLOCK * PAGE
+    for first in range(chunk * share, tl.minimum((chunk + 1) * share, capacity), OUT_BLOCK):
+        slot = first + tl.arange(0, OUT_BLOCK)
+        tl.store(Out + out_off + slot, tl.zeros([OUT_BLOCK], tl.int32),
+                 mask=(slot >= tokens) & (slot < capacity))
+    if chunk == 0:
+        tl.store(CountsOut + row, tokens)
+
+
+def _chunked_select(flat: torch.Tensor, lengths: torch.Tensor, counts: torch.Tensor,
+                    out: torch.Tensor, counts_out: torch.Tensor, rows_per_seq: int,
+                    counts_div: int, keep_first: int, keep_last: int, *, page: int = 1,
+                    block: int, num_warps: int) -> None:
+    """Each row of ``flat`` [rows, n] (scores of n tokens, or of n pages of ``page`` tokens)
+    ranked by programs over (row, block): its list into ``out`` [rows, capacity], its token
+    count into ``counts_out`` [rows]."""
+    rows, n = flat.shape
+    chunks = triton.cdiv(n, block)
+    hist = torch.zeros(4, rows, 256, dtype=torch.int32, device=flat.device)
+    tally = torch.empty(rows, chunks, 2, dtype=torch.int32, device=flat.device)
+    common = (n, flat.stride(0), rows, rows_per_seq, counts_div, keep_first, keep_last)
+    for p in range(4):
+        _chunk_pass_kernel[(rows, chunks)](flat, lengths, counts, hist, *common, PASS=p,
+                                           PAGE=page, BLOCK=block, num_warps=num_warps)
+    _chunk_count_kernel[(rows, chunks)](flat, lengths, counts, hist, tally, *common, chunks,
+                                        PAGE=page, BLOCK=block, num_warps=num_warps)
+    capacity = out.shape[1]
+    _chunk_write_kernel[(rows, chunks)](
+        flat, lengths, counts, hist, tally, out, counts_out, n, flat.stride(0), out.stride(0),
+        capacity, *common[2:], chunks, PAGE=page, BLOCK=block,
+        CHUNKS=triton.next_power_of_2(chunks), OUT_BLOCK=_out_block(min(capacity, block * page)),
+        num_warps=num_warps)
+
+
 @triton.jit
 def _page_scores(Q, PMin, PMax, Scratch, b, g, row_off, p0, pages, stride_qb, stride_qh,
                  stride_pb, stride_pg, stride_pp,
@@ -169,7 +328,7 @@ def _quest_select_kernel(Q, PMin, PMax, Lengths, Budget, Scratch, Out, Counts, c
                          stride_scratch,
                          NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr,
                          HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, BLOCK_P: tl.constexpr,
-                         BLOCK: tl.constexpr, OUT_BLOCK: tl.constexpr, SCORE: tl.constexpr):
+                         BLOCK: tl.constexpr, OUT_BLOCK: tl.constexpr):
     pid = tl.program_id(0)
     b = (pid // NUM_KV_HEADS).to(tl.int64)
     g = (pid % NUM_KV_HEADS).to(tl.int64)
@@ -180,10 +339,9 @@ def _quest_select_kernel(Q, PMin, PMax, Lengths, Budget, Scratch, Out, Counts, c
     want = tl.minimum((budget + PAGE - 1) // PAGE, pages)
     want = tl.where(length > 0, want, 0)
     row_off = pid.to(tl.int64) * stride_scratch
-    if SCORE:   # the page scores here (few pages); else _quest_scores_kernel wrote them
-        for p0 in range(0, pages, BLOCK_P):
-            _page_scores(Q, PMin, PMax, Scratch, b, g, row_off, p0, pages, stride_qb,
-                         stride_qh, stride_pb, stride_pg, stride_pp, GROUP, HEAD_DIM, BLOCK_P)
+    for p0 in range(0, pages, BLOCK_P):
+        _page_scores(Q, PMin, PMax, Scratch, b, g, row_off, p0, pages, stride_qb, stride_qh,
+                     stride_pb, stride_pg, stride_pp, GROUP, HEAD_DIM, BLOCK_P)
     tl.debug_barrier()
     # ---- the top pages (the newest always), their positions in order
     threshold, ties = _radix_threshold(Scratch, row_off, pages, want, 0, 1, BLOCK)
@@ -207,7 +365,8 @@ def _quest_select_kernel(Q, PMin, PMax, Lengths, Budget, Scratch, Out, Counts, c
 
 def radix_top_positions(score: torch.Tensor, lengths: torch.Tensor, counts: torch.Tensor,
                         capacity: int, keep_first: int = 0, keep_last: int = 0, *,
-                        block: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
+                        block: int = 1024, num_warps: int = 4, chunked: bool | None = None
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
     """Each row's top ``counts`` positions of ``score`` [..., n] (fp32/fp16/bf16), ascending,
     as int32 [..., capacity] padded with 0, and the counts (int32). ``lengths`` [batch]: the
     leading dimension of ``score`` is the batch, rows past it share their sequence's length
@@ -216,7 +375,8 @@ def radix_top_positions(score: torch.Tensor, lengths: torch.Tensor, counts: torc
     length and must not exceed ``capacity``.
 
     The same sets as ``selection._finish(selection._top_positions(...), counts, ranked=True)``
-    up to ties (here: the lowest positions), in one launch."""
+    up to ties (here: the lowest positions), in one launch, or (``chunked``, the default for
+    rows longer than ``CHUNKED_FROM``) in six over (row, block of ``block``) programs."""
     n = score.shape[-1]
     lead = score.shape[:-1]
     batch = lengths.shape[0]
@@ -231,11 +391,17 @@ def radix_top_positions(score: torch.Tensor, lengths: torch.Tensor, counts: torc
     if flat.stride(-1) != 1:
         flat = flat.contiguous()
     out = torch.empty(rows, capacity, dtype=torch.int32, device=score.device)
+    lengths = lengths.to(torch.int32).contiguous()
+    if n > CHUNKED_FROM if chunked is None else chunked:
+        listed = torch.empty(rows, dtype=torch.int32, device=score.device)
+        _chunked_select(flat, lengths, counts, out, listed, rows // batch, 1, keep_first,
+                        keep_last, block=block, num_warps=num_warps)
+        return out.view(*lead, capacity), listed.view(lead)
     _radix_select_kernel[(rows,)](
-        flat, lengths.to(torch.int32).contiguous(), counts, out, n, flat.stride(0),
+        flat, lengths, counts, out, n, flat.stride(0),
         out.stride(0), capacity, rows // batch, keep_first, keep_last,
         BLOCK=block, OUT_BLOCK=_out_block(capacity),
-        num_warps=4)
+        num_warps=num_warps)
     row_lengths = lengths.to(torch.int32).clamp(max=n).repeat_interleave(rows // batch)
     return out.view(*lead, capacity), torch.minimum(counts, row_lengths).view(lead)
 
@@ -243,7 +409,7 @@ def radix_top_positions(score: torch.Tensor, lengths: torch.Tensor, counts: torc
 def quest_select_fused(q: torch.Tensor, page_min: torch.Tensor, page_max: torch.Tensor,
                        lengths: torch.Tensor, budget: torch.Tensor, *, max_context: int,
                        page_size: int, capacity: int, block_pages: int | None = None,
-                       block: int = 1024, split: bool | None = None
+                       block: int = 1024, split: bool | None = None, num_warps: int = 4
                        ) -> tuple[torch.Tensor, torch.Tensor]:
     """Quest's selection in one or two launches per call: page scores from the draft query ``q``
     [batch, heads, head_dim] and the page bounds [batch, kv_heads, ≥ pages, head_dim], the
@@ -254,8 +420,9 @@ def quest_select_fused(q: torch.Tensor, page_min: torch.Tensor, page_max: torch.
     ``selection.quest_select`` (which makes ~25 launches for it), up to ties.
 
     ``split`` (default: when a row has more than ``SPLIT_PAGES`` pages): score the pages in a
-    first launch over (row, block of pages) programs, then rank and write in a second, one
-    program per row; else one launch, each row's program scoring its own pages.
+    launch over (row, block of pages) programs, then rank and write them by
+    ``_chunked_select`` over (row, block of ``block`` pages); else one launch, each row's
+    program scoring and ranking its own pages.
 
     CUDA-graph capturable: every input is already on the device (a copy from the host at each
     call is what a capturing stream refuses)."""
@@ -280,13 +447,15 @@ def quest_select_fused(q: torch.Tensor, page_min: torch.Tensor, page_max: torch.
             q, page_min, page_max, lengths, scratch, *layout, scratch.stride(0),
             NUM_KV_HEADS=kv_heads, GROUP=heads // kv_heads, HEAD_DIM=head_dim,
             PAGE=page_size, BLOCK_P=block_pages, num_warps=4)
+        _chunked_select(scratch, lengths, budget.contiguous(), out, counts, kv_heads,
+                        kv_heads, 0, 1, page=page_size, block=block, num_warps=num_warps)
+        return out.view(batch, kv_heads, capacity), counts.view(batch, kv_heads)
     _quest_select_kernel[(batch * kv_heads,)](
         q, page_min, page_max, lengths, budget.contiguous(), scratch, out, counts, capacity,
         *layout, out.stride(0), scratch.stride(0),
         NUM_KV_HEADS=kv_heads, GROUP=heads // kv_heads, HEAD_DIM=head_dim, PAGE=page_size,
         BLOCK_P=block_pages, BLOCK=block,
-        OUT_BLOCK=_out_block(capacity), SCORE=not split,
-        num_warps=4)
+        OUT_BLOCK=_out_block(capacity), num_warps=num_warps)
     return out.view(batch, kv_heads, capacity), counts.view(batch, kv_heads)
 
 
