@@ -30,6 +30,7 @@ from specsim.kernels import (new_logits_buffer, plan_sparse, plan_verify, quest_
                              sparse_attention, sparse_attention_reference, sparsespec_select,
                              streamingllm_select, vegas_select, verify_attention,
                              verify_attention_reference)
+from specsim.kernels import topk_select
 from specsim.kernels.verify_attention import summed_logits
 
 HEADS = {128: (32, 8), 64: (64, 8)}       # head_dim -> (query heads, KV heads)
@@ -339,7 +340,11 @@ def run_shape(args, head_dim, context, best, results, t0):
                 q1, page_min, page_max, lengths, args.sparsity, max_context=context,
                 ranking=r),
         })
+    # the radix kernel with each row spread over programs per block of it (``chunked``)
+    for policy in ("vegas", "sparsespec", "quest"):
+        selections[f"select {policy} (radix, chunked)"] = selections[f"select {policy} (radix)"]
     for name, fn in selections.items():
+        topk_select.CHUNKED_FROM = 0 if name.endswith("chunked)") else None
         try:
             us, method = time_us(fn)
         except Exception as error:
@@ -347,7 +352,8 @@ def run_shape(args, head_dim, context, best, results, t0):
             log(f"  {tag:14s} {name}: failed ({rows[name]['error'][:100]})")
             continue
         rows[name] = {"us": us, "timing": method, "fraction_of_verify": us / verify_ref}
-        log(f"  {tag:14s} {name:28s} {us:9.1f} us  {us / verify_ref:5.2f} x verify")
+        log(f"  {tag:14s} {name:34s} {us:9.1f} us  {us / verify_ref:5.2f} x verify")
+    topk_select.CHUNKED_FROM = None
     results[tag] = rows
 
 
@@ -494,11 +500,13 @@ def summary(results, copy_tbps, head_dims, contexts):
              "flex q=1", "flex q=8", "sparse s=.07 seq sorted", "sparse s=.07 seq unsorted",
              "sparse s=.07 kvhead sorted",
              "gather+sdpa s=.07", "select vegas", "select vegas sum", "select vegas (radix)",
-             "select sparsespec", "select sparsespec (radix)", "select streamingllm",
-             "select quest", "select quest (radix)"]
+             "select vegas (radix, chunked)", "select sparsespec",
+             "select sparsespec (radix)", "select sparsespec (radix, chunked)",
+             "select streamingllm", "select quest", "select quest (radix)",
+             "select quest (radix, chunked)"]
     tags = [shape_tag(d, c) for d in head_dims for c in contexts]
     tags = [t for t in tags if t in results]
-    lines.append(f"{'case':27s}" + "".join(f"{t:>15s}" for t in tags))
+    lines.append(f"{'case':34s}" + "".join(f"{t:>15s}" for t in tags))
     for name in names:
         cells = []
         for tag in tags:
@@ -511,7 +519,7 @@ def summary(results, copy_tbps, head_dims, contexts):
                 cells.append(f"{entry['fraction_of_verify']:>14.2f}x")
             else:
                 cells.append(f"{entry['tbps']:5.2f} {entry['us']:7.1f}".rjust(15))
-        lines.append(f"{name:27s}" + "".join(cells))
+        lines.append(f"{name:34s}" + "".join(cells))
     checks = []
     for tag in tags:
         rows = results[tag]

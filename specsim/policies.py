@@ -82,12 +82,11 @@ SPARSESPEC_WINDOW = 16
 
 
 #: ``EngineSettings.ranking="best"`` (the engine's default, ``specsim.kernels.selection``):
-#: each policy's fastest ranking as measured on the H200 (BENCHMARKS.md): Quest's fused page
-#: selection (its SmolLM2 loop at batch 32, 4K, k = 4: 23.6 vs 37.9 ms per iteration; one
-#: layer at 128K: 130 vs 264 µs), ``torch.topk`` for the rest (SparseSpec-L's per-KV-head
-#: lists at hd128, batch 4: 270 vs 295 µs per layer at 32K, 718 vs 1145 at 128K; Vegas: 318
-#: vs 855 µs from the two rows per head at 128K).
-BEST_RANKING = {"sparsespec": "topk", "quest": "radix"}
+#: each policy's fastest ranking as measured on the H200 (BENCHMARKS.md): SparseSpec-L's
+#: per-KV-head lists by the radix kernel (295 vs 312 µs per layer at hd128, 32K, batch 4),
+#: Quest's fused page selection (its SmolLM2 loop at batch 32, 4K, k = 4: 23.6 vs 37.9 ms per
+#: iteration); ``torch.topk`` for the rest (Vegas: 182 vs 207 µs).
+BEST_RANKING = {"sparsespec": "radix", "quest": "radix"}
 #: What "best" resolved to for files that do not record it (``provenance.engine.best_ranking``
 #: is recorded with every run since).
 LEGACY_BEST_RANKING = {"sparsespec": "radix", "quest": "radix"}

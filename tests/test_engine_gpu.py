@@ -162,12 +162,21 @@ def test_forced_acceptance_adds_no_host_sync(model, policy):
     assert syncs["free"] <= 1.05, syncs         # one host synchronisation an iteration at most
 
 
+@pytest.mark.parametrize("chunked", [False, True])
 @pytest.mark.parametrize("policy", ["quest", "sparsespec"])
-def test_best_ranking_graphs_and_matches_topk(model, policy):
-    """ranking=best (on CUDA: the fused Quest selection, SparseSpec-L's radix top-K) captures
-    in the engine's CUDA graphs and decodes what the torch.topk ranking decodes."""
+def test_radix_ranking_graphs_and_matches_topk(model, policy, chunked, monkeypatch):
+    """The radix kernels (Quest's fused page selection, the radix top-K of SparseSpec-L's
+    lists), as ranking=best resolves to them, one program per row or spread over blocks of
+    the rows (``chunked``, long rows' way), capture in the engine's CUDA graphs and decode
+    what the torch.topk ranking decodes."""
     import numpy as np
 
+    import specsim.kernels.topk_select as T
+    import specsim.policies as P
+    monkeypatch.setattr(P, "BEST_RANKING", {policy: "radix"})
+    if chunked:
+        monkeypatch.setattr(T, "CHUNKED_FROM", 256)
+        monkeypatch.setattr(T, "SPLIT_PAGES", 32)
     batch = prompts((1500, 2100, 1800))
     runs = {}
     for ranking in ("topk", "best"):

@@ -173,15 +173,18 @@ def test_fused_quest_at_qwen3_8b_shapes_on_the_gpu(split):
                 assert bool((lst[1:] > lst[:-1]).all())
 
 
-@pytest.mark.parametrize("split", [False, True])
-@pytest.mark.parametrize("dtype,group,head_dim", [(torch.float32, 2, 16), (torch.float16, 4, 64),
-                                                  (torch.float32, 1, 8)])
-def test_fused_quest_selection_matches_the_torch_path(dtype, group, head_dim, split):
+@pytest.mark.parametrize("dtype,group,head_dim,split,chunked", [
+    (dtype, group, head_dim, split, False)
+    for dtype, group, head_dim in ((torch.float32, 2, 16), (torch.float16, 4, 64),
+                                   (torch.float32, 1, 8))
+    for split in (False, True)] + [(torch.float16, 4, 64, True, True)])
+def test_fused_quest_selection_matches_the_torch_path(dtype, group, head_dim, split, chunked):
     """Quest in one kernel (page scores, top pages with the newest kept, their positions cut
     at the length) gives the torch path's lists and counts: ragged lengths (1, a page, a page
     + 1, not a page multiple, the whole buffer), s from one page to every page; the pages
-    scored and ranked by one program per row or by launches over blocks of pages
-    (``split``: many pages), here in blocks of 16, so that several blocks and a partial one
+    scored by the ranking program itself or by a separate launch over blocks of pages
+    (``split``: many pages), then ranked by one program per row or by launches over blocks
+    of pages (``chunked``), here in blocks of 16, so that several blocks and a partial one
     occur."""
     from specsim.kernels.selection import quest_select, selected_counts
     from specsim.kernels.topk_select import quest_select_fused
@@ -204,7 +207,8 @@ def test_fused_quest_selection_matches_the_torch_path(dtype, group, head_dim, sp
         budget = selected_counts(get_policy("quest"), lengths.to(DEVICE), s)
         got, got_counts = poisoned(lambda: quest_select_fused(
             q, low, high, lengths.to(DEVICE), budget, max_context=max_context,
-            page_size=page, capacity=capacity, split=split, block_pages=16, block=16))
+            page_size=page, capacity=capacity, split=split, block_pages=16, block=16,
+            chunked=chunked))
         assert torch.equal(got_counts, want_counts.to(torch.int32)), s
         assert torch.equal(got, want), s
 
@@ -227,16 +231,21 @@ def test_quest_selection_builds_no_tensor_from_host_data(ranking, monkeypatch):
     assert counts.tolist() == [[5, 5], [24, 24]]   # the newest page is cut at the length
 
 
-def test_best_ranking_picks_each_policys_measured_fastest(monkeypatch):
-    """ranking="best" (the default): on CUDA Quest's pages by the radix kernel (the fused
-    page selection), the other policies' lists by torch.topk; off CUDA torch.topk for all
-    (the kernel would run interpreted); an explicit ranking wins."""
+def test_best_ranking_resolves_per_policy_as_the_table_says(monkeypatch):
+    """ranking="best" (the default) resolves per policy as ``BEST_RANKING`` says, on CUDA
+    (or no device named); off CUDA to torch.topk for all (the kernel would run
+    interpreted); an explicit ranking wins; the radix kernel runs where it resolves to it."""
     import specsim.kernels.selection as S
     import specsim.kernels.topk_select as T
+    import specsim.policies as P
+    from specsim.policies import RANKED_POLICIES
+    assert set(P.BEST_RANKING) <= set(RANKED_POLICIES)
+    assert set(P.BEST_RANKING.values()) <= set(S.RANKINGS) - {"best"}
+    monkeypatch.setattr(P, "BEST_RANKING", {"sparsespec": "radix", "quest": "radix"})
     policies = ("vegas", "last-token", "sparsespec", "quest")
-    assert [S.ranking_for(p) for p in policies] == ["topk", "topk", "topk", "radix"]
+    assert [S.ranking_for(p) for p in policies] == ["topk", "topk", "radix", "radix"]
     assert [S.ranking_for(p, device="cuda") for p in policies] == \
-        ["topk", "topk", "topk", "radix"]
+        ["topk", "topk", "radix", "radix"]
     assert [S.ranking_for(p, device="cpu") for p in policies] == ["topk"] * 4
     assert S.ranking_for("quest", "topk") == "topk"
     assert S.ranking_for("sparsespec", "radix", device="cpu") == "radix"
@@ -248,8 +257,9 @@ def test_best_ranking_picks_each_policys_measured_fastest(monkeypatch):
     lengths = torch.tensor([700, 300], device=DEVICE)
     logits = torch.randn(2, 4, 2, 700, generator=g).to(DEVICE)
     S.vegas_select(logits, lengths, 0.1)
+    assert calls == []                                      # Vegas: torch.topk
     picked = S.sparsespec_select(logits, lengths, 0.1, 2)
-    assert calls == []                                      # Vegas, SparseSpec-L: torch.topk
+    assert calls == (["radix"] if torch.device(DEVICE).type == "cuda" else [])
     picked_radix = S.sparsespec_select(logits, lengths, 0.1, 2, ranking="radix")
     assert calls[-1:] == ["radix"]
     want = S.sparsespec_select(logits, lengths, 0.1, 2, ranking="topk")

@@ -39,7 +39,7 @@ from specsim.policies import Policy, get_policy, resolve_ranking
 #: The rankings a list can be built with: "topk" (torch.topk, then ordered by ``_finish``),
 #: "radix" (``topk_select.radix_top_positions``: one Triton kernel that selects and orders;
 #: Quest: its fused page selection), or "best": each policy's fastest on the H200
-#: (``specsim.policies.BEST_RANKING``: radix for Quest, topk for the others),
+#: (``specsim.policies.BEST_RANKING``: radix for SparseSpec-L and Quest, topk for the others),
 #: topk off CUDA, where Triton only interprets. The same sets up to ties. The engine ranks as
 #: ``EngineSettings.ranking`` says.
 RANKINGS = ("best", "topk", "radix")

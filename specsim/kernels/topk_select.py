@@ -10,9 +10,9 @@ calibration cannot interpolate. This kernel
 finds the K-th largest key of each row exactly by radix select — four passes, each a 256-bin
 histogram of one byte of the keys that still tie with the threshold — and then writes the
 positions above the threshold (and the first ones equal to it, to make K) in position order,
-so the list comes out sorted with no sort. One program per row for short rows; long rows
-(few of them: one per sequence or per KV head) are spread over programs per block of the row,
-one launch per pass (``_chunked_select``).
+so the list comes out sorted with no sort, one program per row; or, where rows are few (one
+per sequence or per KV head) and long, spread over programs per block of the row, one launch
+per pass (``_chunked_select``).
 
 Keys: a score's fp32 bits as int32, with the low 31 bits of negative numbers flipped, order as
 the floats do (−0 just below +0). Positions that must be kept (the first ``keep_first`` and the
@@ -27,11 +27,13 @@ import torch
 from specsim.kernels._runtime import tl, triton
 
 _FORCED_KEY = 0x7FFFFFFF        # INT32_MAX: above every float's key
-#: Quest: rows with more pages than this are scored and ranked by launches over blocks of
-#: pages.
+#: Quest: rows with more pages than this are scored by a separate, wider launch.
 SPLIT_PAGES = 256
-#: Rows longer than this are ranked by launches over blocks of the row (``_chunked_select``).
-CHUNKED_FROM = 4096
+#: Rows of more items (tokens, or Quest's pages) than this are ranked by launches over
+#: blocks of the row (``_chunked_select``); None: none are. None until that path's speed
+#: against one program per row and ``torch.topk`` is measured on the H200
+#: (``benchmarks/bench_kernels.py``).
+CHUNKED_FROM: int | None = None
 
 
 @triton.jit
@@ -328,7 +330,7 @@ def _quest_select_kernel(Q, PMin, PMax, Lengths, Budget, Scratch, Out, Counts, c
                          stride_scratch,
                          NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr,
                          HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, BLOCK_P: tl.constexpr,
-                         BLOCK: tl.constexpr, OUT_BLOCK: tl.constexpr):
+                         BLOCK: tl.constexpr, OUT_BLOCK: tl.constexpr, SCORE: tl.constexpr):
     pid = tl.program_id(0)
     b = (pid // NUM_KV_HEADS).to(tl.int64)
     g = (pid % NUM_KV_HEADS).to(tl.int64)
@@ -339,9 +341,10 @@ def _quest_select_kernel(Q, PMin, PMax, Lengths, Budget, Scratch, Out, Counts, c
     want = tl.minimum((budget + PAGE - 1) // PAGE, pages)
     want = tl.where(length > 0, want, 0)
     row_off = pid.to(tl.int64) * stride_scratch
-    for p0 in range(0, pages, BLOCK_P):
-        _page_scores(Q, PMin, PMax, Scratch, b, g, row_off, p0, pages, stride_qb, stride_qh,
-                     stride_pb, stride_pg, stride_pp, GROUP, HEAD_DIM, BLOCK_P)
+    if SCORE:   # the page scores here (few pages); else _quest_scores_kernel wrote them
+        for p0 in range(0, pages, BLOCK_P):
+            _page_scores(Q, PMin, PMax, Scratch, b, g, row_off, p0, pages, stride_qb,
+                         stride_qh, stride_pb, stride_pg, stride_pp, GROUP, HEAD_DIM, BLOCK_P)
     tl.debug_barrier()
     # ---- the top pages (the newest always), their positions in order
     threshold, ties = _radix_threshold(Scratch, row_off, pages, want, 0, 1, BLOCK)
@@ -363,6 +366,13 @@ def _quest_select_kernel(Q, PMin, PMax, Lengths, Budget, Scratch, Out, Counts, c
     tl.store(Counts + pid, tokens)
 
 
+def _chunked(items: int, chunked: bool | None) -> bool:
+    """Whether rows of ``items`` are ranked by ``_chunked_select`` (None: by ``CHUNKED_FROM``)."""
+    if chunked is not None:
+        return chunked
+    return CHUNKED_FROM is not None and items > CHUNKED_FROM
+
+
 def radix_top_positions(score: torch.Tensor, lengths: torch.Tensor, counts: torch.Tensor,
                         capacity: int, keep_first: int = 0, keep_last: int = 0, *,
                         block: int = 1024, num_warps: int = 4, chunked: bool | None = None
@@ -375,7 +385,7 @@ def radix_top_positions(score: torch.Tensor, lengths: torch.Tensor, counts: torc
     length and must not exceed ``capacity``.
 
     The same sets as ``selection._finish(selection._top_positions(...), counts, ranked=True)``
-    up to ties (here: the lowest positions), in one launch, or (``chunked``, the default for
+    up to ties (here: the lowest positions), in one launch, or (``chunked``; default: for
     rows longer than ``CHUNKED_FROM``) in six over (row, block of ``block``) programs."""
     n = score.shape[-1]
     lead = score.shape[:-1]
@@ -392,7 +402,7 @@ def radix_top_positions(score: torch.Tensor, lengths: torch.Tensor, counts: torc
         flat = flat.contiguous()
     out = torch.empty(rows, capacity, dtype=torch.int32, device=score.device)
     lengths = lengths.to(torch.int32).contiguous()
-    if n > CHUNKED_FROM if chunked is None else chunked:
+    if _chunked(n, chunked):
         listed = torch.empty(rows, dtype=torch.int32, device=score.device)
         _chunked_select(flat, lengths, counts, out, listed, rows // batch, 1, keep_first,
                         keep_last, block=block, num_warps=num_warps)
@@ -409,8 +419,8 @@ def radix_top_positions(score: torch.Tensor, lengths: torch.Tensor, counts: torc
 def quest_select_fused(q: torch.Tensor, page_min: torch.Tensor, page_max: torch.Tensor,
                        lengths: torch.Tensor, budget: torch.Tensor, *, max_context: int,
                        page_size: int, capacity: int, block_pages: int | None = None,
-                       block: int = 1024, split: bool | None = None, num_warps: int = 4
-                       ) -> tuple[torch.Tensor, torch.Tensor]:
+                       block: int = 1024, split: bool | None = None, num_warps: int = 4,
+                       chunked: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Quest's selection in one or two launches per call: page scores from the draft query ``q``
     [batch, heads, head_dim] and the page bounds [batch, kv_heads, ≥ pages, head_dim], the
     top ``ceil(budget / page)`` pages (the newest always; ``budget`` [batch]: tokens, as
@@ -420,9 +430,10 @@ def quest_select_fused(q: torch.Tensor, page_min: torch.Tensor, page_max: torch.
     ``selection.quest_select`` (which makes ~25 launches for it), up to ties.
 
     ``split`` (default: when a row has more than ``SPLIT_PAGES`` pages): score the pages in a
-    launch over (row, block of pages) programs, then rank and write them by
+    first launch over (row, block of pages) programs, then rank and write in a second, one
+    program per row, or (``chunked``; default: rows of more than ``CHUNKED_FROM`` pages) by
     ``_chunked_select`` over (row, block of ``block`` pages); else one launch, each row's
-    program scoring and ranking its own pages.
+    program scoring its own pages.
 
     CUDA-graph capturable: every input is already on the device (a copy from the host at each
     call is what a capturing stream refuses)."""
@@ -447,15 +458,16 @@ def quest_select_fused(q: torch.Tensor, page_min: torch.Tensor, page_max: torch.
             q, page_min, page_max, lengths, scratch, *layout, scratch.stride(0),
             NUM_KV_HEADS=kv_heads, GROUP=heads // kv_heads, HEAD_DIM=head_dim,
             PAGE=page_size, BLOCK_P=block_pages, num_warps=4)
-        _chunked_select(scratch, lengths, budget.contiguous(), out, counts, kv_heads,
-                        kv_heads, 0, 1, page=page_size, block=block, num_warps=num_warps)
-        return out.view(batch, kv_heads, capacity), counts.view(batch, kv_heads)
+        if _chunked(pages, chunked):
+            _chunked_select(scratch, lengths, budget.contiguous(), out, counts, kv_heads,
+                            kv_heads, 0, 1, page=page_size, block=block, num_warps=num_warps)
+            return out.view(batch, kv_heads, capacity), counts.view(batch, kv_heads)
     _quest_select_kernel[(batch * kv_heads,)](
         q, page_min, page_max, lengths, budget.contiguous(), scratch, out, counts, capacity,
         *layout, out.stride(0), scratch.stride(0),
         NUM_KV_HEADS=kv_heads, GROUP=heads // kv_heads, HEAD_DIM=head_dim, PAGE=page_size,
         BLOCK_P=block_pages, BLOCK=block,
-        OUT_BLOCK=_out_block(capacity), num_warps=num_warps)
+        OUT_BLOCK=_out_block(capacity), SCORE=not split, num_warps=num_warps)
     return out.view(batch, kv_heads, capacity), counts.view(batch, kv_heads)
 
 
