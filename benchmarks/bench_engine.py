@@ -298,10 +298,11 @@ def _pct(x) -> str:
 
 def render_tables(docs: list[dict]) -> str:
     """Markdown tables of one or more runs' JSON: the plain step against its floor beside the
-    Hugging Face peer's, then each policy's phases (ms a draft step, a verify and a selection;
-    the first two against their floors, selection's and the fixed cost's shares of the
-    iteration; the loop's host time). A later run's rows replace an earlier one's of the same
-    model, batch, context and kind (plain, peer, or a policy's phases): a re-run after a change."""
+    Hugging Face peer's, then per cell a column per policy: its draft step's and its verify's
+    fractions of their floors and its selection's share of the iteration (the milliseconds,
+    the fixed cost and the host time are in the JSON). A later run's rows replace an earlier
+    one's of the same model, batch, context and kind (plain, peer, or a policy's phases): a
+    re-run after a change."""
     groups: dict = {}                 # (model, batch, context) -> {kind: rows}
     for doc in docs:
         fresh: dict = {}
@@ -312,13 +313,14 @@ def render_tables(docs: list[dict]) -> str:
         for cell, kinds in fresh.items():
             groups.setdefault(cell, {}).update(kinds)
     order = list(dict.fromkeys(doc["model"] for doc in docs))
+    cells = sorted(groups.items(), key=lambda g: (order.index(g[0][0]), g[0][1] or 0, g[0][2]))
+    policies = list(dict.fromkeys(kind[1] for _, kinds in cells for kind in kinds
+                                  if isinstance(kind, tuple)))
     plain = ["| model | batch | context | engine ms/step | floor ms | floor/time | HF peer "
              "ms/step | engine/HF |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
-    phases = ["| model | batch | context | policy | draft step ms (floor/time) | verify ms "
-              "(floor/time) | selection ms (share) | fixed share | host ms |",
-              "|---|---:|---:|---|---:|---:|---:|---:|---:|"]
-    for (model, batch, context), kinds in sorted(groups.items(), key=lambda g: (
-            order.index(g[0][0]), g[0][1] or 0, g[0][2])):
+    phases = ["| model | batch | context | " + " | ".join(policies) + " |",
+              "|---|---:|---:|" + "---:|" * len(policies)]
+    for (model, batch, context), kinds in cells:
         head = f"| {model} | {batch} | {context} |"
         eng = (kinds.get("plain") or kinds.get("note") or [None])[0]
         hf = (kinds.get("hf-plain") or [None])[0]
@@ -332,37 +334,31 @@ def render_tables(docs: list[dict]) -> str:
                          f"{ratio} |")
         elif eng is not None:
             plain.append(f"{head} {eng['note']} | | | | |")
-        for kind, ours in kinds.items():
-            if not isinstance(kind, tuple):
-                continue
-            policy = kind[1]
-            note = next((r["note"] for r in ours if "note" in r), None)
-            if note:
-                phases.append(f"{head} {policy} | {note} | | | | |")
-                continue
-            mine = {r["phase"]: r for r in ours}
-            phases.append(f"{head} {policy} | {_against_floor(mine.get('draft'))} | "
-                          f"{_against_floor(mine.get('verify'))} | "
-                          f"{_with_share(mine.get('selection'))} | "
-                          f"{_pct(mine['other']['share']) if 'other' in mine else '–'} | "
-                          + ("–" if "host" not in mine else f"{1e3 * mine['host']['seconds']:.1f}")
-                          + " |")
+        if any(("phase", p) in kinds for p in policies):
+            phases.append(head + "".join(f" {_phase_cell(kinds.get(('phase', p)))} |"
+                                         for p in policies))
     return "\n".join(plain + [""] + phases)
 
 
-def _against_floor(row) -> str:
-    """"ms (floor/time)" of a phase row; "–" for a phase not run."""
-    if row is None or not row["seconds"]:
+def _phase_cell(rows) -> str:
+    """"draft / verify / selection" of one policy at one cell: the first two as fractions of
+    their floors, the last as its share of the iteration; a note where the run had one."""
+    if not rows:
         return "–"
-    fraction = _pct(row["floor_seconds"] / row["seconds"]) if row["bytes"] else "–"
-    return f"{1e3 * row['seconds']:.2f} ({fraction})"
+    note = next((r["note"] for r in rows if "note" in r), None)
+    if note:
+        return note
+    mine = {r["phase"]: r for r in rows}
 
-
-def _with_share(row) -> str:
-    """"ms (share of the iteration)" of a selection row."""
-    if row is None or not row["seconds"]:
-        return "–"
-    return f"{1e3 * row['seconds']:.2f} ({row['share']:.1%})"
+    def floor(name):
+        row = mine.get(name)
+        if row is None or not row["seconds"] or not row["bytes"]:
+            return "–"
+        return _pct(row["floor_seconds"] / row["seconds"])
+    selection = mine.get("selection")
+    share = "–" if selection is None or not selection["seconds"] else \
+        f"{selection['share']:.1%}"
+    return f"{floor('draft')} / {floor('verify')} / {share}"
 
 
 def cell_rows(model, config, args, settings, batch: int, context: int, bandwidth: float, ks,

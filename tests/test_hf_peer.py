@@ -141,13 +141,14 @@ def test_the_gather_floors_kernel_sums_exactly_the_picked_rows(monkeypatch):
 
 def test_a_later_run_replaces_the_rows_it_measured_again():
     """--table over two outputs: the second run's phases of a policy at a cell replace the
-    first run's, its plain step replaces the first's, and what it did not measure (the peer,
-    the other policy) stays from the first."""
+    first run's (a note, such as a skip, included), its plain step replaces the first's, and
+    what it did not measure (the peer) stays from the first. Each policy's cell: its draft's
+    and verify's fractions of their floors, its selection's share of the iteration."""
     import bench_engine
 
     def phase(policy, name, ms):
         return {"batch": 4, "context": 1024, "mode": "phase", "policy": policy, "phase": name,
-                "seconds": ms / 1e3, "bytes": 1.0, "floor_seconds": ms / 2e3, "share": 0.25}
+                "seconds": ms / 1e3, "bytes": 1.0, "floor_seconds": ms / 2e3, "share": ms / 10}
 
     first = {"model": "m", "rows": [
         {"batch": 4, "context": 1024, "mode": "plain", "step_seconds": 0.010,
@@ -158,10 +159,14 @@ def test_a_later_run_replaces_the_rows_it_measured_again():
     second = {"model": "m", "rows": [
         {"batch": 4, "context": 1024, "mode": "plain", "step_seconds": 0.016,
          "floor_seconds": 0.008},
-        phase("vegas", "selection", 1.0)]}
+        phase("vegas", "selection", 1.0), phase("vegas", "draft", 2.0),
+        {"batch": 4, "context": 1024, "mode": "phase", "policy": "quest",
+         "note": "skipped: out of memory"}]}
     lines = bench_engine.render_tables([first, second]).splitlines()
     plain = [x for x in lines if x.startswith("| m | 4 | 1024 | 16.00 |")]
     assert len(plain) == 1 and plain[0].split("|")[-2].strip() == "0.80"   # 16 ms / the peer's 20
-    selection = {x.split("|")[4].strip(): x.split("|")[7].strip()
-                 for x in lines if x.startswith("| m | 4 | 1024 |") and x.count("|") == 10}
-    assert selection == {"vegas": "1.00 (25.0%)", "quest": "5.00 (25.0%)"}
+    header = next(x for x in lines if x.startswith("| model | batch | context | vegas"))
+    row = next(x for x in lines if x.startswith("| m | 4 | 1024 |") and x.count("|") == 6)
+    cells = dict(zip(header.split("|")[4:-1], row.split("|")[4:-1]))
+    assert {k.strip(): v.strip() for k, v in cells.items()} == {
+        "vegas": "50% / – / 10.0%", "quest": "skipped: out of memory"}
