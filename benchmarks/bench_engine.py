@@ -221,18 +221,24 @@ def release_memory() -> None:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="qwen3-8b")
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="qwen3-8b",
+                        help="catalogue model whose shapes run with random bf16 weights")
     parser.add_argument("--batch", default="4",
                         help="batch sizes (comma-separated): every batch at every context; a "
                              "cell that does not fit in memory is skipped with a note")
-    parser.add_argument("--contexts", default="32768,131072")
-    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--contexts", default="32768,131072",
+                        help="tokens already in every sequence's cache (comma-separated)")
+    parser.add_argument("--new-tokens", type=int, default=64,
+                        help="tokens each timed plain run (the engine's and the peer's) decodes")
     parser.add_argument("--trace", default=None, help="specsim trace to replay (forced m)")
-    parser.add_argument("--policy", default="vegas")
-    parser.add_argument("--ks", default="2,4,6,8,10,12")
-    parser.add_argument("--ss", default="0.03,0.05,0.07,0.1")
-    parser.add_argument("--out", default="engine-benchmark.json")
+    parser.add_argument("--policy", default="vegas", help="the policy --trace replays")
+    parser.add_argument("--ks", default="2,4,6,8,10,12",
+                        help="draft lengths (comma-separated; --phases runs the first)")
+    parser.add_argument("--ss", default="0.03,0.05,0.07,0.1",
+                        help="sparsities (comma-separated; --phases runs the first)")
+    parser.add_argument("--out", default="engine-benchmark.json",
+                        help="JSON of every row (render it with --table)")
     parser.add_argument("--device", default="cuda", help="cpu: a dry run of the script only")
     parser.add_argument("--setting", action="append", default=[], metavar="NAME=VALUE",
                         help="engine setting (repeatable): " + ", ".join(

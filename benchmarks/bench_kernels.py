@@ -545,7 +545,7 @@ def summary(results, copy_tbps, head_dims, contexts):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--head-dims", type=lambda s: [int(x) for x in s.split(",")],
                         default=[128, 64])

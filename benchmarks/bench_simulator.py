@@ -22,7 +22,7 @@ from specsim.traces import read_trace
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=10_000)
     parser.add_argument("--output-tokens", type=int, default=2_000)
     parser.add_argument("--batch", type=int, default=64)

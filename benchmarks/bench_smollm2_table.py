@@ -77,7 +77,7 @@ def markdown(rows: list[dict]) -> str:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--prompts", default=None,
                         help="token ids (specsim trace --export-prompts); default: the shipped "
                              "traces/smollm2-prompt-ids-long.json")

@@ -84,7 +84,7 @@ def predict_child(path: str, costs: str = "auto") -> tuple[float, float, int]:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--scale", type=float, default=1.0,
                         help="fraction of the iterations (and requests) to generate")
     parser.add_argument("--only", choices=[t[0] for t in TRACES], default=None)

@@ -29,7 +29,7 @@ GRIDS = {
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--hardware", default="h200")
     parser.add_argument("--out-dir", required=True)
     parser.add_argument("--models", default="qwen3-8b,smollm2-135m")

@@ -21,7 +21,7 @@ from specsim.shipped import catalog_file
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="qwen3-8b")
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--context", type=int, default=32768)

@@ -17,7 +17,7 @@ from specsim.engine import prompts as P
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="prompts.jsonl")
     parser.add_argument("--set", default="default", choices=sorted(P.PROMPT_SETS),
                         help="default: the shipped traces' 12; extended: those and 36 more")

@@ -28,7 +28,7 @@ from specsim.traces.format import RequestTrace
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("model", nargs="?", default="smollm2-135m")
     parser.add_argument("batch", nargs="?", type=int, default=32)
     parser.add_argument("context", nargs="?", type=int, default=4096)

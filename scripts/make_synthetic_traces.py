@@ -55,7 +55,7 @@ def make_request(rng, policy, s, k, rid, prompt, new_tokens) -> RequestTrace:
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="traces/synthetic-sparse-selfspec.jsonl")
     parser.add_argument("--requests", type=int, default=24, help="requests per (policy, s)")
     parser.add_argument("--k", type=int, default=12, help="recorded draft length k_rec")

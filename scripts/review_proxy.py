@@ -37,7 +37,7 @@ def _list(text, kind):
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="smollm2", help="a fetchable model name")
     parser.add_argument("--prompts", type=int, default=6,
                         help="how many prompts of the default set (in its order)")

@@ -112,13 +112,18 @@ def test_bench_engine_splits_each_policy_by_phase_against_its_floors(tmp_path):
         assert sum(r["share"] for r in mine.values() if r["share"] is not None) == \
             pytest.approx(1.0, abs=0.02)
         assert 0 < mine["host"]["seconds"]          # the loop's own CPU time an iteration
-        # its row of the phase table: the verify's fraction of its floor, the fixed share
-        line = next(x for x in done.stdout.splitlines()
-                    if x.startswith(f"| smollm2-135m | 1 | 128 | {policy} |"))
-        cells = [c.strip() for c in line.split("|")]
-        assert cells[6] == (f"{1e3 * verify['seconds']:.2f} "
-                            f"({verify['floor_seconds'] / verify['seconds']:.0%})")
-        assert cells[8] == f"{mine['other']['share']:.0%}"
+        # its cell of the phase table: the draft's and verify's fractions of their floors,
+        # the selection's share of the iteration
+        lines = done.stdout.splitlines()
+        header = next(x for x in lines if x.startswith("| model | batch | context | vegas"))
+        line = next(x for x in lines[lines.index(header):]
+                    if x.startswith("| smollm2-135m | 1 | 128 |"))
+        cell = dict(zip((c.strip() for c in header.split("|")),
+                        (c.strip() for c in line.split("|"))))[policy]
+        selection = mine.get("selection")
+        share = f"{selection['share']:.1%}" if selection and selection["seconds"] else "–"
+        assert cell == (f"{draft['floor_seconds'] / draft['seconds']:.0%} / "
+                        f"{verify['floor_seconds'] / verify['seconds']:.0%} / {share}")
     assert "floor/time" in done.stdout
 
 
@@ -166,7 +171,7 @@ def test_a_later_run_replaces_the_rows_it_measured_again():
     plain = [x for x in lines if x.startswith("| m | 4 | 1024 | 16.00 |")]
     assert len(plain) == 1 and plain[0].split("|")[-2].strip() == "0.80"   # 16 ms / the peer's 20
     header = next(x for x in lines if x.startswith("| model | batch | context | vegas"))
-    row = next(x for x in lines if x.startswith("| m | 4 | 1024 |") and x.count("|") == 6)
+    row = next(x for x in lines[lines.index(header):] if x.startswith("| m | 4 | 1024 |"))
     cells = dict(zip(header.split("|")[4:-1], row.split("|")[4:-1]))
     assert {k.strip(): v.strip() for k, v in cells.items()} == {
         "vegas": "50% / – / 10.0%", "quest": "skipped: out of memory"}
