@@ -175,7 +175,7 @@ def test_radix_ranking_graphs_and_matches_topk(model, policy, chunked, monkeypat
     import specsim.policies as P
     monkeypatch.setattr(P, "BEST_RANKING", {policy: "radix"})
     if chunked:
-        monkeypatch.setattr(T, "CHUNKED_FROM", 256)
+        monkeypatch.setattr(T, "CHUNKED_FROM", 64)     # rows: 2,200 tokens, 138 pages
         monkeypatch.setattr(T, "SPLIT_PAGES", 32)
     batch = prompts((1500, 2100, 1800))
     runs = {}
