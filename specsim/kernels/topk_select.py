@@ -122,13 +122,25 @@ def _out_block(capacity: int) -> int:
 
 
 @triton.jit
-def _radix_select_kernel(Score, Lengths, Counts, Out, n, stride_row, stride_out, capacity,
-                         rows_per_seq, keep_first, keep_last,
+def _row_want(Lengths, Counts, row, rows_per_seq, counts_div, n, PAGE: tl.constexpr):
+    """A row's length in tokens (at most its ``n`` items of ``PAGE`` tokens), its items, how
+    many items it keeps (``Counts``: tokens, ``counts_div`` rows per count) and the tokens
+    its list holds (the newest page cut at the length)."""
+    length = tl.minimum(tl.load(Lengths + row // rows_per_seq), n * PAGE)
+    items = (length + PAGE - 1) // PAGE
+    want = tl.minimum((tl.load(Counts + row // counts_div).to(tl.int32) + PAGE - 1) // PAGE,
+                      items)
+    tokens = tl.where(want > 0, (want - 1) * PAGE + length - (items - 1) * PAGE, 0)
+    return items, want, tokens
+
+
+@triton.jit
+def _radix_select_kernel(Score, Lengths, Counts, Out, CountsOut, n, stride_row, stride_out,
+                         capacity, rows_per_seq, keep_first, keep_last,
                          BLOCK: tl.constexpr, OUT_BLOCK: tl.constexpr):
     row = tl.program_id(0)
     row_off = row.to(tl.int64) * stride_row
-    length = tl.minimum(tl.load(Lengths + row // rows_per_seq), n)
-    want = tl.minimum(tl.load(Counts + row), length)
+    length, want, _ = _row_want(Lengths, Counts, row, rows_per_seq, 1, n, 1)
     threshold, ties = _radix_threshold(Score, row_off, length, want, keep_first, keep_last,
                                        BLOCK)
     # ---- ordered compaction: winners in position order
@@ -142,6 +154,7 @@ def _radix_select_kernel(Score, Lengths, Counts, Out, n, stride_row, stride_out,
         take, slot, taken, tied = _winners(key, valid, threshold, ties, tied, taken, want)
         tl.store(Out + out_off + slot, pos.to(tl.int32), mask=take)
     _zero_from(Out, out_off, taken, capacity, OUT_BLOCK)
+    tl.store(CountsOut + row, want)
 
 
 # ---- the same selection with each row spread over many programs: one launch per radix
@@ -149,19 +162,6 @@ def _radix_select_kernel(Score, Lengths, Counts, Out, n, stride_row, stride_out,
 # decisions of the passes before from their histograms), one that counts each block's
 # winners, one that writes them at their ranks. Rows are few (a sequence, or one per KV
 # head) and long, so one program per row leaves most of the GPU idle.
-
-@triton.jit
-def _row_want(Lengths, Counts, row, rows_per_seq, counts_div, n, PAGE: tl.constexpr):
-    """A row's length in tokens (at most its ``n`` items of ``PAGE`` tokens), its items, how
-    many items it keeps (``Counts``: tokens, ``counts_div`` rows per count) and the tokens
-    its list holds (the newest page cut at the length)."""
-    length = tl.minimum(tl.load(Lengths + row // rows_per_seq), n * PAGE)
-    items = (length + PAGE - 1) // PAGE
-    want = tl.minimum((tl.load(Counts + row // counts_div).to(tl.int32) + PAGE - 1) // PAGE,
-                      items)
-    tokens = tl.where(want > 0, (want - 1) * PAGE + length - (items - 1) * PAGE, 0)
-    return items, want, tokens
-
 
 @triton.jit
 def _replay(Hist, row, rows, want, PASSES: tl.constexpr):
@@ -326,7 +326,7 @@ def _quest_scores_kernel(Q, PMin, PMax, Lengths, Scratch, stride_qb, stride_qh, 
 
 @triton.jit
 def _quest_select_kernel(Q, PMin, PMax, Lengths, Budget, Scratch, Out, Counts, capacity,
-                         stride_qb, stride_qh, stride_pb, stride_pg, stride_pp, stride_out,
+                         n, stride_qb, stride_qh, stride_pb, stride_pg, stride_pp, stride_out,
                          stride_scratch,
                          NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr,
                          HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, BLOCK_P: tl.constexpr,
@@ -334,12 +334,8 @@ def _quest_select_kernel(Q, PMin, PMax, Lengths, Budget, Scratch, Out, Counts, c
     pid = tl.program_id(0)
     b = (pid // NUM_KV_HEADS).to(tl.int64)
     g = (pid % NUM_KV_HEADS).to(tl.int64)
-    length = tl.load(Lengths + b)
-    pages = (length + PAGE - 1) // PAGE
     # the policy's budget (tokens, ``selection.selected_counts``), in whole pages
-    budget = tl.load(Budget + b).to(tl.int32)
-    want = tl.minimum((budget + PAGE - 1) // PAGE, pages)
-    want = tl.where(length > 0, want, 0)
+    pages, want, tokens = _row_want(Lengths, Budget, pid, NUM_KV_HEADS, NUM_KV_HEADS, n, PAGE)
     row_off = pid.to(tl.int64) * stride_scratch
     if SCORE:   # the page scores here (few pages); else _quest_scores_kernel wrote them
         for p0 in range(0, pages, BLOCK_P):
@@ -348,7 +344,6 @@ def _quest_select_kernel(Q, PMin, PMax, Lengths, Budget, Scratch, Out, Counts, c
     tl.debug_barrier()
     # ---- the top pages (the newest always), their positions in order
     threshold, ties = _radix_threshold(Scratch, row_off, pages, want, 0, 1, BLOCK)
-    tokens = tl.where(want > 0, (want - 1) * PAGE + length - (pages - 1) * PAGE, 0)
     taken = tl.zeros([], tl.int32)
     tied = tl.zeros([], tl.int32)
     out_off = pid.to(tl.int64) * stride_out
@@ -402,18 +397,16 @@ def radix_top_positions(score: torch.Tensor, lengths: torch.Tensor, counts: torc
         flat = flat.contiguous()
     out = torch.empty(rows, capacity, dtype=torch.int32, device=score.device)
     lengths = lengths.to(torch.int32).contiguous()
+    listed = torch.empty(rows, dtype=torch.int32, device=score.device)
     if _chunked(n, chunked):
-        listed = torch.empty(rows, dtype=torch.int32, device=score.device)
         _chunked_select(flat, lengths, counts, out, listed, rows // batch, 1, keep_first,
                         keep_last, block=block, num_warps=num_warps)
-        return out.view(*lead, capacity), listed.view(lead)
-    _radix_select_kernel[(rows,)](
-        flat, lengths, counts, out, n, flat.stride(0),
-        out.stride(0), capacity, rows // batch, keep_first, keep_last,
-        BLOCK=block, OUT_BLOCK=_out_block(capacity),
-        num_warps=num_warps)
-    row_lengths = lengths.to(torch.int32).clamp(max=n).repeat_interleave(rows // batch)
-    return out.view(*lead, capacity), torch.minimum(counts, row_lengths).view(lead)
+    else:
+        _radix_select_kernel[(rows,)](
+            flat, lengths, counts, out, listed, n, flat.stride(0), out.stride(0), capacity,
+            rows // batch, keep_first, keep_last, BLOCK=block, OUT_BLOCK=_out_block(capacity),
+            num_warps=num_warps)
+    return out.view(*lead, capacity), listed.view(lead)
 
 
 def quest_select_fused(q: torch.Tensor, page_min: torch.Tensor, page_max: torch.Tensor,
@@ -464,7 +457,7 @@ def quest_select_fused(q: torch.Tensor, page_min: torch.Tensor, page_max: torch.
             return out.view(batch, kv_heads, capacity), counts.view(batch, kv_heads)
     _quest_select_kernel[(batch * kv_heads,)](
         q, page_min, page_max, lengths, budget.contiguous(), scratch, out, counts, capacity,
-        *layout, out.stride(0), scratch.stride(0),
+        scratch.shape[1], *layout, out.stride(0), scratch.stride(0),
         NUM_KV_HEADS=kv_heads, GROUP=heads // kv_heads, HEAD_DIM=head_dim, PAGE=page_size,
         BLOCK_P=block_pages, BLOCK=block,
         OUT_BLOCK=_out_block(capacity), SCORE=not split, num_warps=num_warps)
