@@ -2,9 +2,10 @@
 
 Measures, in one run and for each (head_dim, context): the device-to-device copy bandwidth (the
 ceiling), verify attention for q = 1..16 with and without Collect-2-Query, torch SDPA (cuDNN and
-flash backends, enable_gqa=True) and FlexAttention (block mask) on the same shapes, sparse draft
-attention at s = 0.07 beside torch gather + SDPA, and each selection policy's time as a fraction
-of one verify pass. Bandwidth is the bytes of KV the kernel must read (the selected rows for
+flash backends, enable_gqa=True), FlexAttention (block mask) and, where it is installed,
+FlashInfer (its paged decode and prefill kernels) on the same shapes, sparse draft attention at
+s = 0.07 beside torch gather + SDPA, and each selection policy's time as a fraction of one
+verify pass. Bandwidth is the bytes of KV the kernel must read (the selected rows for
 sparse drafts) over the median time; every timing replays a CUDA graph of many calls, rotating
 over enough KV caches that L2 cannot hold them. Correctness is checked in bf16 against the torch
 references first.
@@ -38,6 +39,7 @@ ROTATE_BYTES = 1.5e9                      # rotate caches until this many bytes:
 DEVICE = "cuda"
 DTYPE = torch.bfloat16
 DRY_RUN = False                           # --dry-run: CPU, interpreter, tiny shapes, no timing
+FLASHINFER_PAGE = 16                      # tokens per page of the FlashInfer peer's cache
 
 
 def log(*args):
@@ -156,7 +158,86 @@ def best_config(best, head_dim, q_len, group, mode="off"):
     return {}
 
 
-def run_shape(args, head_dim, context, best, results, t0):
+def import_flashinfer():
+    """FlashInfer's module, or why it cannot be the peer here (a one-line reason)."""
+    try:
+        import flashinfer
+    except Exception as error:       # not installed, or installed without what it needs
+        return None, f"flashinfer not importable ({type(error).__name__}: {str(error)[:120]})"
+    return flashinfer, f"flashinfer {getattr(flashinfer, '__version__', '?')}"
+
+
+def flashinfer_rows(flashinfer, batch, heads, kv_heads, head_dim, context, rot, lengths,
+                    record, rows):
+    """FlashInfer on the same shapes and KV values, in its own paged cache (pages of
+    ``FLASHINFER_PAGE`` tokens, HND: [pages, kv_heads, page, head_dim]): its decode kernel at
+    q = 1 and, at q = 8, its decode kernel's multi-token rows and its paged prefill with the
+    bottom-right causal mask; each output checked against specsim's verify on the same
+    cache. (Ours, [batch, kv_heads, len, head_dim], is its layout with one page per sequence,
+    which leaves its scheduler no pages to split.)"""
+    page = FLASHINFER_PAGE
+    if context % page:
+        rows["flashinfer"] = {"error": f"context {context} is not a multiple of {page}"}
+        return
+    pages = context // page
+
+    def paged(x):
+        return (x.view(batch, kv_heads, pages, page, head_dim).transpose(1, 2)
+                .reshape(batch * pages, kv_heads, page, head_dim))
+    caches = [(paged(k), paged(v)) for k, v in rot.caches]
+    turn = [0]
+
+    def next_cache():
+        turn[0] = (turn[0] + 1) % len(caches)
+        return caches[turn[0]]
+    indptr = torch.arange(batch + 1, dtype=torch.int32, device=DEVICE) * pages
+    indices = torch.arange(batch * pages, dtype=torch.int32, device=DEVICE)
+    last = lengths - (pages - 1) * page
+    workspace = torch.zeros(256 << 20 if not DRY_RUN else 1024, dtype=torch.uint8,
+                            device=DEVICE)
+    for q_len, kind in ((1, "decode"), (8, "decode"), (8, "prefill")):
+        name = f"flashinfer {kind} q={q_len}"
+        q = torch.randn(batch, q_len, heads, head_dim, device=DEVICE, dtype=DTYPE)
+        q_paged = q.reshape(batch * q_len, heads, head_dim)
+        out = torch.empty_like(q_paged)
+        try:
+            start = time.time()
+            if kind == "decode":
+                wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+                    workspace, "HND", use_tensor_cores=True)
+                wrapper.plan(indptr, indices, last, heads, kv_heads, head_dim, page,
+                             q_data_type=DTYPE, kv_data_type=DTYPE, q_len_per_req=q_len)
+
+                def run(cache, q_len=q_len, wrapper=wrapper):
+                    wrapper.run(q_paged, cache, out=out, q_len_per_req=q_len)
+            else:
+                wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
+                    workspace, "HND", backend="fa2")
+                wrapper.plan(torch.arange(batch + 1, dtype=torch.int32, device=DEVICE) * q_len,
+                             indptr, indices, last, heads, kv_heads, head_dim, page,
+                             causal=True, q_data_type=DTYPE, kv_data_type=DTYPE)
+
+                def run(cache, wrapper=wrapper):
+                    wrapper.run(q_paged, cache, out=out)
+            run(caches[0])
+            if not DRY_RUN:
+                torch.cuda.synchronize()
+            first_s = time.time() - start
+            ours = verify_attention(q, *rot.caches[0], lengths,
+                                    plan_verify(batch, heads, kv_heads, head_dim, q_len,
+                                                context, collect_rows=()))
+            error = relative_error(out.view_as(q), ours)
+            us, method = time_us(lambda: run(next_cache()))
+        except Exception as failure:
+            rows[name] = {"error": f"{type(failure).__name__}: {str(failure)[:200]}"}
+            log(f"  {name}: failed ({rows[name]['error'][:100]})")
+            continue
+        record(name, us, method, extra={"first_call_s": first_s, "error_vs_verify": error})
+        if error > 1e-2:
+            log(f"  {name}: output differs from specsim's verify (relative error {error:.1e})")
+
+
+def run_shape(args, head_dim, context, best, results, t0, flashinfer=None):
     heads, kv_heads = HEADS[head_dim]
     batch = args.batch
     group = heads // kv_heads
@@ -272,6 +353,10 @@ def run_shape(args, head_dim, context, best, results, t0):
                 rows[f"flex q={q_len}"] = {"error": str(error)[:200]}
                 log(f"  {tag:14s} flex q={q_len}: failed ({type(error).__name__}: "
                     f"{str(error)[:100]})")
+
+    if flashinfer is not None:
+        flashinfer_rows(flashinfer, batch, heads, kv_heads, head_dim, context, rot,
+                        lengths, record, rows)
 
     # sparse draft attention at s = 0.07, token-granular random positions
     count = math.ceil(args.sparsity * context)
@@ -497,7 +582,8 @@ def summary(results, copy_tbps, head_dims, contexts):
              "verify q=16 +c2q sum",
              "verify q=16 +all",
              "sdpa-cudnn q=1", "sdpa-flash q=1", "sdpa-cudnn q=8", "sdpa-flash q=8",
-             "flex q=1", "flex q=8", "sparse s=.07 seq sorted", "sparse s=.07 seq unsorted",
+             "flex q=1", "flex q=8", "flashinfer decode q=1", "flashinfer decode q=8",
+             "flashinfer prefill q=8", "sparse s=.07 seq sorted", "sparse s=.07 seq unsorted",
              "sparse s=.07 kvhead sorted",
              "gather+sdpa s=.07", "select vegas", "select vegas sum", "select vegas (radix)",
              "select vegas (radix, chunked)", "select sparsespec",
@@ -541,6 +627,13 @@ def summary(results, copy_tbps, head_dims, contexts):
         except (KeyError, ValueError):
             checks.append(f"{tag}: incomplete")
             continue
+        peer = {q: min((rows[n]["us"] for n in (f"flashinfer decode q={q}",
+                                                 f"flashinfer prefill q={q}")
+                        if "us" in rows.get(n, {})), default=None) for q in (1, 8)}
+        if all(peer.values()):
+            checks.append(f"{tag}: FlashInfer's best time / verify's: q1 "
+                          f"{peer[1] / rows['verify q=1']['us']:.2f}, q8 "
+                          f"{peer[8] / rows['verify q=8']['us']:.2f} (>=1: verify faster)")
     return "\n".join(lines + ["targets:"] + checks)
 
 
@@ -559,6 +652,9 @@ def main(argv=None):
     parser.add_argument("--sweep", action="store_true", help="tune block/warp/split configs "
                         "on the longest context first and use the fastest")
     parser.add_argument("--no-check", action="store_true")
+    parser.add_argument("--no-flashinfer", action="store_true",
+                        help="leave out the FlashInfer peer even where it is installed (its "
+                        "first call per kernel compiles it: minutes)")
     parser.add_argument("--budget-s", type=float, default=450.0,
                         help="skip remaining shapes past this many seconds")
     parser.add_argument("--out", default=os.environ.get("OUT", "benchmarks/out"))
@@ -587,6 +683,9 @@ def main(argv=None):
             log(f"bf16 vs fp32 reference, hd{head_dim}: "
                 + ", ".join(f"{k} {v:.1e}" for k, v in errors.items()))
             assert all(e < 1e-2 for e in errors.values()), "kernel disagrees with reference"
+    flashinfer, results["flashinfer"] = (None, "left out (--no-flashinfer)") \
+        if args.no_flashinfer else import_flashinfer()
+    log(results["flashinfer"])
     best = {}
     if args.sweep:
         for head_dim in args.head_dims:
@@ -598,7 +697,7 @@ def main(argv=None):
             if time.time() - t0 > args.budget_s:
                 log(f"time budget spent: skipping hd{head_dim} ctx{context}")
                 continue
-            run_shape(args, head_dim, context, best, results, t0)
+            run_shape(args, head_dim, context, best, results, t0, flashinfer)
             torch.cuda.empty_cache()
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "bench_kernels.json"), "w") as handle:
