@@ -31,7 +31,6 @@ from specsim.kernels import (new_logits_buffer, plan_sparse, plan_verify, quest_
                              sparse_attention, sparse_attention_reference, sparsespec_select,
                              streamingllm_select, vegas_select, verify_attention,
                              verify_attention_reference)
-from specsim.kernels import topk_select
 from specsim.kernels.verify_attention import summed_logits
 
 HEADS = {128: (32, 8), 64: (64, 8)}       # head_dim -> (query heads, KV heads)
@@ -414,22 +413,19 @@ def run_shape(args, head_dim, context, best, results, t0, flashinfer=None):
     selections = {"select streamingllm": lambda: streamingllm_select(lengths, args.sparsity,
                                                                      max_context=context),
                   "select vegas sum": lambda: vegas_select(summed, lengths, args.sparsity)}
-    for ranking in ("topk", "radix"):
-        suffix = "" if ranking == "topk" else f" ({ranking})"
+    # radix: one program per row; (radix, chunked): each row spread over programs per block
+    for suffix, ranking, chunked in (("", "topk", None), (" (radix)", "radix", False),
+                                     (" (radix, chunked)", "radix", True)):
         selections.update({
-            f"select vegas{suffix}": lambda r=ranking: vegas_select(
-                logits2, lengths, args.sparsity, ranking=r),
-            f"select sparsespec{suffix}": lambda r=ranking: sparsespec_select(
-                logits16, lengths, args.sparsity, kv_heads, lse=lse16, ranking=r),
-            f"select quest{suffix}": lambda r=ranking: quest_select(
+            f"select vegas{suffix}": lambda r=ranking, c=chunked: vegas_select(
+                logits2, lengths, args.sparsity, ranking=r, chunked=c),
+            f"select sparsespec{suffix}": lambda r=ranking, c=chunked: sparsespec_select(
+                logits16, lengths, args.sparsity, kv_heads, lse=lse16, ranking=r, chunked=c),
+            f"select quest{suffix}": lambda r=ranking, c=chunked: quest_select(
                 q1, page_min, page_max, lengths, args.sparsity, max_context=context,
-                ranking=r),
+                ranking=r, chunked=c),
         })
-    # the radix kernel with each row spread over programs per block of it (``chunked``)
-    for policy in ("vegas", "sparsespec", "quest"):
-        selections[f"select {policy} (radix, chunked)"] = selections[f"select {policy} (radix)"]
     for name, fn in selections.items():
-        topk_select.CHUNKED_FROM = 0 if name.endswith("chunked)") else None
         try:
             us, method = time_us(fn)
         except Exception as error:
@@ -438,7 +434,6 @@ def run_shape(args, head_dim, context, best, results, t0, flashinfer=None):
             continue
         rows[name] = {"us": us, "timing": method, "fraction_of_verify": us / verify_ref}
         log(f"  {tag:14s} {name:34s} {us:9.1f} us  {us / verify_ref:5.2f} x verify")
-    topk_select.CHUNKED_FROM = None
     results[tag] = rows
 
 

@@ -82,11 +82,14 @@ SPARSESPEC_WINDOW = 16
 
 
 #: ``EngineSettings.ranking="best"`` (the engine's default, ``specsim.kernels.selection``):
-#: each policy's fastest ranking as measured on the H200 (BENCHMARKS.md): SparseSpec-L's
-#: per-KV-head lists by the radix kernel (295 vs 312 µs per layer at hd128, 32K, batch 4),
-#: Quest's fused page selection (its SmolLM2 loop at batch 32, 4K, k = 4: 23.6 vs 37.9 ms per
-#: iteration); ``torch.topk`` for the rest (Vegas: 182 vs 207 µs).
-BEST_RANKING = {"sparsespec": "radix", "quest": "radix"}
+#: each policy's fastest ranking as measured on the H200 (every layer's rows at once, as the
+#: engine ranks them, batch 4; ``specsim.kernels.topk_select`` for the chunked path): the
+#: radix kernels for all. Vegas' and last-token's summed rows (Qwen3-8B, 144 rows) 553 vs
+#: 790 µs by ``torch.topk`` at 128K, 162 vs 266 at 32K; SparseSpec-L's 1,152 rows of 128K
+#: 6.19 vs 9.28 ms at s = 0.1 (5.84 by topk at s = 0.03), 1.55 vs 1.68 ms at 32K; Quest's
+#: fused page selection 97 vs 260 µs a layer at 128K.
+BEST_RANKING = {"vegas": "radix", "vegas-all": "radix", "last-token": "radix",
+                "sparsespec": "radix", "quest": "radix"}
 #: What "best" resolved to for files that do not record it (``provenance.engine.best_ranking``
 #: is recorded with every run since).
 LEGACY_BEST_RANKING = {"sparsespec": "radix", "quest": "radix"}

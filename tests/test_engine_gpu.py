@@ -163,12 +163,12 @@ def test_forced_acceptance_adds_no_host_sync(model, policy):
 
 
 @pytest.mark.parametrize("chunked", [False, True])
-@pytest.mark.parametrize("policy", ["quest", "sparsespec"])
+@pytest.mark.parametrize("policy", ["quest", "sparsespec", "vegas", "last-token"])
 def test_radix_ranking_graphs_and_matches_topk(model, policy, chunked, monkeypatch):
-    """The radix kernels (Quest's fused page selection, the radix top-K of SparseSpec-L's
-    lists), as ranking=best resolves to them, one program per row or spread over blocks of
-    the rows (``chunked``, long rows' way), capture in the engine's CUDA graphs and decode
-    what the torch.topk ranking decodes."""
+    """The radix kernels (Quest's fused page selection, the radix top-K of the other
+    policies' lists), as ranking=best resolves to them, one program per row or spread over
+    blocks of the rows (``chunked``, the way of few long rows), capture in the engine's CUDA
+    graphs and decode what the torch.topk ranking decodes."""
     import numpy as np
 
     import specsim.kernels.topk_select as T
@@ -176,7 +176,10 @@ def test_radix_ranking_graphs_and_matches_topk(model, policy, chunked, monkeypat
     monkeypatch.setattr(P, "BEST_RANKING", {policy: "radix"})
     if chunked:
         monkeypatch.setattr(T, "CHUNKED_FROM", 64)     # rows: 2,200 tokens, 138 pages
+        monkeypatch.setattr(T, "CHUNKED_ROWS", 1 << 20)
         monkeypatch.setattr(T, "SPLIT_PAGES", 32)
+    else:
+        monkeypatch.setattr(T, "CHUNKED_FROM", None)
     batch = prompts((1500, 2100, 1800))
     runs = {}
     for ranking in ("topk", "best"):

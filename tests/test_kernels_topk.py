@@ -265,3 +265,20 @@ def test_best_ranking_resolves_per_policy_as_the_table_says(monkeypatch):
     want = S.sparsespec_select(logits, lengths, 0.1, 2, ranking="topk")
     for got, got_radix, ref in zip(picked, picked_radix, want):   # the same lists either way
         assert torch.equal(got, ref) and torch.equal(got_radix, ref)
+
+
+def test_chunked_ranking_is_for_few_long_rows():
+    """One program per row unless rows are longer than ``CHUNKED_FROM`` items and at most
+    ``CHUNKED_ROWS`` of them (many rows already fill the GPU); an explicit choice wins; rows
+    of ``CHUNKED_WIDE_FROM`` items or more take wider programs."""
+    import specsim.kernels.topk_select as T
+    assert T.CHUNKED_FROM is not None
+    long, few = T.CHUNKED_FROM + 1, T.CHUNKED_ROWS
+    assert T._chunked(few, long, None)
+    assert not T._chunked(few + 1, long, None)
+    assert not T._chunked(few, T.CHUNKED_FROM, None)
+    assert T._chunked(few + 1, 16, True) and not T._chunked(1, long, False)
+    narrow, wide = T._chunk_shape(T.CHUNKED_WIDE_FROM - 1, None, None), \
+        T._chunk_shape(T.CHUNKED_WIDE_FROM, None, None)
+    assert wide[0] > narrow[0] and wide[1] >= narrow[1]
+    assert T._chunk_shape(T.CHUNKED_WIDE_FROM, 256, 2) == (256, 2)

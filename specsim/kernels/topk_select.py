@@ -30,10 +30,20 @@ _FORCED_KEY = 0x7FFFFFFF        # INT32_MAX: above every float's key
 #: Quest: rows with more pages than this are scored by a separate, wider launch.
 SPLIT_PAGES = 256
 #: Rows of more items (tokens, or Quest's pages) than this are ranked by launches over
-#: blocks of the row (``_chunked_select``); None: none are. None until that path's speed
-#: against one program per row and ``torch.topk`` is measured on the H200
-#: (``benchmarks/bench_kernels.py``).
-CHUNKED_FROM: int | None = None
+#: blocks of the row (``_chunked_select``) when they are few (at most ``CHUNKED_ROWS``);
+#: None: none are. Every layer's rows at once, batch 4 (H200; H100 where said): Vegas' 144
+#: summed rows (Qwen3-8B) at 128K 553 µs chunked against 1,208 in one program per row and
+#: 790 by torch.topk, at 32K 162 / 279 / 266, at 8K 73 / 82 / 170 (H100), at 2K 51 / 34 / 119
+#: (H100); Quest's 32 rows (one layer) of 8,192 pages 97 / 130, 4,096 pages 80 / 86 (H100),
+#: 2,048 pages 56 / 48.
+CHUNKED_FROM: int | None = 2048
+#: ... and only as long as rows are this few: SparseSpec-L's 1,152 rows of 128K (every
+#: layer's KV heads) keep the GPU busy one program per row (6.17 ms against 6.63 chunked).
+CHUNKED_ROWS = 512
+#: Tokens a chunked program ranks: rows of at least ``CHUNKED_WIDE_FROM`` items take 4,096
+#: with 8 warps (Vegas at 128K: 553 against 639 µs for 1,024 with 4), shorter ones 1,024
+#: with 4 (Quest's 8,192 pages: 97 against 105).
+CHUNKED_WIDE_FROM = 32768
 
 
 @triton.jit
@@ -253,9 +263,10 @@ def _chunk_write_kernel(Score, Lengths, Counts, Hist, Tally, Out, CountsOut, n, 
                  mask=take[:, None] & (slot < tokens))
     share = BLOCK * PAGE
     for first in range(chunk * share, tl.minimum((chunk + 1) * share, capacity), OUT_BLOCK):
-        slot = first + tl.arange(0, OUT_BLOCK)
-        tl.store(Out + out_off + slot, tl.zeros([OUT_BLOCK], tl.int32),
-                 mask=(slot >= tokens) & (slot < capacity))
+        # its own name: compiled Triton keeps one shape per name (``slot`` is 2-D above)
+        pad = first + tl.arange(0, OUT_BLOCK)
+        tl.store(Out + out_off + pad, tl.zeros([OUT_BLOCK], tl.int32),
+                 mask=(pad >= tokens) & (pad < capacity))
     if chunk == 0:
         tl.store(CountsOut + row, tokens)
 
@@ -361,17 +372,24 @@ def _quest_select_kernel(Q, PMin, PMax, Lengths, Budget, Scratch, Out, Counts, c
     tl.store(Counts + pid, tokens)
 
 
-def _chunked(items: int, chunked: bool | None) -> bool:
-    """Whether rows of ``items`` are ranked by ``_chunked_select`` (None: by ``CHUNKED_FROM``)."""
+def _chunked(rows: int, items: int, chunked: bool | None) -> bool:
+    """Whether ``rows`` rows of ``items`` are ranked by ``_chunked_select`` (None: by
+    ``CHUNKED_FROM`` and ``CHUNKED_ROWS``)."""
     if chunked is not None:
         return chunked
-    return CHUNKED_FROM is not None and items > CHUNKED_FROM
+    return CHUNKED_FROM is not None and items > CHUNKED_FROM and rows <= CHUNKED_ROWS
+
+
+def _chunk_shape(items: int, block: int | None, num_warps: int | None) -> tuple[int, int]:
+    """A chunked program's block and warps (``CHUNKED_WIDE_FROM``), unless given."""
+    wide = items >= CHUNKED_WIDE_FROM
+    return block or (4096 if wide else 1024), num_warps or (8 if wide else 4)
 
 
 def radix_top_positions(score: torch.Tensor, lengths: torch.Tensor, counts: torch.Tensor,
                         capacity: int, keep_first: int = 0, keep_last: int = 0, *,
-                        block: int = 1024, num_warps: int = 4, chunked: bool | None = None
-                        ) -> tuple[torch.Tensor, torch.Tensor]:
+                        block: int | None = None, num_warps: int | None = None,
+                        chunked: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Each row's top ``counts`` positions of ``score`` [..., n] (fp32/fp16/bf16), ascending,
     as int32 [..., capacity] padded with 0, and the counts (int32). ``lengths`` [batch]: the
     leading dimension of ``score`` is the batch, rows past it share their sequence's length
@@ -380,8 +398,10 @@ def radix_top_positions(score: torch.Tensor, lengths: torch.Tensor, counts: torc
     length and must not exceed ``capacity``.
 
     The same sets as ``selection._finish(selection._top_positions(...), counts, ranked=True)``
-    up to ties (here: the lowest positions), in one launch, or (``chunked``; default: for
-    rows longer than ``CHUNKED_FROM``) in six over (row, block of ``block``) programs."""
+    up to ties (here: the lowest positions), in one launch, or (``chunked``; default: few
+    rows longer than ``CHUNKED_FROM``) in six over (row, block of ``block``) programs.
+    ``block`` and ``num_warps`` default to 1,024 and 4 in one program per row, to
+    ``_chunk_shape``'s when chunked."""
     n = score.shape[-1]
     lead = score.shape[:-1]
     batch = lengths.shape[0]
@@ -398,22 +418,24 @@ def radix_top_positions(score: torch.Tensor, lengths: torch.Tensor, counts: torc
     out = torch.empty(rows, capacity, dtype=torch.int32, device=score.device)
     lengths = lengths.to(torch.int32).contiguous()
     listed = torch.empty(rows, dtype=torch.int32, device=score.device)
-    if _chunked(n, chunked):
+    if _chunked(rows, n, chunked):
+        block, num_warps = _chunk_shape(n, block, num_warps)
         _chunked_select(flat, lengths, counts, out, listed, rows // batch, 1, keep_first,
                         keep_last, block=block, num_warps=num_warps)
     else:
         _radix_select_kernel[(rows,)](
             flat, lengths, counts, out, listed, n, flat.stride(0), out.stride(0), capacity,
-            rows // batch, keep_first, keep_last, BLOCK=block, OUT_BLOCK=_out_block(capacity),
-            num_warps=num_warps)
+            rows // batch, keep_first, keep_last, BLOCK=block or 1024,
+            OUT_BLOCK=_out_block(capacity), num_warps=num_warps or 4)
     return out.view(*lead, capacity), listed.view(lead)
 
 
 def quest_select_fused(q: torch.Tensor, page_min: torch.Tensor, page_max: torch.Tensor,
                        lengths: torch.Tensor, budget: torch.Tensor, *, max_context: int,
                        page_size: int, capacity: int, block_pages: int | None = None,
-                       block: int = 1024, split: bool | None = None, num_warps: int = 4,
-                       chunked: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                       block: int | None = None, split: bool | None = None,
+                       num_warps: int | None = None, chunked: bool | None = None
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
     """Quest's selection in one or two launches per call: page scores from the draft query ``q``
     [batch, heads, head_dim] and the page bounds [batch, kv_heads, ≥ pages, head_dim], the
     top ``ceil(budget / page)`` pages (the newest always; ``budget`` [batch]: tokens, as
@@ -451,7 +473,8 @@ def quest_select_fused(q: torch.Tensor, page_min: torch.Tensor, page_max: torch.
             q, page_min, page_max, lengths, scratch, *layout, scratch.stride(0),
             NUM_KV_HEADS=kv_heads, GROUP=heads // kv_heads, HEAD_DIM=head_dim,
             PAGE=page_size, BLOCK_P=block_pages, num_warps=4)
-        if _chunked(pages, chunked):
+        if _chunked(batch * kv_heads, pages, chunked):
+            block, num_warps = _chunk_shape(pages, block, num_warps)
             _chunked_select(scratch, lengths, budget.contiguous(), out, counts, kv_heads,
                             kv_heads, 0, 1, page=page_size, block=block, num_warps=num_warps)
             return out.view(batch, kv_heads, capacity), counts.view(batch, kv_heads)
@@ -459,8 +482,8 @@ def quest_select_fused(q: torch.Tensor, page_min: torch.Tensor, page_max: torch.
         q, page_min, page_max, lengths, budget.contiguous(), scratch, out, counts, capacity,
         scratch.shape[1], *layout, out.stride(0), scratch.stride(0),
         NUM_KV_HEADS=kv_heads, GROUP=heads // kv_heads, HEAD_DIM=head_dim, PAGE=page_size,
-        BLOCK_P=block_pages, BLOCK=block,
-        OUT_BLOCK=_out_block(capacity), SCORE=not split, num_warps=num_warps)
+        BLOCK_P=block_pages, BLOCK=block or 1024,
+        OUT_BLOCK=_out_block(capacity), SCORE=not split, num_warps=num_warps or 4)
     return out.view(batch, kv_heads, capacity), counts.view(batch, kv_heads)
 
 

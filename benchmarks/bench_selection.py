@@ -1,0 +1,193 @@
+"""Benchmark each policy's selection refresh at the shape the engine ranks it, by every ranking
+path: torch.topk, the radix kernel one program per row, the radix kernel spread over programs
+per block of each row (chunked), and the path ``ranking="best"`` takes.
+
+The engine refreshes every layer's lists at once after a verify (``DraftSelection.refresh``:
+the layers folded into the batch), so a row count is layers × batch for Vegas' and
+last-token's summed rows (fp32), layers × batch × KV heads for SparseSpec-L (the attention
+mass of 3 bf16 rows per query head, k = 2, then its ranking; the mass pass is also timed
+alone), while Quest ranks one layer's pages at every draft step (one row per KV head).
+Random scores; every path's lists are checked against torch.topk's (Quest: against the one-
+program kernel's, as its torch path scores pages in bf16 matmuls, the kernels in fp32). Times
+are the median of CUDA-graph replays. Prints a Markdown table last and writes the rows to
+``--out``.
+
+    PYTHONPATH=. python benchmarks/bench_selection.py                  # the BENCHMARKS table
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import statistics
+import time
+
+import torch
+
+from specsim.kernels import quest_select, sparsespec_select, vegas_select
+from specsim.kernels.selection import attention_mass
+from specsim.specs import load_model
+
+#: (label, ranking, chunked): the paths timed; ``best`` is what the engine's default takes.
+PATHS = (("topk", "topk", None), ("one program", "radix", False),
+         ("chunked", "radix", True), ("best", "best", None))
+
+
+def median_us(fn, device: str, replays: int = 5, calls: int = 10) -> float:
+    """Median µs per call over ``replays`` replays of a CUDA graph of ``calls`` calls (one
+    timed call on the CPU)."""
+    if device != "cuda":
+        start = time.perf_counter()
+        fn()
+        return (time.perf_counter() - start) * 1e6
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    samples = []
+    for _ in range(replays):
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) * 1e3 / calls)
+    return statistics.median(samples)
+
+
+def same_lists(a, b) -> bool:
+    """The same counts and the same positions within them (padding aside)."""
+    (got, counts), (ref, ref_counts) = a, b
+    if not torch.equal(counts, ref_counts):
+        return False
+    kept = torch.arange(got.shape[-1], device=got.device) < counts[..., None]
+    return torch.equal(torch.where(kept, got, 0), torch.where(kept, ref, 0))
+
+
+def time_paths(select, device, reference: str = "topk") -> dict:
+    """Each path's µs and whether its lists equal the ``reference`` path's."""
+    ref = select(*next((r, c) for label, r, c in PATHS if label == reference))
+    out = {}
+    for label, ranking, chunked in PATHS:
+        try:
+            agrees = same_lists(select(ranking, chunked), ref)
+            us = median_us(lambda: select(ranking, chunked), device)
+        except Exception as error:           # one path failing leaves the others' rows
+            out[label] = {"error": f"{type(error).__name__}: {str(error)[:160]}"}
+            continue
+        out[label] = {"us": us, "same_lists": agrees}
+    return out
+
+
+def run_cell(spec, batch: int, context: int, s: float, device: str, generator) -> list[dict]:
+    """Every policy's rows of one (model, context, s)."""
+    layers, heads, kv_heads = spec.full_layers, spec.num_heads, spec.num_kv_heads
+    lengths = torch.full((batch,), context - 5, dtype=torch.int32, device=device)
+    folded = lengths.repeat(layers)
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+
+    def rand(*shape, dtype=torch.float32):
+        return torch.randn(*shape, device=device, generator=generator).to(dtype)
+    rows = []
+
+    def add(policy, count, items, paths, **extra):
+        rows.append({"model": spec.name, "batch": batch, "context": context, "s": s,
+                     "policy": policy, "rows": count, "items": items, "paths": paths,
+                     **extra})
+    summed = rand(layers * batch, 1, 1, context)
+    add("vegas", layers * batch, context, time_paths(
+        lambda r, c: vegas_select(summed, folded, s, ranking=r, chunked=c), device))
+    del summed
+    logits = rand(layers * batch, heads, 3, context, dtype=dtype)
+    lse = torch.logsumexp(logits.float(), -1)
+    mass_us = median_us(lambda: attention_mass(logits, lse, folded, kv_heads), device)
+    add("sparsespec", layers * batch * kv_heads, context, time_paths(
+        lambda r, c: sparsespec_select(logits, folded, s, kv_heads, lse=lse, ranking=r,
+                                       chunked=c), device),
+        mass_us=mass_us, logit_bytes=logits.numel() * logits.element_size())
+    del logits, lse
+    page = 16
+    q = rand(batch, heads, spec.head_dim, dtype=dtype)
+    bounds = rand(batch, kv_heads, math.ceil(context / page), page, spec.head_dim, dtype=dtype)
+    low, high = bounds.amin(3), bounds.amax(3)
+    del bounds
+    add("quest", batch * kv_heads, math.ceil(context / page), time_paths(
+        lambda r, c: quest_select(q, low, high, lengths, s, max_context=context, ranking=r,
+                                  chunked=c), device, reference="one program"))
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    """The Markdown table: a row per (model, context, s, policy), µs per path (* where its
+    lists differ from the reference's)."""
+    lines = ["| model | context | s | policy | rows × items | "
+             + " | ".join(label for label, _, _ in PATHS) + " | mass pass |",
+             "|---|---:|---:|---|---|" + "---:|" * (len(PATHS) + 1)]
+    for row in rows:
+        cells = []
+        for label, _, _ in PATHS:
+            path = row["paths"].get(label, {})
+            cells.append("fail" if "error" in path else
+                         f"{path['us']:,.0f}{'' if path['same_lists'] else '*'}")
+        mass = f"{row['mass_us']:,.0f}" if "mass_us" in row else ""
+        lines.append(f"| {row['model']} | {row['context']:,} | {row['s']} | {row['policy']} | "
+                     f"{row['rows']:,} × {row['items']:,} | " + " | ".join(cells)
+                     + f" | {mass} |")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", default="qwen3-8b,llama-3.2-3b",
+                        help="catalogue models whose layer and head counts shape the rows")
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--contexts", default="131072,32768,8192,2048",
+                        help="tokens per sequence, comma-separated")
+    parser.add_argument("--ss", default="0.03,0.1", help="sparsities, comma-separated")
+    parser.add_argument("--out", default="bench_selection.json", help="JSON of every row")
+    parser.add_argument("--dry-run", action="store_true", help="exercise the script on the "
+                        "CPU (Triton interpreter, 2-layer stand-ins, tiny contexts, timings "
+                        "meaningless)")
+    args = parser.parse_args(argv)
+    device = "cpu" if args.dry_run else "cuda"
+    if device == "cuda" and not torch.cuda.is_available():
+        parser.error("needs a CUDA GPU (or --dry-run)")
+    contexts = [int(c) for c in args.contexts.split(",")] if not args.dry_run else [600]
+    ss = [float(s) for s in args.ss.split(",")]
+    generator = torch.Generator(device=device)
+    generator.manual_seed(0)
+    name = torch.cuda.get_device_name(0) if device == "cuda" else "cpu (dry run)"
+    print(f"{name}, torch {torch.__version__}", flush=True)
+    rows = []
+    for model in args.models.split(","):
+        spec = load_model(model)
+        if args.dry_run:                      # two layers of the model's heads
+            spec = dataclasses.replace(spec, num_layers=2,
+                                       layer_types=spec.layer_types[:1] * 2)
+        for context in contexts:
+            for s in ss:
+                cell = run_cell(spec, args.batch, context, s, device, generator)
+                rows += cell
+                for row in cell:
+                    print(f"  {row['model']} {row['context']} s={row['s']} "
+                          f"{row['policy']}: " + ", ".join(
+                              f"{k} {v.get('us', float('nan')):.0f}" for k, v in
+                              row["paths"].items()), flush=True)
+                if device == "cuda":
+                    torch.cuda.empty_cache()
+    with open(args.out, "w") as handle:
+        json.dump({"device": name, "args": vars(args), "rows": rows}, handle, indent=1)
+    print(table(rows))
+
+
+if __name__ == "__main__":
+    main()
