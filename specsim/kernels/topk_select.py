@@ -31,11 +31,11 @@ _FORCED_KEY = 0x7FFFFFFF        # INT32_MAX: above every float's key
 SPLIT_PAGES = 256
 #: Rows of more items (tokens, or Quest's pages) than this are ranked by launches over
 #: blocks of the row (``_chunked_select``) when they are few (at most ``CHUNKED_ROWS``);
-#: None: none are. Every layer's rows at once, batch 4 (H200; H100 where said): Vegas' 144
-#: summed rows (Qwen3-8B) at 128K 553 µs chunked against 1,208 in one program per row and
-#: 790 by torch.topk, at 32K 162 / 279 / 266, at 8K 73 / 82 / 170 (H100), at 2K 51 / 34 / 119
-#: (H100); Quest's 32 rows (one layer) of 8,192 pages 97 / 130, 4,096 pages 80 / 86 (H100),
-#: 2,048 pages 56 / 48.
+#: None: none are. As ``benchmarks/bench_selection.py`` measures it (every layer's rows at
+#: once, batch 4; H200, H100 where said, 2026-12-05), chunked / one program per row /
+#: torch.topk: Vegas' 144 summed rows (Qwen3-8B) at 128K 553 / 1,208 / 790 µs, at 32K
+#: 162 / 279 / 266, at 8K 73 / 82 / 170 (H100), at 2K 51 / 34 / 119 (H100); Quest's 32 rows
+#: (one layer) of 8,192 pages 97 / 130, of 4,096 80 / 86 (H100), of 2,048 56 / 48.
 CHUNKED_FROM: int | None = 2048
 #: ... and only as long as rows are this few: SparseSpec-L's 1,152 rows of 128K (every
 #: layer's KV heads) keep the GPU busy one program per row (6.17 ms against 6.63 chunked).
