@@ -121,18 +121,26 @@ def copy_bandwidth() -> dict:
 class Rotation:
     """Several KV caches of one shape, handed out in turn."""
 
-    def __init__(self, batch, kv_heads, context, head_dim):
+    def __init__(self, caches):
+        self.caches = caches
+        self.turn = 0
+
+    @classmethod
+    def random(cls, batch, kv_heads, context, head_dim) -> "Rotation":
+        """Enough random caches that together they overflow L2 (``ROTATE_BYTES``)."""
         one = 2 * batch * kv_heads * context * head_dim * 2
         copies = max(1, math.ceil(ROTATE_BYTES / one)) if not DRY_RUN else 1
         shape = (batch, kv_heads, context, head_dim)
-        self.caches = [(torch.randn(shape, device=DEVICE, dtype=DTYPE),
-                        torch.randn(shape, device=DEVICE, dtype=DTYPE))
-                       for _ in range(copies)]
-        self.turn = 0
+        return cls([(torch.randn(shape, device=DEVICE, dtype=DTYPE),
+                     torch.randn(shape, device=DEVICE, dtype=DTYPE)) for _ in range(copies)])
 
     def next(self):
         self.turn = (self.turn + 1) % len(self.caches)
         return self.caches[self.turn]
+
+    def mapped(self, layout) -> "Rotation":
+        """The same caches with each K and V laid out by ``layout`` (a copy)."""
+        return Rotation([(layout(k), layout(v)) for k, v in self.caches])
 
 
 def relative_error(out, ref) -> float:
@@ -180,15 +188,8 @@ def flashinfer_rows(flashinfer, batch, heads, kv_heads, head_dim, context, rot, 
         return
     pages = context // page
 
-    def paged(x):
-        return (x.view(batch, kv_heads, pages, page, head_dim).transpose(1, 2)
-                .reshape(batch * pages, kv_heads, page, head_dim))
-    caches = [(paged(k), paged(v)) for k, v in rot.caches]
-    turn = [0]
-
-    def next_cache():
-        turn[0] = (turn[0] + 1) % len(caches)
-        return caches[turn[0]]
+    paged = rot.mapped(lambda x: x.view(batch, kv_heads, pages, page, head_dim)
+                       .transpose(1, 2).reshape(batch * pages, kv_heads, page, head_dim))
     indptr = torch.arange(batch + 1, dtype=torch.int32, device=DEVICE) * pages
     indices = torch.arange(batch * pages, dtype=torch.int32, device=DEVICE)
     last = lengths - (pages - 1) * page
@@ -207,7 +208,7 @@ def flashinfer_rows(flashinfer, batch, heads, kv_heads, head_dim, context, rot, 
                 wrapper.plan(indptr, indices, last, heads, kv_heads, head_dim, page,
                              q_data_type=DTYPE, kv_data_type=DTYPE, q_len_per_req=q_len)
 
-                def run(cache, q_len=q_len, wrapper=wrapper):
+                def run(cache):
                     wrapper.run(q_paged, cache, out=out, q_len_per_req=q_len)
             else:
                 wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
@@ -216,9 +217,9 @@ def flashinfer_rows(flashinfer, batch, heads, kv_heads, head_dim, context, rot, 
                              indptr, indices, last, heads, kv_heads, head_dim, page,
                              causal=True, q_data_type=DTYPE, kv_data_type=DTYPE)
 
-                def run(cache, wrapper=wrapper):
+                def run(cache):
                     wrapper.run(q_paged, cache, out=out)
-            run(caches[0])
+            run(paged.caches[0])
             if not DRY_RUN:
                 torch.cuda.synchronize()
             first_s = time.time() - start
@@ -226,7 +227,7 @@ def flashinfer_rows(flashinfer, batch, heads, kv_heads, head_dim, context, rot, 
                                     plan_verify(batch, heads, kv_heads, head_dim, q_len,
                                                 context, collect_rows=()))
             error = relative_error(out.view_as(q), ours)
-            us, method = time_us(lambda: run(next_cache()))
+            us, method = time_us(lambda: run(paged.next()))
         except Exception as failure:
             rows[name] = {"error": f"{type(failure).__name__}: {str(failure)[:200]}"}
             log(f"  {name}: failed ({rows[name]['error'][:100]})")
@@ -241,7 +242,7 @@ def run_shape(args, head_dim, context, best, results, t0, flashinfer=None):
     batch = args.batch
     group = heads // kv_heads
     tag = shape_tag(head_dim, context)
-    rot = Rotation(batch, kv_heads, context, head_dim)
+    rot = Rotation.random(batch, kv_heads, context, head_dim)
     lengths = torch.full((batch,), context, dtype=torch.int32, device=DEVICE)
     kv_bytes = 2 * batch * kv_heads * context * head_dim * 2
     rows = {}
@@ -486,7 +487,7 @@ def sweep(args, head_dim, context, results):
     separate tile, in the main tile) and return the fastest config of each."""
     heads, kv_heads = HEADS[head_dim]
     batch = args.batch
-    rot = Rotation(batch, kv_heads, context, head_dim)
+    rot = Rotation.random(batch, kv_heads, context, head_dim)
     lengths = torch.full((batch,), context, dtype=torch.int32, device=DEVICE)
     kv_bytes = 2 * batch * kv_heads * context * head_dim * 2
     best, table = {}, []

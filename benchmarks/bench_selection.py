@@ -20,8 +20,6 @@ import argparse
 import dataclasses
 import json
 import math
-import statistics
-import time
 
 import torch
 
@@ -29,39 +27,11 @@ from specsim.kernels import quest_select, sparsespec_select, vegas_select
 from specsim.kernels.selection import attention_mass
 from specsim.specs import load_model
 
+import bench_kernels                   # its CUDA-graph timing (a sibling, as run from here)
+
 #: (label, ranking, chunked): the paths timed; ``best`` is what the engine's default takes.
 PATHS = (("topk", "topk", None), ("one program", "radix", False),
          ("chunked", "radix", True), ("best", "best", None))
-
-
-def median_us(fn, device: str, replays: int = 5, calls: int = 10) -> float:
-    """Median µs per call over ``replays`` replays of a CUDA graph of ``calls`` calls (one
-    timed call on the CPU)."""
-    if device != "cuda":
-        start = time.perf_counter()
-        fn()
-        return (time.perf_counter() - start) * 1e6
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    samples = []
-    for _ in range(replays):
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) * 1e3 / calls)
-    return statistics.median(samples)
 
 
 def same_lists(a, b) -> bool:
@@ -73,14 +43,19 @@ def same_lists(a, b) -> bool:
     return torch.equal(torch.where(kept, got, 0), torch.where(kept, ref, 0))
 
 
-def time_paths(select, device, reference: str = "topk") -> dict:
+def median_us(fn) -> float:
+    """Median µs per call of ``fn`` replayed from CUDA graphs (``bench_kernels.time_us``)."""
+    return bench_kernels.time_us(fn)[0]
+
+
+def time_paths(select, reference: str = "topk") -> dict:
     """Each path's µs and whether its lists equal the ``reference`` path's."""
     ref = select(*next((r, c) for label, r, c in PATHS if label == reference))
     out = {}
     for label, ranking, chunked in PATHS:
         try:
             agrees = same_lists(select(ranking, chunked), ref)
-            us = median_us(lambda: select(ranking, chunked), device)
+            us = median_us(lambda: select(ranking, chunked))
         except Exception as error:           # one path failing leaves the others' rows
             out[label] = {"error": f"{type(error).__name__}: {str(error)[:160]}"}
             continue
@@ -105,14 +80,14 @@ def run_cell(spec, batch: int, context: int, s: float, device: str, generator) -
                      **extra})
     summed = rand(layers * batch, 1, 1, context)
     add("vegas", layers * batch, context, time_paths(
-        lambda r, c: vegas_select(summed, folded, s, ranking=r, chunked=c), device))
+        lambda r, c: vegas_select(summed, folded, s, ranking=r, chunked=c)))
     del summed
     logits = rand(layers * batch, heads, 3, context, dtype=dtype)
     lse = torch.logsumexp(logits.float(), -1)
-    mass_us = median_us(lambda: attention_mass(logits, lse, folded, kv_heads), device)
+    mass_us = median_us(lambda: attention_mass(logits, lse, folded, kv_heads))
     add("sparsespec", layers * batch * kv_heads, context, time_paths(
         lambda r, c: sparsespec_select(logits, folded, s, kv_heads, lse=lse, ranking=r,
-                                       chunked=c), device),
+                                       chunked=c)),
         mass_us=mass_us, logit_bytes=logits.numel() * logits.element_size())
     del logits, lse
     page = 16
@@ -122,7 +97,7 @@ def run_cell(spec, batch: int, context: int, s: float, device: str, generator) -
     del bounds
     add("quest", batch * kv_heads, math.ceil(context / page), time_paths(
         lambda r, c: quest_select(q, low, high, lengths, s, max_context=context, ranking=r,
-                                  chunked=c), device, reference="one program"))
+                                  chunked=c), reference="one program"))
     return rows
 
 
@@ -159,6 +134,7 @@ def main(argv=None):
                         "meaningless)")
     args = parser.parse_args(argv)
     device = "cpu" if args.dry_run else "cuda"
+    bench_kernels.DRY_RUN = args.dry_run   # one timed call on the CPU
     if device == "cuda" and not torch.cuda.is_available():
         parser.error("needs a CUDA GPU (or --dry-run)")
     contexts = [int(c) for c in args.contexts.split(",")] if not args.dry_run else [600]

@@ -80,6 +80,8 @@ SELECTION_POLICIES = ("vegas", "sparsespec", "streamingllm", "quest", "last-toke
 #: SparseSpec-L scores with the attention of the last W verify queries.
 SPARSESPEC_WINDOW = 16
 
+#: The policies whose lists a ranking orders (StreamingLLM's window is arithmetic).
+RANKED_POLICIES = ("vegas", "vegas-all", "last-token", "sparsespec", "quest")
 
 #: ``EngineSettings.ranking="best"`` (the engine's default, ``specsim.kernels.selection``):
 #: each policy's fastest ranking as measured on the H200 (every layer's rows at once, as the
@@ -88,8 +90,7 @@ SPARSESPEC_WINDOW = 16
 #: 790 µs by ``torch.topk`` at 128K, 162 vs 266 at 32K; SparseSpec-L's 1,152 rows of 128K
 #: 6.19 vs 9.28 ms at s = 0.1 (5.84 by topk at s = 0.03), 1.55 vs 1.68 ms at 32K; Quest's
 #: fused page selection 97 vs 260 µs a layer at 128K.
-BEST_RANKING = {"vegas": "radix", "vegas-all": "radix", "last-token": "radix",
-                "sparsespec": "radix", "quest": "radix"}
+BEST_RANKING = dict.fromkeys(RANKED_POLICIES, "radix")
 #: What "best" resolved to for files that do not record it (``provenance.engine.best_ranking``
 #: is recorded with every run since).
 LEGACY_BEST_RANKING = {"sparsespec": "radix", "quest": "radix"}
@@ -99,10 +100,6 @@ def recorded_best_ranking(engine: dict) -> dict:
     """What "best" resolved to per policy in the run whose ``provenance.engine`` is
     ``engine`` (:data:`LEGACY_BEST_RANKING` where it does not record it)."""
     return dict(engine.get("best_ranking", LEGACY_BEST_RANKING))
-
-
-#: The policies whose lists a ranking orders (StreamingLLM's window is arithmetic).
-RANKED_POLICIES = ("vegas", "vegas-all", "last-token", "sparsespec", "quest")
 
 
 def resolve_ranking(policy: str, ranking: str | None, best: dict | None = None) -> str:

@@ -446,8 +446,8 @@ def quest_select_fused(q: torch.Tensor, page_min: torch.Tensor, page_max: torch.
 
     ``split`` (default: when a row has more than ``SPLIT_PAGES`` pages): score the pages in a
     first launch over (row, block of pages) programs, then rank and write in a second, one
-    program per row, or (``chunked``; default: rows of more than ``CHUNKED_FROM`` pages) by
-    ``_chunked_select`` over (row, block of ``block`` pages); else one launch, each row's
+    program per row, or (``chunked``; default: few rows of more than ``CHUNKED_FROM`` pages)
+    by ``_chunked_select`` over (row, block of ``block`` pages); else one launch, each row's
     program scoring its own pages.
 
     CUDA-graph capturable: every input is already on the device (a copy from the host at each
