@@ -50,17 +50,24 @@ def poisoned(fn):
         torch.empty = real
 
 
+#: (chunked, spill) of every way of ranking: programs per block of a row; one program per
+#: row without a spill, with one of a single key (candidates spill only once one is left,
+#: if ever), of a few, and of the whole row (the candidates after the first pass spill)
+WAYS = ((True, None), (False, 0), (False, 1), (False, 7), (False, 1 << 20))
+
+
 def check(score, lengths, counts, capacity, keep_first=0, keep_last=0, block=256):
-    """Both ways of ranking (one program per row; programs per block of ``block`` of a
-    row, several blocks per row here) give the reference's lists and counts."""
+    """Every way of ranking (``WAYS``; programs per block of ``block`` of a row, several
+    blocks per row here) gives the reference's lists and counts."""
     ref, ref_cnt = reference(score, lengths, counts, capacity, keep_first, keep_last)
-    for chunked in (False, True):
+    for chunked, spill in WAYS:
+        spill = min(spill, score.shape[-1]) if spill else spill
         idx, cnt = poisoned(lambda: radix_top_positions(
             score, lengths, counts, capacity, keep_first, keep_last, block=block,
-            chunked=chunked))
+            chunked=chunked, spill=spill))
         assert idx.dtype == torch.int32 and idx.shape == ref.shape
-        assert np.array_equal(cnt.cpu().numpy(), ref_cnt), chunked
-        assert np.array_equal(idx.cpu().numpy(), ref), (chunked, idx, ref)
+        assert np.array_equal(cnt.cpu().numpy(), ref_cnt), (chunked, spill)
+        assert np.array_equal(idx.cpu().numpy(), ref), (chunked, spill, idx, ref)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])

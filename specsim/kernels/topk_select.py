@@ -8,7 +8,9 @@ winners (``selection._finish``) makes several passes over every row and launches
 kernels; ``torch.topk``'s time also jumps with the row length (it changes algorithm), which the
 calibration cannot interpolate. This kernel
 finds the K-th largest key of each row exactly by radix select — four passes, each a 256-bin
-histogram of one byte of the keys that still tie with the threshold — and then writes the
+histogram of one byte of the keys that still tie with the threshold (in long rows the
+candidates left after a pass are copied aside once they are few, and the later passes read
+them alone) — and then writes the
 positions above the threshold (and the first ones equal to it, to make K) in position order,
 so the list comes out sorted with no sort, one program per row; or, where rows are few (one
 per sequence or per KV head) and long, spread over programs per block of the row, one launch
@@ -44,6 +46,11 @@ CHUNKED_ROWS = 512
 #: with 8 warps (Vegas at 128K: 553 against 639 µs for 1,024 with 4), shorter ones 1,024
 #: with 4 (Quest's 8,192 pages: 97 against 105).
 CHUNKED_WIDE_FROM = 32768
+#: One program per row: rows of at least this many items copy the candidates left after a
+#: radix pass into a spill of 1/``SPILL_SHARE`` of the row, once they fit, and finish the
+#: passes there (``_radix_threshold``); None: never.
+SPILL_FROM: int | None = 8192
+SPILL_SHARE = 16
 
 
 @triton.jit
@@ -56,21 +63,81 @@ def _key_of(Score, row_off, pos, valid, length, keep_first, keep_last):
 
 
 @triton.jit
-def _radix_threshold(Score, row_off, length, want, keep_first, keep_last,
-                     BLOCK: tl.constexpr):
+def _row_histogram(Score, row_off, length, keep_first, keep_last, prefix, p: tl.constexpr,
+                   BLOCK: tl.constexpr):
+    """Pass ``p``'s histogram over a whole row's keys that are still candidates."""
+    hist = tl.zeros([256], tl.int32)
+    for start in range(0, length, BLOCK):
+        pos = start + tl.arange(0, BLOCK)
+        valid = pos < length
+        key = _key_of(Score, row_off, pos, valid, length, keep_first, keep_last)
+        digit, match = _digit(key, valid, prefix, p)
+        hist += tl.histogram(digit, 256, mask=match)
+    return hist
+
+
+@triton.jit
+def _spill_histogram(Spill, spill_off, count, prefix, p: tl.constexpr, BLOCK: tl.constexpr):
+    """Pass ``p``'s histogram over the ``count`` keys spilled from the row."""
+    hist = tl.zeros([256], tl.int32)
+    for start in range(0, count, BLOCK):
+        slot = start + tl.arange(0, BLOCK)
+        valid = slot < count
+        key = tl.load(Spill + spill_off + slot, mask=valid, other=0)
+        digit, match = _digit(key, valid, prefix, p)
+        hist += tl.histogram(digit, 256, mask=match)
+    return hist
+
+
+@triton.jit
+def _spill(Score, row_off, length, keep_first, keep_last, prefix, p: tl.constexpr, Spill,
+           spill_off, BLOCK: tl.constexpr):
+    """Copy the keys that are candidates of pass ``p`` (their higher bytes equal the
+    threshold's so far) into the row's spill; returns how many."""
+    count = tl.zeros([], tl.int32)
+    for start in range(0, length, BLOCK):
+        pos = start + tl.arange(0, BLOCK)
+        valid = pos < length
+        key = _key_of(Score, row_off, pos, valid, length, keep_first, keep_last)
+        _, match = _digit(key, valid, prefix, p)
+        slot = count + tl.cumsum(match.to(tl.int32), 0) - 1
+        tl.store(Spill + spill_off + slot, key, mask=match)
+        count += tl.sum(match.to(tl.int32), 0)
+    return count
+
+
+@triton.jit
+def _radix_threshold(Score, row_off, length, want, keep_first, keep_last, Spill, spill_off,
+                     spill_cap, BLOCK: tl.constexpr, SPILL: tl.constexpr):
     """The ``want``-th largest key of a row's first ``length`` scores (radix select, one byte
-    per pass, most significant first), and how many keys equal to it are among the top."""
+    per pass, most significant first), and how many keys equal to it are among the top.
+
+    ``SPILL``: once the candidates left after a pass fit the row's spill (``spill_cap``
+    keys at ``Spill + spill_off``), they are copied there and the later passes read them
+    alone, not the row: three or four reads of the row instead of four, and the 256-bin
+    histograms (the costly part of a pass) over a few keys."""
     remaining = want
     prefix = tl.zeros([], tl.int32)           # the threshold's bytes chosen so far
+    count = tl.zeros([], tl.int32)            # keys in the spill
+    spilled = tl.zeros([], tl.int32)
     for p in tl.static_range(4):
-        hist = tl.zeros([256], tl.int32)
-        for start in range(0, length, BLOCK):
-            pos = start + tl.arange(0, BLOCK)
-            valid = pos < length
-            key = _key_of(Score, row_off, pos, valid, length, keep_first, keep_last)
-            digit, match = _digit(key, valid, prefix, p)
-            hist += tl.histogram(digit, 256, mask=match)
-        prefix, remaining = _decide(hist, p, prefix, remaining)
+        if SPILL:
+            if spilled != 0:
+                hist = _spill_histogram(Spill, spill_off, count, prefix, p, BLOCK)
+            else:
+                hist = _row_histogram(Score, row_off, length, keep_first, keep_last, prefix,
+                                      p, BLOCK)
+        else:
+            hist = _row_histogram(Score, row_off, length, keep_first, keep_last, prefix, p,
+                                  BLOCK)
+        prefix, remaining, left = _decide(hist, p, prefix, remaining)
+        if SPILL:
+            if p < 3:
+                if (spilled == 0) & (left <= spill_cap):
+                    count = _spill(Score, row_off, length, keep_first, keep_last, prefix,
+                                   p + 1, Spill, spill_off, BLOCK)
+                    spilled = 1
+                    tl.debug_barrier()        # the spill's keys, seen by every thread
     return prefix, remaining
 
 
@@ -78,17 +145,19 @@ def _radix_threshold(Score, row_off, length, want, keep_first, keep_last,
 def _decide(hist, p: tl.constexpr, prefix, remaining):
     """After pass ``p``'s histogram of one byte of the candidates' keys: the threshold's byte
     (the largest digit d whose count of candidates with digit ≥ d reaches what is still
-    wanted) added to ``prefix``, and what is still wanted among the keys equal to it."""
+    wanted) added to ``prefix``, what is still wanted among the keys equal to it, and how
+    many keys are left candidates (those with the threshold's byte)."""
     bins = tl.arange(0, 256)
     total = tl.sum(hist, 0)
     at_least = total - tl.cumsum(hist, 0) + hist
     d = tl.max(tl.where(at_least >= remaining, bins, -1), 0)
     remaining = remaining - tl.sum(tl.where(bins > d, hist, 0), 0)
+    left = tl.sum(tl.where(bins == d, hist, 0), 0)
     if p == 0:
         prefix = (d ^ 0x80) << 24
     else:
         prefix = prefix | (d << (24 - 8 * p))
-    return prefix, remaining
+    return prefix, remaining, left
 
 
 @triton.jit
@@ -145,14 +214,15 @@ def _row_want(Lengths, Counts, row, rows_per_seq, counts_div, n, PAGE: tl.conste
 
 
 @triton.jit
-def _radix_select_kernel(Score, Lengths, Counts, Out, CountsOut, n, stride_row, stride_out,
-                         capacity, rows_per_seq, keep_first, keep_last,
-                         BLOCK: tl.constexpr, OUT_BLOCK: tl.constexpr):
+def _radix_select_kernel(Score, Lengths, Counts, Out, CountsOut, Spill, n, stride_row,
+                         stride_out, capacity, rows_per_seq, keep_first, keep_last, spill_cap,
+                         BLOCK: tl.constexpr, OUT_BLOCK: tl.constexpr, SPILL: tl.constexpr):
     row = tl.program_id(0)
     row_off = row.to(tl.int64) * stride_row
     length, want, _ = _row_want(Lengths, Counts, row, rows_per_seq, 1, n, 1)
     threshold, ties = _radix_threshold(Score, row_off, length, want, keep_first, keep_last,
-                                       BLOCK)
+                                       Spill, row.to(tl.int64) * spill_cap, spill_cap, BLOCK,
+                                       SPILL)
     # ---- ordered compaction: winners in position order
     taken = tl.zeros([], tl.int32)
     tied = tl.zeros([], tl.int32)
@@ -182,7 +252,7 @@ def _replay(Hist, row, rows, want, PASSES: tl.constexpr):
     prefix = tl.zeros([], tl.int32)
     for p in tl.static_range(PASSES):
         hist = tl.load(Hist + (p * rows + row) * 256 + bins)
-        prefix, remaining = _decide(hist, p, prefix, remaining)
+        prefix, remaining, _ = _decide(hist, p, prefix, remaining)
     return prefix, remaining
 
 
@@ -354,7 +424,8 @@ def _quest_select_kernel(Q, PMin, PMax, Lengths, Budget, Scratch, Out, Counts, c
                          stride_qh, stride_pb, stride_pg, stride_pp, GROUP, HEAD_DIM, BLOCK_P)
     tl.debug_barrier()
     # ---- the top pages (the newest always), their positions in order
-    threshold, ties = _radix_threshold(Scratch, row_off, pages, want, 0, 1, BLOCK)
+    threshold, ties = _radix_threshold(Scratch, row_off, pages, want, 0, 1, Scratch, 0, 0,
+                                       BLOCK, False)
     taken = tl.zeros([], tl.int32)
     tied = tl.zeros([], tl.int32)
     out_off = pid.to(tl.int64) * stride_out
@@ -380,6 +451,13 @@ def _chunked(rows: int, items: int, chunked: bool | None) -> bool:
     return CHUNKED_FROM is not None and items > CHUNKED_FROM and rows <= CHUNKED_ROWS
 
 
+def _spill_capacity(items: int) -> int:
+    """Keys a row of ``items`` may spill in one program per row (``SPILL_FROM``)."""
+    if SPILL_FROM is None or items < SPILL_FROM:
+        return 0
+    return -(-items // SPILL_SHARE)
+
+
 def _chunk_shape(items: int, block: int | None, num_warps: int | None) -> tuple[int, int]:
     """A chunked program's block and warps (``CHUNKED_WIDE_FROM``), unless given."""
     wide = items >= CHUNKED_WIDE_FROM
@@ -389,7 +467,8 @@ def _chunk_shape(items: int, block: int | None, num_warps: int | None) -> tuple[
 def radix_top_positions(score: torch.Tensor, lengths: torch.Tensor, counts: torch.Tensor,
                         capacity: int, keep_first: int = 0, keep_last: int = 0, *,
                         block: int | None = None, num_warps: int | None = None,
-                        chunked: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                        chunked: bool | None = None, spill: int | None = None
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
     """Each row's top ``counts`` positions of ``score`` [..., n] (fp32/fp16/bf16), ascending,
     as int32 [..., capacity] padded with 0, and the counts (int32). ``lengths`` [batch]: the
     leading dimension of ``score`` is the batch, rows past it share their sequence's length
@@ -401,7 +480,9 @@ def radix_top_positions(score: torch.Tensor, lengths: torch.Tensor, counts: torc
     up to ties (here: the lowest positions), in one launch, or (``chunked``; default: few
     rows longer than ``CHUNKED_FROM``) in six over (row, block of ``block``) programs.
     ``block`` and ``num_warps`` default to 1,024 and 4 in one program per row, to
-    ``_chunk_shape``'s when chunked."""
+    ``_chunk_shape``'s when chunked. ``spill``: keys per row that one program per row may
+    copy its last candidates into (``_radix_threshold``); 0: none; default
+    ``_spill_capacity``."""
     n = score.shape[-1]
     lead = score.shape[:-1]
     batch = lengths.shape[0]
@@ -423,10 +504,13 @@ def radix_top_positions(score: torch.Tensor, lengths: torch.Tensor, counts: torc
         _chunked_select(flat, lengths, counts, out, listed, rows // batch, 1, keep_first,
                         keep_last, block=block, num_warps=num_warps)
     else:
+        spill = _spill_capacity(n) if spill is None else spill
+        keys = torch.empty(rows * spill if spill else 1, dtype=torch.int32,
+                           device=score.device)
         _radix_select_kernel[(rows,)](
-            flat, lengths, counts, out, listed, n, flat.stride(0), out.stride(0), capacity,
-            rows // batch, keep_first, keep_last, BLOCK=block or 1024,
-            OUT_BLOCK=_out_block(capacity), num_warps=num_warps or 4)
+            flat, lengths, counts, out, listed, keys, n, flat.stride(0), out.stride(0),
+            capacity, rows // batch, keep_first, keep_last, spill, BLOCK=block or 1024,
+            OUT_BLOCK=_out_block(capacity), SPILL=spill > 0, num_warps=num_warps or 4)
     return out.view(*lead, capacity), listed.view(lead)
 
 
