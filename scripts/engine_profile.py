@@ -2,7 +2,8 @@
 iterations of the engine at real scale (random weights), kernel table sorted by GPU time.
 
     python scripts/engine_profile.py --model qwen3-8b --batch 4 --context 32768 --out prof.txt \\
-        [--setting cuda_graphs=false] [--plain-only]
+        [--policies vegas,quest,sparsespec] [--s 0.05] [--k 4] [--setting cuda_graphs=false] \\
+        [--plain-only]
 
 The engine runs with the default settings (``specsim.settings``: CUDA graphs, fused
 projections, compiled layers) changed by ``--setting name=value``.
@@ -28,16 +29,24 @@ def main():
     parser.add_argument("--out", default="engine-profile.txt")
     parser.add_argument("--setting", action="append", default=[], metavar="NAME=VALUE",
                         help="engine setting (repeatable; specsim run --help lists them)")
-    parser.add_argument("--plain-only", action="store_true", help="skip the Vegas iteration")
+    parser.add_argument("--policies", default="vegas",
+                        help="policies whose speculative iterations are profiled after the "
+                             "plain steps (comma-separated)")
+    parser.add_argument("--s", type=float, default=0.05, help="the policies' sparsity")
+    parser.add_argument("--k", type=int, default=4, help="the policies' draft length")
+    parser.add_argument("--plain-only", action="store_true",
+                        help="profile the plain steps alone")
     args = parser.parse_args()
     settings = EngineSettings.parse(args.setting)
     config = json.loads(catalog_file(f"{args.model}/config.json").read_text())
     model = build_model(config, weights="random", dtype=torch.bfloat16, device="cuda")
     prompts = [[0] * args.context] * args.batch
     report = []
-    runs = [("plain", dict(policy="full", k_max=1)),
-            ("vegas s=0.05 k=4", dict(policy="vegas", s=0.05, k_max=4))]
-    for label, kw in runs[:1] if args.plain_only else runs:
+    runs = [("plain", dict(policy="full", k_max=1))]
+    if not args.plain_only:
+        runs += [(f"{policy} s={args.s} k={args.k}", dict(policy=policy, s=args.s, k_max=args.k))
+                 for policy in args.policies.split(",")]
+    for label, kw in runs:
         engine = Engine(model, batch=args.batch, max_len=args.context + 200,
                         settings=settings, beyond_max_position=True, **kw)
         speculative = label != "plain"
