@@ -34,13 +34,15 @@ SPLIT_PAGES = 256
 #: Rows of more items (tokens, or Quest's pages) than this are ranked by launches over
 #: blocks of the row (``_chunked_select``) when they are few (at most ``CHUNKED_ROWS``);
 #: None: none are. As ``benchmarks/bench_selection.py`` measures it (every layer's rows at
-#: once, batch 4; H200, H100 where said, 2026-12-05), chunked / one program per row /
+#: once, batch 4; H200, H100 where said, 2026-12-05, one program per row without the
+#: spill of ``SPILL_FROM``), chunked / one program per row /
 #: torch.topk: Vegas' 144 summed rows (Qwen3-8B) at 128K 553 / 1,208 / 790 µs, at 32K
 #: 162 / 279 / 266, at 8K 73 / 82 / 170 (H100), at 2K 51 / 34 / 119 (H100); Quest's 32 rows
 #: (one layer) of 8,192 pages 97 / 130, of 4,096 80 / 86 (H100), of 2,048 56 / 48.
 CHUNKED_FROM: int | None = 2048
 #: ... and only as long as rows are this few: SparseSpec-L's 1,152 rows of 128K (every
-#: layer's KV heads) keep the GPU busy one program per row (6.17 ms against 6.63 chunked).
+#: layer's KV heads) keep the GPU busy one program per row (6.17 ms against 6.63 chunked,
+#: both without the spill).
 CHUNKED_ROWS = 512
 #: Tokens a chunked program ranks: rows of at least ``CHUNKED_WIDE_FROM`` items take 4,096
 #: with 8 warps (Vegas at 128K: 553 against 639 µs for 1,024 with 4), shorter ones 1,024
