@@ -119,7 +119,7 @@ def _radix_threshold(Score, row_off, length, want, keep_first, keep_last, Spill,
 
     ``SPILL``: once the candidates left after a pass fit the row's spill (``spill_cap``
     keys at ``Spill + spill_off``), they are copied there and the later passes read them
-    alone, not the row: three or four reads of the row instead of four, and the 256-bin
+    alone, not the row: two to four reads of the row instead of four, and the 256-bin
     histograms (the costly part of a pass) over a few keys."""
     remaining = want
     prefix = tl.zeros([], tl.int32)           # the threshold's bytes chosen so far
@@ -136,13 +136,12 @@ def _radix_threshold(Score, row_off, length, want, keep_first, keep_last, Spill,
             hist = _row_histogram(Score, row_off, length, keep_first, keep_last, prefix, p,
                                   BLOCK)
         prefix, remaining, left = _decide(hist, p, prefix, remaining)
-        if SPILL:
-            if p < 3:
-                if (spilled == 0) & (left <= spill_cap):
-                    count = _spill(Score, row_off, length, keep_first, keep_last, prefix,
-                                   p + 1, Spill, spill_off, BLOCK)
-                    spilled = 1
-                    tl.debug_barrier()        # the spill's keys, seen by every thread
+        if SPILL and p < 3:
+            if (spilled == 0) & (left <= spill_cap):
+                count = _spill(Score, row_off, length, keep_first, keep_last, prefix, p + 1,
+                               Spill, spill_off, BLOCK)
+                spilled = 1
+                tl.debug_barrier()            # the spill's keys, seen by every thread
     return prefix, remaining
 
 
@@ -510,8 +509,9 @@ def radix_top_positions(score: torch.Tensor, lengths: torch.Tensor, counts: torc
                         keep_last, block=block, num_warps=num_warps)
     else:
         spill = _spill_capacity(n) if spill is None else spill
-        keys = torch.empty(rows * spill if spill else 1, dtype=torch.int32,
-                           device=score.device)
+        # without a spill the kernel never reads its pointer: ``out`` stands in for it
+        keys = torch.empty(rows * spill, dtype=torch.int32, device=score.device) if spill \
+            else out
         _radix_select_kernel[(rows,)](
             flat, lengths, counts, out, listed, keys, n, flat.stride(0), out.stride(0),
             capacity, rows // batch, keep_first, keep_last, spill, BLOCK=block or 1024,
