@@ -12,6 +12,9 @@ import torch
 
 RUN_SEED = int(os.environ.get("SPECSIM_TEST_SEED")
                or np.random.SeedSequence().entropy % 2**31)
+# pytest-xdist's workers start after the controller has loaded ``conftest.py`` and inherit its
+# environment: every worker draws from the seed the report header prints
+os.environ["SPECSIM_TEST_SEED"] = str(RUN_SEED)
 
 
 def seed(offset: int = 0) -> int:
