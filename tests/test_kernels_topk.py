@@ -217,7 +217,25 @@ def test_fused_quest_selection_matches_the_torch_path(dtype, group, head_dim, sp
             page_size=page, capacity=capacity, split=split, block_pages=16, block=16,
             chunked=chunked))
         assert torch.equal(got_counts, want_counts.to(torch.int32)), s
-        assert torch.equal(got, want), s
+        assert torch.equal(got, want), (s, _page_differences(got, want, q, low, high, page))
+
+
+def _page_differences(got, want, q, low, high, page):
+    """Where two lists of Quest's positions differ: per (sequence, KV head), the pages only
+    one list has, with their scores in float64 (a near-tie, or a wrong pick)."""
+    batch, kv = got.shape[:2]
+    group = q.shape[1] // kv
+    scores = (torch.maximum(q.double().view(batch, kv, group, 1, -1) * low.double()[:, :, None],
+                            q.double().view(batch, kv, group, 1, -1) * high.double()[:, :, None])
+              .sum(-1).amax(2))
+    out = []
+    for b, g in (got != want).any(-1).nonzero().tolist():
+        mine, theirs = ({int(p) // page for p in x[b, g] if p > 0} for x in (got, want))
+        out.append(f"({b}, {g}): kernel only " + ", ".join(
+            f"page {p} {float(scores[b, g, p]):.9g}" for p in sorted(mine - theirs))
+            + "; reference only " + ", ".join(
+            f"page {p} {float(scores[b, g, p]):.9g}" for p in sorted(theirs - mine)))
+    return out
 
 
 @pytest.mark.parametrize("ranking", ["topk", "radix"])
