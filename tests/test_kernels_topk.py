@@ -162,9 +162,7 @@ def test_fused_quest_at_qwen3_8b_shapes_on_the_gpu(split):
         assert torch.equal(got_counts, want_counts.to(torch.int32))
         # both score in fp32 but sum in other orders (~1e-5 apart): with 2,048 pages a row's
         # K-th and (K+1)-th can be that close, so the page sets must agree up to such pages
-        scores = (torch.maximum(q.double().view(4, 8, 4, 1, 128) * low.double()[:, :, None],
-                                q.double().view(4, 8, 4, 1, 128) * high.double()[:, :, None])
-                  .sum(-1).amax(2))                                      # [b, g, pages]
+        scores = page_scores(q, low, high)
         for b in range(4):
             for g in range(8):
                 count = int(want_counts[b, g])
@@ -217,20 +215,26 @@ def test_fused_quest_selection_matches_the_torch_path(dtype, group, head_dim, sp
             page_size=page, capacity=capacity, split=split, block_pages=16, block=16,
             chunked=chunked))
         assert torch.equal(got_counts, want_counts.to(torch.int32)), s
-        assert torch.equal(got, want), (s, _page_differences(got, want, q, low, high, page))
+        assert torch.equal(got, want), (s, page_differences(got, want, got_counts,
+                                                            page_scores(q, low, high), page))
 
 
-def _page_differences(got, want, q, low, high, page):
+def page_scores(q, low, high):
+    """Quest's page scores in float64: per (sequence, KV head, page), the max over the head's
+    query heads of Σ_d max(q_d·min_d, q_d·max_d)."""
+    batch, kv = low.shape[:2]
+    qg = q.double().view(batch, kv, q.shape[1] // kv, 1, -1)
+    return torch.maximum(qg * low.double()[:, :, None], qg * high.double()[:, :, None]) \
+        .sum(-1).amax(2)
+
+
+def page_differences(got, want, counts, scores, page):
     """Where two lists of Quest's positions differ: per (sequence, KV head), the pages only
-    one list has, with their scores in float64 (a near-tie, or a wrong pick)."""
-    batch, kv = got.shape[:2]
-    group = q.shape[1] // kv
-    scores = (torch.maximum(q.double().view(batch, kv, group, 1, -1) * low.double()[:, :, None],
-                            q.double().view(batch, kv, group, 1, -1) * high.double()[:, :, None])
-              .sum(-1).amax(2))
+    one list has, with their ``scores`` (a near-tie, or a wrong pick)."""
     out = []
     for b, g in (got != want).any(-1).nonzero().tolist():
-        mine, theirs = ({int(p) // page for p in x[b, g] if p > 0} for x in (got, want))
+        count = int(counts[b, g])
+        mine, theirs = ({int(p) // page for p in x[b, g, :count]} for x in (got, want))
         out.append(f"({b}, {g}): kernel only " + ", ".join(
             f"page {p} {float(scores[b, g, p]):.9g}" for p in sorted(mine - theirs))
             + "; reference only " + ", ".join(
