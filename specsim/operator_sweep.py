@@ -275,9 +275,36 @@ def _groups(grid: OperatorGrid):
     return out
 
 
+#: Lists a sweep's selection point holds come in sequences of this many KV heads (its
+#: SparseSpec-L and Quest points lay them out so): a list count's nearest neighbour.
+LIST_STEP = 8
+
+
+def selection_axes(grid, policy: str) -> tuple[list[int], list[int]]:
+    """The lists and contexts ``policy``'s selection is timed at: the grid's, and both sides
+    of each switch of the radix ranking's path inside their range (few rows of many items are
+    ranked over blocks of each row, ``topk_select.chunked_path``; Quest's items are pages), so
+    that no interpolation between neighbouring points crosses a switch: time is linear within
+    a path, not across one (Qwen3-8B's 576 summed rows at 128K, one program per row, were priced
+    37-51% high between 512 rows, chunked, and 2,048)."""
+    from specsim.kernels.topk_select import CHUNKED_FROM, CHUNKED_ROWS
+    from specsim.policies import get_policy
+
+    lists, contexts = sorted(set(grid.selection_lists)), sorted(set(grid.selection_contexts))
+    if CHUNKED_FROM is None:
+        return lists, contexts
+    unit = get_policy(policy).page_size       # Quest ranks pages, the others tokens
+
+    def inside(values, sides):
+        return sorted(set(values) | {v for v in sides if values[0] < v < values[-1]})
+
+    return (inside(lists, (CHUNKED_ROWS, CHUNKED_ROWS + LIST_STEP)),
+            inside(contexts, (CHUNKED_FROM * unit, (CHUNKED_FROM + 1) * unit)))
+
+
 def _selection_groups(grid, policy):
-    at = [{"lists": n, "context": c} for n in grid.selection_lists
-          for c in grid.selection_contexts]
+    lists, contexts = selection_axes(grid, policy)
+    at = [{"lists": n, "context": c} for n in lists for c in contexts]
     if policy in ("vegas", "last-token"):
         keys = [(0, 0)]
     elif policy == "sparsespec":

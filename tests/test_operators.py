@@ -219,6 +219,50 @@ def test_selection_follows_s_between_the_measured_and_holds_beyond(s):
     assert any("held at the nearest measured s=" in n for n in got.notes) == (held != s)
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(1, 4096), min_size=2, max_size=6, unique=True),
+       st.lists(st.integers(64, 1 << 18), min_size=2, max_size=6, unique=True),
+       st.sampled_from(["vegas", "last-token", "sparsespec", "quest"]))
+def test_the_sweep_times_a_selection_on_both_sides_of_every_path_switch(lists, contexts,
+                                                                       policy):
+    """Between two neighbouring points of a selection's sweep the radix ranking keeps one path
+    (chunked or one program per row) but for a step of one list layout (8 lists) or one item
+    (Quest: a page), so interpolating between them never mixes two paths; the grid's own
+    points stay and nothing is added outside its range."""
+    from specsim.kernels.topk_select import chunked_path
+    from specsim.operator_sweep import LIST_STEP, OperatorGrid, selection_axes
+    from specsim.policies import get_policy
+
+    grid = OperatorGrid(selection_lists=lists, selection_contexts=contexts)
+    got_lists, got_contexts = selection_axes(grid, policy)
+    assert set(lists) <= set(got_lists) and set(contexts) <= set(got_contexts)
+    assert min(got_lists) == min(lists) and max(got_lists) == max(lists)
+    assert min(got_contexts) == min(contexts) and max(got_contexts) == max(contexts)
+    page = get_policy(policy).page_size
+    for a, b in itertools.pairwise(got_lists):
+        for c in got_contexts:
+            items = -(-c // page)
+            assert chunked_path(a, items) == chunked_path(b, items) or b - a <= LIST_STEP
+    for a, b in itertools.pairwise(got_contexts):
+        for n in got_lists:
+            assert chunked_path(n, -(-a // page)) == chunked_path(n, -(-b // page)) \
+                or -(-b // page) - -(-a // page) <= 1
+
+
+def test_the_default_sweep_spans_the_path_switches_it_times_around():
+    """The shipped grid's lists and contexts cross the switch (so the added points matter):
+    Qwen3-8B's 576 summed rows at batch 16 lie between the sides 520 and 2048, one program
+    per row, not between 512 (chunked) and 2048."""
+    from specsim.kernels.topk_select import CHUNKED_FROM, CHUNKED_ROWS
+    from specsim.operator_sweep import OperatorGrid, selection_axes
+
+    lists, contexts = selection_axes(OperatorGrid(), "vegas")
+    assert CHUNKED_ROWS in lists and 520 in lists
+    assert {CHUNKED_FROM, CHUNKED_FROM + 1} <= set(contexts)
+    quest_contexts = selection_axes(OperatorGrid(), "quest")[1]
+    assert {16 * CHUNKED_FROM, 16 * (CHUNKED_FROM + 1)} <= set(quest_contexts)
+
+
 def test_an_older_table_times_its_selections_at_its_one_s(tmp_path):
     """A table measured before selections were keyed by s (its ``method.selection_s``, else
     0.05) reads with that s in their keys; other s are held at it, with a note."""

@@ -447,12 +447,17 @@ def _quest_select_kernel(Q, PMin, PMax, Lengths, Budget, Scratch, Out, Counts, c
     tl.store(Counts + pid, tokens)
 
 
-def _chunked(rows: int, items: int, chunked: bool | None) -> bool:
-    """Whether ``rows`` rows of ``items`` are ranked by ``_chunked_select`` (None: by
-    ``CHUNKED_FROM`` and ``CHUNKED_ROWS``)."""
-    if chunked is not None:
-        return chunked
+def chunked_path(rows: int, items: int) -> bool:
+    """Whether ``rows`` rows of ``items`` each are ranked over blocks of each row
+    (``_chunked_select``, by ``CHUNKED_FROM`` and ``CHUNKED_ROWS``) rather than one program
+    per row."""
     return CHUNKED_FROM is not None and items > CHUNKED_FROM and rows <= CHUNKED_ROWS
+
+
+def _chunked(rows: int, items: int, chunked: bool | None) -> bool:
+    """Whether ``rows`` rows of ``items`` are ranked by ``_chunked_select`` (None:
+    :func:`chunked_path`)."""
+    return chunked_path(rows, items) if chunked is None else chunked
 
 
 def _spill_capacity(items: int) -> int:
