@@ -162,6 +162,48 @@ def test_forced_acceptance_adds_no_host_sync(model, policy):
     assert syncs["free"] <= 1.05, syncs         # one host synchronisation an iteration at most
 
 
+@pytest.mark.parametrize("forced", [False, True])
+@pytest.mark.parametrize("policy", ["vegas", "sparsespec", "quest", "last-token",
+                                    "streamingllm"])
+def test_an_iteration_synchronises_only_in_its_record_read(model, policy, forced,
+                                                           monkeypatch):
+    """Every phase of a graphed iteration but the record's one device-to-host read (draft
+    chain, verify, acceptance and rollback, the lists' refresh) runs under torch's sync debug
+    mode "error", which raises on any host synchronisation; the read itself still happens
+    once an iteration."""
+    import numpy as np
+
+    from specsim.engine.loop import SpeculativeLoop
+    from specsim.traces.format import RequestTrace
+
+    batch, k = prompts((1500, 2100)), 4
+    engine = Engine(model, batch=2, max_len=2200, policy=policy, s=0.1, k_max=k,
+                    settings=AS_BUILT)
+    traces = [RequestTrace(str(b), policy, 0.1, len(p) + np.arange(8) * 3, np.full(8, k),
+                           np.full(8, 2)) for b, p in enumerate(batch)] if forced else None
+    kw = {"max_new_tokens": 1, "forced": traces} if forced else {"max_new_tokens": 24}
+    engine.generate(batch, k=k, **kw)                 # compile, capture
+    phases = []
+
+    def strict(name):
+        inner = getattr(SpeculativeLoop, name)
+
+        def run(self, *args, **kwargs):
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                return inner(self, *args, **kwargs)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+                phases.append(name)
+        return run
+
+    for name in ("draft_phase", "verify_phase", "accept_phase", "refresh_phase"):
+        monkeypatch.setattr(SpeculativeLoop, name, strict(name))
+    result = engine.generate(batch, k=k, **kw)
+    assert result.iterations > 2
+    assert phases.count("verify_phase") == phases.count("refresh_phase") == result.iterations
+
+
 @pytest.mark.parametrize("chunked", [False, True])
 @pytest.mark.parametrize("policy", ["quest", "sparsespec", "vegas", "last-token"])
 def test_radix_ranking_graphs_and_matches_topk(model, policy, chunked, monkeypatch):
