@@ -25,7 +25,7 @@ GPU side (torch, triton and the engine's kernels; no simpy/plotly). Each operato
   (Vegas and last-token from the collected logits, SparseSpec-L's attention mass and per-KV-head
   ranking, Quest's page scoring and ranking of one layer's draft query; last-token's pick of
   each list's last accepted row from its head-summed rows first), at each s of
-  ``selection_s``;
+  ``selection_s``, and on both sides of the radix ranking's path switch (:func:`selection_axes`);
 - ``prefill_attention``: the engine's prefill attention of one prompt of ``prefill_tokens``
   (``specsim.engine.attention.prefill_attention``, 8 KV heads) on each of its kernels
   (:data:`specsim.costs.prefill.OPERATOR_PATHS`: causal, which a full layer's sinks run on
