@@ -175,7 +175,7 @@ def predict(trace_path, fmt, model, hardware, batch, context, tp, k_max, policy,
     / other, ms) and which numbers are extrapolated. Costs come from the calibration shipped
     for MODEL on HARDWARE where there is one (GPU measurements), else from the operator table
     shipped for HARDWARE (the GPU's measured operators composed for MODEL), else from another
-    GPU's operator table scaled to HARDWARE (flagged SCALED: not validated), else from the
+    GPU's operator table scaled to HARDWARE (flagged SCALED: a prior), else from the
     roofline model; the `costs` line says which priced it and the `trust` line what the
     validation runs say of it; --costs chooses.
 
@@ -686,7 +686,7 @@ def _print_costs(r: CostsReport) -> None:
                  "calibration": "the calibration's, measured on the GPU",
                  "operators": "composed from the operator tables, measured on the GPU",
                  "scaled-operators": "composed from another GPU's operator tables, scaled to "
-                                     "this one by the two GPUs' ceilings (not validated)"}.get(
+                                     "this one by the two GPUs' ceilings (a prior)"}.get(
         r.source["kind"], f"the {r.source['kind']} source's")
     echo(f"ms: {priced_by}. Bytes moved (weights, KV, other) and TFLOP: the roofline's "
                f"count.")

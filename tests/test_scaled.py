@@ -97,7 +97,7 @@ def test_a_gpu_without_a_table_is_priced_from_the_h200s_scaled_and_says_so():
     model, a100 = load_model("llama-3.2-3b"), load_hardware("a100-80gb")
     got = resolve_cost_source(model, a100)
     assert got.kind == "scaled-operators" and got.note.startswith("SCALED")
-    assert "not validated on this GPU" in got.note and "prior uncertainty" in got.note
+    assert "no operator measured on this GPU" in got.note and "prior uncertainty" in got.note
     assert resolve_cost_source(model, a100, costs="operators").kind == "scaled-operators"
     assert resolve_cost_source(model, H200).kind == "operators"
     # slower memory, slower steps than the H200's, but never below the A100's own floor

@@ -85,7 +85,7 @@ def _context_value(context: int | None) -> str:
 #: What each cost source's numbers are, as figure subtitles name them.
 PRICED_BY = {"roofline": "roofline costs", "calibration": "calibrated costs (GPU measurements)",
              "operators": "operator-table costs (GPU measurements)",
-             "scaled-operators": "another GPU's operator tables, scaled (not validated)"}
+             "scaled-operators": "another GPU's operator tables, scaled (a prior)"}
 
 
 def _priced_by(kind: str) -> str:
