@@ -18,8 +18,7 @@ The source's ceilings are its table's probe; the target's are its hardware file'
 ceilings, else its datasheet figures times the fraction of the datasheet the source's probe
 reached (the same efficiency assumed). Every note carries :data:`PRIOR_UNCERTAINTY`, the
 stated error of a GPU none of whose operators were measured; what the validation runs measured
-of a scaled answer (one H100 SXM run of Qwen3-8B: 7.8% MAPE, every prediction slow, most in
-the draft phase) is each answer's validation line.
+of scaled answers is each answer's validation line (:mod:`specsim.costs.validated`).
 """
 from __future__ import annotations
 
