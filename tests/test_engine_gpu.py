@@ -197,11 +197,59 @@ def test_an_iteration_synchronises_only_in_its_record_read(model, policy, forced
                 phases.append(name)
         return run
 
-    for name in ("draft_phase", "verify_phase", "accept_phase", "refresh_phase"):
+    for name in ("draft_phase", "verify_phase", "accept_phase", "send_record",
+                 "refresh_phase"):
         monkeypatch.setattr(SpeculativeLoop, name, strict(name))
     result = engine.generate(batch, k=k, **kw)
     assert result.iterations > 2
     assert phases.count("verify_phase") == phases.count("refresh_phase") == result.iterations
+
+
+def test_the_record_copy_waits_only_for_the_work_queued_before_it():
+    """``Transfers.to_host`` returns the values once they are copied, while work queued after
+    the copy (the refresh, here a long sleep) still runs; a later copy into the same pinned
+    buffer leaves the values already returned as they were."""
+    from specsim.engine.loop import Transfers
+
+    transfers = Transfers(3, torch.device("cuda"))
+    values = torch.arange(12, dtype=torch.float64, device="cuda").view(3, 4)
+    sent = transfers.to_host(values)
+    torch.cuda._sleep(1 << 30)                         # ~0.5 s of GPU work behind the copy
+    got = sent.wait()
+    assert not torch.cuda.current_stream().query()     # the host did not wait for the sleep
+    again = transfers.to_host(values * 2 + 1).wait()
+    assert (got == values.cpu().numpy()).all()
+    assert (again == (values * 2 + 1).cpu().numpy()).all()
+
+
+def test_the_iterations_clock_covers_the_refresh_after_the_last_read(model, monkeypatch):
+    """The refresh runs behind the record's read, so the last one would end after the loop's
+    clock: the loop drains it into the last iteration, and the iterations' wall times add up
+    to at least every phase the CUDA events time (here with each refresh made long)."""
+    import numpy as np
+
+    from specsim.engine.loop import SpeculativeLoop
+    from specsim.traces.format import RequestTrace
+
+    batch, k = prompts((1500, 2100)), 4
+    engine = Engine(model, batch=2, max_len=2200, policy="vegas", s=0.1, k_max=k,
+                    settings=AS_BUILT)
+    traces = [RequestTrace(str(b), "vegas", 0.1, len(p) + np.arange(4) * 3, np.full(4, k),
+                           np.full(4, 2)) for b, p in enumerate(batch)]
+    engine.generate(batch, 1, k=k, forced=traces)       # compile, capture
+    refresh = SpeculativeLoop.refresh_phase
+
+    def slow_refresh(self, m, q_len):
+        with self.timer.phase("selection"):
+            torch.cuda._sleep(1 << 28)                  # ~0.13 s, longer than the host's work
+        refresh(self, m, q_len)
+
+    monkeypatch.setattr(SpeculativeLoop, "refresh_phase", slow_refresh)
+    result = engine.generate(batch, 1, k=k, forced=traces)
+    clock = sum(seconds for seconds, _, _ in result.steps)
+    timed = sum(result.timing[p] for p in ("draft", "verify", "selection", "other"))
+    assert result.iterations == 4
+    assert clock >= timed * (1 - 1e-3)
 
 
 @pytest.mark.parametrize("chunked", [False, True])

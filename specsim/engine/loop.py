@@ -7,11 +7,13 @@ A speculative iteration, for every sequence of the batch at once:
   without the adaptive controller; else step by step, sampling and asking the controller);
 - ``verify``: one full-attention pass over the last token and the drafts;
 - ``accept`` (timed as ``other``): greedy match or speculative sampling (forced traces replay
-  their m instead), then the rejected rows rolled back;
-- ``selection``: the draft lists refreshed from what the verify pass collected (queued before
-  the host read, or after the proxy check reads the rows);
-- ``record`` (``other``): one device-to-host read of the iteration's tokens, entropies and
-  acceptance, the adaptive controller's centres, the trace rows and the bytes moved.
+  their m instead), then the rejected rows rolled back; then one device-to-host copy of the
+  iteration's tokens, entropies and acceptance is started;
+- ``selection``: the draft lists refreshed from what the verify pass collected (queued behind
+  that copy, so the GPU refreshes while the host keeps the record; after the proxy check reads
+  the rows when there is one);
+- ``record`` (``other``): the wait for the copy, the adaptive controller's centres, the trace
+  rows and the bytes moved.
 
 Every phase runs on the engine's static buffers (``steps.Steps``); the only host reads are
 the record phase's one read and, with the adaptive controller, one per draft step.
@@ -35,6 +37,7 @@ class Transfers:
         self.batch, self.device = batch, device
         self._k_tensors: dict[int, torch.Tensor] = {}   # uniform k per iteration, on the device
         self._staging: dict[str, tuple[np.ndarray, torch.Tensor, torch.Tensor]] = {}
+        self._host: torch.Tensor | None = None   # pinned, for ``to_host``
 
     def k_tensor(self, k_seq: list[int], k_iter: int) -> torch.Tensor:
         """``k_seq`` clamped to ``k_iter`` on the device; the common case (every sequence at
@@ -65,6 +68,36 @@ class Transfers:
         view, host, device = self._staging[name]
         view[:] = values
         return device.copy_(host, non_blocking=True)
+
+    def to_host(self, values: torch.Tensor) -> "Pending":
+        """Start copying ``values`` (float64 [B, n]) to the host and return at once: the copy
+        lands in a pinned buffer behind the work queued so far, and ``Pending.wait`` blocks
+        only until then, not until work queued later (the next refresh) has run. One buffer
+        serves every call, so a caller waits for one copy before starting the next."""
+        n = values.numel()
+        if values.device.type != "cuda":
+            return Pending(values.numpy(), None)
+        if self._host is None or self._host.numel() < n:
+            self._host = torch.empty(n, dtype=torch.float64, pin_memory=True)
+        host = self._host[:n].view(values.shape)
+        host.copy_(values, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
+        return Pending(host.numpy(), done)
+
+
+class Pending:
+    """A device-to-host copy in flight (``Transfers.to_host``)."""
+
+    def __init__(self, values: np.ndarray, done):
+        self.values, self.done = values, done
+
+    def wait(self) -> np.ndarray:
+        """The values, once copied (a copy of their own: the buffer is reused)."""
+        if self.done is None:
+            return self.values
+        self.done.synchronize()
+        return self.values.copy()
 
 
 class Decoding:
@@ -156,9 +189,10 @@ class SpeculativeLoop(Decoding):
             q_len = k_iter + 1
             logits = self.verify_phase(x0, k_iter)
             m, token, accept, x0 = self.accept_phase(logits, x0, k_seq, k_iter)
-            if run.proxy is None:   # queue the refresh before the host reads below
+            sent = self.send_record(m, token, accept, k_iter)
+            if run.proxy is None:   # the refresh runs while the host keeps the record
                 self.refresh_phase(m, q_len)
-            checked = self.record_phase(m, token, accept, k_seq, k_iter)
+            checked = self.record_phase(sent, k_seq, k_iter)
             if run.proxy is not None:   # the check reads the rows before the refresh
                 with self.timer.phase("proxy"):
                     run.proxy.add(self.selection.check_proxy(self.cache.lengths, q_len),
@@ -166,6 +200,7 @@ class SpeculativeLoop(Decoding):
                 self.refresh_phase(m, q_len)
             for b in self.refill(x0):
                 self.centres[b] = adaptive.start if adaptive else None
+        run.drain()
 
     def draft_lengths(self) -> tuple[list[int], int]:
         """Each sequence's k this iteration, and the most of the active ones."""
@@ -248,23 +283,28 @@ class SpeculativeLoop(Decoding):
             rows = self.selection.ranked_rows(q_len)
             self.steps.refresh(rows, m, slice(q_len - rows, q_len))
 
-    def record_phase(self, m, token, accept, k_seq: list[int], k_iter: int):
-        """The iteration's bytes moved, one device-to-host read of what the host keeps, the
-        adaptive controller's centres and the trace rows → under the proxy check, who was
-        checked and at which of their iterations (before this one updates them)."""
+    def send_record(self, m, token, accept, k_iter: int):
+        """Start the iteration's one device-to-host copy of everything the host keeps (token
+        ids are exact in float64; each separate read would be a synchronising copy), queued
+        before the refresh so that the host's wait ends when the acceptance does."""
+        with self.timer.phase("other"):
+            packed = torch.cat([m[:, None].double(), token[:, None].double(),
+                                self.drafts[:, :k_iter].double(),
+                                self.entropies[:, :k_iter].double(),
+                                accept.double()], 1)
+            return self.engine.transfers.to_host(packed)
+
+    def record_phase(self, sent, k_seq: list[int], k_iter: int):
+        """The iteration's bytes moved, the wait for ``send_record``'s copy, the adaptive
+        controller's centres and the trace rows → under the proxy check, who was checked and
+        at which of their iterations (before this one updates them)."""
         run, adaptive, engine = self.run, self.adaptive, self.engine
         checked = None
         with self.timer.phase("other"):
             run.count_speculative(engine.policy, engine.s, k_iter, engine.weight_bytes,
                                   engine.kv_bytes_per_token)
-            # one device-to-host read of everything the host keeps (token ids are exact in
-            # float64): each separate read is a synchronising copy
-            packed = torch.cat([m[:, None].double(), token[:, None].double(),
-                                self.drafts[:, :k_iter].double(),
-                                self.entropies[:, :k_iter].double(),
-                                accept.double()], 1)
             with run.waiting():
-                packed = packed.cpu().numpy()
+                packed = sent.wait()
             ids = packed[:, :2 + k_iter].astype(np.int64)
             m_h, token_h, drafts_h = ids[:, 0].tolist(), ids[:, 1].tolist(), ids[:, 2:]
             entropy_h = packed[:, 2 + k_iter:2 + 2 * k_iter]
@@ -281,4 +321,4 @@ class SpeculativeLoop(Decoding):
         return checked
 
 
-__all__ = ["Decoding", "PlainLoop", "SpeculativeLoop", "Transfers"]
+__all__ = ["Decoding", "Pending", "PlainLoop", "SpeculativeLoop", "Transfers"]

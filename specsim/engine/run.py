@@ -94,11 +94,25 @@ class Run:
         return max(sum(sec for sec, _, _ in self.steps) - self.host_wait, 0.0)
 
     def _log_step(self, active_before: int, emitted: int) -> None:
-        # each step's host read waits for the iteration's GPU work: end − previous end is the
+        # each step's host read waits for the iteration's GPU work (the refresh queued behind
+        # it excepted, which runs during the next iteration's clock): end − previous end is the
         # iteration's wall time
         now = time.perf_counter()
         self.steps.append((now - self._mark, active_before, emitted))
         self._mark = now
+
+    def drain(self) -> None:
+        """The loop is done: wait for the GPU work queued after its last read (the last
+        refresh) and count it in the last iteration's wall time, so that the iterations' clock
+        covers every phase the engine's timer does."""
+        if not (self.x0.is_cuda and self.steps):
+            return
+        t0 = time.perf_counter()
+        torch.cuda.synchronize(self.x0.device)
+        waited = time.perf_counter() - t0
+        seconds, active, emitted = self.steps[-1]
+        self.steps[-1] = (seconds + waited, active, emitted)
+        self.host_wait += waited
 
     def any_active(self) -> bool:
         return any(self.active)
