@@ -147,6 +147,9 @@ def test_greedy_acceptance():
     assert accept.tolist() == [[1, 1, 0], [1, 1, 1]]
     m, nxt, _ = accept_greedy(drafts, target, k_seq=torch.tensor([1, 2]))
     assert m.tolist() == [1, 2] and nxt.tolist() == [1, 0]
+    m, nxt, accept = accept_greedy(drafts, target, forced_m=torch.tensor([0, 3]))
+    assert m.tolist() == [0, 3] and nxt.tolist() == [3, 4]     # the argmax after the forced m
+    assert accept.tolist() == [[1, 1, 0], [1, 1, 1]]           # acceptance as matched
 
 
 @pytest.mark.parametrize("k_cap", [None, 1])

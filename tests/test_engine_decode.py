@@ -419,7 +419,7 @@ def test_a_finished_sequence_never_writes_past_the_cache(tiny, monkeypatch):
     k, max_new = 5, 8
     real = loop.accept_greedy
 
-    def skewed(drafts, logits, k_t):
+    def skewed(drafts, logits, k_t, forced_m=None):
         _, _, accept = real(drafts, logits, k_t)
         m = torch.stack([k_t[0], torch.zeros_like(k_t[1])])
         return m, logits.argmax(-1).gather(1, m[:, None]).squeeze(1), accept

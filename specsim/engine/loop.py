@@ -261,17 +261,20 @@ class SpeculativeLoop(Decoding):
         drafts, q_len = self.drafts, k_iter + 1
         with self.timer.phase("other"):
             k_t = transfers.k_tensor(k_seq, k_iter)
+            forced_m = None if self.forced is None else transfers.to_device("forced_m", [
+                min(int(run.forced_of(b).m[min(run.iteration_of[b],
+                                               run.forced_of(b).iterations - 1)]), k_seq[b])
+                for b in range(self.batch)])
             if self.sampling.greedy:
-                m, token, accept = accept_greedy(drafts[:, :k_iter], logits, k_t)
+                m, token, accept = accept_greedy(drafts[:, :k_iter], logits, k_t,
+                                                 forced_m=forced_m)
             else:
                 m, token, accept = accept_speculative(
                     drafts[:, :k_iter], self.draft_probs[:, :k_iter],
                     probabilities(logits, self.sampling), self.generator, k_t)
-            if self.forced is not None:
-                m = transfers.to_device("forced_m", [min(int(run.forced_of(b).m[min(
-                    run.iteration_of[b], run.forced_of(b).iterations - 1)]), k_seq[b])
-                    for b in range(self.batch)])
-                token = logits.argmax(-1).gather(1, m[:, None]).squeeze(1)
+                if forced_m is not None:
+                    m = forced_m
+                    token = logits.argmax(-1).gather(1, m[:, None]).squeeze(1)
             kept = torch.where(run.active_t, m + 1, 0)
             self.cache.rollback((q_len - kept).int())
             x0 = torch.where(run.active_t, token, x0)

@@ -103,16 +103,21 @@ def leading_accepted(ok: torch.Tensor) -> torch.Tensor:
 
 
 def accept_greedy(drafts: torch.Tensor, target_logits: torch.Tensor,
-                  k_seq: torch.Tensor | None = None
+                  k_seq: torch.Tensor | None = None, forced_m: torch.Tensor | None = None
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """drafts [B, k], target_logits [B, k+1, V] → (m [B], next token [B], accept [B, k]).
     ``accept[b, i]`` is 1.0 when draft i equals the verifier's argmax, else 0.0 (the greedy
-    analogue of min(1, p/q)). With ``k_seq`` [B], sequence b accepts at most k_seq[b]."""
+    analogue of min(1, p/q)). With ``k_seq`` [B], sequence b accepts at most k_seq[b]; with
+    ``forced_m`` [B] (a trace's acceptance replayed), m is that and the next token the
+    verifier's argmax after it."""
     target = target_logits.argmax(-1)                                            # [B, k+1]
     ok = drafts == target[:, :-1]
-    m = leading_accepted(ok)
-    if k_seq is not None:
-        m = torch.minimum(m, k_seq)
+    if forced_m is not None:
+        m = forced_m
+    else:
+        m = leading_accepted(ok)
+        if k_seq is not None:
+            m = torch.minimum(m, k_seq)
     return m, target.gather(1, m[:, None]).squeeze(1), ok.float()
 
 
