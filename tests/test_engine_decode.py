@@ -26,7 +26,7 @@ from specsim.errors import SpecsimError
 from specsim.kernels.selection import vegas_select
 from specsim.policies import Policy
 from specsim.settings import EngineSettings
-from specsim.traces.format import make_header, read_trace, write_trace
+from specsim.traces.format import RequestTrace, make_header, read_trace, write_trace
 
 #: The CPU runs of the Triton kernels go through Triton's interpreter, which a machine with a
 #: GPU does not use: there tests/test_engine_gpu.py runs the same paths on CUDA.
@@ -306,6 +306,23 @@ def test_forced_replay_of_per_sequence_draft_lengths(tiny, ragged):
         staged = engine.transfers.to_device("k", [5, 0, 7])
         assert staged.tolist() == [5, 0, 7]
         assert engine.transfers.to_device("k", [1, 2, 3]).data_ptr() == staged.data_ptr()
+
+
+def test_a_finished_forced_slot_with_a_longer_k_replays_within_the_iteration(tiny, ragged):
+    """A slot whose trace has ended keeps its last k and m (4 of 4) while the others go on
+    at k = 1: its forced m stays within the iteration's one draft (it indexed past the
+    verify logits), and the others replay theirs."""
+    traces = [RequestTrace("a", "vegas", 0.1, np.array([len(ragged[0])]), np.array([4]),
+                           np.array([4])),
+              RequestTrace("b", "vegas", 0.1, len(ragged[1]) + np.arange(3) * 2,
+                           np.full(3, 1), np.full(3, 1)),
+              RequestTrace("c", "vegas", 0.1, len(ragged[2]) + np.arange(3) * 2,
+                           np.full(3, 1), np.array([1, 0, 1]))]
+    engine = Engine(tiny, batch=3, max_len=800, policy="vegas", s=0.1, k_max=4)
+    replay = engine.generate(forced_prompts(traces, TINY["vocab_size"], seed=4), 1,
+                             forced=traces)
+    assert [t.m.tolist() for t in replay.traces] == [[4], [1, 1, 1], [1, 0, 1]]
+    assert replay.iterations == 3
 
 
 def test_adaptive_k_uses_the_analytical_controller(tiny, ragged, plain_ragged, monkeypatch):

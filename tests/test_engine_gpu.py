@@ -33,21 +33,38 @@ def model():
     return build_model(SMALL_QWEN3, seed=1, std=0.1, dtype=torch.float32, device="cuda")
 
 
+@pytest.mark.parametrize("forced", [False, True])
 @pytest.mark.parametrize("policy", ["vegas", "sparsespec", "streamingllm", "quest",
                                     "last-token"])
-def test_graphs_replay_eager_exactly(model, policy):
+def test_graphs_replay_eager_exactly(model, policy, forced):
+    """Graphed draft chain, verify, acceptance (free-running, or replaying forced m with k
+    varying between sequences and iterations) and refresh decode what eager execution
+    decodes: tokens, m, each draft's entropy and acceptance."""
+    import numpy as np
+
+    from specsim.traces.format import RequestTrace
+
     batch = prompts((1500, 2100, 1800))
+    traces = None
+    if forced:
+        ks = [np.roll([6, 3, 6, 2, 5, 6], -b) for b in range(3)]
+        ms = [np.roll([1, 0, 0, 2, 1, 0], -b) for b in range(3)]
+        traces = [RequestTrace(str(b), policy, 0.1,
+                               len(p) + np.concatenate([[0], np.cumsum(m + 1)[:-1]]), k, m)
+                  for b, (p, k, m) in enumerate(zip(batch, ks, ms))]
     runs = []
     for graphs in (False, True):
         engine = Engine(model, batch=3, max_len=2200, policy=policy, s=0.1, k_max=6,
                         settings=AS_BUILT.replace(cuda_graphs=graphs))
         assert engine.backend.use_triton
-        runs.append(engine.generate(batch, 48, k=6))
+        runs.append(engine.generate(batch, 48, k=6, forced=traces))
     assert runs[0].tokens == runs[1].tokens
     assert [t.m.tolist() for t in runs[0].traces] == [t.m.tolist() for t in runs[1].traces]
     for eager, graphed in zip(runs[0].traces, runs[1].traces):   # the draft chain's entropies
         for a, b in zip(eager.entropy, graphed.entropy):
             assert b == pytest.approx(a, rel=1e-5, abs=1e-6)
+        for a, b in zip(eager.accept_prob, graphed.accept_prob):
+            assert list(b) == list(a)
     assert runs[1].timing["draft"] > 0 and runs[1].timing["verify"] > 0
 
 
@@ -223,19 +240,20 @@ def test_the_record_copy_waits_only_for_the_work_queued_before_it():
 
 
 def test_the_iterations_clock_covers_the_refresh_after_the_last_read(model, monkeypatch):
-    """The refresh runs behind the record's read, so the last one would end after the loop's
-    clock: the loop drains it into the last iteration, and the iterations' wall times add up
-    to at least every phase the CUDA events time (here with each refresh made long)."""
+    """The refresh runs behind the record's read, so the last one before a refill or the
+    loop's end would fall outside the loop's clock: the loop drains it into the iteration
+    that queued it, and the iterations' wall times add up to at least every phase the CUDA
+    events time (here with each refresh made long, and a queued prompt refilled)."""
     import numpy as np
 
     from specsim.engine.loop import SpeculativeLoop
     from specsim.traces.format import RequestTrace
 
-    batch, k = prompts((1500, 2100)), 4
+    batch, k = prompts((1500, 2100, 1800)), 4            # the third waits for a slot
     engine = Engine(model, batch=2, max_len=2200, policy="vegas", s=0.1, k_max=k,
                     settings=AS_BUILT)
-    traces = [RequestTrace(str(b), "vegas", 0.1, len(p) + np.arange(4) * 3, np.full(4, k),
-                           np.full(4, 2)) for b, p in enumerate(batch)]
+    traces = [RequestTrace(str(b), "vegas", 0.1, len(p) + np.arange(n) * 3, np.full(n, k),
+                           np.full(n, 2)) for b, (p, n) in enumerate(zip(batch, (2, 4, 2)))]
     engine.generate(batch, 1, k=k, forced=traces)       # compile, capture
     refresh = SpeculativeLoop.refresh_phase
 
@@ -248,7 +266,7 @@ def test_the_iterations_clock_covers_the_refresh_after_the_last_read(model, monk
     result = engine.generate(batch, 1, k=k, forced=traces)
     clock = sum(seconds for seconds, _, _ in result.steps)
     timed = sum(result.timing[p] for p in ("draft", "verify", "selection", "other"))
-    assert result.iterations == 4
+    assert result.iterations == 4 and result.timing["prefill"] > 0
     assert clock >= timed * (1 - 1e-3)
 
 

@@ -83,7 +83,7 @@ class Transfers:
         host = self._host[:n].view(values.shape)
         host.copy_(values, non_blocking=True)
         done = torch.cuda.Event()
-        done.record()
+        done.record(torch.cuda.current_stream(values.device))
         return Pending(host.numpy(), done)
 
 
@@ -119,6 +119,7 @@ class Decoding:
         refilled: list[int] = []
         if not run.free_slots():      # nothing queued or nothing finished: no timed phase
             return refilled
+        run.drain()                   # the last refresh, into the iteration that queued it
         with self.timer.phase("prefill"):
             while slots := run.free_slots():
                 for b in slots:
@@ -264,9 +265,11 @@ class SpeculativeLoop(Decoding):
         drafts, q_len = self.drafts, k_iter + 1
         with self.timer.phase("other"):
             k_t = transfers.k_tensor(k_seq, k_iter)
+            # an idle slot keeps its trace's last k and m, which may exceed this k_iter
             forced_m = None if self.forced is None else transfers.to_device("forced_m", [
                 min(int(run.forced_of(b).m[min(run.iteration_of[b],
-                                               run.forced_of(b).iterations - 1)]), k_seq[b])
+                                               run.forced_of(b).iterations - 1)]), k_seq[b],
+                    k_iter)
                 for b in range(self.batch)])
             if self.chained:
                 record = self.steps.accept(q_len, k_t, run.active_t, forced_m)

@@ -102,17 +102,18 @@ class Run:
         self._mark = now
 
     def drain(self) -> None:
-        """The loop is done: wait for the GPU work queued after its last read (the last
-        refresh) and count it in the last iteration's wall time, so that the iterations' clock
-        covers every phase the engine's timer does."""
+        """The loop is done or pauses for a refill: wait for the GPU work queued after its
+        last read (the last refresh) and count it in the last iteration's wall time, so that
+        the iterations' clock covers every phase the engine's timer does."""
         if not (self.x0.is_cuda and self.steps):
             return
         t0 = time.perf_counter()
         torch.cuda.synchronize(self.x0.device)
-        waited = time.perf_counter() - t0
+        now = time.perf_counter()
         seconds, active, emitted = self.steps[-1]
-        self.steps[-1] = (seconds + waited, active, emitted)
-        self.host_wait += waited
+        self.steps[-1] = (seconds + now - self._mark, active, emitted)
+        self.host_wait += now - t0
+        self._mark = now
 
     def any_active(self) -> bool:
         return any(self.active)
