@@ -37,9 +37,9 @@ def model():
 @pytest.mark.parametrize("policy", ["vegas", "sparsespec", "streamingllm", "quest",
                                     "last-token"])
 def test_graphs_replay_eager_exactly(model, policy, forced):
-    """Graphed draft chain, verify, acceptance (free-running, or replaying forced m with k
-    varying between sequences and iterations) and refresh decode what eager execution
-    decodes: tokens, m, each draft's entropy and acceptance."""
+    """Graphed draft chain, verify and refresh decode what eager execution decodes
+    (free-running, or replaying forced m with k varying between sequences and iterations):
+    tokens, m, each draft's entropy and acceptance."""
     import numpy as np
 
     from specsim.traces.format import RequestTrace

@@ -7,9 +7,8 @@ A speculative iteration, for every sequence of the batch at once:
   without the adaptive controller; else step by step, sampling and asking the controller);
 - ``verify``: one full-attention pass over the last token and the drafts;
 - ``accept`` (timed as ``other``): greedy match or speculative sampling (forced traces replay
-  their m instead), then the rejected rows rolled back (one graph after a graphed verify of
-  chained drafts); then one device-to-host copy of the iteration's tokens, entropies and
-  acceptance is started;
+  their m instead), then the rejected rows rolled back; then one device-to-host copy of the
+  iteration's tokens, entropies and acceptance is started;
 - ``selection``: the draft lists refreshed from what the verify pass collected (queued behind
   that copy, so the GPU refreshes while the host keeps the record; after the proxy check reads
   the rows when there is one);
@@ -190,8 +189,8 @@ class SpeculativeLoop(Decoding):
             k_iter = self.draft_phase(x0, k_seq, k_iter)
             q_len = k_iter + 1
             logits = self.verify_phase(x0, k_iter)
-            m, x0, record = self.accept_phase(logits, x0, k_seq, k_iter)
-            sent = self.send_record(record)
+            m, token, accept, x0 = self.accept_phase(logits, x0, k_seq, k_iter)
+            sent = self.send_record(m, token, accept, k_iter)
             if run.proxy is None:   # the refresh runs while the host keeps the record
                 self.refresh_phase(m, q_len)
             checked = self.record_phase(sent, k_seq, k_iter)
@@ -257,10 +256,8 @@ class SpeculativeLoop(Decoding):
 
     def accept_phase(self, logits: torch.Tensor, x0: torch.Tensor, k_seq: list[int],
                      k_iter: int):
-        """Accepted drafts m [B], the next iteration's x0 (finished sequences keep theirs) and
-        the iteration's record, float64 [B, 2 + 3k]: m, the next token, the drafts, their
-        entropies and each one's acceptance probability; the rejected rows rolled back. A
-        chained iteration whose verify pass was graphed accepts in one graph too."""
+        """Accepted drafts m [B], the next token, each draft's acceptance probability, and the
+        next iteration's x0 (finished sequences keep theirs); the rejected rows rolled back."""
         run, transfers = self.run, self.engine.transfers
         drafts, q_len = self.drafts, k_iter + 1
         with self.timer.phase("other"):
@@ -271,10 +268,6 @@ class SpeculativeLoop(Decoding):
                                                run.forced_of(b).iterations - 1)]), k_seq[b],
                     k_iter)
                 for b in range(self.batch)])
-            if self.chained:
-                record = self.steps.accept(q_len, k_t, run.active_t, forced_m)
-                if record is not None:
-                    return self.steps.accepted, self.steps.next_x0, record
             if self.sampling.greedy:
                 m, token, accept = accept_greedy(drafts[:, :k_iter], logits, k_t,
                                                  forced_m=forced_m)
@@ -288,10 +281,7 @@ class SpeculativeLoop(Decoding):
             kept = torch.where(run.active_t, m + 1, 0)
             self.cache.rollback((q_len - kept).int())
             x0 = torch.where(run.active_t, token, x0)
-            record = torch.cat([m[:, None].double(), token[:, None].double(),
-                                drafts[:, :k_iter].double(),
-                                self.entropies[:, :k_iter].double(), accept.double()], 1)
-        return m, x0, record
+        return m, token, accept, x0
 
     def refresh_phase(self, m: torch.Tensor, q_len: int) -> None:
         """The draft lists rebuilt from the rows the verify pass collected."""
@@ -299,12 +289,16 @@ class SpeculativeLoop(Decoding):
             rows = self.selection.ranked_rows(q_len)
             self.steps.refresh(rows, m, slice(q_len - rows, q_len))
 
-    def send_record(self, record: torch.Tensor):
+    def send_record(self, m, token, accept, k_iter: int):
         """Start the iteration's one device-to-host copy of everything the host keeps (token
         ids are exact in float64; each separate read would be a synchronising copy), queued
         before the refresh so that the host's wait ends when the acceptance does."""
         with self.timer.phase("other"):
-            return self.engine.transfers.to_host(record)
+            packed = torch.cat([m[:, None].double(), token[:, None].double(),
+                                self.drafts[:, :k_iter].double(),
+                                self.entropies[:, :k_iter].double(),
+                                accept.double()], 1)
+            return self.engine.transfers.to_host(packed)
 
     def record_phase(self, sent, k_seq: list[int], k_iter: int):
         """The iteration's bytes moved, the wait for ``send_record``'s copy, the adaptive

@@ -1,6 +1,5 @@
 """The engine's model passes on static buffers: one draft step, the greedy draft chain, one
-verify pass of q tokens, the greedy acceptance after it, and the selection's refresh, run
-eagerly or replayed as CUDA graphs.
+verify pass of q tokens, and the selection's refresh, run eagerly or replayed as CUDA graphs.
 
 Every pass reads and writes only buffers made once per engine (input tokens, the KV cache and
 its ``lengths``, the draft index lists, the collected logits), so on CUDA each is captured
@@ -13,7 +12,7 @@ import torch
 
 from specsim.engine import attention
 from specsim.engine.model import Transformer
-from specsim.engine.sampling import GREEDY, accept_greedy, choose, entropy
+from specsim.engine.sampling import GREEDY, choose, entropy
 from specsim.engine.selection import DraftSelection
 
 
@@ -35,12 +34,6 @@ class Steps:
         self.entropies = torch.zeros(batch, max(k_max, 1), dtype=torch.float32,
                                      device=self.device)
         self.last_row = torch.zeros(batch, dtype=torch.long, device=self.device)
-        # static inputs and output of the graphed greedy acceptance (``accept``)
-        self.k_limit = torch.zeros(batch, dtype=torch.long, device=self.device)
-        self.forced_m = torch.zeros(batch, dtype=torch.long, device=self.device)
-        self.active = torch.zeros(batch, dtype=torch.bool, device=self.device)
-        self.next_x0 = torch.zeros(batch, dtype=torch.long, device=self.device)
-        self.accepted = torch.zeros(batch, dtype=torch.long, device=self.device)
         self._refresh_pool = None
         self._verify_inputs: dict[int, torch.Tensor] = {}
         #: each layer's sliding window (None: full) and fp32 sinks (None: none), read once
@@ -113,38 +106,6 @@ class Steps:
             self.entropies[:, j] = entropy(probs)
         self.cache.rollback(k_iter)
         return self.drafts
-
-    def _accept_step(self, q_len: int, forced: bool) -> torch.Tensor:
-        """Greedy acceptance of the chained drafts in ``verify_input(q_len)`` against the
-        verify pass's logits, the rejected rows rolled back and the active sequences' next
-        token into ``next_x0`` → the iteration's record, float64 [B, 2 + 3k]: m, the next
-        token, the drafts, their entropies and acceptance."""
-        inputs, k = self.verify_input(q_len), q_len - 1
-        logits = self.graphs[("verify", q_len, True)].output
-        m, token, accept = accept_greedy(inputs[:, 1:], logits, self.k_limit,
-                                         forced_m=self.forced_m if forced else None)
-        kept = torch.where(self.active, m + 1, 0)
-        self.cache.rollback((q_len - kept).int())
-        self.next_x0.copy_(torch.where(self.active, token, inputs[:, 0]))
-        self.accepted.copy_(m)
-        return torch.cat([m[:, None].double(), token[:, None].double(), inputs[:, 1:].double(),
-                          self.entropies[:, :k].double(), accept.double()], 1)
-
-    def accept(self, q_len: int, k_limit: torch.Tensor, active: torch.Tensor,
-               forced_m: torch.Tensor | None = None) -> torch.Tensor | None:
-        """The greedy acceptance of a chained iteration as one launch, after ``verify(q_len)``
-        replayed from its graph: each sequence's drafts accepted up to ``k_limit`` [B] (or
-        ``forced_m`` [B] replayed), the rejected rows rolled back (inactive sequences keep
-        none), ``accepted`` (m) and ``next_x0`` set → the record (``_accept_step``), or None
-        where the verify pass ran eagerly (the caller accepts eagerly then)."""
-        if not self.cuda_graphs or ("verify", q_len, True) not in self.graphs:
-            return None
-        self.k_limit.copy_(k_limit)
-        self.active.copy_(active)
-        if forced_m is not None:
-            self.forced_m.copy_(forced_m)
-        return self._run(("accept", q_len, forced_m is not None),
-                         lambda: self._accept_step(q_len, forced_m is not None), True)
 
     def _refresh_step(self, rows: int, lse_rows: slice) -> torch.Tensor:
         self.selection.refresh(self.cache.lengths, rows, self.last_row, lse_rows)
