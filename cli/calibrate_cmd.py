@@ -241,7 +241,8 @@ def _compose(cal, spec, hardware, check_path, compose_path, as_json) -> None:
 
     table = read_operator_table(compose_path)
     fitted = fitted_for(table, spec, hardware)
-    composed = OperatorCostModel(table, spec, hardware, fitted=fitted)
+    composed = OperatorCostModel(table, spec, hardware, fitted=fitted,
+                                 verify_append=cal.settings.verify_append)
     alone = composition_error(cal, composed, residual=False)
     report = composition_error(cal, composed)
     if as_json:

@@ -72,6 +72,16 @@ class EngineSettings:
         "shapes, batch 4, 32K: plain step 11.35 ms against 14.66 ms eager); False: eager. "
         "Off CUDA the model runs as built")
 
+    #: How a verify pass writes its new K/V rows.
+    verify_append: str = _choice(
+        "torch", ("torch", "fused"),
+        "torch: indexed torch writes, about 10 launches a layer (with Quest's page bounds "
+        "about 40), as the shipped H200 calibrations were timed; fused: on CUDA one Triton "
+        "kernel writes the rows and Quest's page bounds, as plain and draft steps write "
+        "theirs (one H100, Qwen3-8B shapes, batch 4, k = 2: Vegas' verify 7.78 -> 7.07 ms "
+        "at 2K and 13.79 -> 13.02 ms at 32K, Quest's 10.14 -> 7.11 and 15.96 -> 12.88 ms). "
+        "The default moves to fused with the shipped calibrations' re-measured verify rows")
+
     def __post_init__(self):
         for f in fields(self):
             value = getattr(self, f.name)
@@ -84,8 +94,11 @@ class EngineSettings:
 
     def stable_hash(self) -> str:
         """16 hex digits of the settings' canonical JSON: equal settings, equal hash, on every
-        machine and Python."""
-        text = json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))
+        machine and Python. A setting at the value the engine ran before it existed
+        (:data:`ADDED_SETTINGS`) is left out, so older files' hashes still hold."""
+        doc = {name: value for name, value in self.to_json().items()
+               if ADDED_SETTINGS.get(name, (None,))[0] != value}
+        text = json.dumps(doc, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     def replace(self, **changes) -> "EngineSettings":
@@ -98,12 +111,14 @@ class EngineSettings:
 
     @classmethod
     def from_json(cls, doc: dict) -> "EngineSettings":
+        """Recorded settings; one added since (:data:`ADDED_SETTINGS`) that ``doc`` lacks
+        takes the value the engine ran before it existed."""
         names = {f.name for f in fields(cls)}
         unknown = sorted(set(doc) - names)
         if unknown:
             raise SpecsimError(f"unknown engine setting {', '.join(unknown)} "
                                f"(known: {', '.join(sorted(names))})")
-        return cls(**doc)
+        return cls(**{**{name: before for name, (before, _) in ADDED_SETTINGS.items()}, **doc})
 
     @classmethod
     def from_provenance(cls, engine: dict) -> "EngineSettings":
@@ -162,6 +177,11 @@ class EngineSettings:
         return "\n\n".join(lines)
 
 
+#: Settings added after calibrations began recording a settings object, each with how the
+#: engine ran before it existed and when it was added: a recorded object without one ran
+#: that value.
+ADDED_SETTINGS = {"verify_append": ("torch", "2026-12-06")}
+
 #: Retired settings (alternatives that lost a measurement), with how the engine runs instead
 #: and the measurement that chose it; a file that records one is read, and
 #: :func:`retired_settings` reports a difference.
@@ -209,12 +229,12 @@ LEGACY_ENVIRONMENT = {"SPECSIM_C2Q": "c2q", "SPECSIM_RANKING": "ranking",
 
 #: How runs went before each setting was recorded in ``provenance.engine``: Collect-2-Query's
 #: rows, last-token's per-head rows, torch.topk, torch cache writes, chunks per
-#: multiprocessor, the model as loaded.
+#: multiprocessor, the model as loaded, torch verify writes.
 LEGACY_DEFAULTS = {"c2q": "rows", "last_token_rows": "heads", "ranking": "topk",
                    "shared_kv_strides": False,
                    "cuda_graphs": True, "fuse_projections": False, "compile_layers": False,
                    "fused_append": False, "verify_splits": "sm", "combine": "loop",
-                   "linear": "torch"}
+                   "linear": "torch", "verify_append": "torch"}
 
 
 def retired_settings(engine: dict) -> dict[str, tuple]:

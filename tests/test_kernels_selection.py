@@ -56,14 +56,16 @@ def test_selected_counts_match_policy_rule():
 @pytest.mark.parametrize("fused", [False, True])
 @pytest.mark.parametrize("paged", [True, False])
 def test_kv_cache_append_rollback_and_page_bounds(fused, paged):
-    """Ragged writes, verify-sized writes, rollbacks and runs of single-position writes (the
-    draft and plain steps: with ``fused_append`` one kernel writes the rows and updates the
-    page bounds incrementally) keep the rows and the exact page bounds of the valid
-    positions, across page boundaries."""
+    """Ragged writes, rollbacks, runs of single-position writes (the draft and plain steps)
+    and of equal multi-row writes (verify passes; with ``fused_append`` one kernel writes
+    the rows, K and V each read by its own strides, and updates the page bounds
+    incrementally) keep the rows and the exact page bounds of the valid positions, across
+    page boundaries."""
     batch, kv_heads, max_len, head_dim, page = 3, 2, 90, 8, 16
     generator = make_generator(0)
     cache = KVCache(batch, kv_heads, max_len, head_dim, num_layers=2, dtype=torch.float32,
-                    device=DEVICE, page_size=page if paged else None, fused_append=fused)
+                    device=DEVICE, page_size=page if paged else None, fused_append=fused,
+                    fused_rows=fused)
     shadow_k = torch.zeros(2, batch, kv_heads, max_len, head_dim, device=DEVICE)
     shadow_v = shadow_k.clone()
     shadow_len = [0] * batch
@@ -82,21 +84,23 @@ def test_kv_cache_append_rollback_and_page_bounds(fused, paged):
         for b, c in enumerate(counts):
             shadow_len[b] += c
 
-    def singles(steps):
+    def singles(steps, n=1):
         for _ in range(steps):
-            cache.extend(1)
+            cache.extend(n)
             for layer in range(2):
-                k_new = torch.randn(batch, kv_heads, 1, head_dim, generator=generator,
-                                    device=DEVICE)
-                v_new = torch.randn(batch, kv_heads, 1, head_dim, generator=generator,
-                                    device=DEVICE)
-                # a strided view, as the model hands over its projections
-                cache.write(layer, k_new.transpose(1, 2).contiguous().transpose(1, 2), v_new)
+                # strided views, as the model hands over its projections: K [b, n, h, d]
+                # (its rotated copy), V a slice of the fused q|k|v output's columns
+                k_new = torch.randn(batch, n, kv_heads, head_dim, generator=generator,
+                                    device=DEVICE).transpose(1, 2)
+                qkv = torch.randn(batch, n, 3 * kv_heads, head_dim, generator=generator,
+                                  device=DEVICE)
+                v_new = qkv[:, :, 2 * kv_heads:].transpose(1, 2)
+                cache.write(layer, k_new, v_new)
                 for b in range(batch):
-                    shadow_k[layer, b, :, shadow_len[b]] = k_new[b, :, 0]
-                    shadow_v[layer, b, :, shadow_len[b]] = v_new[b, :, 0]
+                    shadow_k[layer, b, :, shadow_len[b]:shadow_len[b] + n] = k_new[b]
+                    shadow_v[layer, b, :, shadow_len[b]:shadow_len[b] + n] = v_new[b]
             for b in range(batch):
-                shadow_len[b] += 1
+                shadow_len[b] += n
 
     def check():
         assert cache.lengths.tolist() == shadow_len
@@ -135,6 +139,13 @@ def test_kv_cache_append_rollback_and_page_bounds(fused, paged):
     shadow_len = [n - r for n, r in zip(shadow_len, rejected.tolist())]
     check()
     singles(6)
+    check()
+    singles(2, n=9)     # verify passes of q = 9: lengths 50, 22, 71 → 68, 40, 89
+    check()
+    cache.rollback(torch.tensor([7, 2, 0], dtype=torch.int32, device=DEVICE))
+    shadow_len = [n - r for n, r in zip(shadow_len, (7, 2, 0))]
+    check()
+    singles(1, n=1)
     check()
 
 

@@ -177,6 +177,46 @@ def test_verify_and_draft_steps_are_the_sums_of_theirs(model):
         pytest.approx(expected, rel=1e-9)
 
 
+@pytest.mark.parametrize("policy", ["vegas", "quest"])
+def test_a_fused_verify_append_is_one_launch_a_layer_and_keeps_quests_pages(policy):
+    """``verify_append=fused``: a verify pass's q rows are written by the append operator
+    at its batch · KV heads, once a layer, and Quest's page bounds with them (no element-wise
+    recomputation of the pages); ``torch`` (the table's setting here) keeps both modelled as
+    element-wise kernels. A calibration's steps are composed as its own engine wrote them."""
+    from calibration_tables import synthetic
+    from specsim.costs.fitted import _rows
+
+    batch, context, q = 4, 4096, 3
+    kv_rows = batch * q * 2 * 128 * 2 * 2
+    torch_writes = OperatorCostModel(synthetic_table(), SMALL, HW)
+    fused = OperatorCostModel(synthetic_table(), SMALL, HW, verify_append="fused")
+    assert torch_writes.verify_append == "torch"
+    ctx = [context] * batch
+    saved = 2 * (3 * elementwise_ms(2 * kv_rows) - append_ms(batch * 2, policy == "quest"))
+    if policy == "quest":       # 14 element-wise kernels a layer over the written pages' bounds
+        saved += 2 * 14 * elementwise_ms(batch * 2 * 128 * 2 * 4)
+    got = (torch_writes.policy_verify(ctx, q, policy).seconds
+           - fused.policy_verify(ctx, q, policy).seconds) * 1e3
+    assert got == pytest.approx(saved, rel=1e-9)
+    # one position (plain and draft steps) is written alike either way
+    assert fused.plain_step(ctx).seconds == torch_writes.plain_step(ctx).seconds
+    # composed as each calibration ran: the same steps, priced by each one's setting
+    cal = synthetic(batches=(4,), contexts=(4096,), qs=(1, 3))
+    fused_cal = dataclasses.replace(cal, provenance={**cal.provenance, "engine": {
+        **cal.provenance["engine"],
+        "settings": DEFAULT.replace(verify_append="fused").to_json()}})
+    from calibration_tables import MODEL
+    verify_of = {}
+    for c in (cal, fused_cal):
+        _, points, _ = _rows(synthetic_table(), MODEL, c, HW)
+        verify_of[c.settings.verify_append] = [p[1] for p in points["verify:vegas"]]
+    # (q = 1 rows alike, the q = 3 rows cheaper where the calibration's verify was fused)
+    pairs = list(zip(verify_of["torch"], verify_of["fused"]))
+    assert all(t >= f for t, f in pairs)
+    assert sum(t > f for t, f in pairs) == sum(m.op == "verify" and m.q > 1
+                                               for m in cal.measurements) > 0
+
+
 def test_selection_is_the_policys_operator_for_every_list(model):
     batch, context = 4, 16384
     # Vegas: one list per layer and sequence

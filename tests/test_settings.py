@@ -10,8 +10,8 @@ from hypothesis import given, settings as hypothesis_settings, strategies as st
 
 from repo import REPO_ROOT
 from specsim.errors import SpecsimError
-from specsim.settings import (DEFAULT, ENGINE_FACTS, LEGACY_DEFAULTS, RETIRED, EngineSettings,
-                              engine_provenance, retired_settings)
+from specsim.settings import (ADDED_SETTINGS, DEFAULT, ENGINE_FACTS, LEGACY_DEFAULTS, RETIRED,
+                              EngineSettings, engine_provenance, retired_settings)
 
 #: The environment variables specsim reads: the user's cache and catalogue folders, the CLI's
 #: traceback switch, and Triton's interpreter switch.
@@ -113,10 +113,22 @@ def test_equal_settings_hash_equal_and_different_ones_differ(a, b):
 
 def test_the_hash_is_stable_across_runs():
     """The defaults' hash is a fixed string: files hashed on one machine compare on another
-    (it changes only when a setting's name, value or set of settings does)."""
+    (it changes only when a setting's name, value or set of settings does). A setting added
+    since files began recording settings leaves the hash of settings at its former value as
+    it was, and a recorded object without it reads as that value."""
     import hashlib
-    text = json.dumps(DEFAULT.to_json(), sort_keys=True, separators=(",", ":"))
-    assert DEFAULT.stable_hash() == hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    def sha(doc):
+        text = json.dumps(doc, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    now = DEFAULT.to_json()
+    before = {k: v for k, v in now.items() if k not in ADDED_SETTINGS}
+    for name, (was, _) in ADDED_SETTINGS.items():
+        assert EngineSettings.from_json(before) == DEFAULT.replace(**{name: was})
+        assert DEFAULT.replace(**{name: was}).stable_hash() == sha(before)
+        other = next(c for c in EngineSettings.choices()[name] if c != was)
+        assert DEFAULT.replace(**{name: other}).stable_hash() == sha({**before, name: other})
 
 
 @given(all_settings(), st.data())

@@ -101,8 +101,9 @@ def _rows(table, spec, calibration, hardware) -> tuple:
     from specsim.costs.composition import composition_error
     from specsim.costs.operators import OperatorCostModel
 
-    report = composition_error(calibration, OperatorCostModel(table, spec, hardware),
-                               residual=False)
+    composed = OperatorCostModel(table, spec, hardware,
+                                 verify_append=calibration.settings.verify_append)
+    report = composition_error(calibration, composed, residual=False)
     points: dict[str, list[tuple[float, float, int]]] = {}
     for row in report["points"]:
         if row["op"] == "prefill":      # priced without a fitted residual

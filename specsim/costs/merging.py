@@ -25,6 +25,7 @@ SETTING_FAMILIES = {
     "c2q": ("verify", "selection:vegas"),           # what Vegas' verify writes, its refresh
     "last_token_rows": ("verify:last-token", "selection:last-token"),   # likewise last-token's
     "shared_kv_strides": ("plain", "verify", "draft"),   # how the attention kernels read V
+    "verify_append": ("verify",),                   # each verify pass's K/V (and page) writes
 }
 
 

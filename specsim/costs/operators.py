@@ -198,12 +198,15 @@ class OperatorCostModel:
     name = "operators"
 
     def __init__(self, table: OperatorTable, model: ModelSpec, hardware: HardwareSpec,
-                 tp: int = 1, fitted=None):
+                 tp: int = 1, fitted=None, verify_append: str | None = None):
         if tp != 1:
             raise SpecsimError("operator tables are measured on one GPU; use the roofline model "
                                "for tensor parallelism")
         self.table, self.model, self.hardware = table, model, hardware
         self.settings = table.settings
+        #: how the priced engine writes a verify pass's K/V rows (the setting): the table's,
+        #: or a calibration's where its steps are composed to be compared with it
+        self.verify_append = verify_append or self.settings.verify_append
         self.roofline = RooflineCostModel(model, hardware, tp, c2q=self.settings.c2q)
         self.overheads = self.roofline.overheads
         self.bandwidth = float(table.probe["copy_bandwidth_Bps"])
@@ -468,11 +471,12 @@ class OperatorCostModel:
             add("elementwise", self._elementwise(per_token(m) * tokens * m.dtype_bytes), layers)
 
     def forward_parts(self, contexts: Sequence[int], q: int, *, draft: str | None = None,
-                      s: float | None = None, collect: str = "off"
+                      s: float | None = None, collect: str = "off", paged: bool = False
                       ) -> tuple[dict[str, float], list[str]]:
         """Seconds by operator of one forward pass of ``q`` tokens per sequence: full
         attention collecting ``collect`` (``COLLECT``), or with ``draft`` a policy's sparse
-        draft step at ``s``. Returns ({operator: seconds summed over layers}, notes)."""
+        draft step at ``s``; ``paged``: the cache keeps Quest's page bounds (so does a Quest
+        draft's). Returns ({operator: seconds summed over layers}, notes)."""
         ctx = as_contexts(contexts)
         m = self.model
         batch = ctx.size
@@ -503,8 +507,10 @@ class OperatorCostModel:
             add("attention", self._attention(q, "off", batch, capped), self.n_sliding)
         # the new tokens' K/V rows
         kv_row = m.num_kv_heads * hd * m.dtype_bytes * 2
-        paged = (draft == "quest") or collect == "paged"
-        if q == 1:
+        paged = paged or draft == "quest"
+        if q == 1 or self.verify_append == "fused":
+            # one launch per layer whatever q: a program per (sequence, KV head) writes its
+            # rows as one tile
             add("kv append", self._priced("kv_append", (hd, paged), (batch * m.num_kv_heads,),
                                           tokens * kv_row), layers)
         else:
@@ -607,8 +613,8 @@ class OperatorCostModel:
         notes = []
         if name == "vegas" and self.settings.c2q == "rows":
             notes.append("vegas with c2q=rows priced as the summed-row verify")
-        parts, more = self.forward_parts(ctx, q, collect=collect)
-        if name == "quest":
+        parts, more = self.forward_parts(ctx, q, collect=collect, paged=name == "quest")
+        if name == "quest" and self.verify_append == "torch":
             m = self.model
             bounds = ctx.size * m.num_kv_heads * m.head_dim * m.dtype_bytes * 4
             seconds, said = self._elementwise(bounds)

@@ -36,32 +36,48 @@ from specsim.kernels._runtime import default_device, tl, triton
 
 
 @triton.jit
-def _append_one_kernel(K, V, PMin, PMax, Lengths, KNew, VNew,
-                       stride_kb, stride_kh, stride_kn, stride_nb, stride_nh,
-                       stride_pb, stride_ph, stride_pp,
-                       NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
-                       PAGE: tl.constexpr, PAGED: tl.constexpr):
-    """One new position per sequence (``lengths[b] − 1``, after ``extend(1)``): its K and V
-    rows, and with ``PAGED`` its page's min/max bounds updated in place — the first position
-    of a page starts them, a later one takes the element-wise min/max with them (exact: the
-    bounds of the positions before it in the page are exact, see the module doc)."""
+def _append_rows_kernel(K, V, PMin, PMax, Lengths, KNew, VNew, n,
+                        stride_kb, stride_kh, stride_kn,
+                        stride_knb, stride_knh, stride_knt,
+                        stride_vnb, stride_vnh, stride_vnt,
+                        stride_pb, stride_ph, stride_pp,
+                        NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
+                        ROWS: tl.constexpr, PAGE: tl.constexpr, PAGED: tl.constexpr):
+    """The ``n`` (≤ ``ROWS``) newest positions of one (sequence, KV head) (``lengths[b] − n
+    ..``, after ``extend(n)``): their K and V rows, read by their own strides as one tile,
+    and with ``PAGED`` the min/max bounds of each page they touch, recomputed in place: the
+    new rows' element-wise min/max in that page, with the page's stored bounds when it began
+    before them (exact: the bounds of the positions before them are exact, see the module
+    doc)."""
     pid = tl.program_id(0)
     b = (pid // NUM_KV_HEADS).to(tl.int64)
     h = (pid % NUM_KV_HEADS).to(tl.int64)
-    pos = tl.load(Lengths + b).to(tl.int64) - 1
+    first = tl.load(Lengths + b).to(tl.int64) - n
+    row = tl.arange(0, ROWS)
     dims = tl.arange(0, HEAD_DIM)
-    k = tl.load(KNew + b * stride_nb + h * stride_nh + dims).to(K.dtype.element_ty)
-    v = tl.load(VNew + b * stride_nb + h * stride_nh + dims).to(V.dtype.element_ty)
-    row = b * stride_kb + h * stride_kh + pos * stride_kn + dims
-    tl.store(K + row, k)
-    tl.store(V + row, v)
+    valid = (row < n)[:, None]
+    k = tl.load(KNew + b * stride_knb + h * stride_knh + row[:, None] * stride_knt
+                + dims[None, :], mask=valid, other=0.0)
+    v = tl.load(VNew + b * stride_vnb + h * stride_vnh + row[:, None] * stride_vnt
+                + dims[None, :], mask=valid, other=0.0)
+    k = k.to(K.dtype.element_ty)
+    at = b * stride_kb + h * stride_kh + (first + row)[:, None] * stride_kn + dims[None, :]
+    tl.store(K + at, k, mask=valid)
+    tl.store(V + at, v.to(V.dtype.element_ty), mask=valid)
     if PAGED:
-        page = b * stride_pb + h * stride_ph + (pos // PAGE) * stride_pp + dims
-        first = (pos % PAGE) == 0
-        low = tl.where(first, k, tl.minimum(tl.load(PMin + page), k))
-        high = tl.where(first, k, tl.maximum(tl.load(PMax + page), k))
-        tl.store(PMin + page, low)
-        tl.store(PMax + page, high)
+        kf = k.to(tl.float32)
+        page_of = (first + row) // PAGE
+        bounds = b * stride_pb + h * stride_ph + dims
+        for page in range(first // PAGE, (first + n - 1) // PAGE + 1):
+            inside = valid & (page_of == page)[:, None]
+            low = tl.min(tl.where(inside, kf, float("inf")), axis=0)
+            high = tl.max(tl.where(inside, kf, float("-inf")), axis=0)
+            if page * PAGE < first:     # the page holds earlier positions: join their bounds
+                low = tl.minimum(low, tl.load(PMin + bounds + page * stride_pp).to(tl.float32))
+                high = tl.maximum(high,
+                                  tl.load(PMax + bounds + page * stride_pp).to(tl.float32))
+            tl.store(PMin + bounds + page * stride_pp, low.to(PMin.dtype.element_ty))
+            tl.store(PMax + bounds + page * stride_pp, high.to(PMax.dtype.element_ty))
 
 
 class KVCache:
@@ -70,7 +86,7 @@ class KVCache:
     def __init__(self, batch: int, kv_heads: int, max_len: int, head_dim: int, *,
                  num_layers: int = 1, dtype: torch.dtype = torch.bfloat16,
                  device: torch.device | str | None = None, page_size: int | None = None,
-                 fused_append: bool = False):
+                 fused_append: bool = False, fused_rows: bool = False):
         self.batch, self.kv_heads, self.max_len, self.head_dim = batch, kv_heads, max_len, head_dim
         self.num_layers = num_layers
         device = default_device(device)
@@ -79,10 +95,12 @@ class KVCache:
         self._v = torch.zeros(shape, dtype=dtype, device=device)
         self.lengths = torch.zeros(batch, dtype=torch.int32, device=device)
         self.page_size = page_size
-        #: one-position writes (draft and plain steps) by ``_append_one_kernel``: one launch
-        #: for the K/V rows and the page bounds, where the torch path makes ~6 launches for
-        #: the rows and, with pages, ~14 more to recompute two pages
+        #: one-position writes (plain and draft steps) by ``_append_rows_kernel``: one launch
+        #: for the K/V rows and the page bounds, where the torch path makes ~10 launches for
+        #: the rows and, with pages, ~30 more to recompute the pages they touch
         self.fused_append = fused_append
+        #: ... and writes of several positions (verify passes) too
+        self.fused_rows = fused_rows
         self.page_min = self.page_max = None
         if page_size:
             self.num_pages = math.ceil(max_len / page_size)
@@ -115,8 +133,8 @@ class KVCache:
         ``lengths[b] − counts[b] ..``; otherwise all ``n`` at ``lengths[b] − n ..``.
         """
         n = k_new.shape[2]
-        if n == 1 and counts is None and self.fused_append:
-            self._append_one(layer, k_new, v_new)
+        if counts is None and (self.fused_rows if n > 1 else self.fused_append):
+            self._append_rows(layer, k_new, v_new)
             return
         step = torch.arange(n, device=k_new.device, dtype=torch.int64)[None, :]
         added = counts.long() if counts is not None else torch.full_like(self.lengths, n).long()
@@ -142,20 +160,19 @@ class KVCache:
             first = self.lengths.long() - added
             self._refresh_pages(layer, first // self.page_size, (n - 1) // self.page_size + 2)
 
-    def _append_one(self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor) -> None:
+    def _append_rows(self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor) -> None:
         k_cache, v_cache = self._k[layer], self._v[layer]
-        k_new, v_new = k_new[:, :, 0], v_new[:, :, 0]                  # [batch, kv_heads, d]
-        if k_new.stride(-1) != 1 or v_new.stride() != k_new.stride():
-            k_new, v_new = k_new.contiguous(), v_new.contiguous()
+        k_new = k_new if k_new.stride(-1) == 1 else k_new.contiguous()
+        v_new = v_new if v_new.stride(-1) == 1 else v_new.contiguous()
         paged = bool(self.page_size)
         low = self.page_min[layer] if paged else k_cache
         high = self.page_max[layer] if paged else k_cache
-        _append_one_kernel[(self.batch * self.kv_heads,)](
-            k_cache, v_cache, low, high, self.lengths, k_new, v_new,
-            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-            k_new.stride(0), k_new.stride(1), low.stride(0), low.stride(1), low.stride(2),
-            NUM_KV_HEADS=self.kv_heads, HEAD_DIM=self.head_dim, PAGE=self.page_size or 1,
-            PAGED=paged, num_warps=1)
+        _append_rows_kernel[(self.batch * self.kv_heads,)](
+            k_cache, v_cache, low, high, self.lengths, k_new, v_new, k_new.shape[2],
+            *k_cache.stride()[:3], *k_new.stride()[:3], *v_new.stride()[:3],
+            *low.stride()[:3], NUM_KV_HEADS=self.kv_heads, HEAD_DIM=self.head_dim,
+            ROWS=triton.next_power_of_2(k_new.shape[2]), PAGE=self.page_size or 1,
+            PAGED=paged, num_warps=1 if k_new.shape[2] <= 2 else 4)
 
     def append(self, k_new: torch.Tensor, v_new: torch.Tensor,
                counts: torch.Tensor | None = None) -> None:
