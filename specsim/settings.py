@@ -97,7 +97,7 @@ class EngineSettings:
         machine and Python. A setting at the value the engine ran before it existed
         (:data:`ADDED_SETTINGS`) is left out, so older files' hashes still hold."""
         doc = {name: value for name, value in self.to_json().items()
-               if ADDED_SETTINGS.get(name, (None,))[0] != value}
+               if name not in ADDED_SETTINGS or ADDED_SETTINGS[name] != value}
         text = json.dumps(doc, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -118,7 +118,7 @@ class EngineSettings:
         if unknown:
             raise SpecsimError(f"unknown engine setting {', '.join(unknown)} "
                                f"(known: {', '.join(sorted(names))})")
-        return cls(**{**{name: before for name, (before, _) in ADDED_SETTINGS.items()}, **doc})
+        return cls(**{**ADDED_SETTINGS, **doc})
 
     @classmethod
     def from_provenance(cls, engine: dict) -> "EngineSettings":
@@ -178,9 +178,9 @@ class EngineSettings:
 
 
 #: Settings added after calibrations began recording a settings object, each with how the
-#: engine ran before it existed and when it was added: a recorded object without one ran
-#: that value.
-ADDED_SETTINGS = {"verify_append": ("torch", "2026-12-06")}
+#: engine ran before it existed (verify_append: added 2026-12-06): a recorded object without
+#: one ran that value.
+ADDED_SETTINGS = {"verify_append": "torch"}
 
 #: Retired settings (alternatives that lost a measurement), with how the engine runs instead
 #: and the measurement that chose it; a file that records one is read, and
@@ -229,12 +229,12 @@ LEGACY_ENVIRONMENT = {"SPECSIM_C2Q": "c2q", "SPECSIM_RANKING": "ranking",
 
 #: How runs went before each setting was recorded in ``provenance.engine``: Collect-2-Query's
 #: rows, last-token's per-head rows, torch.topk, torch cache writes, chunks per
-#: multiprocessor, the model as loaded, torch verify writes.
+#: multiprocessor, the model as loaded, and each setting added since as it ran before.
 LEGACY_DEFAULTS = {"c2q": "rows", "last_token_rows": "heads", "ranking": "topk",
                    "shared_kv_strides": False,
                    "cuda_graphs": True, "fuse_projections": False, "compile_layers": False,
                    "fused_append": False, "verify_splits": "sm", "combine": "loop",
-                   "linear": "torch", "verify_append": "torch"}
+                   "linear": "torch", **ADDED_SETTINGS}
 
 
 def retired_settings(engine: dict) -> dict[str, tuple]:

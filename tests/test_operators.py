@@ -183,7 +183,7 @@ def test_a_fused_verify_append_is_one_launch_a_layer_and_keeps_quests_pages(poli
     at its batch · KV heads, once a layer, and Quest's page bounds with them (no element-wise
     recomputation of the pages); ``torch`` (the table's setting here) keeps both modelled as
     element-wise kernels. A calibration's steps are composed as its own engine wrote them."""
-    from calibration_tables import synthetic
+    from calibration_tables import MODEL, synthetic
     from specsim.costs.fitted import _rows
 
     batch, context, q = 4, 4096, 3
@@ -205,7 +205,6 @@ def test_a_fused_verify_append_is_one_launch_a_layer_and_keeps_quests_pages(poli
     fused_cal = dataclasses.replace(cal, provenance={**cal.provenance, "engine": {
         **cal.provenance["engine"],
         "settings": DEFAULT.replace(verify_append="fused").to_json()}})
-    from calibration_tables import MODEL
     verify_of = {}
     for c in (cal, fused_cal):
         _, points, _ = _rows(synthetic_table(), MODEL, c, HW)
