@@ -241,8 +241,7 @@ def _compose(cal, spec, hardware, check_path, compose_path, as_json) -> None:
 
     table = read_operator_table(compose_path)
     fitted = fitted_for(table, spec, hardware)
-    composed = OperatorCostModel(table, spec, hardware, fitted=fitted,
-                                 verify_append=cal.settings.verify_append)
+    composed = OperatorCostModel.as_calibrated(table, spec, hardware, cal, fitted=fitted)
     alone = composition_error(cal, composed, residual=False)
     report = composition_error(cal, composed)
     if as_json:

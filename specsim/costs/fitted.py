@@ -101,8 +101,7 @@ def _rows(table, spec, calibration, hardware) -> tuple:
     from specsim.costs.composition import composition_error
     from specsim.costs.operators import OperatorCostModel
 
-    composed = OperatorCostModel(table, spec, hardware,
-                                 verify_append=calibration.settings.verify_append)
+    composed = OperatorCostModel.as_calibrated(table, spec, hardware, calibration)
     report = composition_error(calibration, composed, residual=False)
     points: dict[str, list[tuple[float, float, int]]] = {}
     for row in report["points"]:

@@ -227,6 +227,14 @@ class OperatorCostModel:
         self.fitted = fitted
         self.warnings = self._layout_warnings()
 
+    @classmethod
+    def as_calibrated(cls, table: OperatorTable, model: ModelSpec, hardware: HardwareSpec,
+                      calibration, fitted=None) -> "OperatorCostModel":
+        """``model`` composed from ``table`` as ``calibration``'s engine ran (its
+        ``verify_append``), to be compared with that calibration's measured steps."""
+        return cls(table, model, hardware, fitted=fitted,
+                   verify_append=calibration.settings.verify_append)
+
     def _layout_warnings(self) -> list[str]:
         m = self.model
         out = []
