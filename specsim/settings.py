@@ -72,16 +72,6 @@ class EngineSettings:
         "shapes, batch 4, 32K: plain step 11.35 ms against 14.66 ms eager); False: eager. "
         "Off CUDA the model runs as built")
 
-    #: How a verify pass writes its new K/V rows.
-    verify_append: str = _choice(
-        "torch", ("torch", "fused"),
-        "torch: indexed torch writes, about 10 launches a layer (with Quest's page bounds "
-        "about 40), as the shipped H200 calibrations were timed; fused: on CUDA one Triton "
-        "kernel writes the rows and Quest's page bounds, as plain and draft steps write "
-        "theirs (one H100, Qwen3-8B shapes, batch 4, k = 2: Vegas' verify 7.78 -> 7.07 ms "
-        "at 2K and 13.79 -> 13.02 ms at 32K, Quest's 10.14 -> 7.11 and 15.96 -> 12.88 ms). "
-        "The default moves to fused with the shipped calibrations' re-measured verify rows")
-
     def __post_init__(self):
         for f in fields(self):
             value = getattr(self, f.name)
@@ -94,11 +84,8 @@ class EngineSettings:
 
     def stable_hash(self) -> str:
         """16 hex digits of the settings' canonical JSON: equal settings, equal hash, on every
-        machine and Python. A setting at the value the engine ran before it existed
-        (:data:`ADDED_SETTINGS`) is left out, so older files' hashes still hold."""
-        doc = {name: value for name, value in self.to_json().items()
-               if name not in ADDED_SETTINGS or ADDED_SETTINGS[name] != value}
-        text = json.dumps(doc, sort_keys=True, separators=(",", ":"))
+        machine and Python."""
+        text = json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     def replace(self, **changes) -> "EngineSettings":
@@ -111,14 +98,13 @@ class EngineSettings:
 
     @classmethod
     def from_json(cls, doc: dict) -> "EngineSettings":
-        """Recorded settings; one added since (:data:`ADDED_SETTINGS`) that ``doc`` lacks
-        takes the value the engine ran before it existed."""
+        """Recorded settings."""
         names = {f.name for f in fields(cls)}
         unknown = sorted(set(doc) - names)
         if unknown:
             raise SpecsimError(f"unknown engine setting {', '.join(unknown)} "
                                f"(known: {', '.join(sorted(names))})")
-        return cls(**{**ADDED_SETTINGS, **doc})
+        return cls(**doc)
 
     @classmethod
     def from_provenance(cls, engine: dict) -> "EngineSettings":
@@ -177,9 +163,9 @@ class EngineSettings:
         return "\n\n".join(lines)
 
 
-#: Settings added after calibrations began recording a settings object, each with how the
-#: engine ran before it existed (verify_append: added 2026-12-06): a recorded object without
-#: one ran that value.
+#: Retired settings that were added after calibrations began recording a settings object,
+#: each with how the engine ran before it existed: a recorded object that names it neither
+#: there nor as its own key ran that value.
 ADDED_SETTINGS = {"verify_append": "torch"}
 
 #: Retired settings (alternatives that lost a measurement), with how the engine runs instead
@@ -210,6 +196,12 @@ RETIRED = {
                                  "(H200, batch 4, hd128 and hd64, 32K and 128K, q = 1, 8, 16, "
                                  "collecting nothing and the summed row; hd64 q = 8-16: "
                                  "4-9% slower)"),
+    "verify_append": ("fused", "one Triton kernel writes a verify pass's K/V rows (and "
+                               "Quest's page bounds) on CUDA, where indexed torch writes made "
+                               "about 10 launches a layer (Quest about 40): H200, each "
+                               "calibrated model's verify rows 0.65-0.97 of the torch writes' "
+                               "(Quest's 0.69-0.81 at 8B shapes); one H100, Qwen3-8B shapes, "
+                               "batch 4, k = 2: Vegas' verify 7.78 -> 7.07 ms at 2K"),
 }
 
 #: ``provenance.engine`` keys that state how the engine ran, not choices: the chained greedy
@@ -217,7 +209,7 @@ RETIRED = {
 #: ``cache_align`` where the model allows), the retired settings older files record, and what
 #: ``ranking="best"`` resolved to per policy (``specsim.policies.BEST_RANKING``).
 ENGINE_FACTS = ("draft_chain", "draft_timed_as_chain_of", "cache_align", "fused_append",
-                "verify_splits", "best_ranking")
+                "verify_splits", "verify_append", "best_ranking")
 
 #: Environment variable that chose each setting in runs recorded before this object existed
 #: (how an old file's notes name them), mapped to the setting or retired setting.
@@ -244,9 +236,10 @@ def retired_settings(engine: dict) -> dict[str, tuple]:
     recorded = dict(engine.get("settings") or {})
     out = {}
     for name, (now, _) in RETIRED.items():
-        # a file with a settings object postdates the retired settings it does not name
-        ran = recorded.get(name, engine.get(name, now if "settings" in engine
-                                            else LEGACY_DEFAULTS[name]))
+        # a file with a settings object postdates the retired settings it does not name,
+        # but for those added after settings objects began (ADDED_SETTINGS)
+        before = ADDED_SETTINGS.get(name, now) if "settings" in engine else LEGACY_DEFAULTS[name]
+        ran = recorded.get(name, engine.get(name, before))
         if ran != now:
             out[name] = (ran, now)
     return out
@@ -263,8 +256,9 @@ def engine_provenance(settings: "EngineSettings", **facts) -> dict:
     from specsim.policies import BEST_RANKING
 
     return {"draft_chain": True, **facts, "best_ranking": dict(BEST_RANKING),
-            "fused_append": RETIRED["fused_append"][0],
-            "verify_splits": RETIRED["verify_splits"][0], **settings.to_json(),
+            **{name: RETIRED[name][0] for name in ("fused_append", "verify_splits",
+                                                    *ADDED_SETTINGS)},
+            **settings.to_json(),
             "settings": settings.to_json(), "settings_hash": settings.stable_hash()}
 
 

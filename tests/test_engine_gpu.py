@@ -94,28 +94,24 @@ def test_graphed_refresh_builds_the_eager_lists(model, policy):
         assert len([k for k in engines[1].steps.graphs if k[0] == "refresh"]) == 1
 
 
-@pytest.mark.parametrize("verify_append", ["torch", "fused"])
-def test_greedy_self_speculation_matches_plain_on_gpu(model, verify_append):
+def test_greedy_self_speculation_matches_plain_on_gpu(model):
     batch = prompts((1500, 2100))
     plain = plain_decode(model, batch, 32, settings=AS_BUILT).tokens
     for policy in ("vegas", "quest", "sparsespec"):
         assert speculative_decode(model, batch, 32, policy=policy, k=8, s=0.1,
-                                  settings=AS_BUILT.replace(verify_append=verify_append)
-                                  ).tokens == plain
+                                  settings=AS_BUILT).tokens == plain
 
 
-@pytest.mark.parametrize("verify_append", ["torch", "fused"])
 @pytest.mark.parametrize("policy", ["vegas", "sparsespec", "quest", "last-token"])
-def test_queued_prompts_through_graphed_slots(model, policy, verify_append):
+def test_queued_prompts_through_graphed_slots(model, policy):
     """Continuous batching on the GPU: five prompts through two slots reproduce plain greedy
     decoding, and the graphed run replays the eager one (refills write into the slots the
-    graphs read from), with either verify write (Quest's page bounds kept by the fused one
-    across rollbacks and refills)."""
+    graphs read from; Quest's page bounds kept by the fused appends across rollbacks and
+    refills)."""
     queue = prompts((1500, 2100, 1800, 1600, 1900))
     plain = plain_decode(model, queue, 40, settings=AS_BUILT).tokens
     runs = [Engine(model, batch=2, max_len=2200, policy=policy, s=0.1, k_max=6,
-                   settings=AS_BUILT.replace(cuda_graphs=graphs, verify_append=verify_append)
-                   ).generate(queue, 40, k=6)
+                   settings=AS_BUILT.replace(cuda_graphs=graphs)).generate(queue, 40, k=6)
             for graphs in (False, True)]
     assert runs[0].tokens == runs[1].tokens == plain
     assert [t.m.tolist() for t in runs[0].traces] == [t.m.tolist() for t in runs[1].traces]

@@ -64,8 +64,7 @@ def test_kv_cache_append_rollback_and_page_bounds(fused, paged):
     batch, kv_heads, max_len, head_dim, page = 3, 2, 90, 8, 16
     generator = make_generator(0)
     cache = KVCache(batch, kv_heads, max_len, head_dim, num_layers=2, dtype=torch.float32,
-                    device=DEVICE, page_size=page if paged else None, fused_append=fused,
-                    fused_rows=fused)
+                    device=DEVICE, page_size=page if paged else None, fused_append=fused)
     shadow_k = torch.zeros(2, batch, kv_heads, max_len, head_dim, device=DEVICE)
     shadow_v = shadow_k.clone()
     shadow_len = [0] * batch

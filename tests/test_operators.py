@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from specsim.costs import resolve_cost_source
 from specsim.costs.operator_file import OperatorTable, Point, read_operator_table
 from specsim.costs.operators import OperatorCostModel
+from specsim.costs.provenance import engine_choices
 from specsim.errors import SpecsimError
 from specsim.settings import DEFAULT
 from specsim.shipped import shipped_root
@@ -151,11 +152,10 @@ def test_a_plain_step_is_the_sum_of_its_operators(model):
 def test_verify_and_draft_steps_are_the_sums_of_theirs(model):
     batch, context, q = 4, 4096, 3
     tokens = batch * q
-    # Vegas' verify collects its summed row; the q rows' K/V are written by 3 element-wise
-    # kernels per layer
-    kv_rows = tokens * 2 * 128 * 2 * 2
+    # Vegas' verify collects its summed row; the q rows' K/V are written by the append
+    # operator, once a layer
     expected = 2 * (by_hand_layers(tokens, None) + verify_ms(q, "sum", batch * 2, context)
-                    + 3 * elementwise_ms(2 * kv_rows)) + by_hand_head(tokens)
+                    + append_ms(batch * 2, False)) + by_hand_head(tokens)
     assert model.verify([context] * batch, q).seconds * 1e3 == pytest.approx(expected, rel=1e-9)
     # StreamingLLM's verify collects nothing: cheaper by the collection alone
     saved = 2 * (verify_ms(q, "sum", 8, context) - verify_ms(q, "off", 8, context))
@@ -179,18 +179,19 @@ def test_verify_and_draft_steps_are_the_sums_of_theirs(model):
 
 @pytest.mark.parametrize("policy", ["vegas", "quest"])
 def test_a_fused_verify_append_is_one_launch_a_layer_and_keeps_quests_pages(policy):
-    """``verify_append=fused``: a verify pass's q rows are written by the append operator
-    at its batch · KV heads, once a layer, and Quest's page bounds with them (no element-wise
-    recomputation of the pages); ``torch`` (the table's setting here) keeps both modelled as
-    element-wise kernels. A calibration's steps are composed as its own engine wrote them."""
+    """As the engine runs now, a verify pass's q rows are written by the append operator at
+    its batch · KV heads, once a layer, and Quest's page bounds with them (no element-wise
+    recomputation of the pages); the retired torch writes, as older calibrations ran, keep
+    both modelled as element-wise kernels. A calibration's steps are composed as its own
+    engine wrote them."""
     from calibration_tables import MODEL, synthetic
     from specsim.costs.fitted import _rows
 
     batch, context, q = 4, 4096, 3
     kv_rows = batch * q * 2 * 128 * 2 * 2
-    torch_writes = OperatorCostModel(synthetic_table(), SMALL, HW)
-    fused = OperatorCostModel(synthetic_table(), SMALL, HW, verify_append="fused")
-    assert torch_writes.verify_append == "torch"
+    torch_writes = OperatorCostModel(synthetic_table(), SMALL, HW, verify_append="torch")
+    fused = OperatorCostModel(synthetic_table(), SMALL, HW)
+    assert fused.verify_append == "fused"
     ctx = [context] * batch
     saved = 2 * (3 * elementwise_ms(2 * kv_rows) - append_ms(batch * 2, policy == "quest"))
     if policy == "quest":       # 14 element-wise kernels a layer over the written pages' bounds
@@ -201,14 +202,13 @@ def test_a_fused_verify_append_is_one_launch_a_layer_and_keeps_quests_pages(poli
     # one position (plain and draft steps) is written alike either way
     assert fused.plain_step(ctx).seconds == torch_writes.plain_step(ctx).seconds
     # composed as each calibration ran: the same steps, priced by each one's setting
-    cal = synthetic(batches=(4,), contexts=(4096,), qs=(1, 3))
+    cal = synthetic(batches=(4,), contexts=(4096,), qs=(1, 3))      # an older file: torch
     fused_cal = dataclasses.replace(cal, provenance={**cal.provenance, "engine": {
-        **cal.provenance["engine"],
-        "settings": DEFAULT.replace(verify_append="fused").to_json()}})
+        **cal.provenance["engine"], "verify_append": "fused"}})
     verify_of = {}
     for c in (cal, fused_cal):
         _, points, _ = _rows(synthetic_table(), MODEL, c, HW)
-        verify_of[c.settings.verify_append] = [p[1] for p in points["verify:vegas"]]
+        verify_of[engine_choices(c)["verify_append"]] = [p[1] for p in points["verify:vegas"]]
     # (q = 1 rows alike, the q = 3 rows cheaper where the calibration's verify was fused)
     pairs = list(zip(verify_of["torch"], verify_of["fused"]))
     assert all(t >= f for t, f in pairs)
@@ -850,7 +850,7 @@ def test_composition_error_scores_each_measured_step_against_its_composed_price(
     from specsim.costs.composition import composed_step, composition_error
 
     cal = synthetic(batches=(1, 4), contexts=(4096, 16384), qs=(1, 3))
-    om = OperatorCostModel(synthetic_table(), MODEL, HW)
+    om = OperatorCostModel.as_calibrated(synthetic_table(), MODEL, HW, cal)   # as it ran
     report = composition_error(cal, om)
     assert set(report["per_op"]) == {"plain", "verify", "draft:vegas", "selection:vegas"}
     assert len(report["points"]) == len(cal.measurements)

@@ -53,10 +53,11 @@ import numpy as np
 
 from specsim.costs.base import Cost, IterationCost, as_contexts, compose_iteration, memoized
 from specsim.costs.operator_file import OPERATORS, OperatorTable
-from specsim.costs.provenance import gpu_mismatch
+from specsim.costs.provenance import engine_choices, gpu_mismatch
 from specsim.costs.roofline import RooflineCostModel
 from specsim.errors import SpecsimError
 from specsim.policies import SPARSESPEC_WINDOW, get_policy
+from specsim.settings import RETIRED
 from specsim.specs import FULL_ATTENTION, HardwareSpec, ModelSpec
 
 #: Compiled element-wise kernels per layer around the matmuls, as torch.compile emits them for
@@ -204,9 +205,10 @@ class OperatorCostModel:
                                "for tensor parallelism")
         self.table, self.model, self.hardware = table, model, hardware
         self.settings = table.settings
-        #: how the priced engine writes a verify pass's K/V rows (the setting): the table's,
-        #: or a calibration's where its steps are composed to be compared with it
-        self.verify_append = verify_append or self.settings.verify_append
+        #: how the priced engine writes a verify pass's K/V rows: as the engine does now
+        #: (fused), or as a calibration's engine did where its steps are composed to be
+        #: compared with it (:meth:`as_calibrated`)
+        self.verify_append = verify_append or RETIRED["verify_append"][0]
         self.roofline = RooflineCostModel(model, hardware, tp, c2q=self.settings.c2q)
         self.overheads = self.roofline.overheads
         self.bandwidth = float(table.probe["copy_bandwidth_Bps"])
@@ -233,7 +235,7 @@ class OperatorCostModel:
         """``model`` composed from ``table`` as ``calibration``'s engine ran (its
         ``verify_append``), to be compared with that calibration's measured steps."""
         return cls(table, model, hardware, fitted=fitted,
-                   verify_append=calibration.settings.verify_append)
+                   verify_append=engine_choices(calibration)["verify_append"])
 
     def _layout_warnings(self) -> list[str]:
         m = self.model

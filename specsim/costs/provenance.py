@@ -21,7 +21,7 @@ CHOICE_WORDS = {
     "cuda_graphs": {True: None, False: "eager launches"},
     "fuse_projections": {True: None, False: "unfused projections"},
     "compile_layers": {True: None, False: "eager layers"},
-    "verify_append": {"torch": None, "fused": "fused verify append"},
+    "verify_append": {"fused": None, "torch": "torch verify writes"},
 }
 
 

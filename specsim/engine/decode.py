@@ -197,10 +197,8 @@ class Engine:
         self.backend = attention.AttentionBackend(
             self.device, num_heads=args.num_heads, num_kv_heads=args.num_kv_heads,
             head_dim=args.head_dim, batch=batch, max_len=self.max_len, use_triton=use_triton)
-        # one-position writes by one Triton kernel with the Triton backend, a verify pass's
-        # too where the settings say so (the CPU path writes with torch)
+        # appends by one Triton kernel with the Triton backend (the CPU path writes with torch)
         self.cache.fused_append = self.backend.use_triton
-        self.cache.fused_rows = self.backend.use_triton and settings.verify_append == "fused"
         self.selection = DraftSelection(
             self.policy, s, num_layers=args.num_layers, batch=batch, num_heads=args.num_heads,
             num_kv_heads=args.num_kv_heads, max_len=self.max_len, k_max=k_max,

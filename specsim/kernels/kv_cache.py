@@ -86,7 +86,7 @@ class KVCache:
     def __init__(self, batch: int, kv_heads: int, max_len: int, head_dim: int, *,
                  num_layers: int = 1, dtype: torch.dtype = torch.bfloat16,
                  device: torch.device | str | None = None, page_size: int | None = None,
-                 fused_append: bool = False, fused_rows: bool = False):
+                 fused_append: bool = False):
         self.batch, self.kv_heads, self.max_len, self.head_dim = batch, kv_heads, max_len, head_dim
         self.num_layers = num_layers
         device = default_device(device)
@@ -95,12 +95,11 @@ class KVCache:
         self._v = torch.zeros(shape, dtype=dtype, device=device)
         self.lengths = torch.zeros(batch, dtype=torch.int32, device=device)
         self.page_size = page_size
-        #: one-position writes (plain and draft steps) by ``_append_rows_kernel``: one launch
-        #: for the K/V rows and the page bounds, where the torch path makes ~10 launches for
-        #: the rows and, with pages, ~30 more to recompute the pages they touch
+        #: appends (a plain or draft step's one position, a verify pass's k + 1) by
+        #: ``_append_rows_kernel``: one launch for the K/V rows and the page bounds, where the
+        #: torch path makes ~10 launches for the rows and, with pages, ~30 more to recompute
+        #: the pages they touch
         self.fused_append = fused_append
-        #: ... and writes of several positions (verify passes) too
-        self.fused_rows = fused_rows
         self.page_min = self.page_max = None
         if page_size:
             self.num_pages = math.ceil(max_len / page_size)
@@ -133,7 +132,7 @@ class KVCache:
         ``lengths[b] − counts[b] ..``; otherwise all ``n`` at ``lengths[b] − n ..``.
         """
         n = k_new.shape[2]
-        if counts is None and (self.fused_rows if n > 1 else self.fused_append):
+        if counts is None and self.fused_append:
             self._append_rows(layer, k_new, v_new)
             return
         step = torch.arange(n, device=k_new.device, dtype=torch.int64)[None, :]
