@@ -33,16 +33,18 @@ phase's share of the iteration is printed beside it, and the loop's host time an
     python benchmarks/bench_engine.py --contexts 2048,32768,131072 --batch 4 --phases --peer hf
 
 ``--batch`` takes several sizes (every batch at every context; a cell that does not fit in
-memory is skipped with a note); the output is rewritten after every cell, and the run ends
-with its Markdown tables, which ``--table OUT.json [...]`` prints again from saved outputs
-(several runs' outputs into one table: a model, batch or context per run; a later output's
-rows replace an earlier one's of the same cell and kind, as after re-running some policies).
+memory is skipped with a note); the output is rewritten after every cell (``--resume`` goes
+on with a run cut short, or adds cells to its file), and the run ends with its Markdown
+tables, which ``--table OUT.json [...]`` prints again from saved outputs (several runs'
+outputs into one table: a model, batch or context per run; a later output's rows replace an
+earlier one's of the same cell and kind, as after re-running some policies).
 """
 from __future__ import annotations
 
 import argparse
 import gc
 import json
+import os
 import time
 
 import torch
@@ -238,7 +240,13 @@ def main(argv=None) -> None:
     parser.add_argument("--ss", default="0.03,0.05,0.07,0.1",
                         help="sparsities (comma-separated; --phases runs the first)")
     parser.add_argument("--out", default="engine-benchmark.json",
-                        help="JSON of every row (render it with --table)")
+                        help="JSON of every row (render it with --table), rewritten after "
+                             "every cell; an existing file is continued with --resume, "
+                             "never overwritten")
+    parser.add_argument("--resume", action="store_true",
+                        help="keep the cells --out already holds (a run cut short, or other "
+                             "batches and contexts of the same model and settings) and "
+                             "measure only the others")
     parser.add_argument("--device", default="cuda", help="cpu: a dry run of the script only")
     parser.add_argument("--setting", action="append", default=[], metavar="NAME=VALUE",
                         help="engine setting (repeatable): " + ", ".join(
@@ -266,19 +274,23 @@ def main(argv=None) -> None:
         return
     device = torch.device(args.device)
     settings = EngineSettings.parse(args.setting)
+    rows, done = resumed(parser, args, settings)
     config = json.loads(catalog_file(f"{args.model}/config.json").read_text())
     model = build_model(config, weights="random", dtype=torch.bfloat16, device=device)
     model.prepare(settings)
     bandwidth = copy_bandwidth(device, 4.0 if device.type == "cuda" else 0.25)
     print(f"{args.model}, random bf16 weights; copy bandwidth {bandwidth / 1e12:.2f} TB/s; "
           f"engine settings {settings.to_json()}")
-    rows = []
     cells = [(int(b), int(c)) for b in args.batch.split(",") for c in args.contexts.split(",")]
+    if done:
+        print(f"resuming {args.out}: {len(done)} cells already measured")
     ks = [int(k) for k in args.ks.split(",")]
     ss = [float(s) for s in args.ss.split(",")]
     c2qs = args.c2q.split(",") if args.c2q else [settings.c2q]
     trace = read_trace(args.trace) if args.trace else None
     for batch, context in cells:
+        if (batch, context) in done:
+            continue
         try:
             cell_rows(model, config, args, settings, batch, context, bandwidth, ks, ss, c2qs,
                       trace, rows)
@@ -289,13 +301,36 @@ def main(argv=None) -> None:
         release_memory()
         if device.type == "cuda":
             print(f"  held between cells: {torch.cuda.memory_allocated(device) / 2**30:.1f} GiB")
-        # after every cell: a run cut short keeps what it measured
+        done.append((batch, context))
+        # after every cell: a run cut short keeps what it measured, and --resume goes on
         with open(args.out, "w") as fh:
-            json.dump({"model": args.model, "batches": sorted({b for b, _ in cells}),
+            json.dump({"model": args.model, "batches": sorted({b for b, _ in done}),
                        "copy_bandwidth": bandwidth, "settings": settings.to_json(),
-                       "rows": rows}, fh, indent=2)
+                       "cells_done": sorted(done), "rows": rows}, fh, indent=2)
     print(f"wrote {args.out}")
     print(render_tables([json.loads(open(args.out).read())]))
+
+
+def resumed(parser, args, settings) -> tuple[list, list]:
+    """The rows and (batch, context) cells ``--out`` already holds when ``--resume`` continues
+    it (same model and settings), else none; an existing file without ``--resume`` is an
+    error (one line), so no run overwrites another's rows."""
+    if not os.path.exists(args.out):
+        return [], []
+    if not args.resume:
+        parser.error(f"{args.out} exists: --resume to measure only the cells it lacks, or "
+                     f"give another --out")
+    try:
+        prior = json.loads(open(args.out).read())
+        cells = [tuple(cell) for cell in prior["cells_done"]]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        parser.error(f"--resume: {args.out} is not a bench_engine output with its cells "
+                     f"recorded ({err.__class__.__name__}: {err})")
+    if prior.get("model") != args.model or prior.get("settings") != settings.to_json():
+        parser.error(f"--resume: {args.out} holds {prior.get('model')} with settings "
+                     f"{prior.get('settings')}, not {args.model} with {settings.to_json()}; "
+                     f"give another --out")
+    return prior["rows"], cells
 
 
 def _pct(x) -> str:
@@ -343,7 +378,7 @@ def render_tables(docs: list[dict]) -> str:
         if any(("phase", p) in kinds for p in policies):
             phases.append(head + "".join(f" {_phase_cell(kinds.get(('phase', p)))} |"
                                          for p in policies))
-    return "\n".join(plain + [""] + phases)
+    return "\n".join(plain + ([""] + phases if policies else []))
 
 
 def _phase_cell(rows) -> str:

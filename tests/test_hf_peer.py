@@ -127,6 +127,41 @@ def test_bench_engine_splits_each_policy_by_phase_against_its_floors(tmp_path):
     assert "floor/time" in done.stdout
 
 
+def test_bench_engine_resumes_its_output_and_never_overwrites_it(tmp_path):
+    """bench_engine.py --out: an existing file is refused without --resume (one line, the file
+    untouched) and with other settings; --resume keeps the cells it holds, row for row, and
+    measures only the others; the table has no phase table when no phases ran."""
+    import os
+    import subprocess
+
+    out = tmp_path / "bench.json"
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+
+    def bench(*extra):
+        return subprocess.run([sys.executable, str(REPO_ROOT / "benchmarks" / "bench_engine.py"),
+                               "--model", "smollm2-135m", "--contexts", "64", "--new-tokens",
+                               "2", "--device", "cpu", "--out", str(out), *extra],
+                              capture_output=True, text=True, timeout=600, env=env)
+
+    first = bench("--batch", "1")
+    assert first.returncode == 0, first.stderr[-2000:]
+    before = out.read_text()
+    assert json.loads(before)["cells_done"] == [[1, 64]]
+    assert "| model | batch | context |  |" not in first.stdout
+    refused = bench("--batch", "1,2")
+    assert refused.returncode == 2 and "exists: --resume" in refused.stderr.splitlines()[-1]
+    other = bench("--batch", "1,2", "--resume", "--setting", "c2q=rows")
+    assert other.returncode == 2 and "not smollm2-135m with" in other.stderr
+    assert out.read_text() == before
+    more = bench("--batch", "1,2", "--resume")
+    assert more.returncode == 0, more.stderr[-2000:]
+    assert "1 cells already measured" in more.stdout
+    doc = json.loads(out.read_text())
+    assert doc["cells_done"] == [[1, 64], [2, 64]] and doc["batches"] == [1, 2]
+    assert doc["rows"][0] == json.loads(before)["rows"][0]          # kept, not re-measured
+    assert [(r["batch"], r["mode"]) for r in doc["rows"]] == [(1, "plain"), (2, "plain")]
+
+
 def test_the_gather_floors_kernel_sums_exactly_the_picked_rows(monkeypatch):
     """The gather probe's Triton kernel (interpreted on the CPU): each program's row is the sum
     of the rows its indices pick, the last program masked where the indices run out."""
