@@ -51,7 +51,7 @@ import torch
 
 from specsim.engine import Engine, build_model
 from specsim.engine.decode import cache_positions, forced_prompts, truncate_trace
-from specsim.settings import EngineSettings
+from specsim.settings import RETIRED, EngineSettings
 from specsim.shipped import catalog_file
 from specsim.traces.format import read_trace
 
@@ -326,7 +326,12 @@ def resumed(parser, args, settings) -> tuple[list, list]:
     except (OSError, ValueError, KeyError, TypeError) as err:
         parser.error(f"--resume: {args.out} is not a bench_engine output with its cells "
                      f"recorded ({err.__class__.__name__}: {err})")
-    if prior.get("model") != args.model or prior.get("settings") != settings.to_json():
+    recorded = dict(prior.get("settings") or {})
+    # a retired setting the file names ran as the engine runs now, or not
+    retired = {name: recorded.pop(name) for name in list(recorded) if name in RETIRED}
+    same = recorded == settings.to_json() and all(value == RETIRED[name][0]
+                                                  for name, value in retired.items())
+    if prior.get("model") != args.model or not same:
         parser.error(f"--resume: {args.out} holds {prior.get('model')} with settings "
                      f"{prior.get('settings')}, not {args.model} with {settings.to_json()}; "
                      f"give another --out")

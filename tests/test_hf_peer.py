@@ -160,6 +160,12 @@ def test_bench_engine_resumes_its_output_and_never_overwrites_it(tmp_path):
     assert doc["cells_done"] == [[1, 64], [2, 64]] and doc["batches"] == [1, 2]
     assert doc["rows"][0] == json.loads(before)["rows"][0]          # kept, not re-measured
     assert [(r["batch"], r["mode"]) for r in doc["rows"]] == [(1, "plain"), (2, "plain")]
+    # a file naming a retired setting resumes where it ran as the engine runs now
+    from specsim.settings import RETIRED
+    for value, code in ((RETIRED["verify_append"][0], 0), ("torch", 2)):
+        out.write_text(json.dumps({**doc, "settings": {**doc["settings"],
+                                                         "verify_append": value}}))
+        assert bench("--batch", "1,2", "--resume").returncode == code
 
 
 def test_the_gather_floors_kernel_sums_exactly_the_picked_rows(monkeypatch):
