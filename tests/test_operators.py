@@ -365,6 +365,29 @@ def test_what_lies_outside_the_measured_ranges_says_so(model):
                for n in odd.plain_step([4096] * 4).notes)
 
 
+def test_an_unmeasured_q_reads_the_points_of_its_own_collection(model):
+    """A verify pass at a q its collection was not measured at reads that collection's
+    points, never another's: q = 1 collecting the summed row (measured from q = 2; q = 1 only
+    collecting nothing) is held at q = 2, not priced as bytes over the bandwidth; q = 4 lies
+    halfway between q = 3 and 5."""
+    batch, context = 4, 4096
+    m = model.model
+
+    def point(q, collect):
+        got = model._at_key("verify", (m.head_dim, m.group_size, q, collect),
+                            (batch * m.num_kv_heads, context))
+        assert got is not None
+        return got[0]
+
+    held, notes = model._attention(1, "sum", batch, context)
+    assert held == point(2, "sum") and held != point(1, "off")
+    assert any("q=1 collect=sum: held at the nearest measured q=2" in n for n in notes)
+    assert not any("not measured" in n for n in notes)
+    between, _ = model._attention(4, "sum", batch, context)
+    assert between == pytest.approx((point(3, "sum") + point(5, "sum")) / 2, rel=1e-12)
+    assert model._attention(1, "off", batch, context)[0] == point(1, "off")
+
+
 def test_a_gemm_between_measured_widths_lies_between_them(model):
     lo, _ = model.gemm(16, 1024, 1024)
     mid, notes = model.gemm(16, 1280, 1024)

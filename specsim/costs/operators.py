@@ -280,7 +280,13 @@ class OperatorCostModel:
                 interpolated=()) -> tuple[float, list[str]]:
         """An operator's seconds and notes: measured (through ``interpolated`` key fields,
         linearly between the measured values around each, held at the nearest beyond them),
-        else ``fallback_bytes`` over the probe's copy bandwidth (None: :class:`_Unmeasured`)."""
+        else ``fallback_bytes`` over the probe's copy bandwidth (None: :class:`_Unmeasured`).
+        Along an interpolated field only the values measured with the key's other fields count
+        (a verify pass collecting the summed row at q = 2 reads the summed-row points at q = 3
+        and above, not the q = 1 point measured collecting nothing)."""
+        fixed = [i for i in range(len(key)) if i not in interpolated]
+        keys = [x for x in self.keys.get(op, []) if all(x[i] == key[i] for i in fixed)]
+
         def resolve(k, axes):
             if not axes:
                 return self._at_key(op, k, at)
@@ -288,7 +294,7 @@ class OperatorCostModel:
             if got is not None:
                 return got
             axis = axes[0]
-            same = sorted({x[axis] for x in self.keys.get(op, [])})
+            same = sorted({x[axis] for x in keys})
             if not same:
                 return None
             v = k[axis]
