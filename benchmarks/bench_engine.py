@@ -49,9 +49,10 @@ import time
 
 import torch
 
+from specsim.atomic import atomic_writer
 from specsim.engine import Engine, build_model
 from specsim.engine.decode import cache_positions, forced_prompts, truncate_trace
-from specsim.settings import RETIRED, EngineSettings
+from specsim.settings import RETIRED, EngineSettings, engine_provenance, retired_settings
 from specsim.shipped import catalog_file
 from specsim.traces.format import read_trace
 
@@ -194,8 +195,8 @@ def phase_rows(model, args, settings, batch: int, context: int, stream: float,
                     + extra / stream
             else:
                 floor = moved / stream
-            row = {"batch": batch, "context": context, "mode": "phase", "policy": policy, "phase": phase,
-                   "k": k, "s": s, "seconds": seconds / count, "bytes": moved,
+            row = {"batch": batch, "context": context, "mode": "phase", "policy": policy,
+                   "phase": phase, "k": k, "s": s, "seconds": seconds / count, "bytes": moved,
                    "floor_seconds": floor, "share": seconds / total,
                    "gather_bandwidth": gather}
             rows.append(row)
@@ -302,19 +303,31 @@ def main(argv=None) -> None:
         if device.type == "cuda":
             print(f"  held between cells: {torch.cuda.memory_allocated(device) / 2**30:.1f} GiB")
         done.append((batch, context))
-        # after every cell: a run cut short keeps what it measured, and --resume goes on
-        with open(args.out, "w") as fh:
+        # after every cell, whole or not at all: a run cut short keeps what it measured, and
+        # --resume goes on
+        with atomic_writer(args.out) as fh:
             json.dump({"model": args.model, "batches": sorted({b for b, _ in done}),
                        "copy_bandwidth": bandwidth, "settings": settings.to_json(),
+                       "engine": engine_provenance(settings), "arguments": cell_arguments(args),
                        "cells_done": sorted(done), "rows": rows}, fh, indent=2)
     print(f"wrote {args.out}")
     print(render_tables([json.loads(open(args.out).read())]))
 
 
+#: The arguments that change what a cell measures: a resumed file's must be this run's.
+CELL_ARGUMENTS = ("new_tokens", "ks", "ss", "phases", "policies", "iterations", "peer", "c2q",
+                  "trace", "policy")
+
+
+def cell_arguments(args) -> dict:
+    return {name: getattr(args, name) for name in CELL_ARGUMENTS}
+
+
 def resumed(parser, args, settings) -> tuple[list, list]:
     """The rows and (batch, context) cells ``--out`` already holds when ``--resume`` continues
-    it (same model and settings), else none; an existing file without ``--resume`` is an
-    error (one line), so no run overwrites another's rows."""
+    it (same model, settings and cell arguments), else none; an existing file without
+    ``--resume`` is an error (one line), so no run overwrites another's rows. A file that
+    records no cells or arguments (an older output) counts the cells of its rows."""
     if not os.path.exists(args.out):
         return [], []
     if not args.resume:
@@ -322,20 +335,29 @@ def resumed(parser, args, settings) -> tuple[list, list]:
                      f"give another --out")
     try:
         prior = json.loads(open(args.out).read())
-        cells = [tuple(cell) for cell in prior["cells_done"]]
+        rows = list(prior["rows"])
+        cells = prior.get("cells_done") or sorted({(r["batch"], r["context"]) for r in rows})
+        cells = [(int(b), int(c)) for b, c in cells]
     except (OSError, ValueError, KeyError, TypeError) as err:
-        parser.error(f"--resume: {args.out} is not a bench_engine output with its cells "
-                     f"recorded ({err.__class__.__name__}: {err})")
+        parser.error(f"--resume: {args.out} is not a bench_engine output "
+                     f"({err.__class__.__name__}: {err})")
     recorded = dict(prior.get("settings") or {})
-    # a retired setting the file names ran as the engine runs now, or not
-    retired = {name: recorded.pop(name) for name in list(recorded) if name in RETIRED}
-    same = recorded == settings.to_json() and all(value == RETIRED[name][0]
-                                                  for name, value in retired.items())
-    if prior.get("model") != args.model or not same:
+    # the retired settings as the file's engine ran them (its engine record, else what its
+    # settings name) are the engine's now, or the file timed another engine
+    engine = prior.get("engine") or {"settings": recorded}
+    same = prior.get("model") == args.model and not retired_settings(engine) \
+        and {k: v for k, v in recorded.items() if k not in RETIRED} == settings.to_json()
+    if not same:
         parser.error(f"--resume: {args.out} holds {prior.get('model')} with settings "
                      f"{prior.get('settings')}, not {args.model} with {settings.to_json()}; "
                      f"give another --out")
-    return prior["rows"], cells
+    differ = {k: v for k, v in (prior.get("arguments") or {}).items()
+              if cell_arguments(args).get(k) != v}
+    if differ:
+        parser.error(f"--resume: {args.out} was measured with "
+                     + ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in differ.items())
+                     + "; give those or another --out")
+    return rows, cells
 
 
 def _pct(x) -> str:

@@ -8,7 +8,7 @@ and its calibration records them (``provenance.engine.settings`` and ``settings_
 cost model never silently mixes timings of two engines.
 
 A calibration's ``provenance.engine`` also states facts of the engine that are not choices
-(:data:`ENGINE_FACTS`: the fused one-position append, whole-wave split-KV chunks, the chained
+(:data:`ENGINE_FACTS`: the fused cache append, whole-wave split-KV chunks, the chained
 greedy drafts, the cache padding), and older files name some settings flat, by their own keys
 (``fused_append``, ``ranking``, ``verify_splits``, ``c2q``, ...), or not at all.
 :meth:`EngineSettings.from_provenance` reads all of them: missing keys take
@@ -85,8 +85,7 @@ class EngineSettings:
     def stable_hash(self) -> str:
         """16 hex digits of the settings' canonical JSON: equal settings, equal hash, on every
         machine and Python."""
-        text = json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(text.encode()).hexdigest()[:16]
+        return _hash(self.to_json())
 
     def replace(self, **changes) -> "EngineSettings":
         return dataclasses.replace(self, **changes)
@@ -229,10 +228,32 @@ LEGACY_DEFAULTS = {"c2q": "rows", "last_token_rows": "heads", "ranking": "topk",
                    "linear": "torch", **ADDED_SETTINGS}
 
 
+def _hash(doc: dict) -> str:
+    text = json.dumps(doc, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def recorded_settings(doc: dict) -> "EngineSettings":
+    """A recorded settings object as the engine's settings: the keys of retired settings it
+    names (:data:`RETIRED`, such as a setting the engine had when the file was written) are
+    dropped; any other unknown key is an error."""
+    return EngineSettings.from_json({k: v for k, v in doc.items() if k not in RETIRED})
+
+
+def recorded_hash(doc: dict) -> str:
+    """The hash a recorded settings object was written with: :meth:`EngineSettings.stable_hash`
+    of it as it stands, a setting of :data:`ADDED_SETTINGS` left out at the value the engine
+    ran before it (as files hashed while it was a setting)."""
+    return _hash({k: v for k, v in doc.items()
+                  if k not in ADDED_SETTINGS or ADDED_SETTINGS[k] != v})
+
+
 def retired_settings(engine: dict) -> dict[str, tuple]:
     """``{name: (what the file ran, what the engine runs now)}`` for each retired setting a
-    calibration's ``provenance.engine`` records (or, in a file without a settings object, by
-    :data:`LEGACY_DEFAULTS` implies) otherwise than the engine runs now."""
+    calibration's ``provenance.engine`` records (in its settings object, else under its own
+    key) otherwise than the engine runs now; where it records none, a file without a settings
+    object ran as :data:`LEGACY_DEFAULTS` says, one with a settings object as the engine runs
+    now, but for a setting added after settings objects began (:data:`ADDED_SETTINGS`)."""
     recorded = dict(engine.get("settings") or {})
     out = {}
     for name, (now, _) in RETIRED.items():

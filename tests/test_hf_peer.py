@@ -129,18 +129,22 @@ def test_bench_engine_splits_each_policy_by_phase_against_its_floors(tmp_path):
 
 def test_bench_engine_resumes_its_output_and_never_overwrites_it(tmp_path):
     """bench_engine.py --out: an existing file is refused without --resume (one line, the file
-    untouched) and with other settings; --resume keeps the cells it holds, row for row, and
-    measures only the others; the table has no phase table when no phases ran."""
+    untouched), and with other settings or other cell arguments; --resume keeps the cells it
+    holds, row for row, and measures only the others; an older output (no cells or arguments
+    recorded) counts the cells of its rows, and resumes only where its retired settings ran
+    as the engine runs now; no phase table is printed when no phases ran."""
     import os
     import subprocess
+
+    from specsim.settings import RETIRED
 
     out = tmp_path / "bench.json"
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
 
-    def bench(*extra):
+    def bench(*extra, new_tokens="2"):
         return subprocess.run([sys.executable, str(REPO_ROOT / "benchmarks" / "bench_engine.py"),
                                "--model", "smollm2-135m", "--contexts", "64", "--new-tokens",
-                               "2", "--device", "cpu", "--out", str(out), *extra],
+                               new_tokens, "--device", "cpu", "--out", str(out), *extra],
                               capture_output=True, text=True, timeout=600, env=env)
 
     first = bench("--batch", "1")
@@ -152,6 +156,8 @@ def test_bench_engine_resumes_its_output_and_never_overwrites_it(tmp_path):
     assert refused.returncode == 2 and "exists: --resume" in refused.stderr.splitlines()[-1]
     other = bench("--batch", "1,2", "--resume", "--setting", "c2q=rows")
     assert other.returncode == 2 and "not smollm2-135m with" in other.stderr
+    longer = bench("--batch", "1,2", "--resume", new_tokens="3")
+    assert longer.returncode == 2 and "measured with --new-tokens 2" in longer.stderr
     assert out.read_text() == before
     more = bench("--batch", "1,2", "--resume")
     assert more.returncode == 0, more.stderr[-2000:]
@@ -160,12 +166,16 @@ def test_bench_engine_resumes_its_output_and_never_overwrites_it(tmp_path):
     assert doc["cells_done"] == [[1, 64], [2, 64]] and doc["batches"] == [1, 2]
     assert doc["rows"][0] == json.loads(before)["rows"][0]          # kept, not re-measured
     assert [(r["batch"], r["mode"]) for r in doc["rows"]] == [(1, "plain"), (2, "plain")]
-    # a file naming a retired setting resumes where it ran as the engine runs now
-    from specsim.settings import RETIRED
-    for value, code in ((RETIRED["verify_append"][0], 0), ("torch", 2)):
-        out.write_text(json.dumps({**doc, "settings": {**doc["settings"],
-                                                         "verify_append": value}}))
-        assert bench("--batch", "1,2", "--resume").returncode == code
+    # an older output: no engine record, cells or arguments; its settings name the retired
+    # verify_append (as the engine runs now: resumes; torch, or not named: another engine)
+    older = {k: v for k, v in doc.items() if k not in ("engine", "cells_done", "arguments")}
+    for named, code in (({"verify_append": RETIRED["verify_append"][0]}, 0),
+                        ({"verify_append": "torch"}, 2), ({}, 2)):
+        out.write_text(json.dumps({**older, "settings": {**doc["settings"], **named}}))
+        done = bench("--batch", "1,2", "--resume")
+        assert done.returncode == code, done.stderr[-2000:]
+        if code == 0:
+            assert "2 cells already measured" in done.stdout
 
 
 def test_the_gather_floors_kernel_sums_exactly_the_picked_rows(monkeypatch):

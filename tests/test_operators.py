@@ -229,6 +229,12 @@ def test_selection_is_the_policys_operator_for_every_list(model):
             + selection_ms("sparsespec", 9, lists, context) / 6)
     got = model.selection([context] * batch, 0.05, "sparsespec", 3)
     assert got.seconds * 1e3 == pytest.approx(want + graph_ms(1), rel=1e-6)
+    # at k = 1, 2 rows: below SparseSpec-L's measured rows, held at 3 (the other policies'
+    # rows = 0 points are not its own), not left unmeasured
+    got = model.selection([context] * batch, 0.05, "sparsespec", 1)
+    assert got.seconds * 1e3 == pytest.approx(selection_ms("sparsespec", 3, lists, context)
+                                              + graph_ms(1), rel=1e-6)
+    assert any("rows=2 s=0.05: held at the nearest measured rows=3" in n for n in got.notes)
     # last-token: its verify summed each row over the heads, so its refresh (the picked
     # row, then its ranking) is the measured operator at any number of heads
     at_lists = selection_ms("last-token", 0, 2 * batch, context)
@@ -386,6 +392,8 @@ def test_an_unmeasured_q_reads_the_points_of_its_own_collection(model):
     between, _ = model._attention(4, "sum", batch, context)
     assert between == pytest.approx((point(3, "sum") + point(5, "sum")) / 2, rel=1e-12)
     assert model._attention(1, "off", batch, context)[0] == point(1, "off")
+    with pytest.raises(SpecsimError, match="expected fused or torch"):
+        OperatorCostModel(synthetic_table(), SMALL, HW, verify_append="fuse")
 
 
 def test_a_gemm_between_measured_widths_lies_between_them(model):
@@ -465,6 +473,30 @@ def test_a_table_reads_back_as_written(tmp_path):
     assert doc["specsim_operators"] == 1 and doc["points"][0]["samples_ms"]
     assert OperatorCostModel(table, SMALL, HW).plain_step([4096] * 4).seconds == \
         OperatorCostModel(synthetic_table(), SMALL, HW).plain_step([4096] * 4).seconds
+
+
+@pytest.mark.parametrize("written", ["torch", "fused"])
+def test_a_table_written_while_verify_append_was_a_setting_reads(tmp_path, written):
+    """A table whose settings object names the since-retired verify_append, hashed as files
+    were then (the setting left out at its old value torch), reads with the engine's
+    settings; a hash that matches neither form is still refused."""
+    import hashlib
+
+    synthetic_table(tmp_path / "h200.json")
+    doc = json.loads((tmp_path / "h200.json").read_text())
+    settings = {**DEFAULT.to_json(), "verify_append": written}
+    hashed = {k: v for k, v in settings.items() if (k, v) != ("verify_append", "torch")}
+    text = json.dumps(hashed, sort_keys=True, separators=(",", ":"))
+    doc["provenance"]["engine"] = {"settings": settings,
+                                   "settings_hash": hashlib.sha256(text.encode()).hexdigest()[:16]}
+    (tmp_path / "old.json").write_text(json.dumps(doc))
+    table = read_operator_table(str(tmp_path / "old.json"))
+    assert table.settings == DEFAULT
+    doc["provenance"]["engine"]["settings_hash"] = DEFAULT.stable_hash() if written == "fused" \
+        else "0" * 16
+    (tmp_path / "bad.json").write_text(json.dumps(doc))
+    with pytest.raises(SpecsimError, match="settings_hash does not match"):
+        read_operator_table(str(tmp_path / "bad.json"))
 
 
 @pytest.mark.parametrize("change, message", [

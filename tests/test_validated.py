@@ -28,11 +28,15 @@ def test_the_note_names_this_models_runs_else_the_sources_else_none():
                            entry("operators", "b", 0.01, 0.02, 10),
                            entry("calibration", "a", 0.005, 0.01, 40)]}
     own = validation_note("operators", "a", "h200", summary)
-    assert "for a at batch 4 x 32K, batch 4 x 32K:" in own
+    assert "for a at batch 4 x 32K, batch 4 x 32K (runs of 2026-01-01):" in own
     assert "MAPE 3.5% (worst 9.0%) over 40 configurations" in own
     assert "regret >= 0.970" in own
     other = validation_note("operators", "c", "h200", summary)
-    assert "validated on h200 for a, b, not for c" in other and "over 50 configurations" in other
+    assert "validated on h200 for a, b, not for c (runs of 2026-01-01)" in other
+    assert "over 50 configurations" in other
+    later = dict(entry("operators", "b", 0.01, 0.02, 10), date="2026-01-03T10:00:00Z")
+    assert "(runs of 2026-01-01 to 2026-01-03)" in validation_note(
+        "operators", "c", "h200", {"entries": summary["entries"] + [later]})
     assert "no validation run" in validation_note("operators", "a", "a100-80gb", summary)
     assert "no validation run" in validation_note("roofline", "a", "h200", summary)
 

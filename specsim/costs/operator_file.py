@@ -28,7 +28,7 @@ import numpy as np
 from specsim.atomic import atomic_writer, read_versioned_json
 from specsim.costs.calibration_file import MAX_SAMPLE_MS
 from specsim.errors import SpecsimError
-from specsim.settings import EngineSettings
+from specsim.settings import EngineSettings, recorded_hash, recorded_settings
 
 FORMAT_KEY = "specsim_operators"
 VERSION = 1
@@ -113,7 +113,7 @@ class OperatorTable:
 
     @property
     def settings(self) -> EngineSettings:
-        return EngineSettings.from_json(self.provenance["engine"]["settings"])
+        return recorded_settings(self.provenance["engine"]["settings"])
 
     @property
     def groups(self) -> dict[tuple, list[Point]]:
@@ -147,10 +147,10 @@ def read_operator_table(path: str) -> OperatorTable:
     if not isinstance(engine, dict) or not isinstance(engine.get("settings"), dict):
         raise _bad(path, "provenance.engine.settings must be an object")
     try:
-        settings = EngineSettings.from_json(engine["settings"])
+        recorded_settings(engine["settings"])
     except SpecsimError as exc:
         raise _bad(path, f"provenance.engine.settings: {exc}") from None
-    if engine.get("settings_hash") != settings.stable_hash():
+    if engine.get("settings_hash") != recorded_hash(engine["settings"]):
         raise _bad(path, "provenance.engine.settings_hash does not match its settings")
     probe = doc.get("probe")
     if not isinstance(probe, dict):

@@ -209,6 +209,8 @@ class OperatorCostModel:
         #: (fused), or as a calibration's engine did where its steps are composed to be
         #: compared with it (:meth:`as_calibrated`)
         self.verify_append = verify_append or RETIRED["verify_append"][0]
+        if self.verify_append not in ("fused", "torch"):
+            raise SpecsimError(f"verify_append={self.verify_append!r}: expected fused or torch")
         self.roofline = RooflineCostModel(model, hardware, tp, c2q=self.settings.c2q)
         self.overheads = self.roofline.overheads
         self.bandwidth = float(table.probe["copy_bandwidth_Bps"])
@@ -281,11 +283,11 @@ class OperatorCostModel:
         """An operator's seconds and notes: measured (through ``interpolated`` key fields,
         linearly between the measured values around each, held at the nearest beyond them),
         else ``fallback_bytes`` over the probe's copy bandwidth (None: :class:`_Unmeasured`).
-        Along an interpolated field only the values measured with the key's other fields count
-        (a verify pass collecting the summed row at q = 2 reads the summed-row points at q = 3
-        and above, not the q = 1 point measured collecting nothing)."""
-        fixed = [i for i in range(len(key)) if i not in interpolated]
-        keys = [x for x in self.keys.get(op, []) if all(x[i] == key[i] for i in fixed)]
+        Along an interpolated field only the values measured with the key's fields that are
+        not free there count (a verify pass collecting the summed row at q = 2 reads the
+        summed-row points at q = 3 and above, not the q = 1 point measured collecting
+        nothing)."""
+        keys = self.keys.get(op, [])
 
         def resolve(k, axes):
             if not axes:
@@ -294,7 +296,8 @@ class OperatorCostModel:
             if got is not None:
                 return got
             axis = axes[0]
-            same = sorted({x[axis] for x in keys})
+            same = sorted({x[axis] for x in keys
+                           if all(x[i] == k[i] for i in range(len(k)) if i not in axes)})
             if not same:
                 return None
             v = k[axis]

@@ -77,6 +77,14 @@ def _shape(e: dict) -> str:
     return f"batch {e['batch']} x {context}"
 
 
+def _runs(entries: list[dict]) -> str:
+    """When the runs were made (their days), so a reader can tell them from later engines."""
+    days = sorted({e["date"][:10] for e in entries if e.get("date")})
+    if not days:
+        return ""
+    return f" (runs of {days[0]})" if len(days) == 1 else f" (runs of {days[0]} to {days[-1]})"
+
+
 def _pooled(entries: list[dict]) -> str:
     n = sum(e["configurations"] for e in entries)
     mape = sum(e["mape"] * e["configurations"] for e in entries) / n
@@ -96,11 +104,12 @@ def validation_note(kind: str, model: str, hardware: str | None,
     own = [e for e in same if e["model"] == model]
     if own:
         return (f"validated on {hardware} for {model} at "
-                f"{', '.join(_shape(e) for e in own)}: {_pooled(own)}; VALIDATION.md")
+                f"{', '.join(_shape(e) for e in own)}{_runs(own)}: {_pooled(own)}; "
+                f"VALIDATION.md")
     if same:
         models = sorted({e["model"] for e in same})
         return (f"this source is validated on {hardware} for {', '.join(models)}, not for "
-                f"{model}: {_pooled(same)}; VALIDATION.md")
+                f"{model}{_runs(same)}: {_pooled(same)}; VALIDATION.md")
     return (f"no validation run priced by this source ({kind}) on {hardware or 'this GPU'}; "
             f"VALIDATION.md says how far each source is trusted")
 
