@@ -309,12 +309,13 @@ def _selection_groups(grid, policy):
         keys = [(0, 0)]
     elif policy == "sparsespec":
         keys = [(g, r) for g in grid.groups for r in grid.selection_rows]
-    elif policy == "quest":
-        keys = [(g, 0) for g in grid.groups]
+    elif policy == "quest":       # its page scoring reads bounds of the model's head dim
+        keys = [(g, 0, hd) for hd in grid.head_dims for g in grid.groups]
     else:
         raise SpecsimError(f"no selection operator for policy '{policy}'")
-    return [("selection", {"policy": policy, "group": g, "rows": r, "s": s}, at)
-            for s in grid.selection_s for g, r in keys]
+    keys = [key if len(key) == 3 else (*key, 0) for key in keys]
+    return [("selection", {"policy": policy, "group": g, "rows": r, "s": s, "head_dim": hd}, at)
+            for s in grid.selection_s for g, r, hd in keys]
 
 
 def _kernel_hash() -> str:
@@ -722,7 +723,7 @@ def _selection_bytes(policy: str, key: dict, lists: int, context: int) -> float:
     if policy == "sparsespec":
         return 2.0 * lists * key["group"] * key["rows"] * context
     from specsim.policies import get_policy                # quest: min and max per page
-    return 2.0 * 2 * lists * 128 * math.ceil(context / get_policy(policy).page_size)
+    return 2.0 * 2 * lists * key["head_dim"] * math.ceil(context / get_policy(policy).page_size)
 
 
 def _selection(torch, device, timer, grid, settings, key, ats):
@@ -777,7 +778,7 @@ def _selection(torch, device, timer, grid, settings, key, ats):
             kv_heads = min(8, lists)
             batch = max(1, lists // kv_heads)
             heads = kv_heads * group
-            hd = 128
+            hd = key["head_dim"]
             pages = math.ceil(context / policy.page_size)
             dtype = _dtype(torch, device)
             page_min = torch.randn(batch, kv_heads, pages, hd, device=device, dtype=dtype)

@@ -99,7 +99,8 @@ def synthetic_table(path=None) -> OperatorTable:
         for rows, s in itertools.product(rows_list, SELECTION_S):
             for lists in LISTS:
                 for c in CONTEXTS:
-                    add("selection", {"policy": policy, "group": group, "rows": rows, "s": s},
+                    add("selection", {"policy": policy, "group": group, "rows": rows, "s": s,
+                                      "head_dim": 128 if policy == "quest" else 0},
                         {"lists": lists, "context": c},
                         selection_ms(policy, rows, lists, c, s))
     prov = {"gpu": "NVIDIA H200", "driver": "580", "cuda": "12.8", "torch": "2.13",
@@ -234,7 +235,8 @@ def test_selection_is_the_policys_operator_for_every_list(model):
     got = model.selection([context] * batch, 0.05, "sparsespec", 1)
     assert got.seconds * 1e3 == pytest.approx(selection_ms("sparsespec", 3, lists, context)
                                               + graph_ms(1), rel=1e-6)
-    assert any("rows=2 s=0.05: held at the nearest measured rows=3" in n for n in got.notes)
+    assert any("rows=2 s=0.05 head_dim=0: held at the nearest measured rows=3" in n
+               for n in got.notes)
     # last-token: its verify summed each row over the heads, so its refresh (the picked
     # row, then its ranking) is the measured operator at any number of heads
     at_lists = selection_ms("last-token", 0, 2 * batch, context)
@@ -394,6 +396,35 @@ def test_an_unmeasured_q_reads_the_points_of_its_own_collection(model):
     assert model._attention(1, "off", batch, context)[0] == point(1, "off")
     with pytest.raises(SpecsimError, match="expected fused or torch"):
         OperatorCostModel(synthetic_table(), SMALL, HW, verify_append="fuse")
+
+
+def test_quests_page_scoring_is_read_at_the_models_head_dim(tmp_path):
+    """Quest scores page bounds as wide as the model's heads: a model of head_dim 64 reads the
+    scoring points measured at 64 where the table has them, else is held at 128 and says so;
+    an older table, whose selection keys lack head_dim, reads Quest's at 128 and the others'
+    at 0."""
+    hd64 = dataclasses.replace(SMALL, head_dim=64)
+    table = synthetic_table()
+    held = OperatorCostModel(table, hd64, HW)._selection_op("quest", 8, 16384, 0, 0.05)
+    assert held[0] == OperatorCostModel(table, SMALL, HW)._selection_op(
+        "quest", 8, 16384, 0, 0.05)[0]
+    assert any("head_dim=64: held at the nearest measured head_dim=128" in n for n in held[1])
+    halved = [dataclasses.replace(p, key={**p.key, "head_dim": 64},
+                                  samples_ms=[t / 2 for t in p.samples_ms])
+              for p in table.points if p.op == "selection" and p.key["policy"] == "quest"]
+    both = dataclasses.replace(table, points=table.points + halved)
+    own = OperatorCostModel(both, hd64, HW)._selection_op("quest", 8, 16384, 0, 0.05)
+    assert own[0] == pytest.approx(held[0] / 2, rel=1e-12) and not any("held" in n
+                                                                         for n in own[1])
+    synthetic_table(tmp_path / "t.json")
+    doc = json.loads((tmp_path / "t.json").read_text())
+    for row in doc["points"]:
+        if row["op"] == "selection":
+            del row["key"]["head_dim"]
+    (tmp_path / "older.json").write_text(json.dumps(doc))
+    older = read_operator_table(str(tmp_path / "older.json"))
+    assert {(p.key["policy"], p.key["head_dim"]) for p in older.points if p.op == "selection"} \
+        == {("vegas", 0), ("last-token", 0), ("sparsespec", 0), ("quest", 128)}
 
 
 def test_a_gemm_between_measured_widths_lies_between_them(model):
@@ -613,8 +644,8 @@ def test_the_sweep_writes_a_table_that_prices_a_model(swept):
     # a policy whose selection the table lacks is the roofline's, and says so
     missing = cm.selection([100, 100], 0.1, "last-token", 2)
     assert missing.seconds == cm.roofline.selection([100, 100], 0.1, "last-token", 2).seconds
-    assert "selection policy=last-token group=0 rows=0 s=0.1 not measured: roofline model" in \
-        missing.notes
+    assert ("selection policy=last-token group=0 rows=0 s=0.1 head_dim=0 not measured: "
+            "roofline model") in missing.notes
 
 
 def test_the_sweep_resumes_its_own_table_and_refuses_another(swept, tmp_path, monkeypatch):

@@ -48,9 +48,10 @@ OPERATORS = {
     "elementwise": ((), ("bytes",)),
     # one policy's selection for every list of a step at once (lists = layers·batch, times KV
     # heads for per-KV-head policies), over a buffer of ``context`` positions, keeping a
-    # fraction ``s`` of it (its winners are sorted: the time grows with s); group and rows
-    # (ranked verify rows) where the policy's cost depends on them, else 0
-    "selection": (("policy", "group", "rows", "s"), ("lists", "context")),
+    # fraction ``s`` of it (its winners are sorted: the time grows with s); group, rows
+    # (ranked verify rows) and head_dim (Quest's page bounds, which its scoring reads) where
+    # the policy's cost depends on them, else 0
+    "selection": (("policy", "group", "rows", "s", "head_dim"), ("lists", "context")),
     # replay of a CUDA graph holding ``kernels`` minimal kernels, with the host's wait
     "graph": ((), ("kernels",)),
     # the MoE layers' grouped GEMM (``torch._grouped_mm``): ``rows`` token-expert pairs spread
@@ -68,6 +69,8 @@ OPERATORS = {
 }
 #: The one fraction s that tables measured before selections were keyed by s timed them at.
 LEGACY_SELECTION_S = 0.05
+#: The head dim tables measured Quest's page scoring at before selections were keyed by it.
+LEGACY_QUEST_HEAD_DIM = 128
 #: Provenance every file carries (a string, a number or null each).
 PROVENANCE_FIELDS = ("gpu", "driver", "cuda", "torch", "triton", "kernel_config_hash",
                      "engine", "date", "complete")
@@ -177,12 +180,16 @@ def read_operator_table(path: str) -> OperatorTable:
 
 
 def _older_selection(row, s: float):
-    """A ``selection`` point of a table that timed every selection at one fraction ``s`` (its
-    ``method.selection_s``), keyed by it."""
-    if (isinstance(row, dict) and row.get("op") == "selection"
-            and isinstance(row.get("key"), dict) and "s" not in row["key"]):
-        return dict(row, key=dict(row["key"], s=s))
-    return row
+    """A ``selection`` point of an older table keyed as now: one that timed every selection at
+    one fraction ``s`` (its ``method.selection_s``) keyed by it, one that timed Quest's page
+    scoring at head_dim 128 alone keyed by that (0 for the other policies)."""
+    if not (isinstance(row, dict) and row.get("op") == "selection"
+            and isinstance(row.get("key"), dict)):
+        return row
+    key = dict(row["key"])
+    key.setdefault("s", s)
+    key.setdefault("head_dim", LEGACY_QUEST_HEAD_DIM if key.get("policy") == "quest" else 0)
+    return dict(row, key=key)
 
 
 def _older_prefill(row):

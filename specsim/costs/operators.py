@@ -73,8 +73,6 @@ ELEMENTWISE_PER_LAYER = {
 #: What each policy's verify pass collects (the ``verify`` operator's ``collect`` key).
 COLLECT = {"vegas": "sum", "vegas-all": "all", "last-token": "rows", "sparsespec": "all",
            "streamingllm": "off", "quest": "off", "full": "off"}
-#: Head dim of the keys Quest's page scoring is measured with (``operator_sweep``).
-QUEST_HEAD_DIM = 128
 #: Policies whose selection cost depends on the model's group and the ranked rows.
 PER_HEAD_SELECTION = ("sparsespec",)
 
@@ -516,9 +514,6 @@ class OperatorCostModel:
                 if pol.rescore_every_draft:
                     add("selection", self._selection_op("quest", batch * m.num_kv_heads,
                                                         float(ctx.max()), 0, s), self.n_full)
-                    if hd != QUEST_HEAD_DIM:
-                        notes.append(f"quest page scoring measured at head_dim "
-                                     f"{QUEST_HEAD_DIM}, used at {hd}")
         if self.n_sliding:
             # a window layer's verify reads its rows' last W + q − 1 keys; its draft step
             # (q = 1) is the same kernel over its window W, whatever the policy (exact)
@@ -559,8 +554,10 @@ class OperatorCostModel:
     def _selection_op(self, policy: str, lists: float, context: float, rows: int, s: float
                       ) -> tuple[float, list[str]]:
         group = self.model.group_size if policy in PER_HEAD_SELECTION + ("quest",) else 0
-        key = (policy, group, rows, s)
-        return self._priced("selection", key, (lists, context), None, interpolated=(1, 2, 3))
+        head_dim = self.model.head_dim if policy == "quest" else 0
+        key = (policy, group, rows, s, head_dim)
+        return self._priced("selection", key, (lists, context), None,
+                            interpolated=(1, 2, 3, 4))
 
     def _cost(self, base: Cost, parts: dict[str, float], notes: list[str]) -> Cost:
         seconds = float(sum(parts.values()))
