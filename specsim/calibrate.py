@@ -295,15 +295,25 @@ def resumable(path: str, prov: dict) -> Calibration | None:
 
 def engine_difference(there: dict, here: dict) -> str:
     """How two calibrations' ``provenance.engine`` differ, in a few words: the engine
-    settings that differ (``engine settings c2q=rows there, sum here``), else ``engine``."""
+    settings and retired settings that differ (``engine settings c2q=rows there, sum
+    here``), else the keys whose records differ (``engine (draft_timed_as_chain_of)``)."""
     from specsim.errors import SpecsimError
+    from specsim.settings import RETIRED, retired_settings
+
+    def ran_retired(engine: dict) -> dict:
+        otherwise = retired_settings(engine)
+        return {name: otherwise.get(name, (now,))[0] for name, (now, _) in RETIRED.items()}
+
     try:
         changed = EngineSettings.from_provenance(there).differences(
             EngineSettings.from_provenance(here))
+        a, b = ran_retired(there), ran_retired(here)
+        changed.update({name: (a[name], b[name]) for name in a if a[name] != b[name]})
     except SpecsimError:
         changed = {}
     if not changed:
-        return "engine"
+        keys = sorted(k for k in set(there) | set(here) if there.get(k) != here.get(k))
+        return f"engine ({', '.join(keys)})" if keys else "engine"
     return "engine settings " + "; ".join(f"{name}={str(a).lower()} there, {str(b).lower()} here"
                                           for name, (a, b) in changed.items())
 

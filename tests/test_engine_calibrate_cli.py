@@ -144,3 +144,16 @@ def test_a_checkpoint_of_other_engine_settings_is_not_resumed(tmp_path):
     cal = C.measure_shapes(shapes, one, provenance("2026-11-29T00:00:00Z", rows), {},
                            checkpoint=path, progress=False)
     assert cal.provenance["complete"] and len(cal.measurements) == 2
+
+
+def test_a_refused_resume_names_retired_settings_and_other_engine_records():
+    """Where no setting differs, the reason names the retired setting that does (a file
+    whose verify passes wrote with torch) or the engine record's keys that differ."""
+    from specsim.calibrate import engine_difference
+
+    now = provenance("2026-12-06T00:00:00Z")["engine"]
+    older = {**now, "verify_append": "torch"}
+    assert engine_difference(older, now) == \
+        "engine settings verify_append=torch there, fused here"
+    assert engine_difference({**now, "draft_timed_as_chain_of": 1}, now) == \
+        "engine (draft_timed_as_chain_of)"
