@@ -298,16 +298,12 @@ def engine_difference(there: dict, here: dict) -> str:
     settings and retired settings that differ (``engine settings c2q=rows there, sum
     here``), else the keys whose records differ (``engine (draft_timed_as_chain_of)``)."""
     from specsim.errors import SpecsimError
-    from specsim.settings import RETIRED, retired_settings
-
-    def ran_retired(engine: dict) -> dict:
-        otherwise = retired_settings(engine)
-        return {name: otherwise.get(name, (now,))[0] for name, (now, _) in RETIRED.items()}
+    from specsim.settings import retired_values
 
     try:
         changed = EngineSettings.from_provenance(there).differences(
             EngineSettings.from_provenance(here))
-        a, b = ran_retired(there), ran_retired(here)
+        a, b = retired_values(there), retired_values(here)
         changed.update({name: (a[name], b[name]) for name in a if a[name] != b[name]})
     except SpecsimError:
         changed = {}

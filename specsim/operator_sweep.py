@@ -306,14 +306,13 @@ def _selection_groups(grid, policy):
     lists, contexts = selection_axes(grid, policy)
     at = [{"lists": n, "context": c} for n in lists for c in contexts]
     if policy in ("vegas", "last-token"):
-        keys = [(0, 0)]
+        keys = [(0, 0, 0)]
     elif policy == "sparsespec":
-        keys = [(g, r) for g in grid.groups for r in grid.selection_rows]
+        keys = [(g, r, 0) for g in grid.groups for r in grid.selection_rows]
     elif policy == "quest":       # its page scoring reads bounds of the model's head dim
         keys = [(g, 0, hd) for hd in grid.head_dims for g in grid.groups]
     else:
         raise SpecsimError(f"no selection operator for policy '{policy}'")
-    keys = [key if len(key) == 3 else (*key, 0) for key in keys]
     return [("selection", {"policy": policy, "group": g, "rows": r, "s": s, "head_dim": hd}, at)
             for s in grid.selection_s for g, r, hd in keys]
 

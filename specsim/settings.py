@@ -266,6 +266,13 @@ def retired_settings(engine: dict) -> dict[str, tuple]:
     return out
 
 
+def retired_values(engine: dict) -> dict:
+    """Each retired setting's value as a calibration's ``provenance.engine`` ran it
+    (:func:`retired_settings`, else as the engine runs now)."""
+    otherwise = retired_settings(engine)
+    return {name: otherwise.get(name, (now,))[0] for name, (now, _) in RETIRED.items()}
+
+
 def engine_provenance(settings: "EngineSettings", **facts) -> dict:
     """What a calibration records as its ``provenance.engine``: ``facts`` of the engine
     (:data:`ENGINE_FACTS`), what "best" ranking resolves to per policy, the retired settings

@@ -5,7 +5,7 @@ from __future__ import annotations
 from specsim.costs.calibration_file import Calibration
 from specsim.policies import (BEST_RANKING, RANKED_POLICIES, recorded_best_ranking,
                               resolve_ranking)
-from specsim.settings import RETIRED, EngineSettings, retired_settings
+from specsim.settings import RETIRED, EngineSettings, retired_values
 from specsim.specs import ModelSpec
 
 #: How each engine choice's values read in a cost note, in the order the note lists them; a
@@ -29,10 +29,7 @@ def engine_choices(calibration: Calibration) -> dict:
     """Every choice of the engine that timed the file's steps, by name: its settings
     (:class:`EngineSettings`) and the value of each retired setting (:data:`RETIRED`: an
     alternative the engine no longer offers, which an older file may have run)."""
-    out = calibration.settings.to_json()
-    ran_otherwise = retired_settings(calibration.engine)
-    out.update({name: ran_otherwise.get(name, (now,))[0] for name, (now, _) in RETIRED.items()})
-    return out
+    return {**calibration.settings.to_json(), **retired_values(calibration.engine)}
 
 
 def current_choices() -> dict:
