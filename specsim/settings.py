@@ -276,16 +276,15 @@ def retired_values(engine: dict) -> dict:
 def engine_provenance(settings: "EngineSettings", **facts) -> dict:
     """What a calibration records as its ``provenance.engine``: ``facts`` of the engine
     (:data:`ENGINE_FACTS`), what "best" ranking resolves to per policy, the retired settings
-    as the engine runs them now, each setting under its own key (as older files name them),
-    and the settings object with its hash."""
+    that are engine facts as the engine runs them now, each setting under its own key (as
+    older files name them), and the settings object with its hash."""
     unknown = sorted(set(facts) - set(ENGINE_FACTS))
     if unknown:
         raise ValueError(f"not engine facts: {', '.join(unknown)}")
     from specsim.policies import BEST_RANKING
 
     return {"draft_chain": True, **facts, "best_ranking": dict(BEST_RANKING),
-            **{name: RETIRED[name][0] for name in ("fused_append", "verify_splits",
-                                                    *ADDED_SETTINGS)},
+            **{name: now for name, (now, _) in RETIRED.items() if name in ENGINE_FACTS},
             **settings.to_json(),
             "settings": settings.to_json(), "settings_hash": settings.stable_hash()}
 
