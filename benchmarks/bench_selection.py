@@ -6,7 +6,10 @@ The engine refreshes every layer's lists at once after a verify (``DraftSelectio
 the layers folded into the batch), so a row count is layers × batch for Vegas' and
 last-token's summed rows (fp32), layers × batch × KV heads for SparseSpec-L (the attention
 mass of 3 bf16 rows per query head, k = 2, then its ranking; the mass pass is also timed
-alone), while Quest ranks one layer's pages at every draft step (one row per KV head).
+alone), while Quest ranks one layer's pages at every draft step (one row per KV head). A
+row is as wide as the engine's cache for the context plus ``--room`` positions (generated
+tokens and drafts; the cache is padded to whole pages and to 128 positions), its sequence
+``context`` long: a 2K context ranks rows of 2,176 tokens, 136 pages.
 Random scores; every path's lists are checked against torch.topk's (Quest: against the one-
 program kernel's, as its torch path scores pages in bf16 matmuls, the kernels in fp32). Times
 are the median of CUDA-graph replays. Prints a Markdown table last and writes the rows to
@@ -23,6 +26,7 @@ import math
 
 import torch
 
+from specsim.engine.decode import cache_length
 from specsim.kernels import quest_select, sparsespec_select, vegas_select
 from specsim.kernels.selection import attention_mass
 from specsim.specs import load_model
@@ -63,10 +67,13 @@ def time_paths(select, reference: str = "topk") -> dict:
     return out
 
 
-def run_cell(spec, batch: int, context: int, s: float, device: str, generator) -> list[dict]:
-    """Every policy's rows of one (model, context, s)."""
+def run_cell(spec, batch: int, context: int, s: float, device: str, generator,
+             room: int = 0) -> list[dict]:
+    """Every policy's rows of one (model, context, s): sequences of ``context`` tokens in
+    rows as wide as the engine's cache for ``context + room`` positions."""
     layers, heads, kv_heads = spec.full_layers, spec.num_heads, spec.num_kv_heads
-    lengths = torch.full((batch,), context - 5, dtype=torch.int32, device=device)
+    width = cache_length(context + room, spec.max_context or 2**31)
+    lengths = torch.full((batch,), context, dtype=torch.int32, device=device)
     folded = lengths.repeat(layers)
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
 
@@ -78,25 +85,25 @@ def run_cell(spec, batch: int, context: int, s: float, device: str, generator) -
         rows.append({"model": spec.name, "batch": batch, "context": context, "s": s,
                      "policy": policy, "rows": count, "items": items, "paths": paths,
                      **extra})
-    summed = rand(layers * batch, 1, 1, context)
-    add("vegas", layers * batch, context, time_paths(
+    summed = rand(layers * batch, 1, 1, width)
+    add("vegas", layers * batch, width, time_paths(
         lambda r, c: vegas_select(summed, folded, s, ranking=r, chunked=c)))
     del summed
-    logits = rand(layers * batch, heads, 3, context, dtype=dtype)
+    logits = rand(layers * batch, heads, 3, width, dtype=dtype)
     lse = torch.logsumexp(logits.float(), -1)
     mass_us = median_us(lambda: attention_mass(logits, lse, folded, kv_heads))
-    add("sparsespec", layers * batch * kv_heads, context, time_paths(
+    add("sparsespec", layers * batch * kv_heads, width, time_paths(
         lambda r, c: sparsespec_select(logits, folded, s, kv_heads, lse=lse, ranking=r,
                                        chunked=c)),
         mass_us=mass_us, logit_bytes=logits.numel() * logits.element_size())
     del logits, lse
     page = 16
     q = rand(batch, heads, spec.head_dim, dtype=dtype)
-    bounds = rand(batch, kv_heads, math.ceil(context / page), page, spec.head_dim, dtype=dtype)
+    bounds = rand(batch, kv_heads, math.ceil(width / page), page, spec.head_dim, dtype=dtype)
     low, high = bounds.amin(3), bounds.amax(3)
     del bounds
-    add("quest", batch * kv_heads, math.ceil(context / page), time_paths(
-        lambda r, c: quest_select(q, low, high, lengths, s, max_context=context, ranking=r,
+    add("quest", batch * kv_heads, math.ceil(width / page), time_paths(
+        lambda r, c: quest_select(q, low, high, lengths, s, max_context=width, ranking=r,
                                   chunked=c), reference="one program"))
     return rows
 
@@ -128,6 +135,10 @@ def main(argv=None):
     parser.add_argument("--contexts", default="131072,32768,8192,2048",
                         help="tokens per sequence, comma-separated")
     parser.add_argument("--ss", default="0.03,0.1", help="sparsities, comma-separated")
+    parser.add_argument("--room", type=int, default=64,
+                        help="cache positions past the context (generated tokens and drafts; "
+                        "0: rows exactly as wide as the context, but for the page and 128-"
+                        "position padding)")
     parser.add_argument("--out", default="bench_selection.json", help="JSON of every row")
     parser.add_argument("--dry-run", action="store_true", help="exercise the script on the "
                         "CPU (Triton interpreter, 2-layer stand-ins, tiny contexts, timings "
@@ -151,7 +162,8 @@ def main(argv=None):
                                        layer_types=spec.layer_types[:1] * 2)
         for context in contexts:
             for s in ss:
-                cell = run_cell(spec, args.batch, context, s, device, generator)
+                cell = run_cell(spec, args.batch, context, s, device, generator,
+                                room=args.room)
                 rows += cell
                 for row in cell:
                     print(f"  {row['model']} {row['context']} s={row['s']} "

@@ -24,6 +24,8 @@ def test_bench_selection_dry_run(tmp_path):
     rows = json.loads(out.read_text())["rows"]
     assert [r["policy"] for r in rows] == ["vegas", "sparsespec", "quest"]
     assert [r["rows"] for r in rows] == [2 * 4, 2 * 4 * 8, 4 * 8]     # 2 layers, batch 4
+    # rows as wide as the engine's cache for 600 + 64 positions: 768 tokens, 48 pages
+    assert [r["items"] for r in rows] == [768, 768, 48]
     for row in rows:
         assert set(row["paths"]) == {"topk", "one program", "chunked", "best"}
         assert all(path["same_lists"] for path in row["paths"].values()), row

@@ -6,6 +6,8 @@ import numpy as np
 import pytest
 import seeding
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 from specsim.kernels._runtime import INTERPRETED
 from specsim.kernels.topk_select import radix_top_positions
@@ -178,22 +180,29 @@ def test_fused_quest_at_qwen3_8b_shapes_on_the_gpu(split):
                 assert bool((lst[1:] > lst[:-1]).all())
 
 
-@pytest.mark.parametrize("dtype,group,head_dim,split,chunked", [
-    (dtype, group, head_dim, split, False)
+@pytest.mark.parametrize("dtype,group,head_dim,split,chunked,block,write", [
+    (dtype, group, head_dim, split, False, 16, None)
     for dtype, group, head_dim in ((torch.float32, 2, 16), (torch.float16, 4, 64),
                                    (torch.float32, 1, 8))
-    for split in (False, True)] + [(torch.float16, 4, 64, True, True)])
-def test_fused_quest_selection_matches_the_torch_path(dtype, group, head_dim, split, chunked):
+    for split in (False, True)] + [(torch.float16, 4, 64, True, True, 16, None),
+                                   (torch.float32, 2, 16, False, False, None, None),
+                                   (torch.float32, 2, 16, True, False, 32, 8)])
+def test_fused_quest_selection_matches_the_torch_path(dtype, group, head_dim, split, chunked,
+                                                      block, write, monkeypatch):
     """Quest in one kernel (page scores, top pages with the newest kept, their positions cut
     at the length) gives the torch path's lists and counts: ragged lengths (1, a page, a page
     + 1, not a page multiple, the whole buffer), s from one page to every page; the pages
     scored by the ranking program itself or by a separate launch over blocks of pages
     (``split``: many pages), then ranked by one program per row or by launches over blocks
     of pages (``chunked``), here in blocks of 16, so that several blocks and a partial one
-    occur."""
+    occur; also in the default block (the whole row) and with the positions written in
+    steps of fewer pages than the ranking's block."""
     from specsim.kernels.selection import quest_select, selected_counts
+    from specsim.kernels import topk_select
     from specsim.kernels.topk_select import quest_select_fused
     from specsim.policies import get_policy
+    if write:
+        monkeypatch.setattr(topk_select, "QUEST_WRITE_PAGES", write)
     g = seeding.generator(0)
     kv, page, max_context = 2, 16, 1003
     pages = -(-max_context // page)
@@ -212,7 +221,7 @@ def test_fused_quest_selection_matches_the_torch_path(dtype, group, head_dim, sp
         budget = selected_counts(get_policy("quest"), lengths.to(DEVICE), s)
         got, got_counts = poisoned(lambda: quest_select_fused(
             q, low, high, lengths.to(DEVICE), budget, max_context=max_context,
-            page_size=page, capacity=capacity, split=split, block_pages=16, block=16,
+            page_size=page, capacity=capacity, split=split, block_pages=16, block=block,
             chunked=chunked))
         assert torch.equal(got_counts, want_counts.to(torch.int32)), s
         assert torch.equal(got, want), (s, page_differences(got, want, got_counts,
@@ -294,6 +303,25 @@ def test_best_ranking_resolves_per_policy_as_the_table_says(monkeypatch):
     want = S.sparsespec_select(logits, lengths, 0.1, 2, ranking="topk")
     for got, got_radix, ref in zip(picked, picked_radix, want):   # the same lists either way
         assert torch.equal(got, ref) and torch.equal(got_radix, ref)
+
+
+@given(st.integers(1, 1 << 18), st.sampled_from([None, 64, 4096]),
+       st.sampled_from([None, 2, 16]), st.sampled_from([4, 8]))
+def test_one_program_ranks_a_short_row_in_one_block(items, block, warps, wide_warps):
+    """One program per row takes a row of at most ``ROW_BLOCK_MAX`` items in a single block,
+    a power of two that covers it without doubling it (16 at least), a longer row in blocks
+    of 1,024 with 4 warps; the wide warps only for a block over 1,024; what is given wins."""
+    import specsim.kernels.topk_select as T
+    got_block, got_warps = T._row_shape(items, block, warps, wide_warps)
+    if block is None:
+        if items <= T.ROW_BLOCK_MAX:
+            assert got_block >= items and (got_block < 2 * items or got_block == 16)
+            assert got_block & (got_block - 1) == 0 and got_block >= 16
+        else:
+            assert got_block == 1024
+    else:
+        assert got_block == block
+    assert got_warps == (warps or (wide_warps if got_block > 1024 else 4))
 
 
 def test_chunked_ranking_is_for_few_long_rows():

@@ -180,10 +180,7 @@ class Engine:
         self.policy = get_policy(policy) if isinstance(policy, str) else policy
         self.device = model.lm_head.weight.device
         self.dtype = model.lm_head.weight.dtype
-        paged = math.ceil(max_len / PAGE) * PAGE
-        aligned = math.ceil(max_len / CACHE_ALIGN) * CACHE_ALIGN
-        self.max_len = aligned if aligned <= args.max_position or paged > args.max_position \
-            else paged
+        self.max_len = cache_length(max_len, args.max_position)
         if self.max_len > args.max_position:
             if not beyond_max_position:
                 raise SpecsimError(f"max length {self.max_len} exceeds the model's "
@@ -349,6 +346,14 @@ def collector_paused():
     finally:
         if was:
             gc.enable()
+
+
+def cache_length(positions: int, max_position: int) -> int:
+    """The cache an engine allocates for ``positions`` positions: whole Quest pages
+    (``PAGE``), rounded up to ``CACHE_ALIGN`` where the model's ``max_position`` allows."""
+    paged = math.ceil(positions / PAGE) * PAGE
+    aligned = math.ceil(positions / CACHE_ALIGN) * CACHE_ALIGN
+    return aligned if aligned <= max_position or paged > max_position else paged
 
 
 def cache_positions(prompt_len: int, max_new_tokens: int, k: int) -> int:

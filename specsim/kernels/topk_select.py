@@ -38,8 +38,12 @@ SPLIT_PAGES = 256
 #: spill of ``SPILL_FROM``), chunked / one program per row /
 #: torch.topk: Vegas' 144 summed rows (Qwen3-8B) at 128K 553 / 1,208 / 790 µs, at 32K
 #: 162 / 279 / 266, at 8K 73 / 82 / 170 (H100), at 2K 51 / 34 / 119 (H100); Quest's 32 rows
-#: (one layer) of 8,192 pages 97 / 130, of 4,096 80 / 86 (H100), of 2,048 56 / 48.
-CHUNKED_FROM: int | None = 2048
+#: (one layer) of 8,192 pages 97 / 130, of 4,096 80 / 86 (H100), of 2,048 56 / 48. The switch
+#: lies between the measured 2,048 and 4,096: the engine's rows at a 2K or 32K context are a
+#: little over a power of two (its cache padding: 2,176 positions, 2,056 pages), where the
+#: chunked path took 33.5 against 20 µs (Vegas, 144 rows of 2,048) and 42.8 against 30.2
+#: (Quest, 32 rows of 2,048 pages; H100, CUDA-event medians, 2026-12-07).
+CHUNKED_FROM: int | None = 3072
 #: ... and only as long as rows are this few: SparseSpec-L's 1,152 rows of 128K (every
 #: layer's KV heads) keep the GPU busy one program per row (6.17 ms against 6.63 chunked,
 #: both without the spill).
@@ -56,6 +60,16 @@ CHUNKED_WIDE_FROM = 32768
 #: ms at 128K; Llama-3.2-3B 0.60-0.88 of the time without; the same lists in every cell.
 SPILL_FROM: int | None = 8192
 SPILL_SHARE = 16
+#: One program per row ranks a row of at most this many items in one block of the row rounded
+#: up to a power of two, longer rows in blocks of 1,024: a 1,024 block over a short row spends
+#: its radix passes on masked lanes. H100, CUDA-event medians, 2026-12-07 (row block / 1,024):
+#: Quest's 32 rows (batch 4, one layer) of 128 pages, scores included, 9.3 / 14.9 µs, of
+#: 2,048 (8 warps) 27.2 / 30.2; Vegas' 144 summed rows of 2,048 17.0 / 19.6, SparseSpec-L's
+#: 1,152 61.9 / 65.0; rows of 8,192 lose at one block (Vegas 85 / 58 chunked).
+ROW_BLOCK_MAX = 2048
+#: Quest writes the positions of this many pages a step ([pages, page size] in registers),
+#: whatever block it ranks them in.
+QUEST_WRITE_PAGES = 1024
 
 
 @triton.jit
@@ -415,7 +429,8 @@ def _quest_select_kernel(Q, PMin, PMax, Lengths, Budget, Scratch, Out, Counts, c
                          stride_scratch,
                          NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr,
                          HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, BLOCK_P: tl.constexpr,
-                         BLOCK: tl.constexpr, OUT_BLOCK: tl.constexpr, SCORE: tl.constexpr):
+                         BLOCK: tl.constexpr, WRITE_BLOCK: tl.constexpr,
+                         OUT_BLOCK: tl.constexpr, SCORE: tl.constexpr):
     pid = tl.program_id(0)
     b = (pid // NUM_KV_HEADS).to(tl.int64)
     g = (pid % NUM_KV_HEADS).to(tl.int64)
@@ -434,8 +449,8 @@ def _quest_select_kernel(Q, PMin, PMax, Lengths, Budget, Scratch, Out, Counts, c
     tied = tl.zeros([], tl.int32)
     out_off = pid.to(tl.int64) * stride_out
     within = tl.arange(0, PAGE)
-    for start in range(0, pages, BLOCK):
-        page = start + tl.arange(0, BLOCK)
+    for start in range(0, pages, WRITE_BLOCK):   # [WRITE_BLOCK, PAGE] positions a step
+        page = start + tl.arange(0, WRITE_BLOCK)
         valid = page < pages
         key = _key_of(Scratch, row_off, page, valid, pages, 0, 1)
         take, rank, taken, tied = _winners(key, valid, threshold, ties, tied, taken, want)
@@ -473,6 +488,16 @@ def _chunk_shape(items: int, block: int | None, num_warps: int | None) -> tuple[
     return block or (4096 if wide else 1024), num_warps or (8 if wide else 4)
 
 
+def _row_shape(items: int, block: int | None, num_warps: int | None,
+               wide_warps: int = 4) -> tuple[int, int]:
+    """One program per row's block and warps, unless given: a row of at most
+    ``ROW_BLOCK_MAX`` items in one block (the row rounded up to a power of two, at least 16),
+    with ``wide_warps`` for a block over 1,024; longer rows in blocks of 1,024 with 4."""
+    if block is None:
+        block = max(16, triton.next_power_of_2(items)) if items <= ROW_BLOCK_MAX else 1024
+    return block, num_warps or (wide_warps if block > 1024 else 4)
+
+
 def radix_top_positions(score: torch.Tensor, lengths: torch.Tensor, counts: torch.Tensor,
                         capacity: int, keep_first: int = 0, keep_last: int = 0, *,
                         block: int | None = None, num_warps: int | None = None,
@@ -488,7 +513,7 @@ def radix_top_positions(score: torch.Tensor, lengths: torch.Tensor, counts: torc
     The same sets as ``selection._finish(selection._top_positions(...), counts, ranked=True)``
     up to ties (here: the lowest positions), in one launch, or (``chunked``; default: few
     rows longer than ``CHUNKED_FROM``) in six over (row, block of ``block``) programs.
-    ``block`` and ``num_warps`` default to 1,024 and 4 in one program per row, to
+    ``block`` and ``num_warps`` default to ``_row_shape``'s in one program per row, to
     ``_chunk_shape``'s when chunked. ``spill``: keys per row that one program per row may
     copy its last candidates into (``_radix_threshold``); 0: none; default
     ``_spill_capacity``."""
@@ -513,14 +538,15 @@ def radix_top_positions(score: torch.Tensor, lengths: torch.Tensor, counts: torc
         _chunked_select(flat, lengths, counts, out, listed, rows // batch, 1, keep_first,
                         keep_last, block=block, num_warps=num_warps)
     else:
+        block, num_warps = _row_shape(n, block, num_warps)
         spill = _spill_capacity(n) if spill is None else spill
         # without a spill the kernel never reads its pointer: ``out`` stands in for it
         keys = torch.empty(rows * spill, dtype=torch.int32, device=score.device) if spill \
             else out
         _radix_select_kernel[(rows,)](
             flat, lengths, counts, out, listed, keys, n, flat.stride(0), out.stride(0),
-            capacity, rows // batch, keep_first, keep_last, spill, BLOCK=block or 1024,
-            OUT_BLOCK=_out_block(capacity), SPILL=spill > 0, num_warps=num_warps or 4)
+            capacity, rows // batch, keep_first, keep_last, spill, BLOCK=block,
+            OUT_BLOCK=_out_block(capacity), SPILL=spill > 0, num_warps=num_warps)
     return out.view(*lead, capacity), listed.view(lead)
 
 
@@ -572,12 +598,13 @@ def quest_select_fused(q: torch.Tensor, page_min: torch.Tensor, page_max: torch.
             _chunked_select(scratch, lengths, budget.contiguous(), out, counts, kv_heads,
                             kv_heads, 0, 1, page=page_size, block=block, num_warps=num_warps)
             return out.view(batch, kv_heads, capacity), counts.view(batch, kv_heads)
+    block, num_warps = _row_shape(pages, block, num_warps, wide_warps=8)
     _quest_select_kernel[(batch * kv_heads,)](
         q, page_min, page_max, lengths, budget.contiguous(), scratch, out, counts, capacity,
         scratch.shape[1], *layout, out.stride(0), scratch.stride(0),
         NUM_KV_HEADS=kv_heads, GROUP=heads // kv_heads, HEAD_DIM=head_dim, PAGE=page_size,
-        BLOCK_P=block_pages, BLOCK=block or 1024,
-        OUT_BLOCK=_out_block(capacity), SCORE=not split, num_warps=num_warps or 4)
+        BLOCK_P=block_pages, BLOCK=block, WRITE_BLOCK=min(block, QUEST_WRITE_PAGES),
+        OUT_BLOCK=_out_block(capacity), SCORE=not split, num_warps=num_warps)
     return out.view(batch, kv_heads, capacity), counts.view(batch, kv_heads)
 
 
