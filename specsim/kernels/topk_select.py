@@ -65,7 +65,11 @@ SPILL_SHARE = 16
 #: its radix passes on masked lanes. H100, CUDA-event medians, 2026-12-07 (row block / 1,024):
 #: Quest's 32 rows (batch 4, one layer) of 128 pages, scores included, 9.3 / 14.9 µs, of
 #: 2,048 (8 warps) 27.2 / 30.2; Vegas' 144 summed rows of 2,048 17.0 / 19.6, SparseSpec-L's
-#: 1,152 61.9 / 65.0; rows of 8,192 lose at one block (Vegas 85 / 58 chunked).
+#: 1,152 61.9 / 65.0; rows of 8,192 lose at one block (Vegas 85 / 58 chunked). In the engine
+#: (``benchmarks/bench_engine.py --model qwen3-8b --batch 4 --contexts 2048,32768 --phases
+#: --policies quest,vegas``, H100, 2026-12-07, against the former 1,024 blocks and switch at
+#: 2,048 items): Quest's draft (k = 2) 7.89 against 8.43 ms at 2K, 9.47 against 9.54 at 32K;
+#: Vegas' refresh 60 against 67 µs at 2K.
 ROW_BLOCK_MAX = 2048
 #: Quest writes the positions of this many pages a step ([pages, page size] in registers),
 #: whatever block it ranks them in.
