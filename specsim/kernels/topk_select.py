@@ -42,7 +42,7 @@ SPLIT_PAGES = 256
 #: lies between the measured 2,048 and 4,096: the engine's rows at a 2K or 32K context are a
 #: little over a power of two (its cache padding: 2,176 positions, 2,056 pages), where the
 #: chunked path took 33.5 against 20 µs (Vegas, 144 rows of 2,048) and 42.8 against 30.2
-#: (Quest, 32 rows of 2,048 pages; H100, CUDA-event medians, 2026-12-07).
+#: (Quest, 32 rows of 2,048 pages; H100, CUDA-graph medians, 2026-12-07).
 CHUNKED_FROM: int | None = 3072
 #: ... and only as long as rows are this few: SparseSpec-L's 1,152 rows of 128K (every
 #: layer's KV heads) keep the GPU busy one program per row (6.17 ms against 6.63 chunked,
@@ -62,7 +62,7 @@ SPILL_FROM: int | None = 8192
 SPILL_SHARE = 16
 #: One program per row ranks a row of at most this many items in one block of the row rounded
 #: up to a power of two, longer rows in blocks of 1,024: a 1,024 block over a short row spends
-#: its radix passes on masked lanes. H100, CUDA-event medians, 2026-12-07 (row block / 1,024):
+#: its radix passes on masked lanes. H100, CUDA-graph medians, 2026-12-07 (row block / 1,024):
 #: Quest's 32 rows (batch 4, one layer) of 128 pages, scores included, 9.3 / 14.9 µs, of
 #: 2,048 (8 warps) 27.2 / 30.2; Vegas' 144 summed rows of 2,048 17.0 / 19.6, SparseSpec-L's
 #: 1,152 61.9 / 65.0; rows of 8,192 lose at one block (Vegas 85 / 58 chunked). In the engine
