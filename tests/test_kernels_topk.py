@@ -197,8 +197,8 @@ def test_fused_quest_selection_matches_the_torch_path(dtype, group, head_dim, sp
     of pages (``chunked``), here in blocks of 16, so that several blocks and a partial one
     occur; also in the default block (the whole row) and with the positions written in
     steps of fewer pages than the ranking's block."""
-    from specsim.kernels.selection import quest_select, selected_counts
     from specsim.kernels import topk_select
+    from specsim.kernels.selection import quest_select, selected_counts
     from specsim.kernels.topk_select import quest_select_fused
     from specsim.policies import get_policy
     if write:
