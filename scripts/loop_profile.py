@@ -1,5 +1,6 @@
 """Where a speculative iteration's time goes beyond its draft/verify/selection steps (the cost
-model's loop overhead term): the engine's loop under torch.profiler on the GPU.
+model's loop overhead term): the engine's loop under torch.profiler on the GPU (on the CPU a
+smoke run of a tiny model).
 
     PYTHONPATH=. python3 scripts/loop_profile.py [MODEL] [BATCH] [CONTEXT] [K] [POLICY] [OUT_DIR] \\
         [--phases-only] [--setting name=value]
