@@ -16,14 +16,14 @@ from repo import REPO_ROOT
 def test_bench_selection_dry_run(tmp_path):
     out = tmp_path / "selection.json"
     done = subprocess.run([sys.executable, str(REPO_ROOT / "benchmarks" / "bench_selection.py"),
-                           "--dry-run", "--models", "qwen3-8b", "--ss", "0.1",
+                           "--dry-run", "--models", "qwen3-8b", "--ss", "0.1", "--batch", "2",
                            "--out", str(out)],
                           capture_output=True, text=True, timeout=600,
                           env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
     assert done.returncode == 0, done.stderr[-3000:]
     rows = json.loads(out.read_text())["rows"]
     assert [r["policy"] for r in rows] == ["vegas", "sparsespec", "quest"]
-    assert [r["rows"] for r in rows] == [2 * 4, 2 * 4 * 8, 4 * 8]     # 2 layers, batch 4
+    assert [r["rows"] for r in rows] == [2 * 2, 2 * 2 * 8, 2 * 8]     # 2 layers, batch 2
     # rows as wide as the engine's cache for 600 + 64 positions: 768 tokens, 48 pages
     assert [r["items"] for r in rows] == [768, 768, 48]
     for row in rows:
