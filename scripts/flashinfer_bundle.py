@@ -121,9 +121,8 @@ def bundle(out: Path, wheels: Path, version: str) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog="See the module docstring for the GPU side.")
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, type=Path,
                         help="folder to write the bundle into (must not exist, or be empty)")
     parser.add_argument("--wheels", type=Path, default=None,
