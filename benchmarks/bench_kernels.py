@@ -10,7 +10,9 @@ sparse drafts) over the median time; every timing replays a CUDA graph of many c
 over enough KV caches that L2 cannot hold them. Correctness is checked in bf16 against the torch
 references first.
 
-    PYTHONPATH=. python benchmarks/bench_kernels.py --sweep        # all defaults (H200 run)
+    PYTHONPATH=. python benchmarks/bench_kernels.py --head-dims 128 --contexts 131072 \\
+        --q-lens 1,8,16 --no-check --budget-s 90     # BENCHMARKS' H200 kernel table
+    PYTHONPATH=. python benchmarks/bench_kernels.py --sweep   # tune the launch configurations
 
 Writes ``bench_kernels.json`` under ``$OUT`` (or ``--out``); prints a compact table last.
 """
@@ -653,7 +655,9 @@ def main(argv=None):
                         "first call per kernel compiles it: minutes)")
     parser.add_argument("--budget-s", type=float, default=450.0,
                         help="skip remaining shapes past this many seconds")
-    parser.add_argument("--out", default=os.environ.get("OUT", "benchmarks/out"))
+    parser.add_argument("--out", default=os.environ.get("OUT", "benchmarks/out"),
+                        help="folder to write bench_kernels.json into (default: $OUT, else "
+                             "benchmarks/out)")
     parser.add_argument("--dry-run", action="store_true", help="exercise the script on the "
                         "CPU (Triton interpreter, tiny shapes, timings meaningless)")
     args = parser.parse_args(argv)

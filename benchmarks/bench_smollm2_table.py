@@ -3,7 +3,7 @@ for every (k, s) at each batch size, on long prompts (BENCHMARKS.md's SmolLM2 ta
 32–64, 8K context).
 
 The prompts (token ids, ``traces/smollm2-prompt-ids-long.json``: 41 excerpts of 7.1K–7.9K
-tokens, ``specsim trace --prompt-set long --max-prompt-tokens 7900 --export-prompts``) go
+tokens, ``specsim trace --prompt-set long --max-prompt-tokens 7900 --export-prompts FILE``) go
 through ``batch`` slots as one continuous batch of ``--requests`` answers (cycled), greedy,
 128 new tokens each, measured as ``specsim validate`` measures (``specsim.validate.measure``:
 one prefill per prompt shared by every configuration, a warm-up per configuration, the steady

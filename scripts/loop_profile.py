@@ -10,7 +10,7 @@ smoke run of a tiny model).
 Random weights, forced acceptance (m = k // 2), the engine's settings (by default the model
 fused and compiled, as the runs use it). Prints the per-iteration phase split (CUDA events),
 the loop's own clock, the CUDA kernels by total time, and the host-side ops by self CPU time;
-writes a Chrome trace to OUT_DIR (open it in chrome://tracing or Perfetto to see the idle gaps
+writes a Chrome trace to OUT_DIR when given (open it in chrome://tracing or Perfetto to see the idle gaps
 between launches). On the CPU it runs a tiny model of the same family (a smoke test of the
 script).
 """

@@ -1,4 +1,5 @@
-"""Generate the SYNTHETIC example trace shipped in traces/ (until real traces replace it).
+"""Generate the SYNTHETIC example trace shipped in traces/ (a fixture of the tools and tests;
+the real traces are ``traces/smollm2-135m-*.jsonl``).
 
 The acceptance numbers are invented to look like sparse self-speculative decoding (acceptance
 rises with s and saturates; StreamingLLM needs more s; last-token selection decays along the

@@ -10,8 +10,10 @@ context length. Greedy decoding: both rules emit the same tokens; only the numbe
 accepted per iteration differs. Writes a small JSON (per run and prompt: sums, not raw
 entries) that ``specsim review --proxy FILE`` reads.
 
-    python scripts/review_proxy.py --prompts 6 --ks 4,8 --ss 0.03,0.05,0.1 \\
-        --max-new-tokens 64 --out traces/review-proxy-smollm2-135m.json
+    python scripts/review_proxy.py --prompts 8 --ks 4,8,12 --ss 0.03,0.05,0.1 \\
+        --max-new-tokens 128 --threads 2     # the shipped file (CPU, ~40 min)
+
+``--model`` takes the models ``specsim models fetch`` knows (``specsim.engine.fetch.MODELS``).
 """
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ import torch
 from specsim.engine import Engine, build_model
 from specsim.engine import prompts as P
 from specsim.engine.decode import cache_positions
-from specsim.engine.fetch import fetch_model
+from specsim.engine.fetch import MODELS, fetch_model
 from specsim.engine.selection import DISTANCE_BANDS
 from specsim.policies import get_policy
 from specsim.review import CONTEXT_BINS, PROXY_VERSION, RULES, proxy_run_summary
@@ -38,7 +40,8 @@ def _list(text, kind):
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default="smollm2", help="a fetchable model name")
+    parser.add_argument("--model", default="smollm2",
+                        help="a model `specsim models fetch` knows: " + ", ".join(MODELS))
     parser.add_argument("--prompts", type=int, default=6,
                         help="how many prompts of the default set (in its order)")
     parser.add_argument("--max-prompt-tokens", type=int, default=7000)
@@ -46,12 +49,16 @@ def main(argv=None) -> None:
     parser.add_argument("--ss", default="0.03,0.05,0.1")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
-    parser.add_argument("--out", default="traces/review-proxy-smollm2-135m.json")
+    parser.add_argument("--out", default=None,
+                        help="default: traces/review-proxy-<model folder>.json, e.g. "
+                             "traces/review-proxy-smollm2-135m.json")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     ks, ss = _list(args.ks, int), _list(args.ss, float)
 
     folder = fetch_model(args.model, log=lambda m: print(m, file=sys.stderr))
+    if args.out is None:
+        args.out = os.path.join("traces", f"review-proxy-{folder.name}.json")
     net = build_model(folder, weights="real", dtype=torch.float32, device="cpu")
     tokenizer = P.Tokenizer(folder)
     specs = P.default_specs()[:args.prompts]
