@@ -15,7 +15,9 @@ program kernel's, as its torch path scores pages in bf16 matmuls, the kernels in
 are the median of CUDA-graph replays. Prints a Markdown table last and writes the rows to
 ``--out``.
 
-    PYTHONPATH=. python benchmarks/bench_selection.py --contexts 131072,32768 --room 0   # BENCHMARKS'
+    PYTHONPATH=. python benchmarks/bench_selection.py --contexts 131072,32768 --room 0
+
+(the BENCHMARKS table's command).
 """
 from __future__ import annotations
 

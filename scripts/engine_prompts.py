@@ -9,7 +9,8 @@ a question about the code (chat-formatted) or a plain continuation. No text is s
 ``extended``, those and 36 more; ``long``, 41 excerpts fitted to 7.1K–7.9K tokens (the
 SmolLM2 8K table's prompts).
 
-    python scripts/engine_prompts.py [--out prompts.jsonl] [--set default|extended|long] [--tokenizer MODEL_FOLDER]
+    python scripts/engine_prompts.py [--out prompts.jsonl] [--set default|extended|long] \\
+        [--tokenizer MODEL_FOLDER]
 """
 from __future__ import annotations
 
@@ -22,8 +23,8 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="prompts.jsonl")
     parser.add_argument("--set", default="default", choices=sorted(P.PROMPT_SETS),
-                        help="default: the shipped traces' 12; extended: those and 36 more; long: 41 of "
-                             "7.1K-7.9K tokens")
+                        help="default: the shipped traces' 12; extended: those and 36 more; "
+                             "long: 41 of 7.1K-7.9K tokens")
     parser.add_argument("--tokenizer", default=None,
                         help="Model folder whose tokenizer counts the prompt tokens "
                              "(e.g. ~/.cache/specsim/models/smollm2-135m).")

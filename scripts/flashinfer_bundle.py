@@ -83,16 +83,22 @@ def find_wheel(folder: Path, prefix: str) -> Path:
     return wheels[-1]
 
 
-def download(folder: Path, version: str, tvm_version: str, python: str) -> None:
-    command = [sys.executable, "-m", "pip", "download", "-q", "--no-deps",
-               "--only-binary=:all:", "--python-version", python, "--implementation", "cp",
-               "--platform", "manylinux_2_28_x86_64", "--platform", "manylinux_2_24_x86_64",
-               "--platform", "any", f"flashinfer-python=={version}",
-               f"apache-tvm-ffi=={tvm_version}", "-d", str(folder)]
-    done = subprocess.run(command, capture_output=True, text=True)
+def pip(*args: str, what: str) -> None:
+    """Run ``python -m pip ARGS`` quietly; a failure is a one-line ``BundleError`` naming
+    ``what`` and pip's last line of error."""
+    done = subprocess.run([sys.executable, "-m", "pip", *args, "-q"], capture_output=True,
+                          text=True)
     if done.returncode:
-        last = (done.stderr.strip().splitlines() or ["pip download failed"])[-1]
-        raise BundleError(f"pip download: {last}")
+        last = (done.stderr.strip().splitlines() or ["failed"])[-1]
+        raise BundleError(f"{what}: {last}")
+
+
+def download(folder: Path, version: str, tvm_version: str, python: str) -> None:
+    pip("download", "--no-deps", "--only-binary=:all:", "--python-version", python,
+        "--implementation", "cp", "--platform", "manylinux_2_28_x86_64",
+        "--platform", "manylinux_2_24_x86_64", "--platform", "any",
+        f"flashinfer-python=={version}", f"apache-tvm-ffi=={tvm_version}", "-d", str(folder),
+        what="pip download")
 
 
 def bundle(out: Path, wheels: Path, version: str) -> dict:
@@ -103,12 +109,8 @@ def bundle(out: Path, wheels: Path, version: str) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as temp:
         site = Path(temp)
-        done = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
-                               "--no-compile", "--target", str(site), str(flashinfer_wheel)],
-                              capture_output=True, text=True)
-        if done.returncode:
-            last = (done.stderr.strip().splitlines() or ["pip install failed"])[-1]
-            raise BundleError(f"pip install {flashinfer_wheel.name}: {last}")
+        pip("install", "--no-deps", "--no-compile", "--target", str(site), str(flashinfer_wheel),
+            what=f"pip install {flashinfer_wheel.name}")
         freed = trim(site / "flashinfer")
         with tarfile.open(out / "flashinfer.tar.xz", "w:xz") as tar:
             tar.add(site / "flashinfer", arcname="flashinfer")

@@ -1,6 +1,6 @@
 """Where a speculative iteration's time goes beyond its draft/verify/selection steps (the cost
-model's loop overhead term): the engine's loop under torch.profiler on the GPU (on the CPU a
-smoke run of a tiny model).
+model's loop overhead term): the engine's loop under torch.profiler on the GPU (on the CPU
+a smoke run of a tiny model).
 
     PYTHONPATH=. python3 scripts/loop_profile.py [MODEL] [BATCH] [CONTEXT] [K] [POLICY] [OUT_DIR] \\
         [--phases-only] [--setting name=value]
@@ -10,9 +10,9 @@ smoke run of a tiny model).
 Random weights, forced acceptance (m = k // 2), the engine's settings (by default the model
 fused and compiled, as the runs use it). Prints the per-iteration phase split (CUDA events),
 the loop's own clock, the CUDA kernels by total time, and the host-side ops by self CPU time;
-writes a Chrome trace to OUT_DIR when given (open it in chrome://tracing or Perfetto to see the idle gaps
-between launches). On the CPU it runs a tiny model of the same family (a smoke test of the
-script).
+writes a Chrome trace to OUT_DIR when given (open it in chrome://tracing or Perfetto to see the
+idle gaps between launches). On the CPU it runs a tiny model of the same family (a smoke test
+of the script).
 """
 from __future__ import annotations
 

@@ -5,6 +5,7 @@ import subprocess
 import sys
 import tarfile
 import zipfile
+from pathlib import Path
 
 import pytest
 
@@ -73,8 +74,9 @@ def test_bundle_unpacks_on_the_gpu_side_with_install_sh(tmp_path, wheels, capsys
         names = set(tar.getnames())
     assert set(KEPT) <= names and not names & set(DROPPED)
     site = tmp_path / "site"
+    path = f"{Path(sys.executable).parent}:/usr/bin:/bin"
     done = subprocess.run(["bash", str(out / "install.sh"), str(site)], capture_output=True,
-                          text=True, env={"PATH": f"{sys.executable.rsplit('/', 1)[0]}:/usr/bin:/bin"})
+                          text=True, env={"PATH": path})
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == f"export PYTHONPATH={site}:$PYTHONPATH"
     assert (site / "flashinfer" / "data" / "csrc" / "batch_decode.cu").is_file()
@@ -97,3 +99,11 @@ def test_bad_input_is_one_line_and_nothing_is_overwritten(tmp_path, wheels, caps
     assert bundle.main(["--out", str(tmp_path / "b3"), "--wheels", str(empty)]) == 2
     assert "no flashinfer_python-*.whl" in capsys.readouterr().err
     assert not (tmp_path / "b3").exists()
+    junk = tmp_path / "junk"
+    junk.mkdir()
+    for name in ("flashinfer_python-0.7.4-py3-none-any.whl",
+                 "apache_tvm_ffi-0.1-py3-none-any.whl"):
+        (junk / name).write_text("not a wheel")
+    assert bundle.main(["--out", str(tmp_path / "b4"), "--wheels", str(junk)]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and error.startswith("error: pip install flashinfer_python")
