@@ -661,9 +661,10 @@ def main(argv=None):
     parser.add_argument("--dry-run", action="store_true", help="exercise the script on the "
                         "CPU (Triton interpreter, tiny shapes, timings meaningless)")
     args = parser.parse_args(argv)
-    global DEVICE, DTYPE, DRY_RUN
-    if args.dry_run:
+    global DEVICE, DTYPE, DRY_RUN, HEADS
+    if args.dry_run:                       # a quarter of the heads, the same groups
         DEVICE, DTYPE, DRY_RUN = "cpu", torch.float32, True
+        HEADS = {d: (heads // 4, kv // 4) for d, (heads, kv) in HEADS.items()}
         args.batch, args.contexts, args.flex_contexts = 2, [256], []
     elif not torch.cuda.is_available():
         sys.exit("bench_kernels needs a CUDA GPU (or --dry-run)")

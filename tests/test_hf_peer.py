@@ -2,6 +2,7 @@
 weights, its static-cache greedy decoding gives the engine's tokens (so the peer decodes the
 same model as the engine), and a cache filled at random to a context decodes on from there."""
 import json
+import subprocess
 import sys
 
 import pytest
@@ -12,6 +13,7 @@ from repo import REPO_ROOT
 pytest.importorskip("transformers")
 sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
 
+import bench_engine  # noqa: E402
 from hf_peer import StaticDecoder, hf_model, time_steps  # noqa: E402
 
 from specsim.engine import build_model, plain_decode  # noqa: E402
@@ -24,6 +26,20 @@ def tiny(name):
                   num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=512,
                   bos_token_id=1, eos_token_id=2)
     return config
+
+
+def bench(capsys, *argv):
+    """bench_engine.py run in this process (its imports paid once), as subprocess.run tells it."""
+    capsys.readouterr()
+    try:
+        bench_engine.main([str(a) for a in argv])
+        code = 0
+    except SystemExit as stop:
+        code = stop.code if isinstance(stop.code, int) else 1
+        if isinstance(stop.code, str):
+            print(stop.code, file=sys.stderr)
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(argv, code, out, err)
 
 
 @pytest.mark.parametrize("name", ["qwen3-8b", "llama-3.1-8b"])
@@ -51,20 +67,13 @@ def test_a_randomly_filled_cache_decodes_on_from_its_context():
     assert decoder.cache.layers[0].keys[:, :, 45:].abs().sum() == 0
 
 
-def test_bench_engine_times_the_peer_beside_the_engine(tmp_path):
+def test_bench_engine_times_the_peer_beside_the_engine(tmp_path, capsys):
     """bench_engine.py --peer hf on the CPU (SmolLM2's shapes, a 64-token context, batches 1
     and 2): per cell one row for the engine's plain step and one for the peer's, each with its
     floor, and the Markdown table of them, printed again by --table from the output alone."""
-    import os
-    import subprocess
-
     out = tmp_path / "bench.json"
-    script = str(REPO_ROOT / "benchmarks" / "bench_engine.py")
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-    done = subprocess.run([sys.executable, script, "--model", "smollm2-135m", "--batch", "1,2",
-                           "--contexts", "64", "--new-tokens", "2", "--device", "cpu",
-                           "--peer", "hf", "--out", str(out)], capture_output=True, text=True,
-                          timeout=600, env=env)
+    done = bench(capsys, "--model", "smollm2-135m", "--batch", "1,2", "--contexts", "64",
+                 "--new-tokens", "2", "--device", "cpu", "--peer", "hf", "--out", out)
     assert done.returncode == 0, done.stderr[-2000:]
     rows = json.loads(out.read_text())["rows"]
     assert [(r["batch"], r["mode"]) for r in rows] == [(1, "plain"), (1, "hf-plain"),
@@ -75,26 +84,19 @@ def test_bench_engine_times_the_peer_beside_the_engine(tmp_path):
     assert [line.split("|")[2:4] for line in table] == [[" 1 ", " 64 "], [" 2 ", " 64 "]]
     for line, (eng, hf) in zip(table, [rows[:2], rows[2:]]):
         assert line.split("|")[-2].strip() == f"{eng['step_seconds'] / hf['step_seconds']:.2f}"
-    again = subprocess.run([sys.executable, script, "--table", str(out)], capture_output=True,
-                           text=True, timeout=120, env=env)
+    again = bench(capsys, "--table", out)
     assert again.returncode == 0 and [line for line in again.stdout.splitlines()
                                       if line.startswith("| smollm2-135m |")] == table
 
 
-def test_bench_engine_splits_each_policy_by_phase_against_its_floors(tmp_path):
+def test_bench_engine_splits_each_policy_by_phase_against_its_floors(tmp_path, capsys):
     """bench_engine.py --phases on the CPU: for each policy asked, a row per phase with its time,
     bytes and floor (the draft's weights streamed and its selected rows gathered, verify
     streamed), and the phases' shares of the iteration summing to the whole."""
-    import os
-    import subprocess
-
     out = tmp_path / "bench.json"
-    done = subprocess.run([sys.executable, str(REPO_ROOT / "benchmarks" / "bench_engine.py"),
-                           "--model", "smollm2-135m", "--batch", "1", "--contexts", "128",
-                           "--new-tokens", "2", "--device", "cpu", "--phases", "--ks", "2",
-                           "--ss", "0.1", "--policies", "vegas,quest", "--iterations", "2",
-                           "--out", str(out)], capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+    done = bench(capsys, "--model", "smollm2-135m", "--batch", "1", "--contexts", "128",
+                 "--new-tokens", "2", "--device", "cpu", "--phases", "--ks", "2", "--ss", "0.1",
+                 "--policies", "vegas,quest", "--iterations", "2", "--out", out)
     assert done.returncode == 0, done.stderr[-2000:]
     doc = json.loads(out.read_text())
     rows = [r for r in doc["rows"] if r["mode"] == "phase"]
@@ -127,39 +129,33 @@ def test_bench_engine_splits_each_policy_by_phase_against_its_floors(tmp_path):
     assert "floor/time" in done.stdout
 
 
-def test_bench_engine_resumes_its_output_and_never_overwrites_it(tmp_path):
+def test_bench_engine_resumes_its_output_and_never_overwrites_it(tmp_path, capsys):
     """bench_engine.py --out: an existing file is refused without --resume (one line, the file
     untouched), and with other settings or other cell arguments; --resume keeps the cells it
     holds, row for row, and measures only the others; an older output (no cells or arguments
     recorded) counts the cells of its rows, and resumes only where its retired settings ran
     as the engine runs now; no phase table is printed when no phases ran."""
-    import os
-    import subprocess
-
     from specsim.settings import RETIRED
 
     out = tmp_path / "bench.json"
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
 
-    def bench(*extra, new_tokens="2"):
-        return subprocess.run([sys.executable, str(REPO_ROOT / "benchmarks" / "bench_engine.py"),
-                               "--model", "smollm2-135m", "--contexts", "64", "--new-tokens",
-                               new_tokens, "--device", "cpu", "--out", str(out), *extra],
-                              capture_output=True, text=True, timeout=600, env=env)
+    def run(*extra, new_tokens="2"):
+        return bench(capsys, "--model", "smollm2-135m", "--contexts", "64", "--new-tokens",
+                     new_tokens, "--device", "cpu", "--out", out, *extra)
 
-    first = bench("--batch", "1")
+    first = run("--batch", "1")
     assert first.returncode == 0, first.stderr[-2000:]
     before = out.read_text()
     assert json.loads(before)["cells_done"] == [[1, 64]]
     assert "| model | batch | context |  |" not in first.stdout
-    refused = bench("--batch", "1,2")
+    refused = run("--batch", "1,2")
     assert refused.returncode == 2 and "exists: --resume" in refused.stderr.splitlines()[-1]
-    other = bench("--batch", "1,2", "--resume", "--setting", "c2q=rows")
+    other = run("--batch", "1,2", "--resume", "--setting", "c2q=rows")
     assert other.returncode == 2 and "not smollm2-135m with" in other.stderr
-    longer = bench("--batch", "1,2", "--resume", new_tokens="3")
+    longer = run("--batch", "1,2", "--resume", new_tokens="3")
     assert longer.returncode == 2 and "measured with --new-tokens 2" in longer.stderr
     assert out.read_text() == before
-    more = bench("--batch", "1,2", "--resume")
+    more = run("--batch", "1,2", "--resume")
     assert more.returncode == 0, more.stderr[-2000:]
     assert "1 cells already measured" in more.stdout
     doc = json.loads(out.read_text())
@@ -172,7 +168,7 @@ def test_bench_engine_resumes_its_output_and_never_overwrites_it(tmp_path):
     for named, code in (({"verify_append": RETIRED["verify_append"][0]}, 0),
                         ({"verify_append": "torch"}, 2), ({}, 2)):
         out.write_text(json.dumps({**older, "settings": {**doc["settings"], **named}}))
-        done = bench("--batch", "1,2", "--resume")
+        done = run("--batch", "1,2", "--resume")
         assert done.returncode == code, done.stderr[-2000:]
         if code == 0:
             assert "2 cells already measured" in done.stdout
