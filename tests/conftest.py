@@ -7,12 +7,59 @@ def pytest_report_header(config):
 
 def pytest_configure(config):
     """Torch on one thread: the tests' models and kernels are tiny, where a second thread costs
-    more in hand-offs than it gains (about 6x on CI's 2 cores for the engine's tiny models)."""
+    more in hand-offs than it gains (about 6x on CI's 2 cores for the engine's tiny models).
+    Triton's interpreter patches triton.language once per launch (``_patch_launch_once``).
+    Both where tests run: not in pytest-xdist's controller, which hands them to its workers."""
+    if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
+        return
     try:
         import torch
     except ImportError:
         return
     torch.set_num_threads(1)
+    _patch_launch_once()
+
+
+def _patch_launch_once():
+    """Triton's interpreter patches triton.language's modules (``inspect.getmembers`` over
+    each) when a kernel is launched, restores them when it ends, and patches them again at
+    every call of a ``@triton.jit`` helper inside it: the repeats are about 40% of the time
+    of a kernel built from helpers. Here a helper's call patches only the modules the launch
+    in progress has not; what runs is the same."""
+    try:
+        import specsim.kernels._runtime  # noqa: F401  (sets Triton's mode before its import)
+        from triton.runtime import interpreter
+    except ImportError:
+        return
+    patch_lang, launch = interpreter._patch_lang, interpreter.GridExecutor.__call__
+    if getattr(patch_lang, "once_per_launch", False):
+        return
+    import triton.language as tl
+    state = {"launching": False, "patched": frozenset()}
+    seen = {}                        # function -> the language modules its globals name
+
+    def patch_once(fn):
+        langs = seen.get(fn)
+        if langs is None:
+            langs = seen[fn] = frozenset(name for name, module in (("tl", tl), ("core", tl.core))
+                                         if any(v is module for v in fn.__globals__.values()))
+        if state["launching"] and state["patched"] and langs <= state["patched"]:
+            return interpreter._LangPatchScope()            # nothing of its own to restore
+        scope = patch_lang(fn)
+        if state["launching"]:
+            state["patched"] |= langs
+        return scope
+
+    def launch_once(self, *args, **kwargs):
+        state["launching"], state["patched"] = True, frozenset()
+        try:
+            return launch(self, *args, **kwargs)
+        finally:
+            state["launching"], state["patched"] = False, frozenset()
+
+    patch_once.once_per_launch = True
+    interpreter._patch_lang = patch_once
+    interpreter.GridExecutor.__call__ = launch_once
 
 
 def pytest_collection_modifyitems(config, items):

@@ -8,7 +8,6 @@ a per-call offset, so cases within a run still differ from each other.
 import os
 
 import numpy as np
-import torch
 
 RUN_SEED = int(os.environ.get("SPECSIM_TEST_SEED")
                or np.random.SeedSequence().entropy % 2**31)
@@ -22,6 +21,8 @@ def seed(offset: int = 0) -> int:
     return (RUN_SEED + 1_000_003 * int(offset)) % 2**31
 
 
-def generator(offset: int = 0, device="cpu") -> torch.Generator:
-    """A torch generator on ``device`` seeded for this run and ``offset``."""
+def generator(offset: int = 0, device="cpu") -> "torch.Generator":  # noqa: F821
+    """A torch generator on ``device`` seeded for this run and ``offset`` (torch imported here:
+    pytest-xdist's controller loads this module and runs no test)."""
+    import torch
     return torch.Generator(device=device).manual_seed(seed(offset))
