@@ -866,8 +866,9 @@ def test_an_moe_layer_is_priced_with_its_measured_routing():
 
 
 def test_calibrate_gpu_operators_measures_into_out(tmp_path, monkeypatch):
-    """The command's wiring, its sweep run on the CPU (the grid tiny): the table written to
-    --out, --repeats given sets the samples per point, --operators alone is refused."""
+    """The command's wiring, its sweep run on the CPU (the tiny grid at one key of each
+    operator: ``swept`` measures all of it): the table written to --out, --repeats given sets
+    the samples per point, --operators alone is refused."""
     import functools
 
     import torch
@@ -878,7 +879,11 @@ def test_calibrate_gpu_operators_measures_into_out(tmp_path, monkeypatch):
     from specsim.cli.main import cli
 
     out = tmp_path / "ops.json"
-    monkeypatch.setattr(S, "OperatorGrid", S.OperatorGrid.tiny)
+    tiny = S.OperatorGrid.tiny
+    monkeypatch.setattr(S, "OperatorGrid", lambda: dataclasses.replace(
+        tiny(), groups=[2], qs=[1], collects=["off"], batch_kv_heads=[2], contexts=[64],
+        selected=[16], selection_policies=["vegas"], selection_lists=[2],
+        selection_contexts=[64]))
     monkeypatch.setattr(S, "measure_operators",
                         functools.partial(S.measure_operators, device="cpu", progress=False))
     monkeypatch.setattr(calibrate_cmd, "_require_cuda", lambda: None)
@@ -893,6 +898,7 @@ def test_calibrate_gpu_operators_measures_into_out(tmp_path, monkeypatch):
     table = read_operator_table(str(out))
     assert f"wrote {len(table.points)} operator points to {out}" in got.output
     assert {len(p.samples_ms) for p in table.points} == {3}
+    assert {p.op for p in table.points} == set(S.MEASURES)
     refused = CliRunner().invoke(cli, ["calibrate", "--operators", "--out", str(out)])
     assert refused.exit_code != 0
 
