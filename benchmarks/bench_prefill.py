@@ -102,13 +102,13 @@ def timed(fn, repeats: int, cuda: bool) -> list[float]:
     return out
 
 
-def main() -> None:
+def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tokens", default="4096,16384,65536,131072")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", default="bench_prefill.json")
     ap.add_argument("--dry-run", action="store_true")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     cuda = torch.cuda.is_available() and not args.dry_run
     device, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
     tokens = [64] if args.dry_run else [int(t) for t in args.tokens.split(",")]

@@ -5,14 +5,12 @@ stood in for by a torch module with its wrappers' documented semantics (paged KV
 layout, bottom-right causal mask), which checks how the benchmark lays out and indexes its
 pages; the real kernels run on the GPU only."""
 import json
-import os
-import subprocess
 import sys
 
 import pytest
 import torch
 
-from repo import REPO_ROOT
+from repo import benchmark, run_main
 
 
 STAND_IN = '''
@@ -71,15 +69,14 @@ class BatchPrefillWithPagedKVCacheWrapper(_Paged):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU runs the real benchmark")
-def test_bench_kernels_dry_run(tmp_path):
+def test_bench_kernels_dry_run(tmp_path, monkeypatch, capsys):
     (tmp_path / "flashinfer").mkdir()
     (tmp_path / "flashinfer" / "__init__.py").write_text(STAND_IN)
-    done = subprocess.run([sys.executable, str(REPO_ROOT / "benchmarks" / "bench_kernels.py"),
-                           "--dry-run", "--head-dims", "128", "--q-lens", "1,8,16",
-                           "--out", str(tmp_path)],
-                          capture_output=True, text=True, timeout=900,
-                          env={**os.environ,
-                               "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), str(tmp_path)])})
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setitem(sys.modules, "flashinfer", None)   # gone again after the test
+    del sys.modules["flashinfer"]                          # the stand-in, imported here
+    done = run_main(benchmark("bench_kernels", monkeypatch).main, capsys, "--dry-run",
+                    "--head-dims", "128", "--q-lens", "1,8,16", "--out", tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads((tmp_path / "bench_kernels.json").read_text())
     errors = results["errors hd128"]
@@ -102,11 +99,7 @@ def test_bench_kernels_dry_run(tmp_path):
 
 def test_flashinfer_missing_is_one_line_reason(monkeypatch):
     """Without FlashInfer the benchmark names why and times the other peers."""
-    sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
-    try:
-        import bench_kernels
-    finally:
-        sys.path.pop(0)
+    bench_kernels = benchmark("bench_kernels", monkeypatch)
     monkeypatch.setitem(sys.modules, "flashinfer", None)       # import raises ImportError
     module, reason = bench_kernels.import_flashinfer()
     assert module is None
@@ -115,14 +108,12 @@ def test_flashinfer_missing_is_one_line_reason(monkeypatch):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU runs the real benchmark")
-def test_bench_prefill_dry_run(tmp_path):
+def test_bench_prefill_dry_run(tmp_path, monkeypatch, capsys):
     """benchmarks/bench_prefill.py on the CPU: its correctness check of every path and peer
     against the definition passes, and every (shape, path, implementation) row is timed."""
     out = tmp_path / "bench_prefill.json"
-    done = subprocess.run([sys.executable, str(REPO_ROOT / "benchmarks" / "bench_prefill.py"),
-                           "--dry-run", "--repeats", "1", "--out", str(out)],
-                          capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+    done = run_main(benchmark("bench_prefill", monkeypatch).main, capsys, "--dry-run",
+                    "--repeats", "1", "--out", out)
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads(out.read_text())
     assert len(results["checks"]) == 2 * 3 * 2              # engine and flex, every path

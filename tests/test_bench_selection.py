@@ -2,24 +2,19 @@
 a short context, timings meaningless): every policy's every ranking path runs, and each
 path's lists are the reference's."""
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
-from repo import REPO_ROOT
+from repo import benchmark, run_main
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU runs the real benchmark")
-def test_bench_selection_dry_run(tmp_path):
+def test_bench_selection_dry_run(tmp_path, monkeypatch, capsys):
     out = tmp_path / "selection.json"
-    done = subprocess.run([sys.executable, str(REPO_ROOT / "benchmarks" / "bench_selection.py"),
-                           "--dry-run", "--models", "qwen3-8b", "--ss", "0.1", "--batch", "2",
-                           "--out", str(out)],
-                          capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+    benchmark("bench_kernels", monkeypatch)            # its DRY_RUN, which the dry run sets
+    done = run_main(benchmark("bench_selection", monkeypatch).main, capsys, "--dry-run",
+                    "--models", "qwen3-8b", "--ss", "0.1", "--batch", "2", "--out", out)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = json.loads(out.read_text())["rows"]
     assert [r["policy"] for r in rows] == ["vegas", "sparsespec", "quest"]
