@@ -235,10 +235,13 @@ def test_gpu_commands_without_torch_say_what_to_install(tmp_path, args, command)
 
 
 def test_plans_and_reports_need_neither_torch_nor_triton(tmp_path):
+    """The shipped setups (forced and free-running) with every policy: one s and one k each."""
     plan = tmp_path / "plan.json"
-    code, out, err = run_process(["validate", "plan", "--out", plan], script=WITHOUT_GPU_PACKAGES)
+    code, out, err = run_process(["validate", "plan", "--out", plan, "--s", "0.1", "--k-forced",
+                                  "2", "--k-free", "2"], script=WITHOUT_GPU_PACKAGES)
     assert code == 0, err
-    assert json.loads(plan.read_text())["setups"]
+    setups = json.loads(plan.read_text())["setups"]
+    assert {s["setup"]["mode"] for s in setups} == {"forced", "free"}
     code, out, err = run_process(["validate", "report", "--plan",
                                   "models/validation/h200-qwen3-8b-plan.json", "--json"],
                                  script=WITHOUT_GPU_PACKAGES)
