@@ -33,6 +33,11 @@ from specsim.traces.format import RequestTrace, make_header, read_trace, write_t
 SHIPPED = REPO_ROOT / "traces" / "synthetic-sparse-selfspec.jsonl"
 
 
+#: The tests of the module's built report, regime map and page run on one pytest-xdist
+#: worker, which builds each once.
+ON_THE_FIXTURES = pytest.mark.xdist_group("dashboard-fixtures")
+
+
 @pytest.fixture(scope="module")
 def trace():
     return read_trace(SHIPPED)
@@ -73,6 +78,7 @@ def small_dashboard(trace, model):
 # --------------------------------------------------------------------------------------------
 
 
+@ON_THE_FIXTURES
 def test_heatmap_maximum_is_the_analytical_optimum(report):
     for policy in report.policy_names:
         d = D.heatmap_data(report, policy)
@@ -87,6 +93,7 @@ def test_heatmap_maximum_is_the_analytical_optimum(report):
         assert best == pytest.approx(d["speedup_star"])
 
 
+@ON_THE_FIXTURES
 def test_heatmap_cells_are_predicts_numbers(report):
     d = D.heatmap_data(report, "vegas")
     assert d["ss"] == [0.03, 0.05, 0.07, 0.1] and d["ks"] == list(range(1, 13))
@@ -100,6 +107,7 @@ def test_heatmap_cells_are_predicts_numbers(report):
         c.expected_tokens * g.plain_step_ms / c.iteration_ms, rel=1e-5)
 
 
+@ON_THE_FIXTURES
 def test_heatmap_three_step_path(report):
     for policy in report.policy_names:
         d = D.heatmap_data(report, policy)
@@ -119,6 +127,7 @@ def test_heatmap_three_step_path(report):
 # --------------------------------------------------------------------------------------------
 
 
+@ON_THE_FIXTURES
 def test_inversion_point_agrees_with_extend_k_helps(report):
     curves = D.speedup_curves_data(report)
     assert [p["policy"] for p in curves["policies"]] == report.policy_names
@@ -165,6 +174,7 @@ def test_inversion_none_when_every_extension_helps():
 # --------------------------------------------------------------------------------------------
 
 
+@ON_THE_FIXTURES
 def test_breakdown_sums_to_iteration_time(report):
     d = D.breakdown_data(report)
     assert d["components"] == ["draft", "verify", "selection", "other"]
@@ -178,6 +188,7 @@ def test_breakdown_sums_to_iteration_time(report):
         assert (r["k"], r["s"]) == (entry.k_star, entry.s_star)
 
 
+@ON_THE_FIXTURES
 def test_breakdown_matches_the_cost_model(report, trace, costs):
     r = next(x for x in D.breakdown_data(report)["policies"] if x["policy"] == "quest")
     g = report.group("quest", r["s"])
@@ -192,6 +203,7 @@ def test_breakdown_matches_the_cost_model(report, trace, costs):
 # --------------------------------------------------------------------------------------------
 
 
+@ON_THE_FIXTURES
 def test_position_acceptance_is_the_traces(report):
     d = D.position_acceptance_data(report, "sparsespec")
     assert [g["s"] for g in d["groups"]] == [0.03, 0.05, 0.07, 0.1]
@@ -246,6 +258,7 @@ def regime(trace, report, costs, model, h200):
                          contexts=(1024, 4096, 65536), reference_k=4)
 
 
+@ON_THE_FIXTURES
 def test_regime_cell_equals_predict(regime, trace, costs):
     """Each cell is predict's best for ``--batch b --context c`` (memory-bound, compute-bound
     and in-between cells)."""
@@ -259,6 +272,7 @@ def test_regime_cell_equals_predict(regime, trace, costs):
             (best.policy, best.s, best.k)
 
 
+@ON_THE_FIXTURES
 def test_regime_memory_fit_by_hand(regime, model, h200):
     # qwen3-8b: no sliding layers; bf16 weights + b·c·KV bytes per token
     for ib, b in enumerate(regime["batches"]):
@@ -271,6 +285,7 @@ def test_regime_memory_fit_by_hand(regime, model, h200):
         (model.param_count() * 2 + 4000 * 147_456) / 2)
 
 
+@ON_THE_FIXTURES
 def test_regime_boundary_separates_bounds(regime, costs):
     bound = regime["reference_bound"]
     assert bound[3][0] == "compute" and bound[0][2] == "memory"   # 256 × 1K vs 1 × 64K
@@ -413,6 +428,7 @@ def test_compact_numbers():
     assert compact(np.array([1.5, 2.25])) == [1.5, 2.25]
 
 
+@ON_THE_FIXTURES
 def test_the_header_says_how_far_each_cost_source_is_trusted(small_dashboard, model):
     from specsim.costs import resolve_cost_source
     costs = [value for name, value in small_dashboard.page.facts if name == "costs"]
@@ -421,6 +437,7 @@ def test_the_header_says_how_far_each_cost_source_is_trusted(small_dashboard, mo
         assert value.endswith(f"trust: {resolve_cost_source(model, load_hardware(hw)).validated}")
 
 
+@ON_THE_FIXTURES
 def test_every_control_combination_has_a_figure(small_dashboard):
     page = small_dashboard.page
     data = page_data(page)
@@ -446,6 +463,7 @@ def test_identical_figures_are_stored_once():
     assert data["figures"][0]["data"][0]["y"] == [3.142, 4]
 
 
+@ON_THE_FIXTURES
 def test_every_figure_has_titles_axis_labels_and_hover(small_dashboard):
     data = page_data(small_dashboard.page)
     for fig in data["figures"]:
@@ -464,6 +482,7 @@ def test_every_figure_has_titles_axis_labels_and_hover(small_dashboard):
         go.Figure(fig)     # plotly validates every property
 
 
+@ON_THE_FIXTURES
 def test_page_is_self_contained_and_round_trips(small_dashboard):
     html = small_dashboard.html()
     tags = re.findall(r"<(?:script|link)\b[^>]*>", html)
@@ -475,6 +494,7 @@ def test_page_is_self_contained_and_round_trips(small_dashboard):
     assert unpack_page_data(html) == json.loads(json.dumps(page_data(small_dashboard.page)))
 
 
+@ON_THE_FIXTURES
 def test_headline_warns_when_the_batch_does_not_fit(small_dashboard, model):
     # 32 sequences at 16K: 16.4 GB of weights + 32·16K·144 KiB of KV = 94 GB, more than an
     # A100 80GB holds and less than an H200's 141 GB
@@ -558,6 +578,7 @@ def test_dashboard_command_bad_input(tmp_path, args, message):
 # --------------------------------------------------------------------------------------------
 
 
+@ON_THE_FIXTURES
 def test_figures_name_the_cost_source_of_their_hardware(small_dashboard, model):
     from specsim.costs import resolve_cost_source
     from specsim.dashboards.build import PRICED_BY
@@ -590,6 +611,7 @@ def test_validation_figure_names_what_priced_the_predictions(tmp_path):
     assert "roofline" not in fig.layout.title.subtitle.text
 
 
+@ON_THE_FIXTURES
 def test_each_settings_notes_are_shown_with_that_setting(small_dashboard):
     page = small_dashboard.page
     shared = set(page.notes)

@@ -25,9 +25,11 @@ from specsim.traces.format import read_trace
 
 CHROMIUM = next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome")
                  if shutil.which(n)), None)
-pytestmark = pytest.mark.skipif(
-    CHROMIUM is None, reason="headless browser test needs Debian's chromium "
-                             "(apt-get install -y chromium)")
+pytestmark = [pytest.mark.skipif(CHROMIUM is None,
+                                 reason="headless browser test needs Debian's chromium "
+                                        "(apt-get install -y chromium)"),
+              # one pytest-xdist worker runs the module: it builds the page once
+              pytest.mark.xdist_group("dashboard-browser")]
 
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync",

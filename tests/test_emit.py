@@ -47,11 +47,17 @@ VLLM_ARGS = ["predict", "--model", "qwen3-8b", "--tp", "2", "--batch", "8", "--c
              "--emit", "vllm"]
 
 
+#: The tests of the one vLLM report run on one pytest-xdist worker, which predicts it
+#: once.
+ON_THE_REPORT = pytest.mark.xdist_group("vllm-report")
+
+
 @pytest.fixture(scope="module")
 def vllm_report():
     return run_json(VLLM_ARGS)
 
 
+@ON_THE_REPORT
 def test_vllm_names_are_the_pinned_ones(vllm_report):
     emitted = vllm_report["emit"]
     config = emitted["speculative_config"]
@@ -63,6 +69,7 @@ def test_vllm_names_are_the_pinned_ones(vllm_report):
     assert any("Vegas fork" in n for n in emitted["notes"])
 
 
+@ON_THE_REPORT
 def test_vllm_values_are_the_best_setting(vllm_report):
     policy, s, k, batch, context, tp = best_setting(vllm_report)
     emitted = vllm_report["emit"]
@@ -84,6 +91,7 @@ def test_vllm_values_are_the_best_setting(vllm_report):
         assert words[words.index(flag) + 1] == str(value)
 
 
+@ON_THE_REPORT
 def test_vllm_text_prints_the_same_command(vllm_report):
     code, out, _ = run([*VLLM_ARGS, *FAST])
     assert code == 0

@@ -547,6 +547,11 @@ def test_counterfactual_truncation(tiny, ragged):
 # --------------------------------------------------------------------------------------------
 
 
+#: The tests against the static runs of the queued prompts run on one pytest-xdist
+#: worker, which decodes them once.
+ON_THE_STATIC_RUNS = pytest.mark.xdist_group("static-queued")
+
+
 @pytest.fixture(scope="module")
 def queued(ragged):
     """Six prompts of six lengths, for two or three slots."""
@@ -561,6 +566,7 @@ def static_queued(tiny, queued):
     return plain_decode(tiny, queued, 24).tokens, runs
 
 
+@ON_THE_STATIC_RUNS
 @pytest.mark.parametrize("policy", sorted(SMALL))
 def test_queued_prompts_decode_as_if_alone(tiny, queued, static_queued, policy):
     """Six prompts through two slots: each output equals plain decoding, and each prompt's
@@ -587,6 +593,7 @@ def test_queued_prompts_decode_as_if_alone(tiny, queued, static_queued, policy):
     assert gen.timing["prefill"] > 0
 
 
+@ON_THE_STATIC_RUNS
 def test_queued_prompts_plain_and_reused_prefill(tiny, queued, static_queued):
     expected, static = static_queued
     plain = Engine(tiny, batch=3, max_len=760, policy="full", k_max=1)
@@ -642,6 +649,7 @@ def test_cache_length_is_aligned_within_the_models_positions(tiny):
         Engine(tiny, batch=1, max_len=2049, policy="vegas")
 
 
+@ON_THE_STATIC_RUNS
 def test_queued_prompts_with_adaptive_k_sampling_and_page_bounds(tiny, queued, static_queued):
     """Continuous batching with SparseSpec-L's adaptive k stays lossless (its entropy centres
     restart with each prompt); sampled decoding through a queue is reproducible by seed and

@@ -605,6 +605,10 @@ def test_without_any_operator_table_the_roofline_answers(monkeypatch):
 
 
 # ---- the sweep on the CPU ------------------------------------------------------------------
+#: The tests of the one sweep run on one pytest-xdist worker, which measures it once.
+ON_THE_SWEEP = pytest.mark.xdist_group("operator-sweep")
+
+
 @pytest.fixture(scope="module")
 def swept(tmp_path_factory):
     import torch
@@ -620,6 +624,7 @@ def swept(tmp_path_factory):
     return path, table
 
 
+@ON_THE_SWEEP
 def test_the_sweep_writes_a_table_that_prices_a_model(swept):
     path, table = swept
     back = read_operator_table(str(path))
@@ -648,6 +653,7 @@ def test_the_sweep_writes_a_table_that_prices_a_model(swept):
             "roofline model") in missing.notes
 
 
+@ON_THE_SWEEP
 def test_the_sweep_resumes_its_own_table_and_refuses_another(swept, tmp_path, monkeypatch):
     import specsim.operator_sweep as S
 
@@ -701,6 +707,7 @@ def test_the_sweep_resumes_its_own_table_and_refuses_another(swept, tmp_path, mo
         S.measure_operators(other, str(path), progress=False)
 
 
+@ON_THE_SWEEP
 def test_only_remeasures_those_operators_and_keeps_the_others(swept, tmp_path, monkeypatch):
     import specsim.operator_sweep as S
 

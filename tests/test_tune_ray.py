@@ -20,6 +20,11 @@ needs_ray = pytest.mark.skipif(importlib.util.find_spec("ray") is None,
 POLICIES, KS = ["vegas", "quest"], [2, 4, 6]
 
 
+#: The tests on the module's Ray instance run on one pytest-xdist worker, which starts it
+#: once.
+ON_THE_RAY = pytest.mark.xdist_group("local-ray")
+
+
 @pytest.fixture(scope="module")
 def local_ray():
     """One private Ray instance on 127.0.0.1 with 2 CPUs for the module, shut down after."""
@@ -32,6 +37,7 @@ def _without_worker(row: dict) -> dict:
     return {k: v for k, v in row.items() if k != "worker"}
 
 
+@ON_THE_RAY
 @needs_ray
 def test_ray_sweep_gives_the_local_pools_rows_and_optimum(tmp_path, local_ray):
     spec = SweepSpec(_sweep_trace(tmp_path), "qwen3-8b", "h200", 1, ("all", 40, None, 100), 32)
@@ -51,6 +57,7 @@ def test_ray_sweep_gives_the_local_pools_rows_and_optimum(tmp_path, local_ray):
     assert on_ray["ray"] == {"address": "local", "workers": len(pids), "nodes": 1}
 
 
+@ON_THE_RAY
 @needs_ray
 def test_tune_ray_local_prints_the_same_best_setting(tmp_path, local_ray):
     path = _sweep_trace(tmp_path)
