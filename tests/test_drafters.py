@@ -14,8 +14,8 @@ from specsim.drafters import (DrafterCosts, draft_cost, head_of, parse_drafter,
                               survival_from_counts, survival_tokens)
 from specsim.errors import SpecsimError
 from specsim.specs import load_hardware, load_model
-from tests.test_operators import (SMALL, append_ms, by_hand_head, by_hand_layers, gemm_ms,
-                                  synthetic_table, verify_ms)
+from test_operators import (SMALL, append_ms, by_hand_head, by_hand_layers, gemm_ms,
+                            synthetic_table, verify_ms)
 
 HW = load_hardware("h200")
 BATCH, CONTEXT = 4, 4096
