@@ -1,3 +1,4 @@
+import pytest
 from seeding import RUN_SEED
 
 
@@ -62,11 +63,35 @@ def _patch_launch_once():
     interpreter.GridExecutor.__call__ = launch_once
 
 
+@pytest.fixture(scope="session")
+def sparse_dashboard():
+    """The page of the shipped synthetic sparse trace on Qwen3-8B: the H200 and the A100 80GB,
+    batches 1 and 32 at 16K, a 4 x 3 regime map, four measured points. test_dashboard's page
+    tests and the browser test read it; their tests share one xdist_group ("dashboard"), so
+    one pytest-xdist worker builds it, once."""
+    from repo import REPO_ROOT
+    from specsim.dashboards import DashboardOptions, Validation, build_dashboard
+    from specsim.dashboards.validation import ValidationPoint
+    from specsim.specs import load_hardware, load_model
+    from specsim.traces.format import read_trace
+
+    hw = {"h200": load_hardware("h200"), "a100-80gb": load_hardware("a100-80gb")}
+    points = [ValidationPoint("verify b=8 16K k=4", 3.91, 3.70, "verify"),
+              ValidationPoint("verify b=32 16K k=4", 13.1, 12.2, "verify"),
+              ValidationPoint("draft b=8 16K s=0.05", 1.21, 1.30, "draft"),
+              ValidationPoint("plain b=32 16K", 12.5, 11.9, "plain step")]
+    return build_dashboard(
+        read_trace(REPO_ROOT / "traces" / "synthetic-sparse-selfspec.jsonl"),
+        load_model("qwen3-8b"), hw,
+        DashboardOptions(batches=(1, 32), contexts=(16384,), n_boot=100,
+                         regime_batches=(1, 8, 64, 256), regime_contexts=(1024, 8192, 65536)),
+        Validation(points, "example points"),
+        trace_label="traces/synthetic-sparse-selfspec.jsonl")
+
+
 def pytest_collection_modifyitems(config, items):
     """Tests marked ``slow`` run only when ``-m`` selects them (``pytest -m slow``); each has a
     fast test covering the same behaviour in the default run."""
-    import pytest
-
     if "slow" in (config.option.markexpr or ""):
         return
     skip = pytest.mark.skip(reason="a long case: run with -m slow")

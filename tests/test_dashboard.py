@@ -15,7 +15,6 @@ from specsim import analytical
 from specsim.cli.dashboard_cmd import dashboard_cmd
 from specsim.costs import RooflineCostModel
 from specsim.costs.calibration_file import Calibration, Measurement
-from specsim.dashboards import DashboardOptions, Validation, build_dashboard
 from specsim.dashboards import data as D
 from specsim.dashboards import figures as F
 from specsim.dashboards import validation
@@ -33,9 +32,10 @@ from specsim.traces.format import RequestTrace, make_header, read_trace, write_t
 SHIPPED = REPO_ROOT / "traces" / "synthetic-sparse-selfspec.jsonl"
 
 
-#: The tests of the module's built report, regime map and page run on one pytest-xdist
-#: worker, which builds each once.
-ON_THE_FIXTURES = pytest.mark.xdist_group("dashboard-fixtures")
+#: The tests of the module's built report and regime map and of the page (conftest's
+#: ``sparse_dashboard``, which the browser test reads too) run on one pytest-xdist worker,
+#: which builds each once.
+ON_THE_FIXTURES = pytest.mark.xdist_group("dashboard")
 
 
 @pytest.fixture(scope="module")
@@ -64,13 +64,9 @@ def report(trace, costs):
 
 
 @pytest.fixture(scope="module")
-def small_dashboard(trace, model):
-    hw = {"h200": load_hardware("h200"), "a100-80gb": load_hardware("a100-80gb")}
-    points = [ValidationPoint("verify b=8", 3.9, 3.7, "verify"),
-              ValidationPoint("draft b=8", 1.2, 1.3, "draft")]
-    opts = DashboardOptions(batches=(1, 32), contexts=(16384,), n_boot=100,
-                            regime_batches=(1, 8, 64, 256), regime_contexts=(1024, 8192, 65536))
-    return build_dashboard(trace, model, hw, opts, Validation(points, "test"))
+def small_dashboard(sparse_dashboard):
+    """The page of the trace on the model (conftest's: the H200 and the A100 80GB)."""
+    return sparse_dashboard
 
 
 # --------------------------------------------------------------------------------------------

@@ -17,19 +17,14 @@ from pathlib import Path
 
 import pytest
 
-from specsim.dashboards import DashboardOptions, Validation, build_dashboard
-from specsim.dashboards.validation import ValidationPoint
-from repo import REPO_ROOT
-from specsim.specs import load_hardware, load_model
-from specsim.traces.format import read_trace
-
 CHROMIUM = next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome")
                  if shutil.which(n)), None)
 pytestmark = [pytest.mark.skipif(CHROMIUM is None,
                                  reason="headless browser test needs Debian's chromium "
                                         "(apt-get install -y chromium)"),
-              # one pytest-xdist worker runs the module: it builds the page once
-              pytest.mark.xdist_group("dashboard-browser")]
+              # the page is conftest's, which test_dashboard reads too: one pytest-xdist
+              # worker runs both, building it once
+              pytest.mark.xdist_group("dashboard")]
 
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync",
@@ -99,22 +94,10 @@ def chromium(args, user_dir, timeout=90):
 
 
 @pytest.fixture(scope="module")
-def page(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("dashboard")
-    hw = {"h200": load_hardware("h200"), "a100-80gb": load_hardware("a100-80gb")}
-    points = [ValidationPoint("verify b=8 16K k=4", 3.91, 3.70, "verify"),
-              ValidationPoint("verify b=32 16K k=4", 13.1, 12.2, "verify"),
-              ValidationPoint("draft b=8 16K s=0.05", 1.21, 1.30, "draft"),
-              ValidationPoint("plain b=32 16K", 12.5, 11.9, "plain step")]
-    dash = build_dashboard(
-        read_trace(REPO_ROOT / "traces" / "synthetic-sparse-selfspec.jsonl"),
-        load_model("qwen3-8b"), hw,
-        DashboardOptions(batches=(1, 32), contexts=(16384,), n_boot=100,
-                         regime_batches=(1, 8, 64, 256), regime_contexts=(1024, 8192, 65536)),
-        Validation(points, "example points"),
-        trace_label="traces/synthetic-sparse-selfspec.jsonl")
-    path = dash.write(tmp / "report.html")
-    return path, len(dash.page.slots())
+def page(tmp_path_factory, sparse_dashboard):
+    """conftest's page written to a file, and its figures."""
+    path = sparse_dashboard.write(tmp_path_factory.mktemp("dashboard") / "report.html")
+    return path, len(sparse_dashboard.page.slots())
 
 
 def probe(html: str, tmp_path) -> dict:
