@@ -26,13 +26,15 @@ def _patch_launch_once():
     each) when a kernel is launched, restores them when it ends, and patches them again at
     every call of a ``@triton.jit`` helper inside it: the repeats are about 40% of the time
     of a kernel built from helpers. Here a helper's call patches only the modules the launch
-    in progress has not; what runs is the same."""
+    in progress has not; what runs is the same. It reaches into the interpreter's private
+    names (of the pinned Triton): where one is missing, the interpreter runs as it comes."""
     try:
         import specsim.kernels._runtime  # noqa: F401  (sets Triton's mode before its import)
         from triton.runtime import interpreter
-    except ImportError:
+        patch_lang, launch = interpreter._patch_lang, interpreter.GridExecutor.__call__
+        interpreter._LangPatchScope  # noqa: B018  (what a skipped patch returns)
+    except (ImportError, AttributeError):
         return
-    patch_lang, launch = interpreter._patch_lang, interpreter.GridExecutor.__call__
     if getattr(patch_lang, "once_per_launch", False):
         return
     import triton.language as tl
