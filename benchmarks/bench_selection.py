@@ -1,6 +1,7 @@
 """Benchmark each policy's selection refresh at the shape the engine ranks it, by every ranking
 path: torch.topk, the radix kernel one program per row, the radix kernel spread over programs
-per block of each row (chunked), and the path ``ranking="best"`` takes.
+per block of each row (chunked), and the path ``ranking="best"`` takes; Quest's rows also
+ranked in registers by one program a row ("one block").
 
 The engine refreshes every layer's lists at once after a verify (``DraftSelection.refresh``:
 the layers folded into the batch), so a row count is layers × batch for Vegas' and
@@ -39,6 +40,9 @@ import bench_kernels                   # its CUDA-graph timing (a sibling, as ru
 #: (label, ranking, chunked): the paths timed; ``best`` is what the engine's default takes.
 PATHS = (("topk", "topk", None), ("one program", "radix", False),
          ("chunked", "radix", True), ("best", "best", None))
+#: Quest's one program per row with the row's keys in registers
+#: (``topk_select.QUEST_ONE_BLOCK_MAX``), a column of its own.
+ONE_BLOCK = "one block"
 
 
 def same_lists(a, b) -> bool:
@@ -55,20 +59,24 @@ def median_us(fn) -> float:
     return bench_kernels.time_us(fn)[0]
 
 
-def time_paths(select, reference: str = "topk") -> dict:
+def time_paths(select, reference: str = "topk", extra: dict | None = None) -> dict:
     """Each path's µs and whether its lists equal the ``reference`` path's (a dry run times
-    the one call that gives its lists)."""
-    def run(ranking, chunked):
+    the one call that gives its lists); ``extra``: more paths, label -> (ranking, chunked,
+    keyword arguments of ``select``)."""
+    def run(ranking, chunked, **kw):
         start = time.perf_counter()
-        lists = select(ranking, chunked)
+        lists = select(ranking, chunked, **kw)
         us = ((time.perf_counter() - start) * 1e6 if bench_kernels.DRY_RUN
-              else median_us(lambda: select(ranking, chunked)))
+              else median_us(lambda: select(ranking, chunked, **kw)))
         return lists, us
     ref = run(*next((r, c) for label, r, c in PATHS if label == reference))
     out = {}
-    for label, ranking, chunked in PATHS:
+    paths = [(label, ranking, chunked, {}) for label, ranking, chunked in PATHS]
+    for label, (ranking, chunked, kw) in (extra or {}).items():
+        paths.append((label, ranking, chunked, kw))
+    for label, ranking, chunked, kw in paths:
         try:
-            lists, us = ref if label == reference else run(ranking, chunked)
+            lists, us = ref if label == reference else run(ranking, chunked, **kw)
         except Exception as error:           # one path failing leaves the others' rows
             out[label] = {"error": f"{type(error).__name__}: {str(error)[:160]}"}
             continue
@@ -112,22 +120,23 @@ def run_cell(spec, batch: int, context: int, s: float, device: str, generator,
     low, high = bounds.amin(3), bounds.amax(3)
     del bounds
     add("quest", batch * kv_heads, math.ceil(width / page), time_paths(
-        lambda r, c: quest_select(q, low, high, lengths, s, max_context=width, ranking=r,
-                                  chunked=c), reference="one program"))
+        lambda r, c, **kw: quest_select(q, low, high, lengths, s, max_context=width,
+                                        ranking=r, chunked=c, **kw),
+        reference="one program", extra={ONE_BLOCK: ("radix", False, {"one_block": True})}))
     return rows
 
 
 def table(rows: list[dict]) -> str:
     """The Markdown table: a row per (model, context, s, policy), µs per path (* where its
     lists differ from the reference's)."""
-    lines = ["| model | context | s | policy | rows × items | "
-             + " | ".join(label for label, _, _ in PATHS) + " | mass pass |",
-             "|---|---:|---:|---|---|" + "---:|" * (len(PATHS) + 1)]
+    labels = [label for label, _, _ in PATHS] + [ONE_BLOCK]
+    lines = ["| model | context | s | policy | rows × items | " + " | ".join(labels)
+             + " | mass pass |", "|---|---:|---:|---|---|" + "---:|" * (len(labels) + 1)]
     for row in rows:
         cells = []
-        for label, _, _ in PATHS:
-            path = row["paths"].get(label, {})
-            cells.append("fail" if "error" in path else
+        for label in labels:
+            path = row["paths"].get(label)
+            cells.append("" if path is None else "fail" if "error" in path else
                          f"{path['us']:,.0f}{'' if path['same_lists'] else '*'}")
         mass = f"{row['mass_us']:,.0f}" if "mass_us" in row else ""
         lines.append(f"| {row['model']} | {row['context']:,} | {row['s']} | {row['policy']} | "

@@ -143,10 +143,13 @@ def test_realistic_shapes_on_the_gpu():
 
 
 @pytest.mark.skipif(INTERPRETED, reason="realistic shapes: on a GPU")
-@pytest.mark.parametrize("split", [False, True])
-def test_fused_quest_at_qwen3_8b_shapes_on_the_gpu(split):
+@pytest.mark.parametrize("split,one_block,warps", [(False, None, None), (True, None, None),
+                                                   (False, True, 8), (True, True, 4),
+                                                   (True, True, 16)])
+def test_fused_quest_at_qwen3_8b_shapes_on_the_gpu(split, one_block, warps):
     """Quest on Qwen3-8B shapes (batch 4, 32 / 8 heads, hd128, 32K: 2,048 pages; bf16 page
-    bounds, as the cache keeps them): the torch path's lists, both ways of scoring."""
+    bounds, as the cache keeps them): the torch path's lists, both ways of scoring, and
+    ranked in registers (one block of the row's 2,048 pages) at 4 to 16 warps."""
     from specsim.kernels.selection import quest_select, selected_counts
     from specsim.kernels.topk_select import quest_select_fused
     from specsim.policies import get_policy
@@ -160,7 +163,8 @@ def test_fused_quest_at_qwen3_8b_shapes_on_the_gpu(split):
                                          max_context=n, ranking="topk")
         got, got_counts = quest_select_fused(
             q, low, high, lengths, selected_counts(get_policy("quest"), lengths, s),
-            max_context=n, page_size=page, capacity=want.shape[-1], split=split)
+            max_context=n, page_size=page, capacity=want.shape[-1], split=split,
+            one_block=one_block, num_warps=warps, chunked=False)
         assert torch.equal(got_counts, want_counts.to(torch.int32))
         # both score in fp32 but sum in other orders (~1e-5 apart): with 2,048 pages a row's
         # K-th and (K+1)-th can be that close, so the page sets must agree up to such pages
@@ -180,15 +184,17 @@ def test_fused_quest_at_qwen3_8b_shapes_on_the_gpu(split):
                 assert bool((lst[1:] > lst[:-1]).all())
 
 
-@pytest.mark.parametrize("dtype,group,head_dim,split,chunked,block,write", [
-    (dtype, group, head_dim, split, False, 16, None)
+@pytest.mark.parametrize("dtype,group,head_dim,split,chunked,block,write,one_block", [
+    (dtype, group, head_dim, split, False, 16, None, False)
     for dtype, group, head_dim in ((torch.float32, 2, 16), (torch.float16, 4, 64),
                                    (torch.float32, 1, 8))
-    for split in (False, True)] + [(torch.float16, 4, 64, True, True, 16, None),
-                                   (torch.float32, 2, 16, False, False, None, None),
-                                   (torch.float32, 2, 16, True, False, 32, 8)])
+    for split in (False, True)] + [(torch.float16, 4, 64, True, True, 16, None, False),
+                                   (torch.float32, 2, 16, False, False, None, None, False),
+                                   (torch.float32, 2, 16, True, False, 32, 8, False),
+                                   (torch.float16, 4, 64, False, False, None, None, True),
+                                   (torch.float32, 2, 16, True, False, 128, None, True)])
 def test_fused_quest_selection_matches_the_torch_path(dtype, group, head_dim, split, chunked,
-                                                      block, write, monkeypatch):
+                                                      block, write, one_block, monkeypatch):
     """Quest in one kernel (page scores, top pages with the newest kept, their positions cut
     at the length) gives the torch path's lists and counts: ragged lengths (1, a page, a page
     + 1, not a page multiple, the whole buffer), s from one page to every page; the pages
@@ -196,7 +202,9 @@ def test_fused_quest_selection_matches_the_torch_path(dtype, group, head_dim, sp
     (``split``: many pages), then ranked by one program per row or by launches over blocks
     of pages (``chunked``), here in blocks of 16, so that several blocks and a partial one
     occur; also in the default block (the whole row) and with the positions written in
-    steps of fewer pages than the ranking's block."""
+    steps of fewer pages than the ranking's block; and ranked in registers (``one_block``:
+    the row's block, or a wider one), its winners' pages expanded to positions slot by
+    slot."""
     from specsim.kernels import topk_select
     from specsim.kernels.selection import quest_select, selected_counts
     from specsim.kernels.topk_select import quest_select_fused
@@ -222,10 +230,40 @@ def test_fused_quest_selection_matches_the_torch_path(dtype, group, head_dim, sp
         got, got_counts = poisoned(lambda: quest_select_fused(
             q, low, high, lengths.to(DEVICE), budget, max_context=max_context,
             page_size=page, capacity=capacity, split=split, block_pages=16, block=block,
-            chunked=chunked))
+            chunked=chunked, one_block=one_block))
         assert torch.equal(got_counts, want_counts.to(torch.int32)), s
         assert torch.equal(got, want), (s, page_differences(got, want, got_counts,
                                                             page_scores(q, low, high), page))
+
+
+@pytest.mark.parametrize("most,pages,expected", [(None, 63, False), (64, 63, True),
+                                                  (62, 63, False)])
+def test_quest_rows_rank_in_one_block_up_to_their_bound(most, pages, expected, monkeypatch):
+    """By default a row ranks in registers where it has at most ``QUEST_ONE_BLOCK_MAX`` pages
+    (None: never); asked for, with a block narrower than the row, it refuses in one line."""
+    from specsim.kernels import topk_select
+    from specsim.kernels.topk_select import quest_select_fused
+    monkeypatch.setattr(topk_select, "QUEST_ONE_BLOCK_MAX", most)
+    seen = []
+
+    class Spy:                  # records the launch's ONE_BLOCK, then launches the kernel
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                seen.append(kwargs["ONE_BLOCK"])
+                return kernel[grid](*args, **kwargs)
+            return launch
+    kernel = topk_select._quest_select_kernel
+    monkeypatch.setattr(topk_select, "_quest_select_kernel", Spy())
+    q = torch.randn(1, 2, 8, device=DEVICE)
+    low = torch.randn(1, 2, pages, 8, device=DEVICE)
+    lengths = torch.tensor([pages * 16], dtype=torch.int32, device=DEVICE)
+    budget = torch.tensor([160], device=DEVICE)
+    args = (q, low, low + 1, lengths, budget)
+    shape = dict(max_context=pages * 16, page_size=16, capacity=160)
+    quest_select_fused(*args, **shape, split=True)
+    assert seen == [expected]
+    with pytest.raises(ValueError, match="one_block needs a block of at least the row's 63"):
+        quest_select_fused(*args, **shape, one_block=True, block=32)
 
 
 def page_scores(q, low, high):

@@ -296,10 +296,12 @@ def streamingllm_select(lengths: torch.Tensor, s: float, *, max_context: int,
 def quest_select(q: torch.Tensor, page_min: torch.Tensor, page_max: torch.Tensor,
                  lengths: torch.Tensor, s: float, *, max_context: int,
                  policy: Policy | None = None, ranking: str = "best",
-                 chunked: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                 chunked: bool | None = None, one_block: bool | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Quest: one list per KV head from the draft query ``q`` [batch, heads, head_dim] and page
     bounds [batch, kv_heads, ≥ pages, head_dim] (``KVCache.pages``); ``chunked`` as in
-    ``vegas_select``."""
+    ``vegas_select``, ``one_block`` as in ``topk_select.quest_select_fused`` (the radix
+    path's)."""
     policy = policy or get_policy("quest")
     size = policy.page_size
     ranking = ranking_for(policy.name, ranking, q.device)
@@ -309,7 +311,7 @@ def quest_select(q: torch.Tensor, page_min: torch.Tensor, page_max: torch.Tensor
             q, page_min, page_max, lengths, selected_counts(policy, lengths, s),
             max_context=max_context, page_size=size,
             capacity=math.ceil(policy.selected(max_context, s) / size) * size,
-            chunked=chunked)
+            chunked=chunked, one_block=one_block)
     batch, heads, head_dim = q.shape
     kv_heads = page_min.shape[1]
     pages = math.ceil(max_context / size)

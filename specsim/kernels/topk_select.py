@@ -71,6 +71,13 @@ SPILL_SHARE = 16
 #: 2,048 items): Quest's draft (k = 2) 7.89 against 8.43 ms at 2K, 9.47 against 9.54 at 32K;
 #: Vegas' refresh 60 against 67 µs at 2K.
 ROW_BLOCK_MAX = 2048
+#: Quest's rows of at most this many pages are ranked by one program holding the row's keys
+#: in registers, one block of the row rounded up to a power of two (``ONE_BLOCK``: the scores
+#: read once rather than once a radix pass and once more to write; the winners' pages listed
+#: in the scratch row, then expanded to positions slot by slot), unless chunked; None: never.
+#: Timed beside the other paths by ``benchmarks/bench_selection.py`` ("one block"); not yet
+#: on a GPU, so no row takes it by default.
+QUEST_ONE_BLOCK_MAX: int | None = None
 #: Quest writes the positions of this many pages a step ([pages, page size] in registers),
 #: whatever block it ranks them in.
 QUEST_WRITE_PAGES = 1024
@@ -160,6 +167,19 @@ def _radix_threshold(Score, row_off, length, want, keep_first, keep_last, Spill,
                                Spill, spill_off, BLOCK)
                 spilled = 1
                 tl.debug_barrier()            # the spill's keys, seen by every thread
+    return prefix, remaining
+
+
+@triton.jit
+def _block_threshold(key, valid, want):
+    """``_radix_threshold`` over one block of keys held in registers: the row read once, not
+    once a pass."""
+    remaining = want
+    prefix = tl.zeros([], tl.int32)
+    for p in tl.static_range(4):
+        digit, match = _digit(key, valid, prefix, p)
+        prefix, remaining, _ = _decide(tl.histogram(digit, 256, mask=match), p, prefix,
+                                       remaining)
     return prefix, remaining
 
 
@@ -434,7 +454,8 @@ def _quest_select_kernel(Q, PMin, PMax, Lengths, Budget, Scratch, Out, Counts, c
                          NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr,
                          HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, BLOCK_P: tl.constexpr,
                          BLOCK: tl.constexpr, WRITE_BLOCK: tl.constexpr,
-                         OUT_BLOCK: tl.constexpr, SCORE: tl.constexpr):
+                         OUT_BLOCK: tl.constexpr, SCORE: tl.constexpr,
+                         ONE_BLOCK: tl.constexpr):
     pid = tl.program_id(0)
     b = (pid // NUM_KV_HEADS).to(tl.int64)
     g = (pid % NUM_KV_HEADS).to(tl.int64)
@@ -446,23 +467,40 @@ def _quest_select_kernel(Q, PMin, PMax, Lengths, Budget, Scratch, Out, Counts, c
             _page_scores(Q, PMin, PMax, Scratch, b, g, row_off, p0, pages, stride_qb,
                          stride_qh, stride_pb, stride_pg, stride_pp, GROUP, HEAD_DIM, BLOCK_P)
     tl.debug_barrier()
-    # ---- the top pages (the newest always), their positions in order
-    threshold, ties = _radix_threshold(Scratch, row_off, pages, want, 0, 1, Scratch, 0, 0,
-                                       BLOCK, False)
-    taken = tl.zeros([], tl.int32)
-    tied = tl.zeros([], tl.int32)
     out_off = pid.to(tl.int64) * stride_out
-    within = tl.arange(0, PAGE)
-    for start in range(0, pages, WRITE_BLOCK):   # [WRITE_BLOCK, PAGE] positions a step
-        page = start + tl.arange(0, WRITE_BLOCK)
+    if ONE_BLOCK:   # the row's keys in registers: ranked, then the winners' pages listed
+        page = tl.arange(0, BLOCK)
         valid = page < pages
         key = _key_of(Scratch, row_off, page, valid, pages, 0, 1)
-        take, rank, taken, tied = _winners(key, valid, threshold, ties, tied, taken, want)
-        slot = rank[:, None] * PAGE + within[None, :]
-        position = page[:, None] * PAGE + within[None, :]
-        tl.store(Out + out_off + slot, position.to(tl.int32),
-                 mask=take[:, None] & (slot < tokens))
-    _zero_from(Out, out_off, tokens, capacity, OUT_BLOCK)
+        threshold, ties = _block_threshold(key, valid, want)
+        take, rank, _, _ = _winners(key, valid, threshold, ties, 0, 0, want)
+        tl.debug_barrier()   # every key read before the scratch row holds the list instead
+        tl.store(Scratch + row_off + rank, page.to(tl.float32), mask=take)
+        tl.debug_barrier()
+        for first in range(0, capacity, OUT_BLOCK):   # each slot: its page's position
+            slot = first + tl.arange(0, OUT_BLOCK)
+            listed = slot < tokens
+            chosen = tl.load(Scratch + row_off + slot // PAGE, mask=listed, other=0.0)
+            position = chosen.to(tl.int32) * PAGE + slot % PAGE
+            tl.store(Out + out_off + slot, tl.where(listed, position, 0),
+                     mask=slot < capacity)
+    else:
+        # ---- the top pages (the newest always), their positions in order
+        threshold, ties = _radix_threshold(Scratch, row_off, pages, want, 0, 1, Scratch, 0, 0,
+                                           BLOCK, False)
+        taken = tl.zeros([], tl.int32)
+        tied = tl.zeros([], tl.int32)
+        within = tl.arange(0, PAGE)
+        for start in range(0, pages, WRITE_BLOCK):   # [WRITE_BLOCK, PAGE] positions a step
+            page = start + tl.arange(0, WRITE_BLOCK)
+            valid = page < pages
+            key = _key_of(Scratch, row_off, page, valid, pages, 0, 1)
+            take, rank, taken, tied = _winners(key, valid, threshold, ties, tied, taken, want)
+            slot = rank[:, None] * PAGE + within[None, :]
+            position = page[:, None] * PAGE + within[None, :]
+            tl.store(Out + out_off + slot, position.to(tl.int32),
+                     mask=take[:, None] & (slot < tokens))
+        _zero_from(Out, out_off, tokens, capacity, OUT_BLOCK)
     tl.store(Counts + pid, tokens)
 
 
@@ -558,8 +596,8 @@ def quest_select_fused(q: torch.Tensor, page_min: torch.Tensor, page_max: torch.
                        lengths: torch.Tensor, budget: torch.Tensor, *, max_context: int,
                        page_size: int, capacity: int, block_pages: int | None = None,
                        block: int | None = None, split: bool | None = None,
-                       num_warps: int | None = None, chunked: bool | None = None
-                       ) -> tuple[torch.Tensor, torch.Tensor]:
+                       num_warps: int | None = None, chunked: bool | None = None,
+                       one_block: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Quest's selection in one or two launches per call: page scores from the draft query ``q``
     [batch, heads, head_dim] and the page bounds [batch, kv_heads, ≥ pages, head_dim], the
     top ``ceil(budget / page)`` pages (the newest always; ``budget`` [batch]: tokens, as
@@ -572,7 +610,10 @@ def quest_select_fused(q: torch.Tensor, page_min: torch.Tensor, page_max: torch.
     first launch over (row, block of pages) programs, then rank and write in a second, one
     program per row, or (``chunked``; default: few rows of more than ``CHUNKED_FROM`` pages)
     by ``_chunked_select`` over (row, block of ``block`` pages); else one launch, each row's
-    program scoring its own pages.
+    program scoring its own pages. ``one_block`` (default: rows of at most
+    ``QUEST_ONE_BLOCK_MAX`` pages): one program per row ranks its keys held in registers
+    (``block``, at least the row's pages, defaults to the pages rounded up to a power of
+    two).
 
     CUDA-graph capturable: every input is already on the device (a copy from the host at each
     call is what a capturing stream refuses)."""
@@ -602,13 +643,20 @@ def quest_select_fused(q: torch.Tensor, page_min: torch.Tensor, page_max: torch.
             _chunked_select(scratch, lengths, budget.contiguous(), out, counts, kv_heads,
                             kv_heads, 0, 1, page=page_size, block=block, num_warps=num_warps)
             return out.view(batch, kv_heads, capacity), counts.view(batch, kv_heads)
+    if one_block is None:
+        one_block = QUEST_ONE_BLOCK_MAX is not None and pages <= QUEST_ONE_BLOCK_MAX
+    if one_block:
+        block = block or max(16, triton.next_power_of_2(pages))
+        if block < pages:
+            raise ValueError(f"one_block needs a block of at least the row's {pages} pages")
     block, num_warps = _row_shape(pages, block, num_warps, wide_warps=8)
     _quest_select_kernel[(batch * kv_heads,)](
         q, page_min, page_max, lengths, budget.contiguous(), scratch, out, counts, capacity,
         scratch.shape[1], *layout, out.stride(0), scratch.stride(0),
         NUM_KV_HEADS=kv_heads, GROUP=heads // kv_heads, HEAD_DIM=head_dim, PAGE=page_size,
         BLOCK_P=block_pages, BLOCK=block, WRITE_BLOCK=min(block, QUEST_WRITE_PAGES),
-        OUT_BLOCK=_out_block(capacity), SCORE=not split, num_warps=num_warps)
+        OUT_BLOCK=_out_block(capacity), SCORE=not split, ONE_BLOCK=one_block,
+        num_warps=num_warps)
     return out.view(batch, kv_heads, capacity), counts.view(batch, kv_heads)
 
 
