@@ -2,13 +2,12 @@
 weights, its static-cache greedy decoding gives the engine's tokens (so the peer decodes the
 same model as the engine), and a cache filled at random to a context decodes on from there."""
 import json
-import subprocess
 import sys
 
 import pytest
 import torch
 
-from repo import REPO_ROOT
+from repo import REPO_ROOT, run_main
 
 pytest.importorskip("transformers")
 sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
@@ -30,16 +29,7 @@ def tiny(name):
 
 def bench(capsys, *argv):
     """bench_engine.py run in this process (its imports paid once), as subprocess.run tells it."""
-    capsys.readouterr()
-    try:
-        bench_engine.main([str(a) for a in argv])
-        code = 0
-    except SystemExit as stop:
-        code = stop.code if isinstance(stop.code, int) else 1
-        if isinstance(stop.code, str):
-            print(stop.code, file=sys.stderr)
-    out, err = capsys.readouterr()
-    return subprocess.CompletedProcess(argv, code, out, err)
+    return run_main(bench_engine.main, capsys, *argv)
 
 
 @pytest.mark.parametrize("name", ["qwen3-8b", "llama-3.1-8b"])
