@@ -63,12 +63,6 @@ def report(trace, costs):
     return predict_trace(trace, costs, PredictOptions(batch=32, n_boot=200))
 
 
-@pytest.fixture(scope="module")
-def small_dashboard(sparse_dashboard):
-    """The page of the trace on the model (conftest's: the H200 and the A100 80GB)."""
-    return sparse_dashboard
-
-
 # --------------------------------------------------------------------------------------------
 # (k, s) heatmap
 # --------------------------------------------------------------------------------------------
@@ -425,17 +419,17 @@ def test_compact_numbers():
 
 
 @ON_THE_FIXTURES
-def test_the_header_says_how_far_each_cost_source_is_trusted(small_dashboard, model):
+def test_the_header_says_how_far_each_cost_source_is_trusted(sparse_dashboard, model):
     from specsim.costs import resolve_cost_source
-    costs = [value for name, value in small_dashboard.page.facts if name == "costs"]
+    costs = [value for name, value in sparse_dashboard.page.facts if name == "costs"]
     assert len(costs) == 2
     for value, hw in zip(costs, ("h200", "a100-80gb")):
         assert value.endswith(f"trust: {resolve_cost_source(model, load_hardware(hw)).validated}")
 
 
 @ON_THE_FIXTURES
-def test_every_control_combination_has_a_figure(small_dashboard):
-    page = small_dashboard.page
+def test_every_control_combination_has_a_figure(sparse_dashboard):
+    page = sparse_dashboard.page
     data = page_data(page)
     options = {c.name: [v for v, _ in c.options] for c in page.controls}
     assert {c.name for c in page.controls} == {"hardware", "batch", "context", "policy"}
@@ -460,8 +454,8 @@ def test_identical_figures_are_stored_once():
 
 
 @ON_THE_FIXTURES
-def test_every_figure_has_titles_axis_labels_and_hover(small_dashboard):
-    data = page_data(small_dashboard.page)
+def test_every_figure_has_titles_axis_labels_and_hover(sparse_dashboard):
+    data = page_data(sparse_dashboard.page)
     for fig in data["figures"]:
         layout = fig["layout"]
         assert layout["title"]["text"]
@@ -479,24 +473,24 @@ def test_every_figure_has_titles_axis_labels_and_hover(small_dashboard):
 
 
 @ON_THE_FIXTURES
-def test_page_is_self_contained_and_round_trips(small_dashboard):
-    html = small_dashboard.html()
+def test_page_is_self_contained_and_round_trips(sparse_dashboard):
+    html = sparse_dashboard.html()
     tags = re.findall(r"<(?:script|link)\b[^>]*>", html)
     assert tags and not any("src=" in t or "href=" in t for t in tags), tags   # nothing fetched
     assert html.count("<script") == 4      # error hook, plotly.js, data, app
     assert re.search(r"plotly\.js v\d", html[:200_000])          # the library, inline
     assert "SYNTHETIC TRACE" in html
     assert len(html) < 8e6
-    assert unpack_page_data(html) == json.loads(json.dumps(page_data(small_dashboard.page)))
+    assert unpack_page_data(html) == json.loads(json.dumps(page_data(sparse_dashboard.page)))
 
 
 @ON_THE_FIXTURES
-def test_headline_warns_when_the_batch_does_not_fit(small_dashboard, model):
+def test_headline_warns_when_the_batch_does_not_fit(sparse_dashboard, model):
     # 32 sequences at 16K: 16.4 GB of weights + 32·16K·144 KiB of KV = 94 GB, more than an
     # A100 80GB holds and less than an H200's 141 GB
     need = D.memory_needed_bytes(model, [16384] * 32)
     assert 80e9 < need < 141e9
-    headlines = small_dashboard.page.headlines
+    headlines = sparse_dashboard.page.headlines
     assert "does not fit" in headlines["a100-80gb|32|16384"]
     assert "does not fit" not in headlines["h200|32|16384"]
     assert "does not fit" not in headlines["a100-80gb|1|16384"]
@@ -575,10 +569,10 @@ def test_dashboard_command_bad_input(tmp_path, args, message):
 
 
 @ON_THE_FIXTURES
-def test_figures_name_the_cost_source_of_their_hardware(small_dashboard, model):
+def test_figures_name_the_cost_source_of_their_hardware(sparse_dashboard, model):
     from specsim.costs import resolve_cost_source
     from specsim.dashboards.build import PRICED_BY
-    data = page_data(small_dashboard.page)
+    data = page_data(sparse_dashboard.page)
     slots = {s["id"]: s for s in data["slots"]}
     for hw_name in ("h200", "a100-80gb"):
         kind = resolve_cost_source(model, load_hardware(hw_name)).kind
@@ -608,15 +602,15 @@ def test_validation_figure_names_what_priced_the_predictions(tmp_path):
 
 
 @ON_THE_FIXTURES
-def test_each_settings_notes_are_shown_with_that_setting(small_dashboard):
-    page = small_dashboard.page
+def test_each_settings_notes_are_shown_with_that_setting(sparse_dashboard):
+    page = sparse_dashboard.page
     shared = set(page.notes)
-    for key, report in small_dashboard.reports.items():
+    for key, report in sparse_dashboard.reports.items():
         for note in report.notes:
             if "SYNTHETIC" in note or "does not fit" in note:
                 continue
             if note in shared:
-                assert all(note in r.notes for r in small_dashboard.reports.values())
+                assert all(note in r.notes for r in sparse_dashboard.reports.values())
             else:
                 assert html_escape(note) in page.headlines[key], (key, note)
 
