@@ -1,7 +1,7 @@
 """Benchmark each policy's selection refresh at the shape the engine ranks it, by every ranking
 path: torch.topk, the radix kernel one program per row, the radix kernel spread over programs
-per block of each row (chunked), and the path ``ranking="best"`` takes; Quest's rows also
-ranked in registers by one program a row ("one block").
+per block of each row (chunked), the radix kernel one program per row holding the row's keys
+in registers ("one block", where a row fits one), and the path ``ranking="best"`` takes.
 
 The engine refreshes every layer's lists at once after a verify (``DraftSelection.refresh``:
 the layers folded into the batch), so a row count is layers × batch for Vegas' and
@@ -40,9 +40,10 @@ import bench_kernels                   # its CUDA-graph timing (a sibling, as ru
 #: (label, ranking, chunked): the paths timed; ``best`` is what the engine's default takes.
 PATHS = (("topk", "topk", None), ("one program", "radix", False),
          ("chunked", "radix", True), ("best", "best", None))
-#: Quest's one program per row with the row's keys in registers
-#: (``topk_select.QUEST_ONE_BLOCK_MAX``), a column of its own.
+#: One program per row with the row's keys in registers (``topk_select.ONE_BLOCK_MAX``), for
+#: rows of at most ``ONE_BLOCK_MOST`` items.
 ONE_BLOCK = "one block"
+ONE_BLOCK_MOST = 8192
 
 
 def same_lists(a, b) -> bool:
@@ -102,27 +103,33 @@ def run_cell(spec, batch: int, context: int, s: float, device: str, generator,
         rows.append({"model": spec.name, "batch": batch, "context": context, "s": s,
                      "policy": policy, "rows": count, "items": items, "paths": paths,
                      **extra})
+
+    def one_block(items):                # the extra path, where a row fits one block
+        return {ONE_BLOCK: ("radix", False, {"one_block": True})} \
+            if items <= ONE_BLOCK_MOST else None
     summed = rand(layers * batch, 1, 1, width)
     add("vegas", layers * batch, width, time_paths(
-        lambda r, c: vegas_select(summed, folded, s, ranking=r, chunked=c)))
+        lambda r, c, **kw: vegas_select(summed, folded, s, ranking=r, chunked=c, **kw),
+        extra=one_block(width)))
     del summed
     logits = rand(layers * batch, heads, 3, width, dtype=dtype)
     lse = torch.logsumexp(logits.float(), -1)
     mass_us = median_us(lambda: attention_mass(logits, lse, folded, kv_heads))
     add("sparsespec", layers * batch * kv_heads, width, time_paths(
-        lambda r, c: sparsespec_select(logits, folded, s, kv_heads, lse=lse, ranking=r,
-                                       chunked=c)),
+        lambda r, c, **kw: sparsespec_select(logits, folded, s, kv_heads, lse=lse, ranking=r,
+                                             chunked=c, **kw), extra=one_block(width)),
         mass_us=mass_us, logit_bytes=logits.numel() * logits.element_size())
     del logits, lse
     page = 16
+    pages = math.ceil(width / page)
     q = rand(batch, heads, spec.head_dim, dtype=dtype)
-    bounds = rand(batch, kv_heads, math.ceil(width / page), page, spec.head_dim, dtype=dtype)
+    bounds = rand(batch, kv_heads, pages, page, spec.head_dim, dtype=dtype)
     low, high = bounds.amin(3), bounds.amax(3)
     del bounds
-    add("quest", batch * kv_heads, math.ceil(width / page), time_paths(
+    add("quest", batch * kv_heads, pages, time_paths(
         lambda r, c, **kw: quest_select(q, low, high, lengths, s, max_context=width,
                                         ranking=r, chunked=c, **kw),
-        reference="one program", extra={ONE_BLOCK: ("radix", False, {"one_block": True})}))
+        reference="one program", extra=one_block(pages)))
     return rows
 
 
