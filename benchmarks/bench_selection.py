@@ -10,7 +10,9 @@ mass of 3 bf16 rows per query head, k = 2, then its ranking; the mass pass is al
 alone), while Quest ranks one layer's pages at every draft step (one row per KV head). A
 row is as wide as the engine's cache for the context plus ``--room`` positions (generated
 tokens and drafts; the cache is padded to whole pages and to 128 positions), its sequence
-``context`` long: a 2K context ranks rows of 2,176 tokens, 136 pages.
+``context + room / 2`` long (halfway through filling the room, as the engine's sequences
+are while they decode): a 2K context ranks rows of 2,176 tokens, 136 pages, 2,080 of them
+(130 pages) in the sequence.
 Random scores; every path's lists are checked against torch.topk's (Quest: against the one-
 program kernel's, as its torch path scores pages in bf16 matmuls, the kernels in fp32). Times
 are the median of CUDA-graph replays. Prints a Markdown table last and writes the rows to
@@ -87,11 +89,11 @@ def time_paths(select, reference: str = "topk", extra: dict | None = None) -> di
 
 def run_cell(spec, batch: int, context: int, s: float, device: str, generator,
              room: int = 0) -> list[dict]:
-    """Every policy's rows of one (model, context, s): sequences of ``context`` tokens in
-    rows as wide as the engine's cache for ``context + room`` positions."""
+    """Every policy's rows of one (model, context, s): sequences of ``context + room // 2``
+    tokens in rows as wide as the engine's cache for ``context + room`` positions."""
     layers, heads, kv_heads = spec.full_layers, spec.num_heads, spec.num_kv_heads
     width = cache_length(context + room, spec.max_context or 2**31)
-    lengths = torch.full((batch,), context, dtype=torch.int32, device=device)
+    lengths = torch.full((batch,), context + room // 2, dtype=torch.int32, device=device)
     folded = lengths.repeat(layers)
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
 
@@ -100,9 +102,9 @@ def run_cell(spec, batch: int, context: int, s: float, device: str, generator,
     rows = []
 
     def add(policy, count, items, paths, **extra):
-        rows.append({"model": spec.name, "batch": batch, "context": context, "s": s,
-                     "policy": policy, "rows": count, "items": items, "paths": paths,
-                     **extra})
+        rows.append({"model": spec.name, "batch": batch, "context": context,
+                     "length": context + room // 2, "s": s, "policy": policy, "rows": count,
+                     "items": items, "paths": paths, **extra})
 
     def one_block(items):                # the extra path, where a row fits one block
         return {ONE_BLOCK: ("radix", False, {"one_block": True})} \
@@ -161,9 +163,9 @@ def main(argv=None):
                         help="tokens per sequence, comma-separated")
     parser.add_argument("--ss", default="0.03,0.1", help="sparsities, comma-separated")
     parser.add_argument("--room", type=int, default=64,
-                        help="cache positions past the context (generated tokens and drafts; "
-                        "0: rows exactly as wide as the context, but for the page and 128-"
-                        "position padding)")
+                        help="cache positions past the context (generated tokens and drafts), "
+                        "half of them in the sequences; 0: rows exactly as wide as the "
+                        "context, but for the page and 128-position padding")
     parser.add_argument("--out", default="bench_selection.json", help="JSON of every row")
     parser.add_argument("--dry-run", action="store_true", help="exercise the script on the "
                         "CPU (Triton interpreter, 2-layer stand-ins, tiny contexts, timings "

@@ -19,8 +19,10 @@ def test_bench_selection_dry_run(tmp_path, monkeypatch, capsys):
     rows = json.loads(out.read_text())["rows"]
     assert [r["policy"] for r in rows] == ["vegas", "sparsespec", "quest"]
     assert [r["rows"] for r in rows] == [2 * 2, 2 * 2 * 8, 2 * 8]     # 2 layers, batch 2
-    # rows as wide as the engine's cache for 600 + 64 positions: 768 tokens, 48 pages
+    # rows as wide as the engine's cache for 600 + 64 positions: 768 tokens, 48 pages; the
+    # sequences halfway through the room
     assert [r["items"] for r in rows] == [768, 768, 48]
+    assert {r["length"] for r in rows} == {632}
     paths = {"topk", "one program", "chunked", "best", "one block"}
     for row in rows:
         assert set(row["paths"]) == paths
