@@ -1,7 +1,8 @@
 """Benchmark each policy's selection refresh at the shape the engine ranks it, by every ranking
 path: torch.topk, the radix kernel one program per row, the radix kernel spread over programs
-per block of each row (chunked), the radix kernel one program per row holding the row's keys
-in registers ("one block", where a row fits one), and the path ``ranking="best"`` takes.
+per block of each row (chunked), and the path ``ranking="best"`` takes; Quest's rows also
+ranked in registers by one program a row ("one block", where its pages fit one), its "one
+program" in blocks of at most 1,024 pages, as longer rows are.
 
 The engine refreshes every layer's lists at once after a verify (``DraftSelection.refresh``:
 the layers folded into the batch), so a row count is layers × batch for Vegas' and
@@ -42,10 +43,11 @@ import bench_kernels                   # its CUDA-graph timing (a sibling, as ru
 #: (label, ranking, chunked): the paths timed; ``best`` is what the engine's default takes.
 PATHS = (("topk", "topk", None), ("one program", "radix", False),
          ("chunked", "radix", True), ("best", "best", None))
-#: One program per row with the row's keys in registers (``topk_select.ONE_BLOCK_MAX``), for
-#: rows of at most ``ONE_BLOCK_MOST`` items.
+#: Quest's one program per row with the row's keys in registers
+#: (``topk_select.QUEST_ONE_BLOCK_MAX``), a column of its own for rows of at most
+#: ``ONE_BLOCK_PAGES`` pages.
 ONE_BLOCK = "one block"
-ONE_BLOCK_MOST = 8192
+ONE_BLOCK_PAGES = 8192
 
 
 def same_lists(a, b) -> bool:
@@ -106,20 +108,16 @@ def run_cell(spec, batch: int, context: int, s: float, device: str, generator,
                      "length": context + room // 2, "s": s, "policy": policy, "rows": count,
                      "items": items, "paths": paths, **extra})
 
-    def one_block(items):                # the extra path, where a row fits one block
-        return {ONE_BLOCK: ("radix", False, {"one_block": True})} \
-            if items <= ONE_BLOCK_MOST else None
     summed = rand(layers * batch, 1, 1, width)
     add("vegas", layers * batch, width, time_paths(
-        lambda r, c, **kw: vegas_select(summed, folded, s, ranking=r, chunked=c, **kw),
-        extra=one_block(width)))
+        lambda r, c: vegas_select(summed, folded, s, ranking=r, chunked=c)))
     del summed
     logits = rand(layers * batch, heads, 3, width, dtype=dtype)
     lse = torch.logsumexp(logits.float(), -1)
     mass_us = median_us(lambda: attention_mass(logits, lse, folded, kv_heads))
     add("sparsespec", layers * batch * kv_heads, width, time_paths(
-        lambda r, c, **kw: sparsespec_select(logits, folded, s, kv_heads, lse=lse, ranking=r,
-                                             chunked=c, **kw), extra=one_block(width)),
+        lambda r, c: sparsespec_select(logits, folded, s, kv_heads, lse=lse, ranking=r,
+                                       chunked=c)),
         mass_us=mass_us, logit_bytes=logits.numel() * logits.element_size())
     del logits, lse
     page = 16
@@ -128,10 +126,14 @@ def run_cell(spec, batch: int, context: int, s: float, device: str, generator,
     bounds = rand(batch, kv_heads, pages, page, spec.head_dim, dtype=dtype)
     low, high = bounds.amin(3), bounds.amax(3)
     del bounds
+
+    def quest(ranking, chunked, one_block=False):   # "best": the engine's own choice
+        return quest_select(q, low, high, lengths, s, max_context=width, ranking=ranking,
+                            chunked=chunked, one_block=None if ranking == "best" else one_block)
+    fits = pages <= ONE_BLOCK_PAGES
     add("quest", batch * kv_heads, pages, time_paths(
-        lambda r, c, **kw: quest_select(q, low, high, lengths, s, max_context=width,
-                                        ranking=r, chunked=c, **kw),
-        reference="one program", extra=one_block(pages)))
+        quest, reference="one program",
+        extra={ONE_BLOCK: ("radix", False, {"one_block": True})} if fits else None))
     return rows
 
 

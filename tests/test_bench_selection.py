@@ -1,6 +1,6 @@
 """benchmarks/bench_selection.py on the CPU (``--dry-run``: Triton's interpreter, two layers,
-a short context, timings meaningless): every policy's every ranking path runs (one block
-too, where a row fits one: every row here), and each path's lists are the reference's."""
+a short context, timings meaningless): every policy's every ranking path runs (Quest's
+one-block path too), and each path's lists are the reference's."""
 import json
 
 import pytest
@@ -23,9 +23,10 @@ def test_bench_selection_dry_run(tmp_path, monkeypatch, capsys):
     # sequences halfway through the room
     assert [r["items"] for r in rows] == [768, 768, 48]
     assert {r["length"] for r in rows} == {632}
-    paths = {"topk", "one program", "chunked", "best", "one block"}
-    for row in rows:
-        assert set(row["paths"]) == paths
+    paths = {"topk", "one program", "chunked", "best"}
+    for row in rows:   # Quest's rows also in registers, one block a row
+        assert set(row["paths"]) == paths | ({"one block"} if row["policy"] == "quest"
+                                             else set())
         assert all(path["same_lists"] for path in row["paths"].values()), row
     assert rows[1]["mass_us"] > 0
     assert "| qwen3-8b | 600 | 0.1 | quest |" in done.stdout

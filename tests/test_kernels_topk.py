@@ -52,29 +52,24 @@ def poisoned(fn):
         torch.empty = real
 
 
-#: (chunked, spill, one_block) of every way of ranking: programs per block of a row; one
-#: program per row without a spill, with one of a single key (candidates spill only once one
-#: is left, if ever), of a few, and of the whole row (the candidates after the first pass
-#: spill); one program per row holding the whole row in registers
-WAYS = ((True, None, False), (False, 0, False), (False, 1, False), (False, 7, False),
-        (False, 1 << 20, False), (False, None, True))
+#: (chunked, spill) of every way of ranking: programs per block of a row; one program per
+#: row without a spill, with one of a single key (candidates spill only once one is left,
+#: if ever), of a few, and of the whole row (the candidates after the first pass spill)
+WAYS = ((True, None), (False, 0), (False, 1), (False, 7), (False, 1 << 20))
 
 
 def check(score, lengths, counts, capacity, keep_first=0, keep_last=0, block=256):
     """Every way of ranking (``WAYS``; programs per block of ``block`` of a row, several
-    blocks per row here, but in registers: the row's block) gives the reference's lists and
-    counts."""
+    blocks per row here) gives the reference's lists and counts."""
     ref, ref_cnt = reference(score, lengths, counts, capacity, keep_first, keep_last)
-    for chunked, spill, one_block in WAYS:
+    for chunked, spill in WAYS:
         spill = min(spill, score.shape[-1]) if spill else spill
         idx, cnt = poisoned(lambda: radix_top_positions(
-            score, lengths, counts, capacity, keep_first, keep_last,
-            block=None if one_block else block, chunked=chunked, spill=spill,
-            one_block=one_block))
-        way = (chunked, spill, one_block)
+            score, lengths, counts, capacity, keep_first, keep_last, block=block,
+            chunked=chunked, spill=spill))
         assert idx.dtype == torch.int32 and idx.shape == ref.shape
-        assert np.array_equal(cnt.cpu().numpy(), ref_cnt), way
-        assert np.array_equal(idx.cpu().numpy(), ref), (way, idx, ref)
+        assert np.array_equal(cnt.cpu().numpy(), ref_cnt), (chunked, spill)
+        assert np.array_equal(idx.cpu().numpy(), ref), (chunked, spill, idx, ref)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
@@ -128,29 +123,23 @@ def test_matches_the_torch_topk_path_of_vegas():
 
 
 @pytest.mark.skipif(INTERPRETED, reason="realistic shapes: on a GPU")
-@pytest.mark.parametrize("lead,n,s,one_block", [((4, 8), 32768, 0.07, None),
-                                                ((4,), 131072, 0.03, None),
-                                                ((36 * 4,), 2176, 0.03, True),
-                                                ((4, 8), 8192, 0.1, True)])
-def test_realistic_shapes_on_the_gpu(lead, n, s, one_block):
-    """SparseSpec-L on Qwen3-8B shapes (batch 4, 8 KV heads, 32K, s = 0.07), Vegas on one
-    list per sequence at 128K, and rows held in registers (one block) at the engine's 2K
-    width (Vegas' summed rows of 36 layers) and at 8K: the same sets as the torch path."""
+def test_realistic_shapes_on_the_gpu():
+    """SparseSpec-L on Qwen3-8B shapes (batch 4, 8 KV heads, 32K, s = 0.07) and Vegas on one
+    list per sequence at 128K: the same sets as the torch path."""
     from specsim.kernels.selection import _finish, _top_positions
-    score = torch.randn(*lead, n, device=DEVICE)
-    lengths = torch.tensor([n, n - 1000, n // 2 + 3, 1097], device=DEVICE)
-    lengths = lengths.repeat(lead[0] // 4)
-    counts = torch.ceil(lengths.double() * s).long()
-    capacity = int(np.ceil(n * s))
-    chosen = _top_positions(score, lengths, 4, 64, capacity)
-    want, want_counts = _finish(chosen, counts.view(-1, *([1] * (len(lead) - 1)))
-                                .expand(lead), ranked=True)
-    got, got_counts = radix_top_positions(score, lengths, counts, capacity, 4, 64,
-                                          one_block=one_block)
-    assert torch.equal(got_counts, want_counts)
-    mask = torch.arange(capacity, device=DEVICE) < want_counts[..., None]
-    assert torch.equal(torch.where(mask, got, 0), torch.where(mask, want, 0))
-    assert not torch.where(mask, 0, got).any()
+    for lead, n, s in (((4, 8), 32768, 0.07), ((4,), 131072, 0.03)):
+        score = torch.randn(*lead, n, device=DEVICE)
+        lengths = torch.tensor([n, n - 1000, n // 2 + 3, 4097], device=DEVICE)
+        counts = torch.ceil(lengths.double() * s).long()
+        capacity = int(np.ceil(n * s))
+        chosen = _top_positions(score, lengths, 4, 64, capacity)
+        want, want_counts = _finish(chosen, counts.view(-1, *([1] * (len(lead) - 1)))
+                                    .expand(lead), ranked=True)
+        got, got_counts = radix_top_positions(score, lengths, counts, capacity, 4, 64)
+        assert torch.equal(got_counts, want_counts)
+        mask = torch.arange(capacity, device=DEVICE) < want_counts[..., None]
+        assert torch.equal(torch.where(mask, got, 0), torch.where(mask, want, 0))
+        assert not torch.where(mask, 0, got).any()
 
 
 @pytest.mark.skipif(INTERPRETED, reason="realistic shapes: on a GPU")
@@ -247,47 +236,41 @@ def test_fused_quest_selection_matches_the_torch_path(dtype, group, head_dim, sp
                                                             page_scores(q, low, high), page))
 
 
-@pytest.mark.parametrize("kernel", ["_quest_select_kernel", "_radix_select_kernel"])
-@pytest.mark.parametrize("most,items,expected", [(None, 63, False), (64, 63, True),
-                                                 (62, 63, False)])
-def test_rows_rank_in_one_block_up_to_their_bound(kernel, most, items, expected,
-                                                  monkeypatch):
-    """By default a row (Quest: of pages) ranks in registers where it has at most
-    ``ONE_BLOCK_MAX`` items (None: never); asked for, with a block narrower than the row, it
-    refuses in one line."""
+@pytest.mark.parametrize("most,pages,expected", [(None, 63, False), (64, 63, True),
+                                                  (62, 63, False)])
+def test_quest_rows_rank_in_one_block_up_to_their_bound(most, pages, expected, monkeypatch):
+    """By default a row ranks in registers where it has at most ``QUEST_ONE_BLOCK_MAX`` pages
+    (None: never), before the chunked path would take it (few rows, longer than
+    ``CHUNKED_FROM``), unless chunked is asked for; asked for, with a block narrower than the
+    row, it refuses in one line."""
     from specsim.kernels import topk_select
     from specsim.kernels.topk_select import quest_select_fused
-    monkeypatch.setattr(topk_select, "ONE_BLOCK_MAX", most)
+    monkeypatch.setattr(topk_select, "QUEST_ONE_BLOCK_MAX", most)
+    monkeypatch.setattr(topk_select, "CHUNKED_FROM", 16)          # 2 rows of 63: chunked
     seen = []
 
     class Spy:                  # records the launch's ONE_BLOCK, then launches the kernel
         def __getitem__(self, grid):
             def launch(*args, **kwargs):
                 seen.append(kwargs["ONE_BLOCK"])
-                return real[grid](*args, **kwargs)
+                return kernel[grid](*args, **kwargs)
             return launch
-    real = getattr(topk_select, kernel)
-    monkeypatch.setattr(topk_select, kernel, Spy())
-    if kernel == "_quest_select_kernel":
-        q = torch.randn(1, 2, 8, device=DEVICE)
-        low = torch.randn(1, 2, items, 8, device=DEVICE)
-        lengths = torch.tensor([items * 16], dtype=torch.int32, device=DEVICE)
-        budget = torch.tensor([160], device=DEVICE)
-        shape = dict(max_context=items * 16, page_size=16, capacity=160)
-
-        def select(**kw):
-            return quest_select_fused(q, low, low + 1, lengths, budget, **shape, **kw)
-    else:
-        score = torch.randn(2, items, device=DEVICE)
-        lengths = torch.tensor([items, 40], device=DEVICE)
-        counts = torch.tensor([10, 10], device=DEVICE)
-
-        def select(**kw):
-            return radix_top_positions(score, lengths, counts, 16, 0, 1, chunked=False, **kw)
-    select(split=True) if kernel == "_quest_select_kernel" else select()
-    assert seen == [expected]
+    kernel = topk_select._quest_select_kernel
+    monkeypatch.setattr(topk_select, "_quest_select_kernel", Spy())
+    q = torch.randn(1, 2, 8, device=DEVICE)
+    low = torch.randn(1, 2, pages, 8, device=DEVICE)
+    lengths = torch.tensor([pages * 16], dtype=torch.int32, device=DEVICE)
+    budget = torch.tensor([160], device=DEVICE)
+    args = (q, low, low + 1, lengths, budget)
+    shape = dict(max_context=pages * 16, page_size=16, capacity=160)
+    got = quest_select_fused(*args, **shape, split=True)
+    assert seen == ([True] if expected else [])                 # else chunked: no launch
+    quest_select_fused(*args, **shape, split=True, chunked=True)
+    assert len(seen) == (1 if expected else 0)
+    want = quest_select_fused(*args, **shape, split=True, chunked=False, one_block=False)
+    assert seen[-1] is False and all(torch.equal(a, b) for a, b in zip(got, want))
     with pytest.raises(ValueError, match="one_block needs a block of at least the row's 63"):
-        select(one_block=True, block=32)
+        quest_select_fused(*args, **shape, one_block=True, block=32)
 
 
 def page_scores(q, low, high):

@@ -59,14 +59,14 @@ def ranking_for(policy: str, ranking: str = "best",
 
 
 def _ranked_lists(score, lengths, counts, capacity, keep_first, keep_last, ranking,
-                  chunked=None, one_block=None):
+                  chunked=None):
     """Ascending top lists [..., capacity] and counts: torch ranking + ``_finish``, or the
-    radix kernel (``ranking``: resolved by :func:`ranking_for`; ``chunked`` and
-    ``one_block``: its path, ``radix_top_positions``' choice when None)."""
+    radix kernel (``ranking``: resolved by :func:`ranking_for`; ``chunked``: its path,
+    ``radix_top_positions``' choice when None)."""
     if ranking == "radix":
         from specsim.kernels.topk_select import radix_top_positions
         return radix_top_positions(score, lengths, counts, capacity, keep_first, keep_last,
-                                   chunked=chunked, one_block=one_block)
+                                   chunked=chunked)
     chosen = _top_positions(score, lengths, keep_first, keep_last, capacity)
     return _finish(chosen, counts, ranked=True)
 
@@ -122,12 +122,11 @@ def _top_positions(score: torch.Tensor, lengths: torch.Tensor, keep_first: int,
 
 def vegas_select(logits: torch.Tensor, lengths: torch.Tensor, s: float, *,
                  max_context: int | None = None, policy: Policy | None = None,
-                 ranking: str = "best", chunked: bool | None = None,
-                 one_block: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                 ranking: str = "best", chunked: bool | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Vegas: one list per sequence from the collected logits [batch, heads, rows, ≥ max len]
-    (or their sum, [batch, 1, 1, ≥ max len] fp32: ranked as it is). ``chunked`` and
-    ``one_block``: the radix ranking's path (``topk_select.radix_top_positions``), its own
-    choice when None."""
+    (or their sum, [batch, 1, 1, ≥ max len] fp32: ranked as it is). ``chunked``: the radix
+    ranking's path (``topk_select.radix_top_positions``), its own choice when None."""
     policy = policy or get_policy("vegas")
     max_context = max_context or logits.shape[-1]
     if logits.shape[1:3] == (1, 1) and logits.dtype == torch.float32:
@@ -137,7 +136,7 @@ def vegas_select(logits: torch.Tensor, lengths: torch.Tensor, s: float, *,
     counts = selected_counts(policy, lengths, s)
     capacity = policy.selected(max_context, s)
     return _ranked_lists(score, lengths, counts, capacity, 0, policy.recent,
-                         ranking_for(policy.name, ranking, score.device), chunked, one_block)
+                         ranking_for(policy.name, ranking, score.device), chunked)
 
 
 @triton.jit
@@ -263,12 +262,10 @@ def attention_mass_reference(logits: torch.Tensor, lengths: torch.Tensor, num_kv
 def sparsespec_select(logits: torch.Tensor, lengths: torch.Tensor, s: float, num_kv_heads: int,
                       *, lse: torch.Tensor | None = None, max_context: int | None = None,
                       policy: Policy | None = None, ranking: str = "best",
-                      chunked: bool | None = None, one_block: bool | None = None
-                      ) -> tuple[torch.Tensor, torch.Tensor]:
+                      chunked: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """SparseSpec-L: one list per KV head from the logits of the last W verify queries,
     ``logits`` [batch, heads, W, ≥ max len] (verify with all rows collected) and their natural
-    log-sum-exps ``lse`` [batch, heads, W] (verify's ``lse`` output; computed here if None);
-    ``chunked`` and ``one_block`` as in :func:`vegas_select`."""
+    log-sum-exps ``lse`` [batch, heads, W] (verify's ``lse`` output; computed here if None)."""
     policy = policy or get_policy("sparsespec")
     max_context = max_context or logits.shape[-1]
     if lse is None:
@@ -280,7 +277,7 @@ def sparsespec_select(logits: torch.Tensor, lengths: torch.Tensor, s: float, num
     counts = selected_counts(policy, lengths, s)[:, None].expand(-1, num_kv_heads)
     capacity = policy.selected(max_context, s)
     return _ranked_lists(mass, lengths, counts, capacity, policy.sink, policy.recent,
-                         ranking_for(policy.name, ranking, mass.device), chunked, one_block)
+                         ranking_for(policy.name, ranking, mass.device), chunked)
 
 
 def streamingllm_select(lengths: torch.Tensor, s: float, *, max_context: int,
@@ -302,8 +299,9 @@ def quest_select(q: torch.Tensor, page_min: torch.Tensor, page_max: torch.Tensor
                  chunked: bool | None = None, one_block: bool | None = None
                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """Quest: one list per KV head from the draft query ``q`` [batch, heads, head_dim] and page
-    bounds [batch, kv_heads, ≥ pages, head_dim] (``KVCache.pages``); ``chunked`` and
-    ``one_block`` as in :func:`vegas_select`."""
+    bounds [batch, kv_heads, ≥ pages, head_dim] (``KVCache.pages``); ``chunked`` as in
+    ``vegas_select``, ``one_block`` as in ``topk_select.quest_select_fused`` (the radix
+    path's)."""
     policy = policy or get_policy("quest")
     size = policy.page_size
     ranking = ranking_for(policy.name, ranking, q.device)

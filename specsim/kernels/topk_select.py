@@ -71,17 +71,19 @@ SPILL_SHARE = 16
 #: 2,048 items): Quest's draft (k = 2) 7.89 against 8.43 ms at 2K, 9.47 against 9.54 at 32K;
 #: Vegas' refresh 60 against 67 µs at 2K.
 ROW_BLOCK_MAX = 2048
-#: One program per row holds a row of at most this many items (Quest: pages) in registers, one
-#: block of the row rounded up to a power of two (``ONE_BLOCK``: the keys read once rather
-#: than once a radix pass and once more to write; Quest lists the winners' pages in its
-#: scratch row, then expands them to positions slot by slot), unless chunked; None: never.
-#: The engine's rows sit just past ``ROW_BLOCK_MAX`` (the cache padded past the context:
-#: 2,176 tokens at 2K, 2,056 pages at 32K), so they rank in blocks of 1,024: Quest's 27.6 µs
-#: a layer and draft step against the scores' 16.9 and the sparse attention's 15.6
-#: (``scripts/engine_profile.py --model qwen3-8b --batch 4 --context 32768 --policies quest``,
-#: one H100, 2026-12-07). Timed beside the other paths by ``benchmarks/bench_selection.py``
-#: ("one block"); not yet on a GPU, so no row takes it by default.
-ONE_BLOCK_MAX: int | None = None
+#: Quest's rows of at most this many pages are ranked by one program holding the row's keys
+#: in registers, one block of the row rounded up to a power of two (``ONE_BLOCK``: the scores
+#: read once rather than once a radix pass and once more to write; the winners' pages listed
+#: in the scratch row, then expanded to positions slot by slot), before the chunked path;
+#: None: never. The engine's 32K rows (2,049 to 2,056 pages, past ``ROW_BLOCK_MAX``) rank
+#: otherwise in three blocks of 1,024. One H100, CUDA-graph medians of
+#: ``quest_select_fused`` (scores, ranking and lists; 8 KV heads, hd128, s = 0.05),
+#: 2026-12-07, one block / the default before: 2,056 pages at batch 1, 4, 16 21.2 / 29.3,
+#: 30.0 / 37.7, 73.1 / 81.1 µs (8 warps; 4 warps lose, 16 tie); 136 pages at batch 4 10.0 /
+#: 11.5 (4 warps). The radix kernel's token rows at one block of 4,096 (8 warps) lose: Vegas'
+#: 144 rows of 2,176 40 / 34 µs, SparseSpec-L's 1,152 145 / 111 (``benchmarks/
+#: bench_selection.py --contexts 131072,32768,2048``, same GPU and day).
+QUEST_ONE_BLOCK_MAX: int | None = 4096
 #: Quest writes the positions of this many pages a step ([pages, page size] in registers),
 #: whatever block it ranks them in.
 QUEST_WRITE_PAGES = 1024
@@ -262,32 +264,23 @@ def _row_want(Lengths, Counts, row, rows_per_seq, counts_div, n, PAGE: tl.conste
 @triton.jit
 def _radix_select_kernel(Score, Lengths, Counts, Out, CountsOut, Spill, n, stride_row,
                          stride_out, capacity, rows_per_seq, keep_first, keep_last, spill_cap,
-                         BLOCK: tl.constexpr, OUT_BLOCK: tl.constexpr, SPILL: tl.constexpr,
-                         ONE_BLOCK: tl.constexpr):
+                         BLOCK: tl.constexpr, OUT_BLOCK: tl.constexpr, SPILL: tl.constexpr):
     row = tl.program_id(0)
     row_off = row.to(tl.int64) * stride_row
     length, want, _ = _row_want(Lengths, Counts, row, rows_per_seq, 1, n, 1)
+    threshold, ties = _radix_threshold(Score, row_off, length, want, keep_first, keep_last,
+                                       Spill, row.to(tl.int64) * spill_cap, spill_cap, BLOCK,
+                                       SPILL)
+    # ---- ordered compaction: winners in position order
+    taken = tl.zeros([], tl.int32)
+    tied = tl.zeros([], tl.int32)
     out_off = row.to(tl.int64) * stride_out
-    if ONE_BLOCK:   # the row's keys in registers, read once
-        pos = tl.arange(0, BLOCK)
+    for start in range(0, length, BLOCK):
+        pos = start + tl.arange(0, BLOCK)
         valid = pos < length
         key = _key_of(Score, row_off, pos, valid, length, keep_first, keep_last)
-        threshold, ties = _block_threshold(key, valid, want)
-        take, slot, taken, _ = _winners(key, valid, threshold, ties, 0, 0, want)
+        take, slot, taken, tied = _winners(key, valid, threshold, ties, tied, taken, want)
         tl.store(Out + out_off + slot, pos.to(tl.int32), mask=take)
-    else:
-        threshold, ties = _radix_threshold(Score, row_off, length, want, keep_first,
-                                           keep_last, Spill, row.to(tl.int64) * spill_cap,
-                                           spill_cap, BLOCK, SPILL)
-        # ---- ordered compaction: winners in position order
-        taken = tl.zeros([], tl.int32)
-        tied = tl.zeros([], tl.int32)
-        for start in range(0, length, BLOCK):
-            pos = start + tl.arange(0, BLOCK)
-            valid = pos < length
-            key = _key_of(Score, row_off, pos, valid, length, keep_first, keep_last)
-            take, slot, taken, tied = _winners(key, valid, threshold, ties, tied, taken, want)
-            tl.store(Out + out_off + slot, pos.to(tl.int32), mask=take)
     _zero_from(Out, out_off, taken, capacity, OUT_BLOCK)
     tl.store(CountsOut + row, want)
 
@@ -553,26 +546,11 @@ def _row_shape(items: int, block: int | None, num_warps: int | None,
     return block, num_warps or (wide_warps if block > 1024 else 4)
 
 
-def _one_block(items: int, block: int | None, one_block: bool | None
-               ) -> tuple[bool, int | None]:
-    """Whether one program per row ranks a row of ``items`` in registers (None:
-    ``ONE_BLOCK_MAX`` decides) and its block (the row rounded up to a power of two unless
-    given; a given block narrower than the row is refused)."""
-    if one_block is None:
-        one_block = ONE_BLOCK_MAX is not None and items <= ONE_BLOCK_MAX
-    if not one_block:
-        return False, block
-    block = block or max(16, triton.next_power_of_2(items))
-    if block < items:
-        raise ValueError(f"one_block needs a block of at least the row's {items} items")
-    return True, block
-
-
 def radix_top_positions(score: torch.Tensor, lengths: torch.Tensor, counts: torch.Tensor,
                         capacity: int, keep_first: int = 0, keep_last: int = 0, *,
                         block: int | None = None, num_warps: int | None = None,
-                        chunked: bool | None = None, spill: int | None = None,
-                        one_block: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                        chunked: bool | None = None, spill: int | None = None
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
     """Each row's top ``counts`` positions of ``score`` [..., n] (fp32/fp16/bf16), ascending,
     as int32 [..., capacity] padded with 0, and the counts (int32). ``lengths`` [batch]: the
     leading dimension of ``score`` is the batch, rows past it share their sequence's length
@@ -586,10 +564,7 @@ def radix_top_positions(score: torch.Tensor, lengths: torch.Tensor, counts: torc
     ``block`` and ``num_warps`` default to ``_row_shape``'s in one program per row, to
     ``_chunk_shape``'s when chunked. ``spill``: keys per row that one program per row may
     copy its last candidates into (``_radix_threshold``); 0: none; default
-    ``_spill_capacity``. ``one_block`` (default: rows of at most ``ONE_BLOCK_MAX`` items,
-    unless chunked): one program per row ranks the row's keys held in registers (``block``,
-    at least the row, defaults to the row rounded up to a power of two; no spill); asked
-    for, it is not chunked unless ``chunked`` says so."""
+    ``_spill_capacity``."""
     n = score.shape[-1]
     lead = score.shape[:-1]
     batch = lengths.shape[0]
@@ -606,22 +581,20 @@ def radix_top_positions(score: torch.Tensor, lengths: torch.Tensor, counts: torc
     out = torch.empty(rows, capacity, dtype=torch.int32, device=score.device)
     lengths = lengths.to(torch.int32).contiguous()
     listed = torch.empty(rows, dtype=torch.int32, device=score.device)
-    if _chunked(rows, n, False if one_block and chunked is None else chunked):
+    if _chunked(rows, n, chunked):
         block, num_warps = _chunk_shape(n, block, num_warps)
         _chunked_select(flat, lengths, counts, out, listed, rows // batch, 1, keep_first,
                         keep_last, block=block, num_warps=num_warps)
     else:
-        one_block, block = _one_block(n, block, one_block)
-        block, num_warps = _row_shape(n, block, num_warps, wide_warps=8 if one_block else 4)
-        spill = 0 if one_block else _spill_capacity(n) if spill is None else spill
+        block, num_warps = _row_shape(n, block, num_warps)
+        spill = _spill_capacity(n) if spill is None else spill
         # without a spill the kernel never reads its pointer: ``out`` stands in for it
         keys = torch.empty(rows * spill, dtype=torch.int32, device=score.device) if spill \
             else out
         _radix_select_kernel[(rows,)](
             flat, lengths, counts, out, listed, keys, n, flat.stride(0), out.stride(0),
             capacity, rows // batch, keep_first, keep_last, spill, BLOCK=block,
-            OUT_BLOCK=_out_block(capacity), SPILL=spill > 0, ONE_BLOCK=one_block,
-            num_warps=num_warps)
+            OUT_BLOCK=_out_block(capacity), SPILL=spill > 0, num_warps=num_warps)
     return out.view(*lead, capacity), listed.view(lead)
 
 
@@ -643,8 +616,11 @@ def quest_select_fused(q: torch.Tensor, page_min: torch.Tensor, page_max: torch.
     first launch over (row, block of pages) programs, then rank and write in a second, one
     program per row, or (``chunked``; default: few rows of more than ``CHUNKED_FROM`` pages)
     by ``_chunked_select`` over (row, block of ``block`` pages); else one launch, each row's
-    program scoring its own pages. ``one_block`` as in :func:`radix_top_positions` (over
-    the row's pages).
+    program scoring its own pages. ``one_block`` (default: rows of at most
+    ``QUEST_ONE_BLOCK_MAX`` pages unless ``chunked``, before the chunked path's default):
+    one program per row ranks the row's keys held in registers (``block``, at least the
+    row's pages, defaults to the pages rounded up to a power of two); ``chunked=True`` with
+    it asked for too: chunked.
 
     CUDA-graph capturable: every input is already on the device (a copy from the host at each
     call is what a capturing stream refuses)."""
@@ -662,6 +638,13 @@ def quest_select_fused(q: torch.Tensor, page_min: torch.Tensor, page_max: torch.
     counts = torch.empty(batch * kv_heads, dtype=torch.int32, device=q.device)
     lengths = lengths.to(torch.int32).contiguous()
     split = pages > SPLIT_PAGES if split is None else split
+    if one_block is None:
+        one_block = not chunked and QUEST_ONE_BLOCK_MAX is not None \
+            and pages <= QUEST_ONE_BLOCK_MAX
+    if one_block:
+        block = block or max(16, triton.next_power_of_2(pages))
+        if block < pages:
+            raise ValueError(f"one_block needs a block of at least the row's {pages} pages")
     layout = (q.stride(0), q.stride(1), page_min.stride(0), page_min.stride(1),
               page_min.stride(2))
     if split:
@@ -675,7 +658,6 @@ def quest_select_fused(q: torch.Tensor, page_min: torch.Tensor, page_max: torch.
             _chunked_select(scratch, lengths, budget.contiguous(), out, counts, kv_heads,
                             kv_heads, 0, 1, page=page_size, block=block, num_warps=num_warps)
             return out.view(batch, kv_heads, capacity), counts.view(batch, kv_heads)
-    one_block, block = _one_block(pages, block, one_block)
     block, num_warps = _row_shape(pages, block, num_warps, wide_warps=8)
     _quest_select_kernel[(batch * kv_heads,)](
         q, page_min, page_max, lengths, budget.contiguous(), scratch, out, counts, capacity,
