@@ -29,8 +29,10 @@ import torch
 from specsim.kernels._runtime import tl, triton
 
 _FORCED_KEY = 0x7FFFFFFF        # INT32_MAX: above every float's key
-#: Quest: rows with more pages than this are scored by a separate, wider launch.
-SPLIT_PAGES = 256
+#: Quest: rows with more pages than this are scored by a separate, wider launch. One H100,
+#: 2026-12-07, ``quest_select_fused`` at 136 pages (2K), 8 KV heads, hd128, split / scored
+#: by the ranking program: 7.8 / 9.9 µs at batch 1, 8.3 / 10.1 at 4, 10.5 / 10.5 at 16.
+SPLIT_PAGES = 128
 #: Rows of more items (tokens, or Quest's pages) than this are ranked by launches over
 #: blocks of the row (``_chunked_select``) when they are few (at most ``CHUNKED_ROWS``);
 #: None: none are. As ``benchmarks/bench_selection.py`` measures it (every layer's rows at
