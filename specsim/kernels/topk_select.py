@@ -80,11 +80,11 @@ ROW_BLOCK_MAX = 2048
 #: None: never. The engine's 32K rows (2,049 to 2,056 pages, past ``ROW_BLOCK_MAX``) rank
 #: otherwise in three blocks of 1,024. One H100, CUDA-graph medians of
 #: ``quest_select_fused`` (scores, ranking and lists; 8 KV heads, hd128, s = 0.05),
-#: 2026-12-07, one block / the default before: 2,056 pages at batch 1, 4, 16 21.2 / 29.3,
-#: 30.0 / 37.7, 73.1 / 81.1 µs (8 warps; 4 warps lose, 16 tie); 136 pages at batch 4 10.0 /
-#: 11.5 (4 warps). The radix kernel's token rows at one block of 4,096 (8 warps) lose: Vegas'
-#: 144 rows of 2,176 40 / 34 µs, SparseSpec-L's 1,152 145 / 111 (``benchmarks/
-#: bench_selection.py --contexts 131072,32768,2048``, same GPU and day).
+#: 2026-12-07, one block / ranked from memory in blocks of at most 1,024: 2,056 pages at
+#: batch 1, 4, 16 21.2 / 29.3, 30.0 / 37.7, 73.1 / 81.1 µs (8 warps; 4 warps lose, 16 tie);
+#: 136 pages at batch 4 10.0 / 11.5 (4 warps). Held in one block of 4,096 (8 warps), the
+#: radix kernel's token rows lose on the same GPU: Vegas' 144 rows of 2,176 40 against 34
+#: µs, SparseSpec-L's 1,152 145 against 111.
 QUEST_ONE_BLOCK_MAX: int | None = 4096
 #: Quest writes the positions of this many pages a step ([pages, page size] in registers),
 #: whatever block it ranks them in.
