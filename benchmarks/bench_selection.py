@@ -95,7 +95,8 @@ def run_cell(spec, batch: int, context: int, s: float, device: str, generator,
     tokens in rows as wide as the engine's cache for ``context + room`` positions."""
     layers, heads, kv_heads = spec.full_layers, spec.num_heads, spec.num_kv_heads
     width = cache_length(context + room, spec.max_context or 2**31)
-    lengths = torch.full((batch,), context + room // 2, dtype=torch.int32, device=device)
+    length = context + room // 2
+    lengths = torch.full((batch,), length, dtype=torch.int32, device=device)
     folded = lengths.repeat(layers)
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
 
@@ -105,7 +106,7 @@ def run_cell(spec, batch: int, context: int, s: float, device: str, generator,
 
     def add(policy, count, items, paths, **extra):
         rows.append({"model": spec.name, "batch": batch, "context": context,
-                     "length": context + room // 2, "s": s, "policy": policy, "rows": count,
+                     "length": length, "s": s, "policy": policy, "rows": count,
                      "items": items, "paths": paths, **extra})
 
     summed = rand(layers * batch, 1, 1, width)
