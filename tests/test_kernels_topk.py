@@ -143,13 +143,14 @@ def test_realistic_shapes_on_the_gpu():
 
 
 @pytest.mark.skipif(INTERPRETED, reason="realistic shapes: on a GPU")
-@pytest.mark.parametrize("split,one_block,warps", [(False, None, None), (True, None, None),
-                                                   (False, True, 8), (True, True, 4),
-                                                   (True, True, 16)])
+@pytest.mark.parametrize("split,one_block,warps", [(False, False, None), (True, False, None),
+                                                   (True, None, None), (False, True, 8),
+                                                   (True, True, 4), (True, True, 16)])
 def test_fused_quest_at_qwen3_8b_shapes_on_the_gpu(split, one_block, warps):
     """Quest on Qwen3-8B shapes (batch 4, 32 / 8 heads, hd128, 32K: 2,048 pages; bf16 page
-    bounds, as the cache keeps them): the torch path's lists, both ways of scoring, and
-    ranked in registers (one block of the row's 2,048 pages) at 4 to 16 warps."""
+    bounds, as the cache keeps them): the torch path's lists, both ways of scoring, ranked
+    from memory in blocks (as rows past ``QUEST_ONE_BLOCK_MAX`` are), by default, and in
+    registers (one block of the row's 2,048 pages) at 4 to 16 warps."""
     from specsim.kernels.selection import quest_select, selected_counts
     from specsim.kernels.topk_select import quest_select_fused
     from specsim.policies import get_policy
