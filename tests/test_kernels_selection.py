@@ -195,6 +195,27 @@ def test_attention_mass_matches_reference():
                                    atol=1e-6)
 
 
+def test_attention_mass_makes_the_rankings_first_radix_pass():
+    """With ``histogram``, each (sequence, KV head) row's first radix pass over the mass it
+    wrote (the top byte of its keys, the kept first and last positions the largest), added
+    up over the row's blocks (1000 positions: several blocks of 256), nothing past a
+    length."""
+    from test_kernels_topk import first_histogram
+    batch, heads, kv_heads, window = 3, 4, 2, 3
+    lengths = torch.tensor([1, 700, 1000], dtype=torch.int32, device=DEVICE)
+    logits = torch.randn(batch, heads, window, 1000, generator=make_generator(5),
+                         device=DEVICE) * 4
+    lse = torch.logsumexp(logits, -1)
+    hist = torch.zeros(batch * kv_heads, 256, dtype=torch.int32, device=DEVICE)
+    mass = attention_mass(logits, lse, lengths, kv_heads, block=256, histogram=hist,
+                          keep_first=4, keep_last=16)
+    for b, length in enumerate(lengths.tolist()):
+        mass[b, :, length:] = 0.0                                    # unset past the length
+    want = first_histogram(mass, lengths, 4, 16)
+    assert torch.equal(hist, want)
+    assert hist.sum(1).tolist() == [1, 1, 700, 700, 1000, 1000]
+
+
 @pytest.mark.parametrize("summer", [picked_row_sum, picked_row_sum_reference])
 def test_picked_row_sum_is_each_lists_row_summed_over_heads(summer):
     """Each list's picked row summed over every head (12: not a multiple of the kernel's head
@@ -231,15 +252,18 @@ def test_last_token_ranks_its_picked_row_as_vegas_ranks_one_row():
     assert lists_as_sets(*got) == lists_as_sets(*want)
 
 
-@pytest.mark.parametrize("ranking", ["topk", "radix"])
-def test_sparsespec_select_matches_definition(ranking):
+@pytest.mark.parametrize("ranking,chunked", [("topk", None), ("radix", None),
+                                             ("radix", True)])
+def test_sparsespec_select_matches_definition(ranking, chunked):
+    """Every ranking: the radix kernel one program per row (its first pass made by the mass
+    pass) and over blocks of each row."""
     batch, heads, kv_heads, window, s = len(LENGTHS), 4, 2, 16, 0.2
     logits = torch.randn(batch, heads, window, MAX_LEN, generator=make_generator(4),
                          device=DEVICE) * 3
     lengths = torch.tensor(LENGTHS, dtype=torch.int32, device=DEVICE)
     policy = get_policy("sparsespec")
     indices, counts = sparsespec_select(logits, lengths, s, kv_heads, max_context=1000,
-                                        ranking=ranking)
+                                        ranking=ranking, chunked=chunked)
     assert indices.shape[:2] == (batch, kv_heads)
     sets = lists_as_sets(indices, counts)
     for b, length in enumerate(LENGTHS):

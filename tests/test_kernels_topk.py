@@ -52,24 +52,44 @@ def poisoned(fn):
         torch.empty = real
 
 
-#: (chunked, spill) of every way of ranking: programs per block of a row; one program per
-#: row without a spill, with one of a single key (candidates spill only once one is left,
-#: if ever), of a few, and of the whole row (the candidates after the first pass spill)
-WAYS = ((True, None), (False, 0), (False, 1), (False, 7), (False, 1 << 20))
+def first_histogram(score, lengths, keep_first, keep_last):
+    """Each row's first radix pass from numpy: the top byte (sign flipped) of its keys, the
+    fp32 bits in float order, kept positions the largest; int32 [rows, 256]."""
+    n = score.shape[-1]
+    rows = score.float().cpu().numpy().reshape(-1, n)
+    per = rows.shape[0] // lengths.shape[0]
+    out = np.zeros((rows.shape[0], 256), np.int32)
+    for r, row in enumerate(rows):
+        length = min(int(lengths[r // per]), n)
+        bits = row[:length].view(np.int32)
+        key = bits ^ ((bits >> 31) & 0x7FFFFFFF)
+        pos = np.arange(length)
+        key = np.where((pos < keep_first) | (pos >= length - keep_last), 0x7FFFFFFF, key)
+        out[r] = np.bincount(((key >> 24) & 0xFF) ^ 0x80, minlength=256)
+    return torch.from_numpy(out).to(score.device)
+
+
+#: (chunked, spill, first pass given) of every way of ranking: programs per block of a row;
+#: one program per row without a spill, with one of a single key (candidates spill only
+#: once one is left, if ever), of a few, and of the whole row (the candidates after the
+#: first pass spill); the first pass's histogram made elsewhere, with and without a spill
+WAYS = ((True, None, False), (False, 0, False), (False, 1, False), (False, 7, False),
+        (False, 1 << 20, False), (False, 0, True), (False, 7, True))
 
 
 def check(score, lengths, counts, capacity, keep_first=0, keep_last=0, block=256):
     """Every way of ranking (``WAYS``; programs per block of ``block`` of a row, several
     blocks per row here) gives the reference's lists and counts."""
     ref, ref_cnt = reference(score, lengths, counts, capacity, keep_first, keep_last)
-    for chunked, spill in WAYS:
+    hist = first_histogram(score, lengths, keep_first, keep_last)
+    for chunked, spill, first in WAYS:
         spill = min(spill, score.shape[-1]) if spill else spill
         idx, cnt = poisoned(lambda: radix_top_positions(
             score, lengths, counts, capacity, keep_first, keep_last, block=block,
-            chunked=chunked, spill=spill))
+            chunked=chunked, spill=spill, first_histogram=hist if first else None))
         assert idx.dtype == torch.int32 and idx.shape == ref.shape
-        assert np.array_equal(cnt.cpu().numpy(), ref_cnt), (chunked, spill)
-        assert np.array_equal(idx.cpu().numpy(), ref), (chunked, spill, idx, ref)
+        assert np.array_equal(cnt.cpu().numpy(), ref_cnt), (chunked, spill, first)
+        assert np.array_equal(idx.cpu().numpy(), ref), (chunked, spill, first, idx, ref)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
@@ -320,7 +340,6 @@ def test_best_ranking_resolves_per_policy_as_the_table_says(monkeypatch):
     (or no device named); off CUDA to torch.topk for all (the kernel would run
     interpreted); an explicit ranking wins; the radix kernel runs where it resolves to it."""
     import specsim.kernels.selection as S
-    import specsim.kernels.topk_select as T
     import specsim.policies as P
     from specsim.policies import RANKED_POLICIES
     assert set(P.BEST_RANKING) <= set(RANKED_POLICIES)
@@ -334,8 +353,8 @@ def test_best_ranking_resolves_per_policy_as_the_table_says(monkeypatch):
     assert S.ranking_for("quest", "topk") == "topk"
     assert S.ranking_for("sparsespec", "radix", device="cpu") == "radix"
     calls = []
-    real = T.radix_top_positions
-    monkeypatch.setattr(T, "radix_top_positions",
+    real = S.radix_top_positions
+    monkeypatch.setattr(S, "radix_top_positions",
                         lambda *a, **kw: calls.append("radix") or real(*a, **kw))
     g = seeding.generator(0)
     lengths = torch.tensor([700, 300], device=DEVICE)

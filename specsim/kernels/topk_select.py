@@ -94,6 +94,13 @@ QUEST_WRITE_PAGES = 1024
 @triton.jit
 def _key_of(Score, row_off, pos, valid, length, keep_first, keep_last):
     s = tl.load(Score + row_off + pos, mask=valid, other=0.0).to(tl.float32)
+    return key_bits(s, pos, length, keep_first, keep_last)
+
+
+@triton.jit
+def key_bits(s, pos, length, keep_first, keep_last):
+    """The radix key of fp32 scores ``s`` at positions ``pos`` of a row of ``length``
+    (module doc): their bits in float order, the kept positions' the largest."""
     bits = s.to(tl.int32, bitcast=True)
     key = bits ^ ((bits >> 31) & 0x7FFFFFFF)
     forced = (pos < keep_first) | (pos >= length - keep_last)
@@ -146,9 +153,13 @@ def _spill(Score, row_off, length, keep_first, keep_last, prefix, p: tl.constexp
 
 @triton.jit
 def _radix_threshold(Score, row_off, length, want, keep_first, keep_last, Spill, spill_off,
-                     spill_cap, BLOCK: tl.constexpr, SPILL: tl.constexpr):
+                     spill_cap, First, first_off, BLOCK: tl.constexpr, SPILL: tl.constexpr,
+                     FIRST: tl.constexpr):
     """The ``want``-th largest key of a row's first ``length`` scores (radix select, one byte
     per pass, most significant first), and how many keys equal to it are among the top.
+
+    ``FIRST``: the first pass's histogram is read from ``First + first_off`` (256 counts,
+    made by the kernel that wrote the scores) rather than made from the row.
 
     ``SPILL``: once the candidates left after a pass fit the row's spill (``spill_cap``
     keys at ``Spill + spill_off``), they are copied there and the later passes read them
@@ -159,7 +170,9 @@ def _radix_threshold(Score, row_off, length, want, keep_first, keep_last, Spill,
     count = tl.zeros([], tl.int32)            # keys in the spill
     spilled = tl.zeros([], tl.int32)
     for p in tl.static_range(4):
-        if SPILL:
+        if FIRST and p == 0:
+            hist = tl.load(First + first_off + tl.arange(0, 256))
+        elif SPILL:
             if spilled != 0:
                 hist = _spill_histogram(Spill, spill_off, count, prefix, p, BLOCK)
             else:
@@ -264,15 +277,16 @@ def _row_want(Lengths, Counts, row, rows_per_seq, counts_div, n, PAGE: tl.conste
 
 
 @triton.jit
-def _radix_select_kernel(Score, Lengths, Counts, Out, CountsOut, Spill, n, stride_row,
+def _radix_select_kernel(Score, Lengths, Counts, Out, CountsOut, Spill, First, n, stride_row,
                          stride_out, capacity, rows_per_seq, keep_first, keep_last, spill_cap,
-                         BLOCK: tl.constexpr, OUT_BLOCK: tl.constexpr, SPILL: tl.constexpr):
+                         BLOCK: tl.constexpr, OUT_BLOCK: tl.constexpr, SPILL: tl.constexpr,
+                         FIRST: tl.constexpr):
     row = tl.program_id(0)
     row_off = row.to(tl.int64) * stride_row
     length, want, _ = _row_want(Lengths, Counts, row, rows_per_seq, 1, n, 1)
     threshold, ties = _radix_threshold(Score, row_off, length, want, keep_first, keep_last,
-                                       Spill, row.to(tl.int64) * spill_cap, spill_cap, BLOCK,
-                                       SPILL)
+                                       Spill, row.to(tl.int64) * spill_cap, spill_cap, First,
+                                       row.to(tl.int64) * 256, BLOCK, SPILL, FIRST)
     # ---- ordered compaction: winners in position order
     taken = tl.zeros([], tl.int32)
     tied = tl.zeros([], tl.int32)
@@ -495,7 +509,7 @@ def _quest_select_kernel(Q, PMin, PMax, Lengths, Budget, Scratch, Out, Counts, c
     else:
         # ---- the top pages (the newest always), their positions in order
         threshold, ties = _radix_threshold(Scratch, row_off, pages, want, 0, 1, Scratch, 0, 0,
-                                           BLOCK, False)
+                                           Scratch, 0, BLOCK, False, False)
         taken = tl.zeros([], tl.int32)
         tied = tl.zeros([], tl.int32)
         within = tl.arange(0, PAGE)
@@ -551,7 +565,8 @@ def _row_shape(items: int, block: int | None, num_warps: int | None,
 def radix_top_positions(score: torch.Tensor, lengths: torch.Tensor, counts: torch.Tensor,
                         capacity: int, keep_first: int = 0, keep_last: int = 0, *,
                         block: int | None = None, num_warps: int | None = None,
-                        chunked: bool | None = None, spill: int | None = None
+                        chunked: bool | None = None, spill: int | None = None,
+                        first_histogram: torch.Tensor | None = None
                         ) -> tuple[torch.Tensor, torch.Tensor]:
     """Each row's top ``counts`` positions of ``score`` [..., n] (fp32/fp16/bf16), ascending,
     as int32 [..., capacity] padded with 0, and the counts (int32). ``lengths`` [batch]: the
@@ -566,7 +581,10 @@ def radix_top_positions(score: torch.Tensor, lengths: torch.Tensor, counts: torc
     ``block`` and ``num_warps`` default to ``_row_shape``'s in one program per row, to
     ``_chunk_shape``'s when chunked. ``spill``: keys per row that one program per row may
     copy its last candidates into (``_radix_threshold``); 0: none; default
-    ``_spill_capacity``."""
+    ``_spill_capacity``. ``first_histogram``: int32 [rows, 256], each row's histogram of its
+    keys' top byte as the first radix pass makes it (``first_byte_histogram``), made by the
+    kernel that wrote the scores; one program per row then skips that pass (the chunked path
+    makes its own)."""
     n = score.shape[-1]
     lead = score.shape[:-1]
     batch = lengths.shape[0]
@@ -593,10 +611,15 @@ def radix_top_positions(score: torch.Tensor, lengths: torch.Tensor, counts: torc
         # without a spill the kernel never reads its pointer: ``out`` stands in for it
         keys = torch.empty(rows * spill, dtype=torch.int32, device=score.device) if spill \
             else out
+        first = first_histogram is not None
+        if first and (first_histogram.shape != (rows, 256) or not first_histogram.is_contiguous()
+                      or first_histogram.dtype != torch.int32):
+            raise ValueError(f"first_histogram must be contiguous int32 [{rows}, 256]")
         _radix_select_kernel[(rows,)](
-            flat, lengths, counts, out, listed, keys, n, flat.stride(0), out.stride(0),
-            capacity, rows // batch, keep_first, keep_last, spill, BLOCK=block,
-            OUT_BLOCK=_out_block(capacity), SPILL=spill > 0, num_warps=num_warps)
+            flat, lengths, counts, out, listed, keys, first_histogram if first else out, n,
+            flat.stride(0), out.stride(0), capacity, rows // batch, keep_first, keep_last, spill,
+            BLOCK=block, OUT_BLOCK=_out_block(capacity), SPILL=spill > 0, FIRST=first,
+            num_warps=num_warps)
     return out.view(*lead, capacity), listed.view(lead)
 
 
@@ -671,4 +694,11 @@ def quest_select_fused(q: torch.Tensor, page_min: torch.Tensor, page_max: torch.
     return out.view(batch, kv_heads, capacity), counts.view(batch, kv_heads)
 
 
-__all__ = ["quest_select_fused", "radix_top_positions"]
+@triton.jit
+def first_byte_histogram(key, valid):
+    """The first radix pass's 256-bin histogram of ``key`` (``key_bits``) where ``valid``."""
+    digit, match = _digit(key, valid, 0, 0)
+    return tl.histogram(digit, 256, mask=match)
+
+
+__all__ = ["first_byte_histogram", "key_bits", "quest_select_fused", "radix_top_positions"]
