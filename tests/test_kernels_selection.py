@@ -199,10 +199,11 @@ def test_attention_mass_makes_the_rankings_first_radix_pass():
     """With ``histogram``, each (sequence, KV head) row's first radix pass over the mass it
     wrote (the top byte of its keys, the kept first and last positions the largest), added
     up over the row's blocks (1000 positions: several blocks of 256), nothing past a
-    length."""
+    length or past the buffer (a length of 1200 over 1000 positions), none for an empty
+    row."""
     from test_kernels_topk import first_histogram
-    batch, heads, kv_heads, window = 3, 4, 2, 3
-    lengths = torch.tensor([1, 700, 1000], dtype=torch.int32, device=DEVICE)
+    batch, heads, kv_heads, window = 4, 4, 2, 3
+    lengths = torch.tensor([0, 1, 700, 1200], dtype=torch.int32, device=DEVICE)
     logits = torch.randn(batch, heads, window, 1000, generator=make_generator(5),
                          device=DEVICE) * 4
     lse = torch.logsumexp(logits, -1)
@@ -213,7 +214,7 @@ def test_attention_mass_makes_the_rankings_first_radix_pass():
         mass[b, :, length:] = 0.0                                    # unset past the length
     want = first_histogram(mass, lengths, 4, 16)
     assert torch.equal(hist, want)
-    assert hist.sum(1).tolist() == [1, 1, 700, 700, 1000, 1000]
+    assert hist.sum(1).tolist() == [0, 0, 1, 1, 700, 700, 1000, 1000]
 
 
 @pytest.mark.parametrize("summer", [picked_row_sum, picked_row_sum_reference])
@@ -276,6 +277,37 @@ def test_sparsespec_select_matches_definition(ranking, chunked):
             ranked = [int(n) for n in mass.argsort(descending=True) if int(n) not in forced]
             expected = forced | set(ranked[:max(0, budget - len(forced))])
             assert sets[b * kv_heads + g] == expected
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="realistic shapes: on a GPU")
+def test_sparsespec_first_pass_from_the_mass_pass_at_qwen3_8b_shapes_on_the_gpu():
+    """Qwen3-8B's shapes (32 query / 8 KV heads, 3 rows each, s = 0.03) over 33K positions
+    (the spill taken), ragged lengths: one program per row, its first pass made by the mass
+    pass's atomics over 33 blocks a row, lists the chunked path's (which makes its own), the
+    same counts as torch.topk's; replayed in a CUDA graph, the same again."""
+    g = make_generator(9)
+    n, kv_heads = 33000, 8
+    lengths = torch.tensor([n, n - 999, 16385, 4097, 20000, 1, 32768, 30001],
+                           dtype=torch.int32, device=DEVICE)
+    logits = (torch.randn(len(lengths), 32, 3, n, generator=g, device=DEVICE) * 3).bfloat16()
+    lse = torch.logsumexp(logits.float(), -1)
+
+    def run(chunked, ranking="radix"):
+        return sparsespec_select(logits, lengths, 0.03, kv_heads, lse=lse, ranking=ranking,
+                                 chunked=chunked)
+    fused, chunked, topk = run(False), run(True), run(None, "topk")
+    assert torch.equal(fused[1], chunked[1]) and torch.equal(fused[1], topk[1].int())
+    assert lists_as_sets(*fused) == lists_as_sets(*chunked)
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        run(False)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        replayed = run(False)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(replayed[0], fused[0]) and torch.equal(replayed[1], fused[1])
 
 
 def test_streamingllm_select():

@@ -72,9 +72,10 @@ def first_histogram(score, lengths, keep_first, keep_last):
 #: (chunked, spill, first pass given) of every way of ranking: programs per block of a row;
 #: one program per row without a spill, with one of a single key (candidates spill only
 #: once one is left, if ever), of a few, and of the whole row (the candidates after the
-#: first pass spill); the first pass's histogram made elsewhere, with and without a spill
+#: first pass spill); the first pass's histogram made elsewhere, with no spill, a few keys'
+#: and the whole row's (then the candidates spill right after the pass read from memory)
 WAYS = ((True, None, False), (False, 0, False), (False, 1, False), (False, 7, False),
-        (False, 1 << 20, False), (False, 0, True), (False, 7, True))
+        (False, 1 << 20, False), (False, 0, True), (False, 7, True), (False, 1 << 20, True))
 
 
 def check(score, lengths, counts, capacity, keep_first=0, keep_last=0, block=256):

@@ -163,8 +163,8 @@ def _radix_threshold(Score, row_off, length, want, keep_first, keep_last, Spill,
 
     ``SPILL``: once the candidates left after a pass fit the row's spill (``spill_cap``
     keys at ``Spill + spill_off``), they are copied there and the later passes read them
-    alone, not the row: two to four reads of the row instead of four, and the 256-bin
-    histograms (the costly part of a pass) over a few keys."""
+    alone, not the row: two to four reads of the row instead of four (one to three with
+    ``FIRST``), and the 256-bin histograms (the costly part of a pass) over a few keys."""
     remaining = want
     prefix = tl.zeros([], tl.int32)           # the threshold's bytes chosen so far
     count = tl.zeros([], tl.int32)            # keys in the spill
