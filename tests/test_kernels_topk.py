@@ -397,10 +397,10 @@ def test_chunked_ranking_is_for_few_long_rows():
     import specsim.kernels.topk_select as T
     assert T.CHUNKED_FROM is not None
     long, few = T.CHUNKED_FROM + 1, T.CHUNKED_ROWS
-    assert T._chunked(few, long, None)
-    assert not T._chunked(few + 1, long, None)
-    assert not T._chunked(few, T.CHUNKED_FROM, None)
-    assert T._chunked(few + 1, 16, True) and not T._chunked(1, long, False)
+    assert T.chunked_path(few, long, None)
+    assert not T.chunked_path(few + 1, long, None)
+    assert not T.chunked_path(few, T.CHUNKED_FROM, None)
+    assert T.chunked_path(few + 1, 16, True) and not T.chunked_path(1, long, False)
     narrow, wide = T._chunk_shape(T.CHUNKED_WIDE_FROM - 1, None, None), \
         T._chunk_shape(T.CHUNKED_WIDE_FROM, None, None)
     assert wide[0] > narrow[0] and wide[1] >= narrow[1]

@@ -293,8 +293,7 @@ def sparsespec_select(logits: torch.Tensor, lengths: torch.Tensor, s: float, num
     # at 2K (Qwen3-8B's 1,152 rows, batch 4, s = 0.03; one H100, CUDA-graph medians,
     # 2026-12-07; the same lists)
     histogram = None
-    if ranking == "radix" and not (
-            chunked_path(rows, max_context) if chunked is None else chunked):
+    if ranking == "radix" and not chunked_path(rows, max_context, chunked):
         histogram = torch.zeros(rows, 256, dtype=torch.int32, device=logits.device)
     mass = attention_mass(logits, lse, lengths, num_kv_heads, max_context, histogram=histogram,
                           keep_first=policy.sink, keep_last=policy.recent)

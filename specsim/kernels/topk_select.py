@@ -526,17 +526,13 @@ def _quest_select_kernel(Q, PMin, PMax, Lengths, Budget, Scratch, Out, Counts, c
     tl.store(Counts + pid, tokens)
 
 
-def chunked_path(rows: int, items: int) -> bool:
+def chunked_path(rows: int, items: int, chunked: bool | None = None) -> bool:
     """Whether ``rows`` rows of ``items`` each are ranked over blocks of each row
-    (``_chunked_select``, by ``CHUNKED_FROM`` and ``CHUNKED_ROWS``) rather than one program
-    per row."""
+    (``_chunked_select``) rather than one program per row: ``chunked`` where given, else by
+    ``CHUNKED_FROM`` and ``CHUNKED_ROWS``."""
+    if chunked is not None:
+        return chunked
     return CHUNKED_FROM is not None and items > CHUNKED_FROM and rows <= CHUNKED_ROWS
-
-
-def _chunked(rows: int, items: int, chunked: bool | None) -> bool:
-    """Whether ``rows`` rows of ``items`` are ranked by ``_chunked_select`` (None:
-    :func:`chunked_path`)."""
-    return chunked_path(rows, items) if chunked is None else chunked
 
 
 def _spill_capacity(items: int) -> int:
@@ -601,7 +597,7 @@ def radix_top_positions(score: torch.Tensor, lengths: torch.Tensor, counts: torc
     out = torch.empty(rows, capacity, dtype=torch.int32, device=score.device)
     lengths = lengths.to(torch.int32).contiguous()
     listed = torch.empty(rows, dtype=torch.int32, device=score.device)
-    if _chunked(rows, n, chunked):
+    if chunked_path(rows, n, chunked):
         block, num_warps = _chunk_shape(n, block, num_warps)
         _chunked_select(flat, lengths, counts, out, listed, rows // batch, 1, keep_first,
                         keep_last, block=block, num_warps=num_warps)
@@ -677,7 +673,7 @@ def quest_select_fused(q: torch.Tensor, page_min: torch.Tensor, page_max: torch.
             q, page_min, page_max, lengths, scratch, *layout, scratch.stride(0),
             NUM_KV_HEADS=kv_heads, GROUP=heads // kv_heads, HEAD_DIM=head_dim,
             PAGE=page_size, BLOCK_P=block_pages, num_warps=4)
-        if _chunked(batch * kv_heads, pages, False if one_block and chunked is None
+        if chunked_path(batch * kv_heads, pages, False if one_block and chunked is None
                     else chunked):
             block, num_warps = _chunk_shape(pages, block, num_warps)
             _chunked_select(scratch, lengths, budget.contiguous(), out, counts, kv_heads,
