@@ -279,6 +279,33 @@ def test_sparsespec_select_matches_definition(ranking, chunked):
             assert sets[b * kv_heads + g] == expected
 
 
+@pytest.mark.parametrize("chunked", [False, True])
+def test_sparsespec_hands_the_mass_pass_histogram_to_one_program_per_row(chunked,
+                                                                        monkeypatch):
+    """One program per row is given the first radix pass of the very mass it ranks (the
+    numpy histogram of it); the chunked path, which makes its own, is given none."""
+    from test_kernels_topk import first_histogram
+
+    from specsim.kernels import selection
+    given_to = []
+    real = selection.radix_top_positions
+
+    def spy(score, lengths, counts, capacity, keep_first, keep_last, **kw):
+        given_to.append((score.clone(), kw["first_histogram"], keep_first, keep_last))
+        return real(score, lengths, counts, capacity, keep_first, keep_last, **kw)
+    monkeypatch.setattr(selection, "radix_top_positions", spy)
+    logits = torch.randn(len(LENGTHS), 4, 16, MAX_LEN, generator=make_generator(6),
+                         device=DEVICE) * 3
+    lengths = torch.tensor(LENGTHS, dtype=torch.int32, device=DEVICE)
+    sparsespec_select(logits, lengths, 0.2, 2, max_context=1000, ranking="radix",
+                      chunked=chunked)
+    (mass, hist, keep_first, keep_last), = given_to
+    if chunked:
+        assert hist is None
+    else:
+        assert torch.equal(hist, first_histogram(mass, lengths, keep_first, keep_last))
+
+
 @pytest.mark.skipif(DEVICE != "cuda", reason="realistic shapes: on a GPU")
 def test_sparsespec_first_pass_from_the_mass_pass_at_qwen3_8b_shapes_on_the_gpu():
     """Qwen3-8B's shapes (32 query / 8 KV heads, 3 rows each, s = 0.03) over 33K positions

@@ -127,6 +127,23 @@ def test_ties_signs_and_zero():
           keep_first=2, keep_last=6, block=128)
 
 
+@pytest.mark.parametrize("spill", [0, 1 << 20])
+def test_a_given_first_histogram_is_read(spill):
+    """One program per row ranks by the first pass it is given: another row's histogram (of
+    the negated scores) moves the lists away from the reference's, the true one gives them."""
+    g = seeding.generator(0)
+    score = torch.randn(2, 3, 700, generator=g).to(DEVICE)
+    lengths = torch.tensor([700, 500], device=DEVICE)
+    counts = torch.tensor([[40, 90, 3], [64, 64, 12]], device=DEVICE)
+    ref, _ = reference(score, lengths, counts, 700, 4, 16)
+    for hist, same in ((first_histogram(score, lengths, 4, 16), True),
+                       (first_histogram(-score, lengths, 4, 16), False)):
+        idx, _ = radix_top_positions(score, lengths, counts, 700, 4, 16, block=256,
+                                     chunked=False, spill=min(spill, 700),
+                                     first_histogram=hist)
+        assert np.array_equal(idx.cpu().numpy(), ref) == same
+
+
 def test_matches_the_torch_topk_path_of_vegas():
     """Same sets as the torch path the engine runs today (random scores: no ties)."""
     from specsim.kernels.selection import _finish, _top_positions
