@@ -52,9 +52,10 @@ def poisoned(fn):
         torch.empty = real
 
 
-def first_histogram(score, lengths, keep_first, keep_last):
+def first_histogram(score, lengths, keep_first, keep_last, nonnegative=False):
     """Each row's first radix pass from numpy: the top byte (sign flipped) of its keys, the
-    fp32 bits in float order, kept positions the largest; int32 [rows, 256]."""
+    fp32 bits in float order (``nonnegative``: shifted left by one, the sign bit flipped),
+    kept positions the largest; int32 [rows, 256]."""
     n = score.shape[-1]
     rows = score.float().cpu().numpy().reshape(-1, n)
     per = rows.shape[0] // lengths.shape[0]
@@ -62,7 +63,10 @@ def first_histogram(score, lengths, keep_first, keep_last):
     for r, row in enumerate(rows):
         length = min(int(lengths[r // per]), n)
         bits = row[:length].view(np.int32)
-        key = bits ^ ((bits >> 31) & 0x7FFFFFFF)
+        if nonnegative:
+            key = ((bits.view(np.uint32) << 1) ^ 0x80000000).view(np.int32)
+        else:
+            key = bits ^ ((bits >> 31) & 0x7FFFFFFF)
         pos = np.arange(length)
         key = np.where((pos < keep_first) | (pos >= length - keep_last), 0x7FFFFFFF, key)
         out[r] = np.bincount(((key >> 24) & 0xFF) ^ 0x80, minlength=256)
@@ -78,16 +82,19 @@ WAYS = ((True, None, False), (False, 0, False), (False, 1, False), (False, 7, Fa
         (False, 1 << 20, False), (False, 0, True), (False, 7, True), (False, 1 << 20, True))
 
 
-def check(score, lengths, counts, capacity, keep_first=0, keep_last=0, block=256):
+def check(score, lengths, counts, capacity, keep_first=0, keep_last=0, block=256,
+          nonnegative=False):
     """Every way of ranking (``WAYS``; programs per block of ``block`` of a row, several
-    blocks per row here) gives the reference's lists and counts."""
+    blocks per row here) gives the reference's lists and counts; ``nonnegative`` (no score
+    below +0) asked for in every way."""
     ref, ref_cnt = reference(score, lengths, counts, capacity, keep_first, keep_last)
-    hist = first_histogram(score, lengths, keep_first, keep_last)
+    hist = first_histogram(score, lengths, keep_first, keep_last, nonnegative)
     for chunked, spill, first in WAYS:
         spill = min(spill, score.shape[-1]) if spill else spill
         idx, cnt = poisoned(lambda: radix_top_positions(
             score, lengths, counts, capacity, keep_first, keep_last, block=block,
-            chunked=chunked, spill=spill, first_histogram=hist if first else None))
+            chunked=chunked, spill=spill, first_histogram=hist if first else None,
+            nonnegative=nonnegative))
         assert idx.dtype == torch.int32 and idx.shape == ref.shape
         assert np.array_equal(cnt.cpu().numpy(), ref_cnt), (chunked, spill, first)
         assert np.array_equal(idx.cpu().numpy(), ref), (chunked, spill, first, idx, ref)
@@ -110,6 +117,23 @@ def test_one_list_per_sequence_and_whole_rows():
     counts = torch.tensor([520, 30, 5, 1], device=DEVICE)             # 5 > length 2: clamped
     check(score, lengths, counts, capacity=520, keep_last=3)
     check(score, lengths, counts[:, None].expand(-1, 1)[:, 0], capacity=520, block=1024)
+
+
+def test_nonnegative_keys_rank_like_the_float_order():
+    """Scores none of which is below +0 (attention mass: a wide spread of exponents, +0,
+    ties, the largest finite float, subnormals) ranked by the exponent-first keys: the
+    reference's lists in every way."""
+    g = seeding.generator(0)
+    n = 600
+    score = torch.exp(torch.randn(2, 3, n, generator=g, dtype=torch.float64) * 8).float()
+    score[0, 0, :40] = 0.0
+    score[0, 1, 100:300] = 1.5                                        # ties across the row
+    score[1, 0, 7] = torch.finfo(torch.float32).max
+    score[1, 2, :64] = torch.finfo(torch.float32).tiny / 4             # subnormal
+    lengths = torch.tensor([600, 437])
+    counts = torch.tensor([[50, 120, 1], [600, 9, 70]])
+    check(score.to(DEVICE), lengths.to(DEVICE), counts.to(DEVICE), capacity=600,
+          keep_first=3, keep_last=5, block=128, nonnegative=True)
 
 
 def test_ties_signs_and_zero():

@@ -61,14 +61,15 @@ def ranking_for(policy: str, ranking: str = "best",
 
 
 def _ranked_lists(score, lengths, counts, capacity, keep_first, keep_last, ranking,
-                  chunked=None, first_histogram=None):
+                  chunked=None, first_histogram=None, nonnegative=False):
     """Ascending top lists [..., capacity] and counts: torch ranking + ``_finish``, or the
     radix kernel (``ranking``: resolved by :func:`ranking_for`; ``chunked``: its path,
     ``radix_top_positions``' choice when None; ``first_histogram``: its first pass, made
-    by the kernel that wrote ``score``)."""
+    by the kernel that wrote ``score``; ``nonnegative``: no score is below +0)."""
     if ranking == "radix":
         return radix_top_positions(score, lengths, counts, capacity, keep_first, keep_last,
-                                   chunked=chunked, first_histogram=first_histogram)
+                                   chunked=chunked, first_histogram=first_histogram,
+                                   nonnegative=nonnegative)
     chosen = _top_positions(score, lengths, keep_first, keep_last, capacity)
     return _finish(chosen, counts, ranked=True)
 
@@ -202,7 +203,7 @@ def _attention_mass_kernel(Logits, Lse, Lengths, Mass, Hist,
                            stride_mb, stride_mh, max_context, keep_first, keep_last,
                            NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr,
                            WINDOW: tl.constexpr, ROW_BLOCK: tl.constexpr,
-                           BLOCK: tl.constexpr, HIST: tl.constexpr):
+                           BLOCK: tl.constexpr, HIST: tl.constexpr, NONNEG: tl.constexpr):
     pid = tl.program_id(0)
     b = (pid // NUM_KV_HEADS).to(tl.int64)
     kvh = (pid % NUM_KV_HEADS).to(tl.int64)
@@ -223,7 +224,8 @@ def _attention_mass_kernel(Logits, Lse, Lengths, Mass, Hist,
         mass += tl.sum(tl.exp2((s - lse[:, None]) * 1.4426950408889634), 0)
     tl.store(Mass + b * stride_mb + kvh * stride_mh + position, mass, mask=pos_ok)
     if HIST:    # the ranking's first radix pass over the keys of these positions
-        key = key_bits(mass, position, tl.minimum(length, max_context), keep_first, keep_last)
+        key = key_bits(mass, position, tl.minimum(length, max_context), keep_first, keep_last,
+                       NONNEG)
         hist = first_byte_histogram(key, pos_ok)
         tl.atomic_add(Hist + pid.to(tl.int64) * 256 + tl.arange(0, 256), hist, mask=hist > 0,
                       sem="relaxed")
@@ -232,12 +234,13 @@ def _attention_mass_kernel(Logits, Lse, Lengths, Mass, Hist,
 def attention_mass(logits: torch.Tensor, lse: torch.Tensor, lengths: torch.Tensor,
                    num_kv_heads: int, max_context: int | None = None, *, block: int = 1024,
                    num_warps: int = 4, histogram: torch.Tensor | None = None,
-                   keep_first: int = 0, keep_last: int = 0) -> torch.Tensor:
+                   keep_first: int = 0, keep_last: int = 0, nonnegative: bool = True
+                   ) -> torch.Tensor:
     """Σ over each KV head's query heads and the W rows of ``exp(logits − lse)``: fp32
     [batch, kv_heads, max_context]; positions past a sequence's length are left unset.
     ``histogram``: zeroed int32 [batch · kv_heads, 256], which receives each row's first
-    radix pass (``radix_top_positions``' ``first_histogram``, the first ``keep_first`` and
-    last ``keep_last`` positions kept).
+    radix pass (``radix_top_positions``' ``first_histogram``, of the keys its
+    ``nonnegative`` names; the first ``keep_first`` and last ``keep_last`` positions kept).
     ``block`` positions a program (every layer's logits at once, 3 rows, batch 4, H100:
     Qwen3-8B at 128K 1.51 ms for 1,024 with 4 warps against 2.39 for 512, 1.65 for 2,048).
     Logit rows 4 at a time (H200, same shape, 12 rows per KV head: 1.13 ms against 1.22 for
@@ -255,7 +258,7 @@ def attention_mass(logits: torch.Tensor, lse: torch.Tensor, lengths: torch.Tenso
         *logits.stride()[:3], *lse.stride(), *mass.stride()[:2], max_context, keep_first,
         keep_last, NUM_KV_HEADS=num_kv_heads, GROUP=group, WINDOW=window,
         ROW_BLOCK=min(4, triton.next_power_of_2(group * window)), BLOCK=block,
-        HIST=histogram is not None, num_warps=num_warps)
+        HIST=histogram is not None, NONNEG=nonnegative, num_warps=num_warps)
     return mass
 
 
@@ -300,7 +303,7 @@ def sparsespec_select(logits: torch.Tensor, lengths: torch.Tensor, s: float, num
     counts = selected_counts(policy, lengths, s)[:, None].expand(-1, num_kv_heads)
     capacity = policy.selected(max_context, s)
     return _ranked_lists(mass, lengths, counts, capacity, policy.sink, policy.recent,
-                         ranking, chunked, histogram)
+                         ranking, chunked, histogram, nonnegative=True)
 
 
 def streamingllm_select(lengths: torch.Tensor, s: float, *, max_context: int,
