@@ -14,7 +14,9 @@ tokens and drafts; the cache is padded to whole pages and to 128 positions), its
 ``context + room / 2`` long (halfway through filling the room, as the engine's sequences
 are while they decode): a 2K context ranks rows of 2,176 tokens, 136 pages, 2,080 of them
 (130 pages) in the sequence.
-Random scores; every path's lists are checked against torch.topk's (Quest: against the one-
+Random scores (SparseSpec-L's logits N(0, ``--logit-std``²): how peaked the mass is sets
+how many candidates its ranking's first pass leaves, so its time); every path's lists are
+checked against torch.topk's (Quest: against the one-
 program kernel's, as its torch path scores pages in bf16 matmuls, the kernels in fp32). Times
 are the median of CUDA-graph replays. Prints a Markdown table last and writes the rows to
 ``--out``.
@@ -90,9 +92,10 @@ def time_paths(select, reference: str = "topk", extra: dict | None = None) -> di
 
 
 def run_cell(spec, batch: int, context: int, s: float, device: str, generator,
-             room: int = 0) -> list[dict]:
+             room: int = 0, logit_std: float = 1.0) -> list[dict]:
     """Every policy's rows of one (model, context, s): sequences of ``context + room // 2``
-    tokens in rows as wide as the engine's cache for ``context + room`` positions."""
+    tokens in rows as wide as the engine's cache for ``context + room`` positions;
+    SparseSpec-L's logits of std ``logit_std``."""
     layers, heads, kv_heads = spec.full_layers, spec.num_heads, spec.num_kv_heads
     width = cache_length(context + room, spec.max_context or 2**31)
     length = context + room // 2
@@ -113,13 +116,14 @@ def run_cell(spec, batch: int, context: int, s: float, device: str, generator,
     add("vegas", layers * batch, width, time_paths(
         lambda r, c: vegas_select(summed, folded, s, ranking=r, chunked=c)))
     del summed
-    logits = rand(layers * batch, heads, 3, width, dtype=dtype)
+    logits = (rand(layers * batch, heads, 3, width) * logit_std).to(dtype)
     lse = torch.logsumexp(logits.float(), -1)
     mass_us = median_us(lambda: attention_mass(logits, lse, folded, kv_heads))
     add("sparsespec", layers * batch * kv_heads, width, time_paths(
         lambda r, c: sparsespec_select(logits, folded, s, kv_heads, lse=lse, ranking=r,
                                        chunked=c)),
-        mass_us=mass_us, logit_bytes=logits.numel() * logits.element_size())
+        mass_us=mass_us, logit_bytes=logits.numel() * logits.element_size(),
+        logit_std=logit_std)
     del logits, lse
     page = 16
     pages = math.ceil(width / page)
@@ -169,11 +173,17 @@ def main(argv=None):
                         help="cache positions past the context (generated tokens and drafts), "
                         "half of them in the sequences; 0: rows exactly as wide as the "
                         "context, but for the page and 128-position padding")
+    parser.add_argument("--logit-std", type=float, default=1.0,
+                        help="spread of SparseSpec-L's random logits (1: about what random "
+                        "weights give; real attention is more peaked, which leaves its "
+                        "ranking fewer candidates)")
     parser.add_argument("--out", default="bench_selection.json", help="JSON of every row")
     parser.add_argument("--dry-run", action="store_true", help="exercise the script on the "
                         "CPU (Triton interpreter, 2-layer stand-ins, tiny contexts, timings "
                         "meaningless)")
     args = parser.parse_args(argv)
+    if not args.logit_std > 0:
+        parser.error(f"--logit-std must be positive, got {args.logit_std}")
     device = "cpu" if args.dry_run else "cuda"
     bench_kernels.DRY_RUN = args.dry_run   # one timed call on the CPU
     if device == "cuda" and not torch.cuda.is_available():
@@ -193,7 +203,7 @@ def main(argv=None):
         for context in contexts:
             for s in ss:
                 cell = run_cell(spec, args.batch, context, s, device, generator,
-                                room=args.room)
+                                room=args.room, logit_std=args.logit_std)
                 rows += cell
                 for row in cell:
                     print(f"  {row['model']} {row['context']} s={row['s']} "

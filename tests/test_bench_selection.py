@@ -14,7 +14,8 @@ def test_bench_selection_dry_run(tmp_path, monkeypatch, capsys):
     out = tmp_path / "selection.json"
     benchmark("bench_kernels", monkeypatch)            # its DRY_RUN, which the dry run sets
     done = run_main(benchmark("bench_selection", monkeypatch).main, capsys, "--dry-run",
-                    "--models", "qwen3-8b", "--ss", "0.1", "--batch", "2", "--out", out)
+                    "--models", "qwen3-8b", "--ss", "0.1", "--batch", "2", "--logit-std", 3,
+                    "--out", out)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = json.loads(out.read_text())["rows"]
     assert [r["policy"] for r in rows] == ["vegas", "sparsespec", "quest"]
@@ -28,5 +29,14 @@ def test_bench_selection_dry_run(tmp_path, monkeypatch, capsys):
         assert set(row["paths"]) == paths | ({"one block"} if row["policy"] == "quest"
                                              else set())
         assert all(path["same_lists"] for path in row["paths"].values()), row
-    assert rows[1]["mass_us"] > 0
+    assert rows[1]["mass_us"] > 0 and rows[1]["logit_std"] == 3.0
     assert "| qwen3-8b | 600 | 0.1 | quest |" in done.stdout
+
+
+@pytest.mark.parametrize("std", ["0", "-1", "nan"])
+def test_a_spread_that_is_not_positive_is_refused_in_one_line(std, monkeypatch, capsys):
+    done = run_main(benchmark("bench_selection", monkeypatch).main, capsys, "--dry-run",
+                    "--logit-std", std)
+    assert done.returncode == 2 and not done.stdout
+    assert done.stderr.strip().splitlines()[-1].endswith(f"--logit-std must be positive, "
+                                                         f"got {float(std)}")

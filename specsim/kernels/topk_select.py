@@ -24,7 +24,7 @@ NaN scores rank above +inf (below the kept positions). Rows known to hold no sco
 (attention mass) may take the bits shifted left by one (``nonnegative``): the first pass's
 byte is then the whole exponent, buckets of a factor of 2 rather than 4, and the candidates
 left after it fewer, often few enough to spill at once. SparseSpec-L's 1,152 rows
-(``benchmarks/bench_selection.py``'s logits, s = 0.03) keep 2.8% of a row after the first
+(Qwen3-8B, batch 4, random logits of std 3, s = 0.03) keep 2.8% of a row after the first
 pass against 8.2%; mass pass and ranking 2,721 against 3,466 µs at 128K, 726 against 927 at
 32K, 211 against 247 at 8K (one H100, CUDA-graph medians, 2026-12-07, the same lists; a
 spill of 1/8 of the row instead gets 2,857, 777, 213 without the shift and nothing with it).
