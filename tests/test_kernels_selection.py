@@ -197,26 +197,24 @@ def test_attention_mass_matches_reference():
 
 def test_attention_mass_makes_the_rankings_first_radix_pass():
     """With ``histogram``, each (sequence, KV head) row's first radix pass over the mass it
-    wrote (the top byte of its keys of either kind, the kept first and last positions the
-    largest), added
-    up over the row's blocks (1000 positions: several blocks of 256), nothing past a
-    length or past the buffer (a length of 1200 over 1000 positions), none for an empty
-    row."""
+    wrote (the top byte of its exponent-first keys, the kept first and last positions the
+    largest), added up over the row's blocks (1000 positions: several blocks of 256),
+    nothing past a length or past the buffer (a length of 1200 over 1000 positions), none
+    for an empty row."""
     from test_kernels_topk import first_histogram
     batch, heads, kv_heads, window = 4, 4, 2, 3
     lengths = torch.tensor([0, 1, 700, 1200], dtype=torch.int32, device=DEVICE)
     logits = torch.randn(batch, heads, window, 1000, generator=make_generator(5),
                          device=DEVICE) * 4
     lse = torch.logsumexp(logits, -1)
-    for nonnegative in (True, False):
-        hist = torch.zeros(batch * kv_heads, 256, dtype=torch.int32, device=DEVICE)
-        mass = attention_mass(logits, lse, lengths, kv_heads, block=256, histogram=hist,
-                              keep_first=4, keep_last=16, nonnegative=nonnegative)
-        for b, length in enumerate(lengths.tolist()):
-            mass[b, :, length:] = 0.0                                # unset past the length
-        want = first_histogram(mass, lengths, 4, 16, nonnegative)
-        assert torch.equal(hist, want)
-        assert hist.sum(1).tolist() == [0, 0, 1, 1, 700, 700, 1000, 1000]
+    hist = torch.zeros(batch * kv_heads, 256, dtype=torch.int32, device=DEVICE)
+    mass = attention_mass(logits, lse, lengths, kv_heads, block=256, histogram=hist,
+                          keep_first=4, keep_last=16)
+    for b, length in enumerate(lengths.tolist()):
+        mass[b, :, length:] = 0.0                                    # unset past the length
+    want = first_histogram(mass, lengths, 4, 16, nonnegative=True)
+    assert torch.equal(hist, want)
+    assert hist.sum(1).tolist() == [0, 0, 1, 1, 700, 700, 1000, 1000]
 
 
 @pytest.mark.parametrize("summer", [picked_row_sum, picked_row_sum_reference])
