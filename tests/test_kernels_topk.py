@@ -153,19 +153,22 @@ def test_ties_signs_and_zero():
 
 @pytest.mark.parametrize("spill", [0, 1 << 20])
 def test_a_given_first_histogram_is_read(spill):
-    """One program per row ranks by the first pass it is given: another row's histogram (of
-    the negated scores) moves the lists away from the reference's, the true one gives them."""
+    """One program per row ranks by the first pass it is given: the true one gives the
+    reference's lists; one of the scores + 8 (every key a bucket higher) moves every list
+    that holds more than the 20 kept positions, and only those."""
     g = seeding.generator(0)
     score = torch.randn(2, 3, 700, generator=g).to(DEVICE)
     lengths = torch.tensor([700, 500], device=DEVICE)
     counts = torch.tensor([[40, 90, 3], [64, 64, 12]], device=DEVICE)
     ref, _ = reference(score, lengths, counts, 700, 4, 16)
-    for hist, same in ((first_histogram(score, lengths, 4, 16), True),
-                       (first_histogram(-score, lengths, 4, 16), False)):
+    for shift in (0.0, 8.0):
         idx, _ = radix_top_positions(score, lengths, counts, 700, 4, 16, block=256,
                                      chunked=False, spill=min(spill, 700),
-                                     first_histogram=hist)
-        assert np.array_equal(idx.cpu().numpy(), ref) == same
+                                     first_histogram=first_histogram(score + shift, lengths,
+                                                                     4, 16))
+        same = [np.array_equal(a, b) for a, b in zip(idx.cpu().numpy().reshape(6, -1),
+                                                     ref.reshape(6, -1))]
+        assert same == [bool(shift == 0 or c <= 20) for c in counts.flatten().tolist()]
 
 
 def test_matches_the_torch_topk_path_of_vegas():
