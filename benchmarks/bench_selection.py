@@ -16,9 +16,9 @@ are while they decode): a 2K context ranks rows of 2,176 tokens, 136 pages, 2,08
 (130 pages) in the sequence.
 Random scores (SparseSpec-L's logits N(0, ``--logit-std``²): how peaked the mass is sets
 how many candidates its ranking's first pass leaves, so its time); every path's lists are
-checked against torch.topk's (Quest: against the one-
-program kernel's, as its torch path scores pages in bf16 matmuls, the kernels in fp32). Times
-are the median of CUDA-graph replays. Prints a Markdown table last and writes the rows to
+checked against torch.topk's (Quest: against the one-program kernel's, as its torch path
+scores pages in bf16 matmuls, the kernels in fp32). Times are the median of CUDA-graph
+replays. Prints a Markdown table last and writes the rows to
 ``--out``.
 
     PYTHONPATH=. python benchmarks/bench_selection.py --contexts 131072,32768 --room 0

@@ -217,6 +217,25 @@ def test_attention_mass_makes_the_rankings_first_radix_pass():
     assert hist.sum(1).tolist() == [0, 0, 1, 1, 700, 700, 1000, 1000]
 
 
+@pytest.mark.parametrize("bad", ["rows", "dtype", "layout"])
+def test_a_histogram_of_the_wrong_form_is_refused_by_both_ends(bad):
+    """The mass pass and the ranking take the first pass only as contiguous int32 [rows,
+    256], each naming its argument: a wrong row count, an int64 buffer, a transposed view."""
+    from specsim.kernels.topk_select import radix_top_positions
+    lengths = torch.tensor([50, 64], dtype=torch.int32, device=DEVICE)
+    logits = torch.randn(2, 4, 3, 64, generator=make_generator(7), device=DEVICE)
+    rows = 2 * 2
+    hist = {"rows": torch.zeros(rows + 1, 256, dtype=torch.int32),
+            "dtype": torch.zeros(rows, 256, dtype=torch.int64),
+            "layout": torch.zeros(256, rows, dtype=torch.int32).t()}[bad].to(DEVICE)
+    with pytest.raises(ValueError, match=r"^histogram must be contiguous int32 \[4, 256\]$"):
+        attention_mass(logits, torch.logsumexp(logits, -1), lengths, 2, histogram=hist)
+    with pytest.raises(ValueError,
+                       match=r"^first_histogram must be contiguous int32 \[4, 256\]$"):
+        radix_top_positions(logits[:, :2, 0], lengths, torch.tensor([5, 5], device=DEVICE),
+                            16, chunked=False, first_histogram=hist)
+
+
 @pytest.mark.parametrize("summer", [picked_row_sum, picked_row_sum_reference])
 def test_picked_row_sum_is_each_lists_row_summed_over_heads(summer):
     """Each list's picked row summed over every head (12: not a multiple of the kernel's head

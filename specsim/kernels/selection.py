@@ -33,8 +33,8 @@ import math
 import torch
 
 from specsim.kernels._runtime import tl, triton
-from specsim.kernels.topk_select import (chunked_path, first_byte_histogram, key_bits,
-                                         radix_top_positions)
+from specsim.kernels.topk_select import (check_histogram, chunked_path, first_byte_histogram,
+                                         key_bits, radix_top_positions)
 from specsim.policies import Policy, get_policy, resolve_ranking
 
 
@@ -251,7 +251,7 @@ def attention_mass(logits: torch.Tensor, lse: torch.Tensor, lengths: torch.Tenso
                        device=logits.device)
     group = heads // num_kv_heads
     if histogram is not None:
-        assert histogram.shape == (batch * num_kv_heads, 256) and histogram.is_contiguous()
+        check_histogram(histogram, batch * num_kv_heads, "histogram")
     _attention_mass_kernel[(batch * num_kv_heads, triton.cdiv(max_context, block))](
         logits, lse, lengths, mass, histogram if histogram is not None else mass,
         *logits.stride()[:3], *lse.stride(), *mass.stride()[:2], max_context, keep_first,

@@ -553,6 +553,14 @@ def chunked_path(rows: int, items: int, chunked: bool | None = None) -> bool:
     return CHUNKED_FROM is not None and items > CHUNKED_FROM and rows <= CHUNKED_ROWS
 
 
+def check_histogram(histogram: torch.Tensor, rows: int, name: str) -> None:
+    """Raise ValueError unless ``histogram`` holds the first radix pass of ``rows`` rows as
+    ``first_byte_histogram``'s counts are added into it: contiguous int32 [rows, 256]."""
+    if (histogram.shape != (rows, 256) or not histogram.is_contiguous()
+            or histogram.dtype != torch.int32):
+        raise ValueError(f"{name} must be contiguous int32 [{rows}, 256]")
+
+
 def _spill_capacity(items: int) -> int:
     """Keys a row of ``items`` may spill in one program per row (``SPILL_FROM``)."""
     if SPILL_FROM is None or items < SPILL_FROM:
@@ -628,9 +636,8 @@ def radix_top_positions(score: torch.Tensor, lengths: torch.Tensor, counts: torc
         keys = torch.empty(rows * spill, dtype=torch.int32, device=score.device) if spill \
             else out
         first = first_histogram is not None
-        if first and (first_histogram.shape != (rows, 256) or not first_histogram.is_contiguous()
-                      or first_histogram.dtype != torch.int32):
-            raise ValueError(f"first_histogram must be contiguous int32 [{rows}, 256]")
+        if first:
+            check_histogram(first_histogram, rows, "first_histogram")
         _radix_select_kernel[(rows,)](
             flat, lengths, counts, out, listed, keys, first_histogram if first else out, n,
             flat.stride(0), out.stride(0), capacity, rows // batch, keep_first, keep_last, spill,
@@ -693,8 +700,8 @@ def quest_select_fused(q: torch.Tensor, page_min: torch.Tensor, page_max: torch.
             q, page_min, page_max, lengths, scratch, *layout, scratch.stride(0),
             NUM_KV_HEADS=kv_heads, GROUP=heads // kv_heads, HEAD_DIM=head_dim,
             PAGE=page_size, BLOCK_P=block_pages, num_warps=4)
-        if chunked_path(batch * kv_heads, pages, False if one_block and chunked is None
-                    else chunked):
+        if chunked_path(batch * kv_heads, pages,
+                        False if one_block and chunked is None else chunked):
             block, num_warps = _chunk_shape(pages, block, num_warps)
             _chunked_select(scratch, lengths, budget.contiguous(), out, counts, kv_heads,
                             kv_heads, 0, 1, page=page_size, block=block, num_warps=num_warps)
@@ -717,4 +724,5 @@ def first_byte_histogram(key, valid):
     return tl.histogram(digit, 256, mask=match)
 
 
-__all__ = ["first_byte_histogram", "key_bits", "quest_select_fused", "radix_top_positions"]
+__all__ = ["check_histogram", "first_byte_histogram", "key_bits", "quest_select_fused",
+           "radix_top_positions"]
