@@ -153,18 +153,21 @@ def _spill_histogram(Spill, spill_off, count, prefix, p: tl.constexpr, BLOCK: tl
 
 @triton.jit
 def _spill(Score, row_off, length, keep_first, keep_last, prefix, p: tl.constexpr, Spill,
-           spill_off, BLOCK: tl.constexpr, NONNEG: tl.constexpr):
+           spill_off, spill_cap, BLOCK: tl.constexpr, NONNEG: tl.constexpr):
     """Copy the keys that are candidates of pass ``p`` (their higher bytes equal the
-    threshold's so far) into the row's spill; returns how many."""
+    threshold's so far) or above them (certain winners), with their positions, into the
+    row's spill, in position order; returns how many."""
     count = tl.zeros([], tl.int32)
+    shift = 32 - 8 * p
     for start in range(0, length, BLOCK):
         pos = start + tl.arange(0, BLOCK)
         valid = pos < length
         key = _key_of(Score, row_off, pos, valid, length, keep_first, keep_last, NONNEG)
-        _, match = _digit(key, valid, prefix, p)
-        slot = count + tl.cumsum(match.to(tl.int32), 0) - 1
-        tl.store(Spill + spill_off + slot, key, mask=match)
-        count += tl.sum(match.to(tl.int32), 0)
+        keep = valid & ((key >> shift) >= (prefix >> shift))
+        slot = count + tl.cumsum(keep.to(tl.int32), 0) - 1
+        tl.store(Spill + spill_off + slot, key, mask=keep)
+        tl.store(Spill + spill_off + spill_cap + slot, pos, mask=keep)
+        count += tl.sum(keep.to(tl.int32), 0)
     return count
 
 
@@ -173,15 +176,18 @@ def _radix_threshold(Score, row_off, length, want, keep_first, keep_last, Spill,
                      spill_cap, First, first_off, BLOCK: tl.constexpr, SPILL: tl.constexpr,
                      FIRST: tl.constexpr, NONNEG: tl.constexpr = False):
     """The ``want``-th largest key of a row's first ``length`` scores (radix select, one byte
-    per pass, most significant first), and how many keys equal to it are among the top.
+    per pass, most significant first), how many keys equal to it are among the top, and how
+    many keys the row spilled (0: none).
 
     ``FIRST``: the first pass's histogram is read from ``First + first_off`` (256 counts,
     made by the kernel that wrote the scores) rather than made from the row.
 
-    ``SPILL``: once the candidates left after a pass fit the row's spill (``spill_cap``
-    keys at ``Spill + spill_off``), they are copied there and the later passes read them
-    alone, not the row: two to four reads of the row instead of four (one to three with
-    ``FIRST``), and the 256-bin histograms (the costly part of a pass) over a few keys.
+    ``SPILL``: once the candidates left after a pass and the keys above them (the winners
+    known so far) fit the row's spill (``spill_cap`` keys at ``Spill + spill_off``, their
+    positions ``spill_cap`` further), they are copied there in position order (``_spill``),
+    the later passes read them alone, and so does the winners' write: the row read once or
+    twice instead of five times (once with ``FIRST``), and the 256-bin histograms (the costly
+    part of a pass) over a few keys.
     ``NONNEG``: ``key_bits``' keys of scores none of which is below +0."""
     remaining = want
     prefix = tl.zeros([], tl.int32)           # the threshold's bytes chosen so far
@@ -201,12 +207,12 @@ def _radix_threshold(Score, row_off, length, want, keep_first, keep_last, Spill,
                                   BLOCK, NONNEG)
         prefix, remaining, left = _decide(hist, p, prefix, remaining)
         if SPILL and p < 3:
-            if (spilled == 0) & (left <= spill_cap):
+            if (spilled == 0) & (want - remaining + left <= spill_cap):
                 count = _spill(Score, row_off, length, keep_first, keep_last, prefix, p + 1,
-                               Spill, spill_off, BLOCK, NONNEG)
+                               Spill, spill_off, spill_cap, BLOCK, NONNEG)
                 spilled = 1
                 tl.debug_barrier()            # the spill's keys, seen by every thread
-    return prefix, remaining
+    return prefix, remaining, count
 
 
 @triton.jit
@@ -302,19 +308,30 @@ def _radix_select_kernel(Score, Lengths, Counts, Out, CountsOut, Spill, First, n
     row = tl.program_id(0)
     row_off = row.to(tl.int64) * stride_row
     length, want, _ = _row_want(Lengths, Counts, row, rows_per_seq, 1, n, 1)
-    threshold, ties = _radix_threshold(Score, row_off, length, want, keep_first, keep_last,
-                                       Spill, row.to(tl.int64) * spill_cap, spill_cap, First,
-                                       row.to(tl.int64) * 256, BLOCK, SPILL, FIRST, NONNEG)
-    # ---- ordered compaction: winners in position order
+    spill_off = row.to(tl.int64) * 2 * spill_cap
+    threshold, ties, spilled = _radix_threshold(Score, row_off, length, want, keep_first,
+                                                keep_last, Spill, spill_off, spill_cap, First,
+                                                row.to(tl.int64) * 256, BLOCK, SPILL, FIRST,
+                                                NONNEG)
+    # ---- ordered compaction: winners in position order, from the spill where it holds them
     taken = tl.zeros([], tl.int32)
     tied = tl.zeros([], tl.int32)
     out_off = row.to(tl.int64) * stride_out
-    for start in range(0, length, BLOCK):
-        pos = start + tl.arange(0, BLOCK)
-        valid = pos < length
-        key = _key_of(Score, row_off, pos, valid, length, keep_first, keep_last, NONNEG)
-        take, slot, taken, tied = _winners(key, valid, threshold, ties, tied, taken, want)
-        tl.store(Out + out_off + slot, pos.to(tl.int32), mask=take)
+    if spilled > 0:
+        for start in range(0, spilled, BLOCK):
+            slot = start + tl.arange(0, BLOCK)
+            valid = slot < spilled
+            key = tl.load(Spill + spill_off + slot, mask=valid, other=0)
+            pos = tl.load(Spill + spill_off + spill_cap + slot, mask=valid, other=0)
+            take, rank, taken, tied = _winners(key, valid, threshold, ties, tied, taken, want)
+            tl.store(Out + out_off + rank, pos, mask=take)
+    else:
+        for start in range(0, length, BLOCK):
+            pos = start + tl.arange(0, BLOCK)
+            valid = pos < length
+            key = _key_of(Score, row_off, pos, valid, length, keep_first, keep_last, NONNEG)
+            take, rank, taken, tied = _winners(key, valid, threshold, ties, tied, taken, want)
+            tl.store(Out + out_off + rank, pos.to(tl.int32), mask=take)
     _zero_from(Out, out_off, taken, capacity, OUT_BLOCK)
     tl.store(CountsOut + row, want)
 
@@ -526,8 +543,8 @@ def _quest_select_kernel(Q, PMin, PMax, Lengths, Budget, Scratch, Out, Counts, c
                      mask=slot < capacity)
     else:
         # ---- the top pages (the newest always), their positions in order
-        threshold, ties = _radix_threshold(Scratch, row_off, pages, want, 0, 1, Scratch, 0, 0,
-                                           Scratch, 0, BLOCK, False, False)
+        threshold, ties, _ = _radix_threshold(Scratch, row_off, pages, want, 0, 1, Scratch, 0,
+                                              0, Scratch, 0, BLOCK, False, False)
         taken = tl.zeros([], tl.int32)
         tied = tl.zeros([], tl.int32)
         within = tl.arange(0, PAGE)
@@ -561,11 +578,13 @@ def check_histogram(histogram: torch.Tensor, rows: int, name: str) -> None:
         raise ValueError(f"{name} must be contiguous int32 [{rows}, 256]")
 
 
-def _spill_capacity(items: int) -> int:
-    """Keys a row of ``items`` may spill in one program per row (``SPILL_FROM``)."""
+def _spill_capacity(items: int, capacity: int) -> int:
+    """Keys a row of ``items`` may spill in one program per row (``SPILL_FROM``): a
+    ``SPILL_SHARE`` of the row besides the ``capacity`` of its list (the winners above the
+    candidates spill with them)."""
     if SPILL_FROM is None or items < SPILL_FROM:
         return 0
-    return -(-items // SPILL_SHARE)
+    return min(items, -(-items // SPILL_SHARE) + capacity)
 
 
 def _chunk_shape(items: int, block: int | None, num_warps: int | None) -> tuple[int, int]:
@@ -602,8 +621,8 @@ def radix_top_positions(score: torch.Tensor, lengths: torch.Tensor, counts: torc
     rows longer than ``CHUNKED_FROM``) in six over (row, block of ``block``) programs.
     ``block`` and ``num_warps`` default to ``_row_shape``'s in one program per row, to
     ``_chunk_shape``'s when chunked. ``spill``: keys per row that one program per row may
-    copy its last candidates into (``_radix_threshold``); 0: none; default
-    ``_spill_capacity``. ``first_histogram``: int32 [rows, 256], each row's histogram of its
+    copy its last candidates and the winners above them into, with their positions
+    (``_radix_threshold``); 0: none; default ``_spill_capacity``. ``first_histogram``: int32 [rows, 256], each row's histogram of its
     keys' top byte as the first radix pass makes it (``first_byte_histogram``), made by the
     kernel that wrote the scores; one program per row then skips that pass (the chunked path
     makes its own). ``nonnegative``: no valid score is below +0 (NaN and −0 neither), and one
@@ -631,10 +650,11 @@ def radix_top_positions(score: torch.Tensor, lengths: torch.Tensor, counts: torc
                         keep_last, block=block, num_warps=num_warps)
     else:
         block, num_warps = _row_shape(n, block, num_warps)
-        spill = _spill_capacity(n) if spill is None else spill
-        # without a spill the kernel never reads its pointer: ``out`` stands in for it
-        keys = torch.empty(rows * spill, dtype=torch.int32, device=score.device) if spill \
-            else out
+        spill = _spill_capacity(n, capacity) if spill is None else spill
+        # keys, then their positions; without a spill the kernel never reads its pointer:
+        # ``out`` stands in for it
+        keys = torch.empty(rows * 2 * spill, dtype=torch.int32, device=score.device) \
+            if spill else out
         first = first_histogram is not None
         if first:
             check_histogram(first_histogram, rows, "first_histogram")
