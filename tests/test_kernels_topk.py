@@ -9,8 +9,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from specsim.kernels._runtime import INTERPRETED
-from specsim.kernels.topk_select import radix_top_positions
+from specsim.kernels._runtime import INTERPRETED, tl, triton
+from specsim.kernels.topk_select import _radix_threshold, radix_top_positions
 
 DEVICE = "cpu" if INTERPRETED else "cuda"
 
@@ -149,6 +149,40 @@ def test_ties_signs_and_zero():
     counts = torch.tensor([[120, 7, 299], [20, 21, 8]])
     check(score.to(DEVICE), lengths.to(DEVICE), counts.to(DEVICE), capacity=300,
           keep_first=2, keep_last=6, block=128)
+
+
+@triton.jit
+def _threshold_of_row(Score, Spill, Out, length, want, spill_cap, BLOCK: tl.constexpr):
+    threshold, ties, count = _radix_threshold(Score, 0, length, want, 0, 0, Spill, 0,
+                                              spill_cap, Score, 0, BLOCK, True, False)
+    tl.store(Out, threshold)
+    tl.store(Out + 1, ties)
+    tl.store(Out + 2, count)
+
+
+@pytest.mark.parametrize("cap", [1, 150, 400, 1000])
+def test_the_spill_holds_every_winner_in_position_order(cap):
+    """What a row spills (``_radix_threshold``): nothing, or at most ``cap`` keys with their
+    positions, ascending, every one above every key left in the row (the winners above the
+    last candidates with them); the threshold is the ``want``-th largest key either way."""
+    g = seeding.generator(0)
+    n, want = 1000, 60
+    score = torch.randn(n, generator=g) * 4
+    score[200:260] = 1.25                                 # ties at the threshold's bytes
+    bits = score.numpy().view(np.int32)
+    key = bits ^ ((bits >> 31) & 0x7FFFFFFF)
+    spill = torch.full((2 * cap,), -7, dtype=torch.int32)
+    out = torch.zeros(3, dtype=torch.int32)
+    _threshold_of_row[(1,)](score.to(DEVICE), spill := spill.to(DEVICE), out := out.to(DEVICE),
+                            n, want, cap, BLOCK=128)
+    threshold, ties, count = out.cpu().tolist()
+    top = np.sort(key)[::-1][:want]
+    assert threshold == top[-1] and ties == int((top == threshold).sum())
+    assert 0 <= count <= cap and (count > 0) == (cap >= 150)
+    if count:
+        keys, pos = spill.cpu().numpy()[:count], spill.cpu().numpy()[cap:cap + count]
+        assert np.all(np.diff(pos) > 0) and np.array_equal(keys, key[pos])
+        assert keys.min() > np.delete(key, pos).max() and keys.min() <= threshold
 
 
 @pytest.mark.parametrize("spill", [0, 1 << 20])
