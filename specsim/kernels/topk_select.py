@@ -9,9 +9,10 @@ kernels; ``torch.topk``'s time also jumps with the row length (it changes algori
 calibration cannot interpolate. This kernel
 finds the K-th largest key of each row exactly by radix select — four passes, each a 256-bin
 histogram of one byte of the keys that still tie with the threshold (in long rows the
-candidates left after a pass are copied aside once they are few, and the later passes read
-them alone) — and then writes the
-positions above the threshold (and the first ones equal to it, to make K) in position order,
+candidates left after a pass and the keys above them are copied aside with their positions
+once they are few, and the later passes and the write read them alone) — and then writes
+the positions above the threshold (and the first ones equal to it, to make K) in position
+order,
 so the list comes out sorted with no sort, one program per row; or, where rows are few (one
 per sequence or per KV head) and long, spread over programs per block of the row, one launch
 per pass (``_chunked_select``).
@@ -66,8 +67,10 @@ CHUNKED_ROWS = 512
 #: with 4 (Quest's 8,192 pages: 97 against 105).
 CHUNKED_WIDE_FROM = 32768
 #: One program per row: rows of at least this many items copy the candidates left after a
-#: radix pass into a spill of 1/``SPILL_SHARE`` of the row, once they fit, and finish the
-#: passes there (``_radix_threshold``); None: never. H200, every layer's rows at once, batch 4,
+#: radix pass and the keys above them, with their positions, into a spill of
+#: 1/``SPILL_SHARE`` of the row plus the list's capacity, once they fit, and finish the passes
+#: and the write there (``_radix_threshold``); None: never. Measured when the write still
+#: read the row: H200, every layer's rows at once, batch 4,
 #: 2026-12-05 (spill / none): SparseSpec-L's 1,152 rows of 128K (mass pass included) 3.87 /
 #: 5.03 ms, 32K 0.98 / 1.26, 8K 0.27 / 0.33; Vegas' 144 rows one program per row 0.86 / 1.23
 #: ms at 128K; Llama-3.2-3B 0.60-0.88 of the time without; the same lists in every cell.
