@@ -627,10 +627,10 @@ def radix_top_positions(score: torch.Tensor, lengths: torch.Tensor, counts: torc
     copy its last candidates and the winners above them into, with their positions
     (``_radix_threshold``); 0: none; default ``_spill_capacity``. ``first_histogram``: int32
     [rows, 256], each row's histogram of its keys' top byte as the first radix pass makes it
-    (``first_byte_histogram``), made by the kernel that wrote the scores; one program per row then skips that pass (the chunked path
-    makes its own). ``nonnegative``: no valid score is below +0 (NaN and −0 neither), and one
-    program per row ranks by the keys whose first byte is the exponent (module doc; the
-    chunked path by the usual ones: the same lists)."""
+    (``first_byte_histogram``), made by the kernel that wrote the scores; one program per row
+    then skips that pass (the chunked path makes its own). ``nonnegative``: no valid score is
+    below +0 (NaN and −0 neither), and one program per row ranks by the keys whose first byte
+    is the exponent (module doc; the chunked path by the usual ones: the same lists)."""
     n = score.shape[-1]
     lead = score.shape[:-1]
     batch = lengths.shape[0]
