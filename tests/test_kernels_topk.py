@@ -52,21 +52,25 @@ def poisoned(fn):
         torch.empty = real
 
 
+def keys_of(scores, nonnegative=False):
+    """The radix keys of a numpy fp32 array: its bits in float order (``nonnegative``:
+    shifted left by one, the sign bit flipped)."""
+    bits = scores.view(np.int32)
+    if nonnegative:
+        return ((bits.view(np.uint32) << 1) ^ 0x80000000).view(np.int32)
+    return bits ^ ((bits >> 31) & 0x7FFFFFFF)
+
+
 def first_histogram(score, lengths, keep_first, keep_last, nonnegative=False):
-    """Each row's first radix pass from numpy: the top byte (sign flipped) of its keys, the
-    fp32 bits in float order (``nonnegative``: shifted left by one, the sign bit flipped),
-    kept positions the largest; int32 [rows, 256]."""
+    """Each row's first radix pass from numpy: the top byte (sign flipped) of its
+    ``keys_of``, kept positions the largest; int32 [rows, 256]."""
     n = score.shape[-1]
     rows = score.float().cpu().numpy().reshape(-1, n)
     per = rows.shape[0] // lengths.shape[0]
     out = np.zeros((rows.shape[0], 256), np.int32)
     for r, row in enumerate(rows):
         length = min(int(lengths[r // per]), n)
-        bits = row[:length].view(np.int32)
-        if nonnegative:
-            key = ((bits.view(np.uint32) << 1) ^ 0x80000000).view(np.int32)
-        else:
-            key = bits ^ ((bits >> 31) & 0x7FFFFFFF)
+        key = keys_of(row[:length], nonnegative)
         pos = np.arange(length)
         key = np.where((pos < keep_first) | (pos >= length - keep_last), 0x7FFFFFFF, key)
         out[r] = np.bincount(((key >> 24) & 0xFF) ^ 0x80, minlength=256)
@@ -169,8 +173,7 @@ def test_the_spill_holds_every_winner_in_position_order(cap):
     n, want = 1000, 60
     score = torch.randn(n, generator=g) * 4
     score[200:260] = 1.25                                 # ties at the threshold's bytes
-    bits = score.numpy().view(np.int32)
-    key = bits ^ ((bits >> 31) & 0x7FFFFFFF)
+    key = keys_of(score.numpy())
     spill = torch.full((2 * cap,), -7, dtype=torch.int32)
     out = torch.zeros(3, dtype=torch.int32)
     _threshold_of_row[(1,)](score.to(DEVICE), spill := spill.to(DEVICE), out := out.to(DEVICE),

@@ -188,9 +188,9 @@ def _radix_threshold(Score, row_off, length, want, keep_first, keep_last, Spill,
     ``SPILL``: once the candidates left after a pass and the keys above them (the winners
     known so far) fit the row's spill (``spill_cap`` keys at ``Spill + spill_off``, their
     positions ``spill_cap`` further), they are copied there in position order (``_spill``),
-    the later passes read them alone, and so does the winners' write: the row read once or
-    twice instead of five times (once with ``FIRST``), and the 256-bin histograms (the costly
-    part of a pass) over a few keys.
+    the later passes read them alone, and so does the winners' write: two to four reads of
+    the row instead of five (one to three with ``FIRST``), and the 256-bin histograms (the
+    costly part of a pass) over a few keys.
     ``NONNEG``: ``key_bits``' keys of scores none of which is below +0."""
     remaining = want
     prefix = tl.zeros([], tl.int32)           # the threshold's bytes chosen so far
@@ -656,13 +656,13 @@ def radix_top_positions(score: torch.Tensor, lengths: torch.Tensor, counts: torc
         spill = _spill_capacity(n, capacity) if spill is None else spill
         # keys, then their positions; without a spill the kernel never reads its pointer:
         # ``out`` stands in for it
-        keys = torch.empty(rows * 2 * spill, dtype=torch.int32, device=score.device) \
+        spilled = torch.empty(rows * 2 * spill, dtype=torch.int32, device=score.device) \
             if spill else out
         first = first_histogram is not None
         if first:
             check_histogram(first_histogram, rows, "first_histogram")
         _radix_select_kernel[(rows,)](
-            flat, lengths, counts, out, listed, keys, first_histogram if first else out, n,
+            flat, lengths, counts, out, listed, spilled, first_histogram if first else out, n,
             flat.stride(0), out.stride(0), capacity, rows // batch, keep_first, keep_last, spill,
             BLOCK=block, OUT_BLOCK=_out_block(capacity), SPILL=spill > 0, FIRST=first,
             NONNEG=nonnegative, num_warps=num_warps)
