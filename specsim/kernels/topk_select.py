@@ -69,13 +69,16 @@ CHUNKED_WIDE_FROM = 32768
 #: One program per row: rows of at least this many items copy the candidates left after a
 #: radix pass and the keys above them, with their positions, into a spill of
 #: 1/``SPILL_SHARE`` of the row plus the list's capacity, once they fit, and finish the passes
-#: and the write there (``_radix_threshold``); None: never. Measured when the write still
-#: read the row: H200, every layer's rows at once, batch 4,
-#: 2026-12-05 (spill / none): SparseSpec-L's 1,152 rows of 128K (mass pass included) 3.87 /
-#: 5.03 ms, 32K 0.98 / 1.26, 8K 0.27 / 0.33; Vegas' 144 rows one program per row 0.86 / 1.23
-#: ms at 128K; Llama-3.2-3B 0.60-0.88 of the time without; the same lists in every cell.
+#: and the write there (``_radix_threshold``); None: never. SparseSpec-L's 1,152 rows
+#: (Qwen3-8B, batch 4, s = 0.03) ranked after the mass pass from its first histogram, one
+#: H100, CUDA-graph medians, 2026-12-07, the same lists in every cell; a spill of the
+#: candidates alone, the write reading the row / of 1/16 of the row plus the capacity / of 1/4:
+#: at 128K 1,945 / 1,362 / 984 µs with logits of std 1 (flat mass: the first pass leaves
+#: more than an eighth of a row), 1,214 / 683 / 683 with std 3; at 32K, std 1, 509 / 355 /
+#: 264 (the mass pass alone: 1,516 µs at 128K). A spill takes 8 bytes per key it may hold:
+#: about 340 MB for these rows at 128K, beside the mass's 605 MB.
 SPILL_FROM: int | None = 8192
-SPILL_SHARE = 16
+SPILL_SHARE = 4
 #: One program per row ranks a row of at most this many items in one block of the row rounded
 #: up to a power of two, longer rows in blocks of 1,024: a 1,024 block over a short row spends
 #: its radix passes on masked lanes. H100, CUDA-graph medians, 2026-12-07 (row block / 1,024):
