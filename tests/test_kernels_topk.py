@@ -486,3 +486,18 @@ def test_chunked_ranking_is_for_few_long_rows():
         T._chunk_shape(T.CHUNKED_WIDE_FROM, None, None)
     assert wide[0] > narrow[0] and wide[1] >= narrow[1]
     assert T._chunk_shape(T.CHUNKED_WIDE_FROM, 256, 2) == (256, 2)
+
+
+@given(st.integers(1, 1 << 20), st.integers(0, 1 << 16))
+def test_a_long_row_may_spill_its_share_and_its_list(items, capacity):
+    """The default spill (``_spill_capacity``): none below ``SPILL_FROM`` items; else room for
+    the row's ``SPILL_SHARE``-th part of candidates besides every winner of its list, never more
+    than the row."""
+    import specsim.kernels.topk_select as T
+    capacity = min(capacity, items)
+    got = T._spill_capacity(items, capacity)
+    if T.SPILL_FROM is None or items < T.SPILL_FROM:
+        assert got == 0
+    else:
+        assert got == items or got >= capacity + items / T.SPILL_SHARE
+        assert capacity <= got <= items
