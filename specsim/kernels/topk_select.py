@@ -6,16 +6,14 @@ What the selection policies need from "top-K" is not a ranking but a *set*, deli
 ascending position list the sparse draft kernel reads. ``torch.topk`` followed by sorting the
 winners (``selection._finish``) makes several passes over every row and launches many
 kernels; ``torch.topk``'s time also jumps with the row length (it changes algorithm), which the
-calibration cannot interpolate. This kernel
-finds the K-th largest key of each row exactly by radix select — four passes, each a 256-bin
-histogram of one byte of the keys that still tie with the threshold (in long rows the
-candidates left after a pass and the keys above them are copied aside with their positions
-once they are few, and the later passes and the write read them alone) — and then writes
-the positions above the threshold (and the first ones equal to it, to make K) in position
-order,
-so the list comes out sorted with no sort, one program per row; or, where rows are few (one
-per sequence or per KV head) and long, spread over programs per block of the row, one launch
-per pass (``_chunked_select``).
+calibration cannot interpolate. This kernel finds the K-th largest key of each row exactly by
+radix select — four passes, each a 256-bin histogram of one byte of the keys that still tie
+with the threshold (in long rows the candidates left after a pass and the keys above them are
+copied aside with their positions once they are few, and the later passes and the write read
+them alone) — and then writes the positions above the threshold (and the first ones equal to
+it, to make K) in position order, so the list comes out sorted with no sort, one program per
+row; or, where rows are few (one per sequence or per KV head) and long, spread over programs
+per block of the row, one launch per pass (``_chunked_select``).
 
 Keys: a score's fp32 bits as int32, with the low 31 bits of negative numbers flipped, order as
 the floats do (−0 just below +0). Positions that must be kept (the first ``keep_first`` and the
