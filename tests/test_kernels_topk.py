@@ -501,3 +501,29 @@ def test_a_long_row_may_spill_its_share_and_its_list(items, capacity):
     else:
         assert got == items or got >= capacity + items / T.SPILL_SHARE
         assert capacity <= got <= items
+
+
+@triton.jit
+def _threshold_from_first(Score, First, Spill, Out, length, want, spill_cap,
+                          BLOCK: tl.constexpr):
+    _, _, count = _radix_threshold(Score, 0, length, want, 0, 0, Spill, 0, spill_cap, First,
+                                   0, BLOCK, True, True)
+    tl.store(Out, count)
+
+
+def test_a_false_first_histogram_never_writes_past_the_spill():
+    """A first histogram that puts ``want + 1`` keys in the lowest bucket (the row holds
+    many more above it) makes the row spill at once; the spill stops at its capacity and
+    says so, and the memory after it is untouched."""
+    g = seeding.generator(0)
+    n, want, cap = 1000, 60, 100
+    guard = 2 * n                  # room for what an unbounded spill would write
+    score = torch.randn(n, generator=g) * 4
+    false = torch.zeros(256, dtype=torch.int32)
+    false[0] = want + 1
+    spill = torch.full((2 * cap + guard,), -7, dtype=torch.int32).to(DEVICE)
+    out = torch.zeros(1, dtype=torch.int32).to(DEVICE)
+    _threshold_from_first[(1,)](score.to(DEVICE), false.to(DEVICE), spill, out, n, want, cap,
+                                BLOCK=128)
+    assert out.item() == cap
+    assert torch.all(spill[2 * cap:].cpu() == -7)

@@ -160,7 +160,8 @@ def _spill(Score, row_off, length, keep_first, keep_last, prefix, p: tl.constexp
            spill_off, spill_cap, BLOCK: tl.constexpr, NONNEG: tl.constexpr):
     """Copy the keys that are candidates of pass ``p`` (their higher bytes equal the
     threshold's so far) or above them (certain winners), with their positions, into the
-    row's spill, in position order; returns how many."""
+    row's spill, in position order; returns how many. Never more than ``spill_cap``: a first
+    histogram that is not the row's own could promise fewer keys than the row holds."""
     count = tl.zeros([], tl.int32)
     shift = 32 - 8 * p
     for start in range(0, length, BLOCK):
@@ -169,10 +170,11 @@ def _spill(Score, row_off, length, keep_first, keep_last, prefix, p: tl.constexp
         key = _key_of(Score, row_off, pos, valid, length, keep_first, keep_last, NONNEG)
         keep = valid & ((key >> shift) >= (prefix >> shift))
         slot = count + tl.cumsum(keep.to(tl.int32), 0) - 1
-        tl.store(Spill + spill_off + slot, key, mask=keep)
-        tl.store(Spill + spill_off + spill_cap + slot, pos, mask=keep)
+        room = keep & (slot < spill_cap)
+        tl.store(Spill + spill_off + slot, key, mask=room)
+        tl.store(Spill + spill_off + spill_cap + slot, pos, mask=room)
         count += tl.sum(keep.to(tl.int32), 0)
-    return count
+    return tl.minimum(count, spill_cap)
 
 
 @triton.jit
@@ -629,7 +631,8 @@ def radix_top_positions(score: torch.Tensor, lengths: torch.Tensor, counts: torc
     (``_radix_threshold``); 0: none; default ``_spill_capacity``. ``first_histogram``: int32
     [rows, 256], each row's histogram of its keys' top byte as the first radix pass makes it
     (``first_byte_histogram``), made by the kernel that wrote the scores; one program per row
-    then skips that pass (the chunked path makes its own). ``nonnegative``: no valid score is
+    then skips that pass (the chunked path makes its own); another histogram gives other
+    lists, never a write past the spill. ``nonnegative``: no valid score is
     below +0 (NaN and −0 neither), and one program per row ranks by the keys whose first byte
     is the exponent (module doc; the chunked path by the usual ones: the same lists)."""
     n = score.shape[-1]
