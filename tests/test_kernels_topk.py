@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from specsim.kernels._runtime import INTERPRETED, tl, triton
-from specsim.kernels.topk_select import _radix_threshold, radix_top_positions
+from specsim.kernels.topk_select import _radix_threshold, _winners, radix_top_positions
 
 DEVICE = "cpu" if INTERPRETED else "cuda"
 
@@ -527,3 +527,30 @@ def test_a_false_first_histogram_never_writes_past_the_spill():
                                 BLOCK=128)
     assert out.item() == cap
     assert torch.all(spill[2 * cap:].cpu() == -7)
+
+
+@triton.jit
+def _winners_of_block(Key, Take, Rank, threshold, ties, tied, taken, want,
+                      BLOCK: tl.constexpr):
+    lane = tl.arange(0, BLOCK)
+    take, rank, _, _ = _winners(tl.load(Key + lane), lane < BLOCK, threshold, ties, tied,
+                                taken, want)
+    tl.store(Take + lane, take.to(tl.int32))
+    tl.store(Rank + lane, rank)
+
+
+@pytest.mark.parametrize("threshold,taken,want", [(-1000, 0, 5), (-1000, 3, 5), (0, 0, 0),
+                                                  (40, 2, 9)])
+def test_a_block_never_takes_more_winners_than_wanted(threshold, taken, want):
+    """``_winners`` over one block of keys 0..63 in position order: the keys above the
+    threshold (none tie: no key equals it, or no ties remain), the lowest positions first,
+    ranked from ``taken``, and never past ``want`` in all, even when the threshold is below
+    every key."""
+    key = torch.arange(64, dtype=torch.int32)
+    take, rank = torch.zeros(64, dtype=torch.int32), torch.zeros(64, dtype=torch.int32)
+    _winners_of_block[(1,)](key.to(DEVICE), take := take.to(DEVICE), rank := rank.to(DEVICE),
+                            threshold, 0, 0, taken, want, BLOCK=64)
+    above = (key > threshold).numpy()
+    expect = above & (np.cumsum(above) + taken - 1 < want)
+    assert np.array_equal(take.cpu().numpy().astype(bool), expect)
+    assert np.array_equal(rank.cpu().numpy()[expect], taken + np.arange(expect.sum()))

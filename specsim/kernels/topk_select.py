@@ -271,11 +271,13 @@ def _digit(key, valid, prefix, p: tl.constexpr):
 def _winners(key, valid, threshold, ties, tied, taken, want):
     """One block of a row in position order: which positions are among the top (above the
     threshold, or equal to it while ties remain), their ranks, and the running counts of
-    winners and of threshold-equal keys."""
+    winners and of threshold-equal keys. Never more than ``want`` winners, whatever the
+    threshold (one from a first histogram that is not the row's own may be too low)."""
     eq = valid & (key == threshold)
     eq_rank = tied + tl.cumsum(eq.to(tl.int32), 0) - 1
-    take = ((valid & (key > threshold)) | (eq & (eq_rank < ties))) & (want > 0)
+    take = (valid & (key > threshold)) | (eq & (eq_rank < ties))
     rank = taken + tl.cumsum(take.to(tl.int32), 0) - 1
+    take = take & (rank < want)
     return take, rank, taken + tl.sum(take.to(tl.int32), 0), tied + tl.sum(eq.to(tl.int32), 0)
 
 
@@ -632,7 +634,7 @@ def radix_top_positions(score: torch.Tensor, lengths: torch.Tensor, counts: torc
     [rows, 256], each row's histogram of its keys' top byte as the first radix pass makes it
     (``first_byte_histogram``), made by the kernel that wrote the scores; one program per row
     then skips that pass (the chunked path makes its own); another histogram gives other
-    lists, never a write past the spill. ``nonnegative``: no valid score is
+    lists, never a write past the spill or the list. ``nonnegative``: no valid score is
     below +0 (NaN and −0 neither), and one program per row ranks by the keys whose first byte
     is the exponent (module doc; the chunked path by the usual ones: the same lists)."""
     n = score.shape[-1]
