@@ -156,9 +156,12 @@ def test_ties_signs_and_zero():
 
 
 @triton.jit
-def _threshold_of_row(Score, Spill, Out, length, want, spill_cap, BLOCK: tl.constexpr):
+def _threshold_of_row(Score, First, Spill, Out, length, want, spill_cap, BLOCK: tl.constexpr,
+                      FIRST: tl.constexpr):
+    """``_radix_threshold`` of one row with a spill (``FIRST``: the first pass read from
+    ``First``): its threshold, ties and count of spilled keys, written to ``Out``."""
     threshold, ties, count = _radix_threshold(Score, 0, length, want, 0, 0, Spill, 0,
-                                              spill_cap, Score, 0, BLOCK, True, False)
+                                              spill_cap, First, 0, BLOCK, True, FIRST)
     tl.store(Out, threshold)
     tl.store(Out + 1, ties)
     tl.store(Out + 2, count)
@@ -176,8 +179,9 @@ def test_the_spill_holds_every_winner_in_position_order(cap):
     key = keys_of(score.numpy())
     spill = torch.full((2 * cap,), -7, dtype=torch.int32)
     out = torch.zeros(3, dtype=torch.int32)
-    _threshold_of_row[(1,)](score.to(DEVICE), spill := spill.to(DEVICE), out := out.to(DEVICE),
-                            n, want, cap, BLOCK=128)
+    score = score.to(DEVICE)
+    _threshold_of_row[(1,)](score, score, spill := spill.to(DEVICE), out := out.to(DEVICE), n,
+                            want, cap, BLOCK=128, FIRST=False)
     threshold, ties, count = out.cpu().tolist()
     top = np.sort(key)[::-1][:want]
     assert threshold == top[-1] and ties == int((top == threshold).sum())
@@ -503,14 +507,6 @@ def test_a_long_row_may_spill_its_share_and_its_list(items, capacity):
         assert capacity <= got <= items
 
 
-@triton.jit
-def _threshold_from_first(Score, First, Spill, Out, length, want, spill_cap,
-                          BLOCK: tl.constexpr):
-    _, _, count = _radix_threshold(Score, 0, length, want, 0, 0, Spill, 0, spill_cap, First,
-                                   0, BLOCK, True, True)
-    tl.store(Out, count)
-
-
 def test_a_false_first_histogram_never_writes_past_the_spill():
     """A first histogram that puts ``want + 1`` keys in the lowest bucket (the row holds
     many more above it) makes the row spill at once; the spill stops at its capacity and
@@ -522,10 +518,10 @@ def test_a_false_first_histogram_never_writes_past_the_spill():
     false = torch.zeros(256, dtype=torch.int32)
     false[0] = want + 1
     spill = torch.full((2 * cap + guard,), -7, dtype=torch.int32).to(DEVICE)
-    out = torch.zeros(1, dtype=torch.int32).to(DEVICE)
-    _threshold_from_first[(1,)](score.to(DEVICE), false.to(DEVICE), spill, out, n, want, cap,
-                                BLOCK=128)
-    assert out.item() == cap
+    out = torch.zeros(3, dtype=torch.int32).to(DEVICE)
+    _threshold_of_row[(1,)](score.to(DEVICE), false.to(DEVICE), spill, out, n, want, cap,
+                            BLOCK=128, FIRST=True)
+    assert out[2].item() == cap
     assert torch.all(spill[2 * cap:].cpu() == -7)
 
 
