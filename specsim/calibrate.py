@@ -374,20 +374,12 @@ def _measure_shape(torch, Engine, model, grid: CalibrationGrid, batch: int, cont
 
     room = max(q_max, max(OVERHEAD_KS) + 1) * (OVERHEAD_STEPS + 2) + 8 if grid.overheads \
         else q_max + 8
+    overhead = grid.wants("overhead") and grid.overheads_at(context)
+    prefill = grid.wants("prefill") and batch == min(grid.batches)
     with torch.inference_mode():
-        plain = Engine(model, batch=batch, max_len=context + room, policy="full",
-                       k_max=1, beyond_max_position=True)
-        plain.prefill(prompts, "random")
-        if grid.wants("plain"):
-            record("plain", _time(torch, lambda: plain.verify(1, collect=False), grid.repeats,
-                                  grid.warmup, lambda: plain.cache.rollback(1)))
-        if grid.wants("overhead") and grid.overheads_at(context):
-            record("overhead:plain", _loop_overhead(torch, plain, prompts, speculative=False))
-        if grid.wants("prefill") and batch == min(grid.batches):
-            # one prompt a pass, as the engine prefills: batch 1 is the only shape it has
-            seconds = _time(torch, lambda: plain.prefill(prompts[:1]), PREFILL_REPEATS, 1)
-            out.append(Measurement("prefill", 1, context, 1, None, [t * 1e3 for t in seconds]))
-        del plain
+        if grid.wants("plain") or overhead or prefill:  # else no full cache to fill for nothing
+            _measure_plain(torch, Engine, model, grid, batch, context, prompts, room, overhead,
+                           prefill, record, out)
         for policy in grid.policies:
             for s in grid.sparsities:
                 if s != grid.sparsities[0] and not (grid.wants("draft")
@@ -401,6 +393,23 @@ def _measure_shape(torch, Engine, model, grid: CalibrationGrid, batch: int, cont
                           f"{context} skipped", file=sys.stderr, flush=True)
                 torch.cuda.empty_cache()
     return out
+
+
+def _measure_plain(torch, Engine, model, grid: CalibrationGrid, batch: int, context: int,
+                   prompts, room: int, overhead: bool, prefill: bool, record, out) -> None:
+    """The full-attention engine's step, loop overhead and one-prompt prefill at one shape."""
+    plain = Engine(model, batch=batch, max_len=context + room, policy="full",
+                   k_max=1, beyond_max_position=True)
+    plain.prefill(prompts, "random")
+    if grid.wants("plain"):
+        record("plain", _time(torch, lambda: plain.verify(1, collect=False), grid.repeats,
+                              grid.warmup, lambda: plain.cache.rollback(1)))
+    if overhead:
+        record("overhead:plain", _loop_overhead(torch, plain, prompts, speculative=False))
+    if prefill:
+        # one prompt a pass, as the engine prefills: batch 1 is the only shape it has
+        seconds = _time(torch, lambda: plain.prefill(prompts[:1]), PREFILL_REPEATS, 1)
+        out.append(Measurement("prefill", 1, context, 1, None, [t * 1e3 for t in seconds]))
 
 
 def _measure_policy(torch, Engine, model, grid: CalibrationGrid, batch: int, context: int,

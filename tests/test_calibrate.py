@@ -366,6 +366,24 @@ def test_a_grid_can_measure_some_op_families_only(monkeypatch):
     assert ops["overhead"] == {("overhead:speculative:vegas", 3),
                                ("overhead:speculative:vegas", 6)}
     assert ops["draft"] == {("draft:vegas", 1), ("selection:vegas", 1)}
+    # a shape measured for draft and selection alone builds no full-attention engine (its
+    # cache would be filled for nothing); one measured for plain steps does
+    built = []
+
+    def counting(*args, policy="full", **kw):
+        built.append(policy)
+        return Engine(*args, policy=policy, **kw)
+
+    timed = {}
+    for only in (["draft", "selection"], ["plain"]):
+        built.clear()
+        grid = C.CalibrationGrid(batches=[2], contexts=[600], qs=[1, 6], sparsities=[0.1],
+                                 policies=["vegas"], repeats=1, warmup=0, overheads=False,
+                                 only=only)
+        rows = C._measure_shape(torch, counting, model, grid, 2, 600)
+        timed[only[0]] = {m.op for m in rows}
+        assert ("full" in built) == (only == ["plain"])
+    assert timed == {"draft": {"draft:vegas", "selection:vegas"}, "plain": {"plain"}}
 
 
 def test_compare_calibrations_script(tmp_path, capsys):
