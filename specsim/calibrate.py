@@ -367,19 +367,10 @@ def _measure_shape(torch, Engine, model, grid: CalibrationGrid, batch: int, cont
                    ) -> list[Measurement]:
     prompts = [[0] * context] * batch
     q_max = max(grid.qs)
-    out: list[Measurement] = []
-
-    def record(op, seconds, q=1, s=None):
-        out.append(Measurement(op, batch, context, q, s, [t * 1e3 for t in seconds]))
-
     room = max(q_max, max(OVERHEAD_KS) + 1) * (OVERHEAD_STEPS + 2) + 8 if grid.overheads \
         else q_max + 8
-    overhead = grid.wants("overhead") and grid.overheads_at(context)
-    prefill = grid.wants("prefill") and batch == min(grid.batches)
     with torch.inference_mode():
-        if grid.wants("plain") or overhead or prefill:  # else no full cache to fill for nothing
-            _measure_plain(torch, Engine, model, grid, batch, context, prompts, room, overhead,
-                           prefill, record, out)
+        out = _measure_plain(torch, Engine, model, grid, batch, context, prompts, room)
         for policy in grid.policies:
             for s in grid.sparsities:
                 if s != grid.sparsities[0] and not (grid.wants("draft")
@@ -396,8 +387,19 @@ def _measure_shape(torch, Engine, model, grid: CalibrationGrid, batch: int, cont
 
 
 def _measure_plain(torch, Engine, model, grid: CalibrationGrid, batch: int, context: int,
-                   prompts, room: int, overhead: bool, prefill: bool, record, out) -> None:
-    """The full-attention engine's step, loop overhead and one-prompt prefill at one shape."""
+                   prompts, room: int) -> list[Measurement]:
+    """The full-attention engine's step, loop overhead and one-prompt prefill at one shape,
+    those the grid wants there; none wanted: nothing, and no engine built (its cache would be
+    filled with random KV for nothing)."""
+    overhead = grid.wants("overhead") and grid.overheads_at(context)
+    prefill = grid.wants("prefill") and batch == min(grid.batches)
+    out: list[Measurement] = []
+    if not (grid.wants("plain") or overhead or prefill):
+        return out
+
+    def record(op, seconds, q=1, s=None):
+        out.append(Measurement(op, batch, context, q, s, [t * 1e3 for t in seconds]))
+
     plain = Engine(model, batch=batch, max_len=context + room, policy="full",
                    k_max=1, beyond_max_position=True)
     plain.prefill(prompts, "random")
@@ -410,6 +412,7 @@ def _measure_plain(torch, Engine, model, grid: CalibrationGrid, batch: int, cont
         # one prompt a pass, as the engine prefills: batch 1 is the only shape it has
         seconds = _time(torch, lambda: plain.prefill(prompts[:1]), PREFILL_REPEATS, 1)
         out.append(Measurement("prefill", 1, context, 1, None, [t * 1e3 for t in seconds]))
+    return out
 
 
 def _measure_policy(torch, Engine, model, grid: CalibrationGrid, batch: int, context: int,
